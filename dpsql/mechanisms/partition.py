@@ -1,0 +1,47 @@
+"""DP partition selection: which group keys may be released when the keys themselves are private.
+
+Each group's count of distinct units gets discrete Laplace noise, and the group is released only when the
+noisy count reaches a threshold. A unit touches at most `max_groups` groups, each by one, so the counts have
+L1 sensitivity `max_groups` (pure ε part). A group that exists only because of one unit has count 1; the
+threshold is set so that the chance that any of that unit's groups gets released is at most δ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, discrete_laplace
+
+
+@dataclass(frozen=True)
+class PartitionSelection:
+    max_groups: int  # groups one unit may touch (its counts move by 1 in each)
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be a finite number > 0, got {self.epsilon}")
+        if not (0 < self.delta < 1):
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+
+    @property
+    def scale(self) -> Fraction:
+        return Fraction(self.max_groups) / Fraction(self.epsilon)
+
+    @property
+    def threshold(self) -> int:
+        """Smallest T with max_groups · P(1 + Z >= T) <= δ; a group is released when count + Z >= T.
+
+        For discrete Laplace of scale t and q = exp(-1/t): P(Z >= m) = q^m / (1 + q) for m >= 1.
+        """
+        t = float(self.scale)
+        q = math.exp(-1 / t)
+        m = math.ceil(t * math.log(self.max_groups / (self.delta * (1 + q))))
+        return 1 + max(m, 1)
+
+    def keep(self, distinct_units: int, rng: Randomness = SYSTEM_RANDOM) -> bool:
+        """Whether to release a group that `distinct_units` units contributed to."""
+        return distinct_units + discrete_laplace(self.scale, rng) >= self.threshold

@@ -1,0 +1,240 @@
+"""The privacy schema: what is private, who the privacy unit is, and the bounds the analysis may rely on.
+
+A schema is a TOML file (see `schemas/demo.toml`). Every bound in it is declared, never read from the data,
+and the rewrite enforces each one, so the sensitivity holds on every neighbouring database. `load_schema`
+is the one public entry; it validates the whole file and reports every problem at once, each naming the
+table and column it concerns.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpsql.errors import SchemaError
+
+NUMERIC_TYPES = {"smallint", "integer", "bigint", "real", "double precision", "numeric"}
+INTEGER_TYPES = {"smallint", "integer", "bigint"}
+OTHER_TYPES = {"text", "boolean", "date", "timestamp", "timestamptz"}
+TYPE_ALIASES = {
+    "int": "integer", "int4": "integer", "int2": "smallint", "int8": "bigint", "float": "double precision",
+    "float8": "double precision", "float4": "real", "double": "double precision", "decimal": "numeric",
+    "varchar": "text", "character varying": "text", "string": "text", "bool": "boolean",
+    "timestamp without time zone": "timestamp", "timestamp with time zone": "timestamptz",
+}
+NEIGHBOURING = ("add-remove", "replace")
+ROW_LEVEL = "row"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    lower: float | None = None
+    upper: float | None = None
+    domain: tuple[Any, ...] | None = None
+    max_frequency: int | None = None
+    unique: bool = False
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.type in NUMERIC_TYPES
+
+    @property
+    def is_integer(self) -> bool:
+        return self.type in INTEGER_TYPES
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: dict[str, Column]
+    public: bool = False
+    unit_column: str | None = None  # the column holding the privacy unit's id (None: row-level or public)
+    max_rows_per_unit: int = 1
+
+
+@dataclass(frozen=True)
+class PrivacySchema:
+    tables: dict[str, Table]
+    unit_table: str | None  # None means row-level privacy: each row of a private table is its own unit
+    unit_column: str | None
+    neighbouring: str = "add-remove"
+    max_groups_per_unit: int = 4
+    path: str | None = field(default=None, compare=False)
+
+    @property
+    def row_level(self) -> bool:
+        return self.unit_table is None
+
+    def describe_unit(self) -> str:
+        return "each row" if self.row_level else f"{self.unit_table}.{self.unit_column}"
+
+    def sqlglot_schema(self) -> dict[str, dict[str, str]]:
+        """The declared tables in the form `sqlglot.optimizer.qualify` takes."""
+        return {t.name: {c.name: c.type for c in t.columns.values()} for t in self.tables.values()}
+
+
+def load_schema(path: str | Path) -> PrivacySchema:
+    """Read and validate a privacy schema file; raise SchemaError listing every problem found."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SchemaError(f"privacy schema file {path} does not exist",
+                          "pass --schema FILE or set DPSQL_SCHEMA") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SchemaError(f"privacy schema {path} is not valid TOML: {exc}") from None
+    return parse_schema(raw, str(path))
+
+
+def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema:
+    problems: list[str] = []
+    privacy = raw.get("privacy", {})
+    unit = privacy.get("unit")
+    unit_table = unit_column = None
+    if not isinstance(unit, str):
+        problems.append('[privacy] unit is missing: give "table.column" (e.g. "people.person_id") or "row"')
+    elif unit != ROW_LEVEL:
+        if unit.count(".") != 1:
+            problems.append(f'[privacy] unit = "{unit}" must be "table.column" or "row"')
+        else:
+            unit_table, unit_column = unit.split(".")
+    neighbouring = privacy.get("neighbouring", "add-remove")
+    if neighbouring not in NEIGHBOURING:
+        problems.append(f'[privacy] neighbouring = "{neighbouring}" must be one of {", ".join(NEIGHBOURING)}')
+    max_groups = privacy.get("max_groups_per_unit", 4)
+    if not _positive_int(max_groups):
+        problems.append(f"[privacy] max_groups_per_unit = {max_groups!r} must be a whole number >= 1")
+
+    raw_tables = raw.get("tables")
+    if not isinstance(raw_tables, dict) or not raw_tables:
+        problems.append("no [tables.NAME] sections: declare at least the table that holds the privacy unit")
+        raw_tables = {}
+    tables = {}
+    for name, spec in raw_tables.items():
+        table = _parse_table(name.lower(), spec, unit_table, unit_column, problems)
+        if table is not None:
+            tables[table.name] = table
+
+    if unit_table is not None and unit_table not in tables:
+        problems.append(f'[privacy] unit names table "{unit_table}", which no [tables.{unit_table}] declares')
+    if unit_table is None and unit == ROW_LEVEL and not any(not t.public for t in tables.values()):
+        problems.append("row-level privacy needs at least one private table")
+    if problems:
+        raise SchemaError(f"privacy schema {source} is invalid:\n  - " + "\n  - ".join(problems),
+                          "fix the lines named above; `dpsql schema check FILE` re-checks the file")
+    return PrivacySchema(tables=tables, unit_table=unit_table, unit_column=unit_column,
+                         neighbouring=neighbouring, max_groups_per_unit=int(max_groups), path=source)
+
+
+def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str | None,
+                 problems: list[str]) -> Table | None:
+    where = f"[tables.{name}]"
+    if not isinstance(spec, dict):
+        problems.append(f"{where} must be a table of settings")
+        return None
+    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns"}
+    if unknown:
+        problems.append(f"{where} has unknown settings: {', '.join(sorted(unknown))}")
+    public = spec.get("public", False)
+    if not isinstance(public, bool):
+        problems.append(f"{where} public must be true or false")
+        public = False
+    columns = {}
+    raw_columns = spec.get("columns")
+    if not isinstance(raw_columns, dict) or not raw_columns:
+        problems.append(f"{where} declares no columns: add [tables.{name}.columns]")
+        raw_columns = {}
+    for col_name, col_spec in raw_columns.items():
+        column = _parse_column(f"{name}.{col_name.lower()}", col_name.lower(), col_spec, problems)
+        if column is not None:
+            columns[column.name] = column
+
+    table_unit_column = spec.get("unit_column")
+    max_rows = spec.get("max_rows_per_unit", 1 if name == unit_table else None)
+    if public:
+        if table_unit_column is not None or "max_rows_per_unit" in spec:
+            problems.append(f"{where} is public: unit_column and max_rows_per_unit do not apply")
+        return Table(name, columns, public=True)
+    if unit_table is None:  # row-level privacy
+        if table_unit_column is not None:
+            problems.append(f"{where} unit_column does not apply under row-level privacy")
+        if max_rows not in (None, 1):
+            problems.append(f"{where} max_rows_per_unit must be 1 under row-level privacy")
+        return Table(name, columns, unit_column=None, max_rows_per_unit=1)
+    if name == unit_table:
+        table_unit_column = table_unit_column or unit_column
+        if table_unit_column != unit_column:
+            problems.append(f"{where} is the unit table: its unit_column must be {unit_column}")
+    if table_unit_column is None:
+        problems.append(f"{where} is private but has no unit_column: name the column that references "
+                        f"{unit_table}.{unit_column}, or mark the table public = true")
+    elif table_unit_column not in columns:
+        problems.append(f"{where} unit_column {table_unit_column} is not among its declared columns")
+    if not _positive_int(max_rows):
+        problems.append(f"{where} max_rows_per_unit = {max_rows!r}: a private table needs a whole number >= 1 "
+                        "(the most rows one unit may have; rows beyond it are bounded away by the rewrite)")
+        max_rows = 1
+    return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows))
+
+
+def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Column | None:
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict):
+        problems.append(f"column {where} must be a type name or a table like {{ type = \"integer\" }}")
+        return None
+    unknown = set(spec) - {"type", "lower", "upper", "domain", "max_frequency", "unique"}
+    if unknown:
+        problems.append(f"column {where} has unknown settings: {', '.join(sorted(unknown))}")
+    raw_type = str(spec.get("type", "")).strip().lower()
+    col_type = TYPE_ALIASES.get(raw_type, raw_type)
+    if col_type not in NUMERIC_TYPES | OTHER_TYPES:
+        problems.append(f"column {where} has type {raw_type!r}; supported: "
+                        + ", ".join(sorted(NUMERIC_TYPES | OTHER_TYPES)))
+        return None
+    lower, upper = spec.get("lower"), spec.get("upper")
+    if (lower is None) != (upper is None):
+        problems.append(f"column {where} declares only one of lower/upper: declare both")
+        lower = upper = None
+    if lower is not None:
+        if col_type not in NUMERIC_TYPES:
+            problems.append(f"column {where} has bounds but type {col_type} is not numeric")
+        elif not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                     for v in (lower, upper)):
+            problems.append(f"column {where} bounds must be finite numbers")
+        elif lower > upper:
+            problems.append(f"column {where} has lower {lower} > upper {upper}")
+        elif max(abs(lower), abs(upper)) > 1e12:
+            problems.append(f"column {where} bounds beyond ±1e12 are not supported (noise would swamp any answer)")
+    domain = spec.get("domain")
+    if domain is not None:
+        if not isinstance(domain, list) or not domain:
+            problems.append(f"column {where} domain must be a non-empty list of values")
+            domain = None
+        elif len(set(domain)) != len(domain):
+            problems.append(f"column {where} domain lists a value twice")
+        else:
+            domain = tuple(domain)
+    max_frequency = spec.get("max_frequency")
+    if max_frequency is not None and not _positive_int(max_frequency):
+        problems.append(f"column {where} max_frequency must be a whole number >= 1")
+        max_frequency = None
+    unique = spec.get("unique", False)
+    if not isinstance(unique, bool):
+        problems.append(f"column {where} unique must be true or false")
+        unique = False
+    return Column(name, col_type, None if lower is None else float(lower), None if upper is None else float(upper),
+                  domain, max_frequency, unique)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
