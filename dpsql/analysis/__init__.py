@@ -1,0 +1,478 @@
+"""Sensitivity analysis: from a checked query to a plan of noisy statistics with their sensitivities.
+
+`analyze` is the stage's one public entry. It works out:
+- the privacy unit of every row of the joined relation, and how many rows one unit can have there (k);
+- the group keys, whether their values are public (a declared domain) or need DP partition selection, and
+  how many groups one unit may touch (G, enforced by the rewrite);
+- each aggregate as sums of bounded per-row expressions ("measures") plus a finishing formula: COUNT is a
+  sum of 1s, AVG a centred sum over a count, variances add a sum of squares;
+- each measure's L1 sensitivity: G groups, each moved by at most k rows' worth of its per-row range.
+Nothing here reads the data: every number comes from the declared schema and from catalog constraints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import product
+
+from sqlglot import exp
+
+from dpsql.analysis.expressions import Expressions, Range, clamp_to
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.schema import PrivacySchema, Table
+from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery
+
+MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
+COUNTS = ("count", "count_units")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A per-group sum of a bounded per-row expression; one noisy statistic per group."""
+
+    name: str
+    label: str
+    expr: exp.Expression | None  # guarded per-row value; None: one per unit (distinct units)
+    row_range: Range  # every row's value lies here (the rewrite clamps to it)
+    unit_range: tuple[float, float]  # one unit's total lies here (the rewrite clamps to it)
+    sensitivity: float  # L1 over all groups for neighbouring databases
+
+    @property
+    def integer_valued(self) -> bool:
+        return self.row_range.integer
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """An aggregate call of the query, finished from its measures after noise."""
+
+    name: str
+    kind: str  # count | count_units | sum | avg | var_pop | var_samp | stddev_pop | stddev_samp
+    measures: tuple[str, ...]
+    arg_range: Range | None  # the argument's range, for clamping finished averages and variances
+    sql: str
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    name: str
+    expr: exp.Expression  # guarded
+    domain: tuple | None  # public values of the key, or None
+    sql: str
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    expr: exp.Expression  # over aggregate and group-key names, evaluated after noise
+    type_name: str  # int8 | float8 | text | ...
+
+
+@dataclass
+class Plan:
+    from_: exp.From
+    joins: list[exp.Join]
+    where: exp.Expression | None
+    unit: exp.Expression | None  # None: each row already is one whole unit (no per-unit stage needed)
+    rows_per_unit: int
+    group_keys: list[GroupKey]
+    max_groups: int  # groups one unit may touch (1 for ungrouped queries)
+    cap_groups: bool  # whether the rewrite must enforce max_groups
+    domain: list[tuple] | None  # every public key combination, or None: partition selection
+    measures: list[Measure]
+    aggregates: list[Aggregate]
+    outputs: list[Output]
+    having: exp.Expression | None
+    order: list[tuple[exp.Expression, bool, bool]]  # (expression, descending, nulls first)
+    limit: int | None
+    offset: int
+    neighbouring: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.group_keys)
+
+    @property
+    def partition_selection(self) -> bool:
+        return self.grouped and self.domain is None
+
+
+def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozenset[tuple[str, str]],
+            max_groups: int | None = None) -> Plan:
+    """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
+    key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound."""
+    return _Analyzer(query, schema, unique_columns).run(max_groups or schema.max_groups_per_unit)
+
+
+class _Analyzer:
+    def __init__(self, query: CheckedQuery, schema: PrivacySchema, unique: frozenset[tuple[str, str]]):
+        self.query, self.schema, self.unique = query, schema, unique
+        self.tree = query.tree
+        self.aliases: dict[str, Table] = {}
+        self.exprs = Expressions(self._declared_column)
+        self.notes: list[str] = []
+
+    # --- the relation: tables, joins, the unit of each row --------------------------------------------------
+
+    def run(self, max_groups_setting: int) -> Plan:
+        tree = self.tree
+        if tree.args.get("from_") is None:
+            raise PrivacyRefusal("a query without FROM reads no private data", "dpsql answers aggregates over tables")
+        joins = list(tree.args.get("joins") or [])
+        for source in [tree.args["from_"].this, *(j.this for j in joins)]:
+            if not isinstance(source, exp.Table):
+                raise UnsupportedQuery("only tables may appear in FROM and JOIN")
+            self.aliases[source.alias_or_name] = self.schema.tables[source.name]
+        equalities = self._equalities(joins)
+        private = [a for a, t in self.aliases.items() if not t.public]
+        if not private:
+            raise PrivacyRefusal("the query reads only public tables",
+                                 "query public tables directly; dpsql answers questions about private data")
+        for node in [tree.args.get("where"), *(j.args.get("on") for j in joins)]:
+            if node is not None:
+                self.exprs.check(node)
+        fanout, determined, verified = self._public_joins(equalities, private)
+        unit, k_private = self._unit(private, equalities)
+        k = k_private * fanout
+        fast = k == 1 and verified and all(self._row_is_unit(a) for a in private)
+        if not fast and unit is None:
+            unit = exp.column("ctid", table=private[0])
+        self.notes.append(f"rows per unit in the joined relation: at most {k}"
+                          + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
+
+        keys = self._group_keys()
+        if keys:
+            natural = all(self._determined_by_unit(k_.expr, determined) for k_ in keys)
+            groups = 1 if natural else max(1, min(max_groups_setting, k))
+            cap = not natural and not fast
+            if natural:
+                self.notes.append("group keys depend only on the unit: each unit is in one group")
+            else:
+                self.notes.append(f"each unit counts in at most {groups} group(s) (enforced by the rewrite)")
+        else:
+            groups, cap = 1, False
+        domain = _domain(keys)
+        if keys:
+            self.notes.append("group keys come from a public domain: every key is released" if domain is not None
+                              else "group keys are private: released by DP partition selection")
+
+        measures: dict[str, Measure] = {}
+        aggregates = self._aggregates(measures, k, groups, private)
+        outputs, having, order = self._post_processing(keys, aggregates)
+        if not aggregates:
+            raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
+                                 "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV")
+        limit, offset = self._limit()
+        return Plan(
+            from_=_guarded(tree.args["from_"], self.exprs),
+            joins=[_guarded(j, self.exprs) for j in joins],
+            where=self.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None,
+            unit=None if fast else unit, rows_per_unit=k, group_keys=keys, max_groups=groups,
+            cap_groups=cap, domain=domain, measures=list(measures.values()), aggregates=aggregates,
+            outputs=outputs, having=having, order=order, limit=limit, offset=offset,
+            neighbouring=self.schema.neighbouring, notes=self.notes)
+
+    def _declared_column(self, column: exp.Column):
+        table = self.aliases.get(column.table)
+        return table.columns.get(column.name) if table else None
+
+    def _equalities(self, joins: list[exp.Join]) -> list[tuple[exp.Column, exp.Column]]:
+        """Column = column conjuncts of WHERE and of every ON: the join conditions."""
+        conditions = [self.tree.args["where"].this] if self.tree.args.get("where") else []
+        for join in joins:
+            if join.side.upper() == "FULL" or join.kind.upper() in ("CROSS", "NATURAL"):
+                raise UnsupportedQuery(f"{(join.side or join.kind).upper()} JOIN is not supported",
+                                       "use an inner or LEFT/RIGHT join on the declared key")
+            if join.args.get("using"):
+                raise UnsupportedQuery("JOIN ... USING is not supported", "write JOIN ... ON a.x = b.x")
+            if join.args.get("on") is not None:
+                conditions.append(join.args["on"])
+        pairs = []
+        for condition in conditions:
+            for conjunct in condition.flatten() if isinstance(condition, exp.And) else [condition]:
+                conjunct = conjunct.unnest()
+                if (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)
+                        and isinstance(conjunct.expression, exp.Column)
+                        and conjunct.this.table != conjunct.expression.table):
+                    pairs.append((conjunct.this, conjunct.expression))
+        return pairs
+
+    def _unit(self, private: list[str], equalities) -> tuple[exp.Expression | None, int]:
+        """The unit id of each joined row and the bound on one unit's rows across the private tables."""
+        if self.schema.row_level:
+            if len(private) > 1:
+                raise UnsupportedQuery("joins between private tables under row-level privacy are not supported yet")
+            return None, 1
+        parent = {a: a for a in private}
+
+        def root(a: str) -> str:
+            while parent[a] != a:
+                a = parent[a]
+            return a
+
+        for left, right in equalities:
+            if self._is_unit(left) and self._is_unit(right):
+                parent[root(left.table)] = root(right.table)
+        if len({root(a) for a in private}) > 1:
+            raise UnsupportedQuery(
+                "private tables must be joined on their unit columns ("
+                + ", ".join(f"{a}.{self.aliases[a].unit_column}" for a in private) + ")",
+                "joins on other keys between private tables come with general equijoin support")
+        columns = [exp.column(self.aliases[a].unit_column, table=a) for a in private]
+        unit = columns[0] if len(columns) == 1 else exp.Coalesce(this=columns[0], expressions=columns[1:])
+        return unit, math.prod(self.aliases[a].max_rows_per_unit for a in private)
+
+    def _is_unit(self, column: exp.Column) -> bool:
+        table = self.aliases.get(column.table)
+        return table is not None and not table.public and column.name == table.unit_column
+
+    def _row_is_unit(self, alias: str) -> bool:
+        """Each row of this private table is one whole unit: row-level privacy, or a unique unit column."""
+        table = self.aliases[alias]
+        return self.schema.row_level or (table.max_rows_per_unit == 1
+                                         and (table.name, table.unit_column) in self.unique)
+
+    def _public_joins(self, equalities, private: list[str]) -> tuple[int, set[str], bool]:
+        """How many public rows one private row can match (declared), which aliases one unit's row
+        determines, and whether the catalog guarantees every public join matches at most one row."""
+        determined = {a for a in private if self._row_is_unit(a)}
+        fanout, verified = 1, True
+        for alias, table in self.aliases.items():
+            if not table.public:
+                continue
+            keys = [(mine, other) for left, right in equalities
+                    for mine, other in ((left, right), (right, left)) if mine.table == alias
+                    and not self.aliases[other.table].public]
+            if not keys:
+                raise UnsupportedQuery(f"public table {table.name} must be joined on an equality with a private "
+                                       "table's column", f"e.g. JOIN {table.name} ON {table.name}.key = t.column")
+            fanout *= min(self._frequency(table, mine) for mine, _ in keys)
+            unique_keys = [(m, o) for m, o in keys if (table.name, m.name) in self.unique]
+            verified = verified and bool(unique_keys)
+            if any(o.table in determined for _, o in unique_keys):
+                determined.add(alias)
+        return fanout, determined, verified
+
+    def _frequency(self, table: Table, column: exp.Column) -> int:
+        declared = table.columns[column.name]
+        if declared.unique or (table.name, column.name) in self.unique:
+            return 1
+        if declared.max_frequency is None:
+            raise UnsupportedQuery(f"join key {table.name}.{column.name} has no declared max_frequency",
+                                   "declare unique = true or max_frequency = N for it in the privacy schema")
+        return declared.max_frequency
+
+    def _determined_by_unit(self, expr: exp.Expression, determined: set[str]) -> bool:
+        return all(c.table in determined for c in expr.find_all(exp.Column))
+
+    # --- group keys ------------------------------------------------------------------------------------------
+
+    def _group_keys(self) -> list[GroupKey]:
+        group = self.tree.args.get("group")
+        if group is None:
+            return []
+        if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
+            raise UnsupportedQuery("ROLLUP, CUBE and GROUPING SETS are not supported")
+        keys = []
+        for i, node in enumerate(group.expressions):
+            if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk()):
+                raise UnsupportedQuery("aggregates are not allowed in GROUP BY")
+            value_range = self.exprs.value_range(node)
+            keys.append(GroupKey(f"g{i}", self.exprs.guard(node), self._key_domain(node, value_range),
+                                 node.sql(dialect=DIALECT)))
+        return keys
+
+    def _key_domain(self, node: exp.Expression, value_range: Range | None) -> tuple | None:
+        if isinstance(node, exp.Column):
+            column = self._declared_column(node)
+            if column is not None and column.domain is not None:
+                return column.domain
+            if column is not None and column.type == "boolean":
+                return (False, True)
+        if isinstance(node, exp.Case) and all(
+                isinstance(b.args["true"], exp.Literal) for b in node.args.get("ifs", [])):
+            default = node.args.get("default")
+            if default is None or isinstance(default, exp.Literal):
+                values = [b.args["true"].to_py() for b in node.args["ifs"]]
+                values.append(default.to_py() if default is not None else None)
+                return tuple(dict.fromkeys(values))
+        if (value_range is not None and value_range.integer and value_range.bounded
+                and value_range.hi - value_range.lo < MAX_DOMAIN):
+            return tuple(range(int(value_range.lo), int(value_range.hi) + 1))
+        return None
+
+    # --- aggregates and their measures ----------------------------------------------------------------------
+
+    def _aggregates(self, measures: dict[str, Measure], k: int, groups: int, private: list[str]) -> list[Aggregate]:
+        found: dict[str, Aggregate] = {}
+        nodes = [*self.tree.expressions]
+        if self.tree.args.get("having"):
+            nodes.append(self.tree.args["having"])
+        if self.tree.args.get("order"):
+            nodes.append(self.tree.args["order"])
+        for top in nodes:
+            for node in top.find_all(*AGGREGATES):
+                sql = node.sql(dialect=DIALECT)
+                if sql in found:
+                    continue
+                if any(isinstance(n, tuple(AGGREGATES)) for n in node.this.walk()) if node.this else False:
+                    raise UnsupportedQuery("nested aggregates are not supported")
+                found[sql] = self._aggregate(f"a{len(found)}", node, sql, measures, k, groups, private)
+        return list(found.values())
+
+    def _aggregate(self, name: str, node: exp.Expression, sql: str, measures: dict[str, Measure],
+                   k: int, groups: int, private: list[str]) -> Aggregate:
+        kind = AGGREGATES[type(node)]
+        arg = node.this
+
+        def measure(label: str, expr: exp.Expression | None, row_range: Range) -> str:
+            key = label if expr is None else expr.sql(dialect=DIALECT)
+            if key not in measures:
+                measures[key] = self._measure(f"m{len(measures)}", label, expr, row_range, k, groups)
+            return measures[key].name
+
+        if kind == "count":
+            if isinstance(arg, exp.Distinct):
+                if len(arg.expressions) != 1 or not isinstance(arg.expressions[0], exp.Column) \
+                        or not self._is_unit(arg.expressions[0]):
+                    raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
+                                           f"({self.schema.describe_unit()})",
+                                           "count distinct units, or count rows with COUNT(*)")
+                return Aggregate(name, "count_units", (measure("distinct units", None, Range(1, 1, True)),),
+                                 None, sql)
+            if arg is None or isinstance(arg, exp.Star):
+                one = exp.Literal.number(1)
+                return Aggregate(name, "count", (measure("COUNT(*)", one, Range(1, 1, True)),), None, sql)
+            self.exprs.check(arg)
+            present = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=self.exprs.guard(arg), expression=exp.Null())),
+                                           true=exp.Literal.number(1))], default=exp.Literal.number(0))
+            return Aggregate(name, "count", (measure(f"COUNT({arg.sql(dialect=DIALECT)})", present,
+                                                     Range(0, 1, True)),), None, sql)
+        if isinstance(arg, exp.Distinct):
+            raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
+        value_range = self.exprs.numeric(arg, f"{kind.upper()} argument")
+        value = self.exprs.guard(arg)
+        label = arg.sql(dialect=DIALECT)
+        if kind == "sum":
+            return Aggregate(name, kind, (measure(f"SUM({label})", clamp_to(value, value_range.lo, value_range.hi),
+                                                  value_range),), value_range, sql)
+        # averages and variances: a count and sums centred on the midpoint of the range
+        mid = (value_range.lo + value_range.hi) / 2
+        half = (value_range.hi - value_range.lo) / 2
+        centred = exp.Sub(this=clamp_to(value, value_range.lo, value_range.hi), expression=_literal(mid))
+        present = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
+                                       true=exp.Literal.number(1))], default=exp.Literal.number(0))
+        parts = [measure(f"COUNT({label})", present, Range(0, 1, True)),
+                 measure(f"SUM({label} - {mid:g})", centred, Range(-half, half, value_range.integer
+                                                                    and float(mid).is_integer()))]
+        if kind != "avg":
+            square = exp.Mul(this=exp.Paren(this=centred.copy()), expression=exp.Paren(this=centred.copy()))
+            parts.append(measure(f"SUM(({label} - {mid:g})^2)", square, Range(0, half * half, False)))
+        return Aggregate(name, kind, tuple(parts), value_range, sql)
+
+    def _measure(self, name: str, label: str, expr: exp.Expression | None, row_range: Range,
+                 k: int, groups: int) -> Measure:
+        # a unit contributes 1 to "distinct units", else between 0 and k rows' worth of values
+        unit_range = (1.0, 1.0) if expr is None else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
+        per_group = max(abs(unit_range[0]), abs(unit_range[1]))
+        sensitivity = groups * per_group * (2 if self.schema.neighbouring == "replace" else 1)
+        self.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "
+                          f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}")
+        return Measure(name, label, expr, row_range, unit_range, sensitivity)
+
+    # --- what runs after noise ----------------------------------------------------------------------------
+
+    def _post_processing(self, keys: list[GroupKey], aggregates: list[Aggregate]):
+        by_sql = {a.sql: a for a in aggregates}
+        key_sql = {k.sql: k for k in keys}
+
+        def substitute(node: exp.Expression) -> exp.Expression:
+            def swap(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, tuple(AGGREGATES)):
+                    return exp.column(by_sql[n.sql(dialect=DIALECT)].name)
+                if n.sql(dialect=DIALECT) in key_sql:
+                    return exp.column(key_sql[n.sql(dialect=DIALECT)].name)
+                if isinstance(n, exp.Column):
+                    raise PrivacyRefusal(f'column "{n.sql(dialect=DIALECT)}" must appear in GROUP BY or be used '
+                                         "in an aggregate", "dpsql never releases raw values")
+                return n
+            return node.copy().transform(swap, copy=False)
+
+        outputs, by_alias = [], {}
+        for name, item in zip(self.query.output_names, self.tree.expressions, strict=True):
+            expr = substitute(item.unalias())
+            outputs.append(Output(name, expr, _output_type(expr, aggregates, keys, self.exprs, item.unalias())))
+            by_alias[item.alias_or_name] = expr
+        having = substitute(self.tree.args["having"].this) if self.tree.args.get("having") else None
+        order = []
+        for ordered in (self.tree.args["order"].expressions if self.tree.args.get("order") else []):
+            target = ordered.this
+            if isinstance(target, exp.Column) and not target.table and target.name in by_alias:
+                expr = by_alias[target.name]
+            else:
+                expr = substitute(target)
+            descending = bool(ordered.args.get("desc"))
+            nulls_first = ordered.args.get("nulls_first")
+            order.append((expr, descending, descending if nulls_first is None else bool(nulls_first)))
+        return outputs, having, order
+
+    def _limit(self) -> tuple[int | None, int]:
+        def integer(clause: str) -> int | None:
+            node = self.tree.args.get(clause)
+            if node is None:
+                return None
+            value = node.expression
+            if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
+                raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant")
+            return int(value.this)
+        return integer("limit"), integer("offset") or 0
+
+
+def _domain(keys: list[GroupKey]) -> list[tuple] | None:
+    if not keys or any(k.domain is None for k in keys):
+        return None
+    if math.prod(len(k.domain) for k in keys) > MAX_DOMAIN:
+        return None
+    return list(product(*(k.domain for k in keys)))
+
+
+def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[GroupKey], exprs: Expressions,
+                 original: exp.Expression) -> str:
+    if isinstance(expr, exp.Column):
+        for agg in aggregates:
+            if agg.name == expr.name:
+                return "int8" if agg.kind in COUNTS else "float8"
+        for key in keys:
+            if key.name == expr.name:
+                return _key_type(original, exprs)
+    if isinstance(expr, exp.Cast):
+        if expr.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
+            return "int8"
+        if expr.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
+            return "text"
+    return "float8"
+
+
+def _key_type(node: exp.Expression, exprs: Expressions) -> str:
+    value_range = exprs.value_range(node)
+    if value_range is not None:
+        return "int8" if value_range.integer else "float8"
+    if isinstance(node, exp.Column):
+        column = exprs.column(node)
+        if column is not None:
+            return {"boolean": "bool", "date": "date", "timestamp": "timestamp",
+                    "timestamptz": "timestamptz"}.get(column.type, "text")
+    return "text"
+
+
+def _guarded(node: exp.Expression, exprs: Expressions) -> exp.Expression:
+    copy = node.copy()
+    if isinstance(copy, exp.Join) and copy.args.get("on") is not None:
+        copy.set("on", exprs.guard(copy.args["on"]))
+    return copy
+
+
+def _literal(value: float) -> exp.Expression:
+    return exp.Literal.number(str(int(value)) if float(value).is_integer() else repr(float(value)))

@@ -1,0 +1,340 @@
+"""Value ranges of expressions, and the guarded form of each expression that the backend runs.
+
+Two promises keep errors and unbounded values from depending on the data:
+- `guard` rewrites an expression so that it cannot fail on any value: bounded numeric columns used in a
+  computation are clamped to their declared range (NaN becomes NULL first), divisors go through
+  NULLIF(y, 0), sqrt and ln get only valid arguments.
+- `value_range` computes, for the guarded expression, an interval that holds on every database. It refuses
+  (UnsupportedQuery) arithmetic on numeric columns without declared bounds, intervals beyond ±1e15 (where
+  float or integer overflow could raise an error), casts that could overflow, and partial functions whose
+  arguments it cannot make total.
+Comparisons read stored values as they are: they cannot fail, and clamping them would change which rows match.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+
+from sqlglot import exp
+
+from dpsql.errors import UnsupportedQuery
+from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
+
+LIMIT = 1e15
+PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is)
+EXTRACT_RANGES = {
+    "YEAR": (-4713, 5874897), "MONTH": (1, 12), "DAY": (1, 31), "DOW": (0, 6), "ISODOW": (1, 7),
+    "DOY": (1, 366), "WEEK": (1, 53), "QUARTER": (1, 4), "HOUR": (0, 23), "MINUTE": (0, 59),
+}
+INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT: 2**31 - 1,
+                   exp.DataType.Type.BIGINT: 2**63 - 1}
+FLOAT_CASTS = {exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed interval that every value of an expression lies in (NULL aside)."""
+
+    lo: float
+    hi: float
+    integer: bool = False
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    @property
+    def magnitude(self) -> float:
+        return max(abs(self.lo), abs(self.hi))
+
+    def hull(self, other: Range) -> Range:
+        return Range(min(self.lo, other.lo), max(self.hi, other.hi), self.integer and other.integer)
+
+
+class Expressions:
+    """Ranges and guards for the expressions of one query, given how to find each column's declaration."""
+
+    def __init__(self, lookup) -> None:
+        self.column = lookup  # exp.Column -> its declared schema Column, or None
+
+    # --- guard ------------------------------------------------------------------------------------------
+
+    def guard(self, node: exp.Expression) -> exp.Expression:
+        """A copy of `node` that cannot raise on any stored value (see module docstring)."""
+        return node.copy().transform(self._guard_node, copy=False)
+
+    def _guard_node(self, node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column):
+            column = self.column(node)
+            if column is not None and column.bounded and not isinstance(node.parent, PREDICATES):
+                return clamp(node, column)
+            return node
+        if isinstance(node, exp.Div | exp.Mod):
+            node.set("expression", exp.func("NULLIF", node.expression, exp.Literal.number(0)))
+        elif isinstance(node, exp.Sqrt):
+            node.set("this", exp.Greatest(this=node.this, expressions=[exp.Literal.number(0)]))
+        elif isinstance(node, exp.Ln):
+            positive = exp.GT(this=node.this.copy(), expression=exp.Literal.number(0))
+            node.set("this", exp.Case(ifs=[exp.If(this=positive, true=node.this)]))
+        return node
+
+    # --- ranges -----------------------------------------------------------------------------------------
+
+    def check(self, node: exp.Expression) -> None:
+        """Refuse `node` if some stored value could make its guarded form fail or overflow."""
+        self.value_range(node)
+
+    def value_range(self, node: exp.Expression) -> Range | None:
+        """Interval of the guarded `node`'s values, or None if it is not numeric (text, date, boolean)."""
+        if _constant(node):
+            return _constant_range(node)
+        handler = getattr(self, f"_range_{type(node).__name__.lower()}", None)
+        if handler is not None:
+            result = handler(node)
+            if result is not None and result.bounded and result.magnitude > LIMIT:
+                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} may reach {result.magnitude:.3g}, "
+                                       f"beyond the ±{LIMIT:.0e} dpsql computes with",
+                                       "scale the expression down or narrow the declared bounds")
+            return result
+        if isinstance(node, exp.Substring):
+            self._require_constant(node, ("start", "length"), "substring positions")
+        elif isinstance(node, exp.Like | exp.ILike):
+            self._require_constant(node, ("expression",), "LIKE patterns")
+        elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+            self._require_constant(node, ("unit",), "date_trunc units")
+        for child in node.iter_expressions():
+            if not isinstance(child, exp.DataType | exp.Var | exp.Identifier):
+                self.value_range(child)
+        return None
+
+    def numeric(self, node: exp.Expression, what: str) -> Range:
+        """The range of `node`, which must be a bounded number."""
+        result = self.value_range(node)
+        if result is None:
+            raise UnsupportedQuery(f"{what} {node.sql(dialect='postgres')} is not numeric")
+        if not result.bounded:
+            raise UnsupportedQuery(
+                f"{node.sql(dialect='postgres')} has no declared bounds, so its {what} has unbounded sensitivity",
+                "declare lower and upper for the column in the privacy schema")
+        return result
+
+    def _require_constant(self, node: exp.Expression, args: tuple[str, ...], what: str) -> None:
+        for arg in args:
+            value = node.args.get(arg)
+            if value is not None and not _constant(value):
+                raise UnsupportedQuery(f"{what} must be constants, not {value.sql(dialect='postgres')}")
+
+    def _range_column(self, node: exp.Column) -> Range | None:
+        column = self.column(node)
+        if column is None or column.type not in NUMERIC_TYPES:
+            return None
+        if not column.bounded or isinstance(node.parent, PREDICATES):
+            return Range(-math.inf, math.inf, column.type in INTEGER_TYPES)
+        return Range(column.lower, column.upper, column.type in INTEGER_TYPES)
+
+    def _operands(self, node: exp.Expression, *args: str) -> list[Range]:
+        ranges = []
+        for arg in args:
+            child = node.args[arg]
+            ranges.append(self.numeric(child, "arithmetic operand"))
+        return ranges
+
+    def _range_paren(self, node: exp.Paren) -> Range | None:
+        return self.value_range(node.this)
+
+    def _range_neg(self, node: exp.Neg) -> Range:
+        (a,) = self._operands(node, "this")
+        return Range(-a.hi, -a.lo, a.integer)
+
+    def _range_abs(self, node: exp.Abs) -> Range:
+        (a,) = self._operands(node, "this")
+        lo = 0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi))
+        return Range(lo, a.magnitude, a.integer)
+
+    def _range_add(self, node: exp.Add) -> Range:
+        a, b = self._operands(node, "this", "expression")
+        return Range(a.lo + b.lo, a.hi + b.hi, a.integer and b.integer)
+
+    def _range_sub(self, node: exp.Sub) -> Range:
+        a, b = self._operands(node, "this", "expression")
+        return Range(a.lo - b.hi, a.hi - b.lo, a.integer and b.integer)
+
+    def _range_mul(self, node: exp.Mul) -> Range:
+        a, b = self._operands(node, "this", "expression")
+        corners = [x * y for x, y in product((a.lo, a.hi), (b.lo, b.hi))]
+        return Range(min(corners), max(corners), a.integer and b.integer)
+
+    def _range_div(self, node: exp.Div) -> Range:
+        a, b = self._operands(node, "this", "expression")
+        if b.integer and a.integer:  # integer division truncates toward zero: |a / b| <= |a|
+            return Range(-a.magnitude, a.magnitude, True)
+        if b.lo <= 0 <= b.hi:
+            if b.integer:  # a nonzero integer divisor has |b| >= 1
+                return Range(-a.magnitude, a.magnitude, False)
+            raise UnsupportedQuery(
+                f"the divisor {node.expression.sql(dialect='postgres')} can be arbitrarily close to 0, "
+                "so the quotient has no bound",
+                "divide by an expression whose declared range excludes 0, e.g. GREATEST(x, 1)")
+        corners = [x / y for x, y in product((a.lo, a.hi), (b.lo, b.hi))]
+        return Range(min(corners), max(corners), False)
+
+    def _range_mod(self, node: exp.Mod) -> Range:
+        a, b = self._operands(node, "this", "expression")
+        m = min(a.magnitude, b.magnitude)
+        return Range(0.0 if a.lo >= 0 else -m, 0.0 if a.hi <= 0 else m, a.integer and b.integer)
+
+    def _range_floor(self, node: exp.Floor) -> Range:
+        (a,) = self._operands(node, "this")
+        return Range(math.floor(a.lo), math.floor(a.hi), True)
+
+    def _range_ceil(self, node: exp.Ceil) -> Range:
+        (a,) = self._operands(node, "this")
+        return Range(math.ceil(a.lo), math.ceil(a.hi), True)
+
+    def _range_round(self, node: exp.Round) -> Range:
+        (a,) = self._operands(node, "this")
+        digits = node.args.get("decimals")
+        if digits is not None and not (isinstance(digits, exp.Literal) and not digits.is_string):
+            raise UnsupportedQuery("round()'s number of digits must be a constant")
+        places = int(digits.to_py()) if digits is not None else 0
+        slack = 0.5 * 10 ** max(0, -places)
+        return Range(a.lo - slack, a.hi + slack, a.integer or places <= 0)
+
+    def _range_greatest(self, node: exp.Greatest) -> Range:
+        parts = [self.numeric(e, "argument") for e in [node.this, *node.expressions]]
+        return Range(max(p.lo for p in parts), max(p.hi for p in parts), all(p.integer for p in parts))
+
+    def _range_least(self, node: exp.Least) -> Range:
+        parts = [self.numeric(e, "argument") for e in [node.this, *node.expressions]]
+        return Range(min(p.lo for p in parts), min(p.hi for p in parts), all(p.integer for p in parts))
+
+    def _range_coalesce(self, node: exp.Coalesce) -> Range | None:
+        return self._hull([node.this, *node.expressions])
+
+    def _range_case(self, node: exp.Case) -> Range | None:
+        for branch in node.args.get("ifs", []):
+            self.value_range(branch.this)  # the conditions
+        if node.this is not None:
+            self.value_range(node.this)
+        results = [b.args["true"] for b in node.args.get("ifs", [])]
+        if node.args.get("default") is not None:
+            results.append(node.args["default"])
+        return self._hull(results)
+
+    def _range_if(self, node: exp.If) -> Range | None:
+        self.value_range(node.this)
+        return self._hull([node.args["true"], *([node.args["false"]] if node.args.get("false") else [])])
+
+    def _hull(self, nodes: list[exp.Expression]) -> Range | None:
+        ranges = [self.value_range(n) for n in nodes if not isinstance(n, exp.Null)]
+        numeric = [r for r in ranges if r is not None]
+        if not numeric:
+            return None
+        if len(numeric) != len(ranges):
+            raise UnsupportedQuery("branches of CASE / COALESCE mix numbers with other types")
+        result = numeric[0]
+        for r in numeric[1:]:
+            result = result.hull(r)
+        return result
+
+    def _range_cast(self, node: exp.Cast) -> Range | None:
+        target = node.to.this
+        inner = self.value_range(node.this)
+        if target in INT_CAST_LIMITS:
+            if inner is None:
+                raise UnsupportedQuery(f"cast of non-numeric {node.this.sql(dialect='postgres')} to an integer "
+                                       "could fail on some values")
+            if not inner.bounded or inner.magnitude + 1 > INT_CAST_LIMITS[target]:
+                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could overflow",
+                                       "cast to bigint or double precision, or declare tighter bounds")
+            return Range(math.floor(inner.lo - 0.5), math.ceil(inner.hi + 0.5), True)
+        if target in FLOAT_CASTS:
+            if inner is None and not _constant(node.this):
+                raise UnsupportedQuery(f"cast of non-numeric {node.this.sql(dialect='postgres')} to a number "
+                                       "could fail on some values")
+            return inner if inner is not None else Range(-math.inf, math.inf)
+        if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.DATE,
+                      exp.DataType.Type.TIMESTAMP):
+            if target in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP) and inner is not None:
+                raise UnsupportedQuery(f"cast of a number to {target.value} is not supported")
+            return None
+        raise UnsupportedQuery(f"cast to {node.to.sql(dialect='postgres')} is not supported",
+                               "casts to integer, bigint, double precision, numeric, text and date are")
+
+    def _range_widthbucket(self, node: exp.WidthBucket) -> Range:
+        self._require_constant(node, ("min_value", "max_value", "num_buckets"), "width_bucket's bounds and count")
+        self.numeric_or_unbounded(node.this)
+        buckets = int(node.args["num_buckets"].to_py())
+        if buckets < 1 or node.args["min_value"].to_py() == node.args["max_value"].to_py():
+            raise UnsupportedQuery("width_bucket needs a bucket count >= 1 and distinct bounds")
+        return Range(0, buckets + 1, True)
+
+    def numeric_or_unbounded(self, node: exp.Expression) -> Range:
+        result = self.value_range(node)
+        if result is None:
+            raise UnsupportedQuery(f"{node.sql(dialect='postgres')} is not numeric")
+        return result
+
+    def _range_sqrt(self, node: exp.Sqrt) -> Range:
+        (a,) = self._operands(node, "this")
+        return Range(math.sqrt(max(a.lo, 0)), math.sqrt(max(a.hi, 0)))
+
+    def _range_ln(self, node: exp.Ln) -> Range:
+        (a,) = self._operands(node, "this")
+        if a.hi <= 0:
+            raise UnsupportedQuery(f"ln({node.this.sql(dialect='postgres')}) is never defined")
+        low = math.log(a.lo) if a.lo > 0 else (0.0 if a.integer else math.log(5e-324))
+        return Range(low, math.log(a.hi))
+
+    def _range_extract(self, node: exp.Extract) -> Range:
+        field = node.this.name.upper()
+        if field not in EXTRACT_RANGES:
+            raise UnsupportedQuery(f"EXTRACT({field} ...) is not supported",
+                                   "supported fields: " + ", ".join(EXTRACT_RANGES))
+        self.value_range(node.expression)
+        lo, hi = EXTRACT_RANGES[field]
+        return Range(lo, hi, True)
+
+    def _range_length(self, node: exp.Length) -> Range:
+        self.value_range(node.this)
+        return Range(0, 2**30, True)
+
+
+def clamp(node: exp.Expression, column: Column) -> exp.Expression:
+    """`node` limited to the column's declared range; NaN becomes NULL first (NaN sorts above every number)."""
+    value: exp.Expression = node.copy()
+    if column.type not in INTEGER_TYPES:
+        nan = exp.Cast(this=exp.Literal.string("NaN"), to=exp.DataType.build(column.type))
+        value = exp.func("NULLIF", value, nan)
+    clamped = exp.Least(this=exp.Greatest(this=value, expressions=[_number(column.lower)]),
+                        expressions=[_number(column.upper)])
+    if column.type in INTEGER_TYPES:
+        return exp.Cast(this=clamped, to=exp.DataType.build("BIGINT"))
+    return clamped
+
+
+def clamp_to(node: exp.Expression, lo: float, hi: float) -> exp.Expression:
+    """LEAST(GREATEST(node, lo), hi): enforces a range the analysis relies on."""
+    return exp.Least(this=exp.Greatest(this=node, expressions=[_number(lo)]), expressions=[_number(hi)])
+
+
+def _number(value: float) -> exp.Expression:
+    if float(value).is_integer():
+        return exp.Literal.number(str(int(value)))
+    return exp.Literal.number(repr(float(value)))
+
+
+def _constant(node: exp.Expression) -> bool:
+    return not any(isinstance(n, exp.Column) for n in node.walk())
+
+
+def _constant_range(node: exp.Expression) -> Range | None:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        value = float(node.to_py())
+        return Range(value, value, float(value).is_integer() and "." not in node.this)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        value = -float(node.this.to_py())
+        return Range(value, value, value.is_integer() and "." not in node.this.this)
+    return None

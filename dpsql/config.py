@@ -1,0 +1,70 @@
+"""dpsql settings: explicit arguments, then environment variables, then a config file, then defaults.
+
+The config file is TOML with a [dpsql] table (keys as in `Settings`); it is read from --config, from
+$DPSQL_CONFIG, or from ./dpsql.toml. Environment variables: DPSQL_DATABASE, DPSQL_SCHEMA, DPSQL_ANALYST,
+DPSQL_EPSILON.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dpsql.errors import ConfigError
+
+ENVIRONMENT = {"database": "DPSQL_DATABASE", "schema": "DPSQL_SCHEMA", "analyst": "DPSQL_ANALYST",
+               "epsilon": "DPSQL_EPSILON"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    database: str | None = None  # postgresql:// URL of the database holding the private data
+    schema: str | None = None  # path of the privacy schema (TOML)
+    analyst: str | None = None  # whose budget queries spend
+    epsilon: float = 1.0  # ε of one query unless the session or the query says otherwise
+    max_epsilon: float = 10.0  # no single query may ask for more
+    delta: float = 1e-6  # δ of one query that needs DP partition selection
+    selection_share: float = 0.5  # part of a query's ε spent on partition selection, when it needs it
+    statement_timeout_ms: int = 30_000
+    max_groups_per_unit: int | None = None  # overrides the schema's bound when set
+
+
+def load_settings(config: str | Path | None = None, **explicit: Any) -> Settings:
+    """Settings from the sources above; `explicit` values that are None are ignored."""
+    values: dict[str, Any] = {}
+    path = config or os.environ.get("DPSQL_CONFIG") or ("dpsql.toml" if Path("dpsql.toml").exists() else None)
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("dpsql", {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        known = {f.name for f in fields(Settings)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ConfigError(f"config file {path} has unknown keys: {', '.join(sorted(unknown))}",
+                              "known keys: " + ", ".join(sorted(known)))
+        values.update(raw)
+    for key, variable in ENVIRONMENT.items():
+        if os.environ.get(variable):
+            values[key] = os.environ[variable]
+    values.update({k: v for k, v in explicit.items() if v is not None})
+    settings = Settings()
+    try:
+        typed = {f.name: _convert(values[f.name], f.type) for f in fields(Settings) if f.name in values}
+    except ValueError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from None
+    return replace(settings, **typed)
+
+
+def _convert(value: Any, type_name: Any) -> Any:
+    text = str(type_name)
+    if value is None:
+        return None
+    if text.startswith("float"):
+        return float(value)
+    if text.startswith("int"):
+        return int(value)
+    return str(value)

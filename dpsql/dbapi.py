@@ -1,0 +1,228 @@
+"""A PEP 249 (DB-API 2.0) module on top of the engine.
+
+    conn = dpsql.connect(database="postgresql://...", schema="schemas/demo.toml", analyst="alice")
+    cur = conn.cursor()
+    cur.execute("SELECT sex, AVG(income) FROM people WHERE age > %s GROUP BY sex", (30,))
+    cur.fetchall(); cur.accuracy  # noise scale and 95% interval of every value
+
+The engine runs in this process with the backend's credentials: this door is for trusted services and
+notebooks that must only publish DP results. Untrusted analysts connect through `dpsql serve` instead.
+Parameters (paramstyle "pyformat": %s or %(name)s; $1 also works) are bound into the parsed query before
+analysis and are part of the cache key.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpsql.config import load_settings
+from dpsql.engine import Answer, Engine
+from dpsql.errors import (
+    DatabaseError,
+    DataError,
+    Error,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    Warning,
+)
+from dpsql.postprocess import Accuracy
+
+apilevel = "2.0"
+threadsafety = 1  # threads may share the module, not connections
+paramstyle = "pyformat"
+
+TYPE_OIDS = {"bool": 16, "int8": 20, "text": 25, "float8": 701, "date": 1082, "timestamp": 1114,
+             "timestamptz": 1184, "numeric": 1700}
+
+
+class _TypeSet(frozenset):
+    def __eq__(self, other: object) -> bool:
+        return other in self if isinstance(other, int) else super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return super().__hash__()
+
+
+STRING = _TypeSet({25})
+BINARY = _TypeSet({17})
+NUMBER = _TypeSet({20, 701, 1700})
+DATETIME = _TypeSet({1082, 1114, 1184})
+ROWID = _TypeSet({26})
+
+Date, Time, Timestamp = datetime.date, datetime.time, datetime.datetime
+
+
+def DateFromTicks(ticks: float) -> datetime.date:  # noqa: N802 - PEP 249 name
+    return datetime.date(*time.localtime(ticks)[:3])
+
+
+def TimeFromTicks(ticks: float) -> datetime.time:  # noqa: N802
+    return datetime.time(*time.localtime(ticks)[3:6])
+
+
+def TimestampFromTicks(ticks: float) -> datetime.datetime:  # noqa: N802
+    return datetime.datetime(*time.localtime(ticks)[:6])
+
+
+def Binary(value: bytes) -> bytes:  # noqa: N802
+    return bytes(value)
+
+
+def connect(database: str | None = None, schema: str | None = None, analyst: str | None = None, *,
+            epsilon: float | None = None, config: str | None = None, **settings: Any) -> Connection:
+    """Open a dpsql connection. Missing arguments come from DPSQL_* variables or the config file."""
+    loaded = load_settings(config, database=database, schema=schema, analyst=analyst, epsilon=epsilon, **settings)
+    if not loaded.analyst:
+        raise InterfaceError("no analyst given", "pass analyst=NAME or set DPSQL_ANALYST")
+    engine = Engine(loaded)
+    engine.budget(loaded.analyst)  # fail now, not at the first query, if the analyst is unknown
+    return Connection(engine, loaded.analyst, loaded.epsilon)
+
+
+class Connection:
+    def __init__(self, engine: Engine, analyst: str, epsilon: float):
+        self._engine: Engine | None = engine
+        self.analyst = analyst
+        self.epsilon = epsilon  # the session's ε per query; a cursor's execute(epsilon=...) overrides it
+
+    Error, Warning, InterfaceError, DatabaseError = Error, Warning, InterfaceError, DatabaseError
+    DataError, OperationalError, IntegrityError, InternalError = DataError, OperationalError, IntegrityError, \
+        InternalError
+    ProgrammingError, NotSupportedError = ProgrammingError, NotSupportedError
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise InterfaceError("the connection is closed")
+        return self._engine
+
+    def cursor(self) -> Cursor:
+        return Cursor(self)
+
+    def commit(self) -> None:
+        """Nothing to commit: dpsql only reads, and budget charges are committed when they happen."""
+        self.engine  # noqa: B018 - raises if closed
+
+    def rollback(self) -> None:
+        """Nothing to roll back; a charge is never undone."""
+        self.engine  # noqa: B018
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def budget(self):
+        """This analyst's budget: total, spent and left."""
+        return self.engine.budget(self.analyst)
+
+    def explain(self, sql: str, params: Any = None, epsilon: float | None = None) -> str:
+        from dpsql.explain import explain_text
+        return explain_text(self.engine.prepare(sql, params, epsilon if epsilon is not None else self.epsilon))
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Cursor:
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.arraysize = 1
+        self._answer: Answer | None = None
+        self._position = 0
+        self._closed = False
+
+    @property
+    def description(self) -> list[tuple] | None:
+        if self._answer is None:
+            return None
+        return [(name, TYPE_OIDS.get(type_name, 25), None, None, None, None, True)
+                for name, type_name in zip(self._answer.names, self._answer.types, strict=True)]
+
+    @property
+    def rowcount(self) -> int:
+        return -1 if self._answer is None else len(self._answer.rows)
+
+    @property
+    def accuracy(self) -> list[tuple[Accuracy | None, ...]]:
+        """Per row and column: the noise scale and 95% confidence interval (None for exact values)."""
+        return [] if self._answer is None else self._answer.accuracy
+
+    @property
+    def epsilon_spent(self) -> float:
+        """ε charged for the last query (0 if its answer came from the cache)."""
+        return 0.0 if self._answer is None else self._answer.epsilon
+
+    @property
+    def cached(self) -> bool:
+        return bool(self._answer and self._answer.cached)
+
+    def execute(self, operation: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None, *,
+                epsilon: float | None = None) -> Cursor:
+        self._check_open()
+        eps = epsilon if epsilon is not None else self.connection.epsilon
+        self._answer = self.connection.engine.query(operation, parameters, analyst=self.connection.analyst,
+                                                    epsilon=eps)
+        self._position = 0
+        return self
+
+    def executemany(self, operation: str, seq_of_parameters: Sequence[Any]) -> Cursor:
+        for parameters in seq_of_parameters:
+            self.execute(operation, parameters)
+        return self
+
+    def fetchone(self) -> tuple | None:
+        rows = self.fetchmany(1)
+        return rows[0] if rows else None
+
+    def fetchmany(self, size: int | None = None) -> list[tuple]:
+        rows = self._rows()
+        size = self.arraysize if size is None else size
+        chunk = rows[self._position:self._position + size]
+        self._position += len(chunk)
+        return chunk
+
+    def fetchall(self) -> list[tuple]:
+        rows = self._rows()
+        chunk = rows[self._position:]
+        self._position = len(rows)
+        return chunk
+
+    def _rows(self) -> list[tuple]:
+        self._check_open()
+        if self._answer is None:
+            raise ProgrammingError("no query has been executed")
+        return self._answer.rows
+
+    def setinputsizes(self, sizes: Any) -> None:
+        pass
+
+    def setoutputsize(self, size: Any, column: Any = None) -> None:
+        pass
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InterfaceError("the cursor is closed")
+        self.connection.engine  # noqa: B018
+
+    def __iter__(self):
+        return iter(self.fetchone, None)
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

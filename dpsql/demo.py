@@ -1,0 +1,115 @@
+"""The demo: a seeded synthetic dataset (people, their visits, a public table of states) and a short tour."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import psycopg
+
+STATES = [
+    ("CA", "California", "West"), ("TX", "Texas", "South"), ("FL", "Florida", "South"),
+    ("NY", "New York", "Northeast"), ("PA", "Pennsylvania", "Northeast"), ("IL", "Illinois", "Midwest"),
+    ("OH", "Ohio", "Midwest"), ("GA", "Georgia", "South"), ("NC", "North Carolina", "South"),
+    ("MI", "Michigan", "Midwest"), ("NJ", "New Jersey", "Northeast"), ("VA", "Virginia", "South"),
+    ("WA", "Washington", "West"), ("AZ", "Arizona", "West"), ("MA", "Massachusetts", "Northeast"),
+    ("TN", "Tennessee", "South"), ("IN", "Indiana", "Midwest"), ("MO", "Missouri", "Midwest"),
+    ("MD", "Maryland", "South"), ("WI", "Wisconsin", "Midwest"), ("CO", "Colorado", "West"),
+    ("MN", "Minnesota", "Midwest"), ("SC", "South Carolina", "South"), ("AL", "Alabama", "South"),
+    ("LA", "Louisiana", "South"), ("KY", "Kentucky", "South"), ("OR", "Oregon", "West"),
+    ("OK", "Oklahoma", "South"), ("CT", "Connecticut", "Northeast"), ("UT", "Utah", "West"),
+    ("NV", "Nevada", "West"), ("IA", "Iowa", "Midwest"), ("AR", "Arkansas", "South"),
+    ("MS", "Mississippi", "South"), ("KS", "Kansas", "Midwest"), ("NM", "New Mexico", "West"),
+    ("NE", "Nebraska", "Midwest"), ("ID", "Idaho", "West"), ("WV", "West Virginia", "South"),
+    ("HI", "Hawaii", "West"), ("NH", "New Hampshire", "Northeast"), ("ME", "Maine", "Northeast"),
+    ("MT", "Montana", "West"), ("RI", "Rhode Island", "Northeast"), ("DE", "Delaware", "South"),
+    ("SD", "South Dakota", "Midwest"), ("ND", "North Dakota", "Midwest"), ("AK", "Alaska", "West"),
+    ("VT", "Vermont", "Northeast"), ("WY", "Wyoming", "West"),
+]
+CATEGORIES = ["checkup", "dental", "emergency", "lab", "pharmacy", "physio", "specialist", "vaccination"]
+CATEGORY_WEIGHTS = [0.25, 0.12, 0.05, 0.15, 0.2, 0.08, 0.1, 0.05]
+
+DDL = """
+DROP TABLE IF EXISTS visits, people, states;
+CREATE TABLE states (code text PRIMARY KEY, name text NOT NULL, region text NOT NULL);
+CREATE TABLE people (person_id bigint PRIMARY KEY, age integer, sex text, state text, income double precision);
+CREATE TABLE visits (visit_id bigint PRIMARY KEY, person_id bigint NOT NULL REFERENCES people(person_id),
+                     day date NOT NULL, category text NOT NULL, amount double precision);
+"""
+CHUNK = 50_000
+
+DEMO_QUERIES = [
+    ("How many people?", "SELECT COUNT(*) FROM people"),
+    ("Average income by sex", "SELECT sex, AVG(income) AS avg_income, COUNT(*) AS people FROM people GROUP BY sex"),
+    ("Visits and spending per category",
+     "SELECT category, COUNT(*) AS visits, SUM(amount) AS spent FROM visits GROUP BY category ORDER BY visits DESC"),
+    ("People per age band",
+     "SELECT width_bucket(age, 0, 100, 5) AS band, COUNT(*) FROM people GROUP BY band ORDER BY band"),
+    ("States with the most people (private keys: DP partition selection)",
+     "SELECT state, COUNT(*) AS people FROM people GROUP BY state ORDER BY people DESC LIMIT 5"),
+    ("Emergency visits by region (join to a public table)",
+     "SELECT s.region, COUNT(*) AS visits FROM visits v JOIN people p ON v.person_id = p.person_id "
+     "JOIN states s ON s.code = p.state WHERE v.category = 'emergency' GROUP BY s.region ORDER BY s.region"),
+]
+
+
+def load_demo_data(url: str, people: int = 100_000, seed: int = 7,
+                   progress: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
+    """Create and fill the demo tables; returns row counts. Same seed, same data."""
+    rng = np.random.default_rng(seed)
+    weights = 1 / np.arange(1, len(STATES) + 1) ** 1.1
+    weights /= weights.sum()
+    visits_per_person = np.minimum(rng.geometric(0.3, people) - 1 + (rng.random(people) < 0.02) * 25, 60)
+    total_visits = int(visits_per_person.sum())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(DDL)
+        _copy(conn, "states", [f"{c}\t{n}\t{r}\n" for c, n, r in STATES])
+        for start in range(0, people, CHUNK):
+            n = min(CHUNK, people - start)
+            ids = np.arange(start + 1, start + n + 1)
+            age = np.clip(rng.normal(41, 19, n), 0, 99).astype(int)
+            sex = rng.choice(["F", "M"], n)
+            state = rng.choice([s[0] for s in STATES], n, p=weights)
+            income = np.round(rng.lognormal(10.6, 0.75, n), 2)
+            _copy(conn, "people", [f"{i}\t{a}\t{s}\t{st}\t{inc}\n" for i, a, s, st, inc in
+                                   zip(ids, age, sex, state, income, strict=True)])
+            if progress:
+                progress("people", start + n, people)
+        owner = np.repeat(np.arange(1, people + 1), visits_per_person)
+        days = np.datetime64("2024-01-01") + rng.integers(0, 366, total_visits)
+        category = rng.choice(CATEGORIES, total_visits, p=CATEGORY_WEIGHTS)
+        amount = np.round(rng.lognormal(4.2, 1.0, total_visits), 2)
+        for start in range(0, total_visits, CHUNK):
+            end = min(start + CHUNK, total_visits)
+            _copy(conn, "visits", [f"{i + 1}\t{p}\t{d}\t{c}\t{a}\n" for i, p, d, c, a in
+                                   zip(range(start, end), owner[start:end], days[start:end], category[start:end],
+                                       amount[start:end], strict=True)])
+            if progress:
+                progress("visits", end, total_visits)
+        conn.execute("CREATE INDEX visits_person ON visits (person_id); ANALYZE people; ANALYZE visits")
+    return {"people": people, "visits": total_visits, "states": len(STATES)}
+
+
+def _copy(conn: psycopg.Connection, table: str, lines: list[str]) -> None:
+    with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:
+        copy.write(io.StringIO("".join(lines)).getvalue())
+
+
+_last_drawn = [0.0]
+
+
+def progress_bar(label: str, done: int, total: int, stream=sys.stderr) -> None:
+    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+    now = time.monotonic()
+    if done < total and now - _last_drawn[0] < 0.1:
+        return
+    _last_drawn[0] = now
+    width = 30
+    filled = int(width * done / max(total, 1))
+    stream.write(f"\r  loading {label:<7} [{'#' * filled}{'.' * (width - filled)}] {done:>9,}/{total:,}")
+    if done >= total:
+        stream.write("\n")
+    stream.flush()

@@ -1,0 +1,150 @@
+"""One query through every stage. This is the only module that knows the order of the stages:
+
+    check (parse, bind, refuse, qualify) -> analyze -> rewrite -> calibrate -> charge -> execute -> noise
+    -> post-process
+
+The charge is committed before the rewritten query runs; an answer already released to the same analyst
+for the same canonical query, parameters and ε is returned from the cache at no cost.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpsql.accounting import Budget, Ledger, new_hash_seed, validate_epsilon
+from dpsql.analysis import Plan, analyze
+from dpsql.backends import PostgresBackend
+from dpsql.config import Settings
+from dpsql.errors import ConfigError, InvalidParameter
+from dpsql.noise import Calibration, add_noise, calibrate
+from dpsql.postprocess import Accuracy, Result, evaluate, finish
+from dpsql.rewrite import Rewritten, rewrite
+from dpsql.schema import PrivacySchema, load_schema
+from dpsql.sql import CheckedQuery, check_query
+
+
+@dataclass
+class Answer:
+    """Noisy rows with their accuracy, and what they cost."""
+
+    names: list[str]
+    types: list[str]
+    rows: list[tuple]
+    accuracy: list[tuple[Accuracy | None, ...]]
+    epsilon: float  # charged for this answer (0 when it came from the cache)
+    delta: float
+    cached: bool = False
+    budget: Budget | None = None
+
+
+@dataclass
+class Prepared:
+    """Everything known about a query before it runs: what `dpsql explain` shows."""
+
+    query: CheckedQuery
+    plan: Plan
+    rewritten: Rewritten
+    calibration: Calibration
+    key: str = field(default="")
+
+
+class Engine:
+    def __init__(self, settings: Settings, schema: PrivacySchema | None = None):
+        if not settings.database:
+            raise ConfigError("no database given", "pass --database URL, set DPSQL_DATABASE or database= ")
+        if schema is None:
+            if not settings.schema:
+                raise ConfigError("no privacy schema given", "pass --schema FILE or set DPSQL_SCHEMA")
+            schema = load_schema(settings.schema)
+        self.settings, self.schema = settings, schema
+        self.backend = PostgresBackend(settings.database, settings.statement_timeout_ms)
+        self.ledger = Ledger(settings.database)
+        self._unique = self.backend.unique_columns()
+        self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
+        self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
+
+    def close(self) -> None:
+        self.backend.close()
+        self.ledger.close()
+
+    def prepare(self, sql: str, params: Any = None, epsilon: float | None = None) -> Prepared:
+        """Check, analyse, rewrite and price a query without running or charging anything."""
+        epsilon = self._epsilon(epsilon)
+        query = check_query(sql, self.schema, params)
+        plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit)
+        calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share)
+        for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order)]:
+            if expr is not None:  # refuse post-processing we cannot compute before anything is spent
+                evaluate(expr, {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates}})
+        key = hashlib.sha256(json.dumps([query.canonical, epsilon, self.settings.delta, self.settings.selection_share,
+                                         plan.max_groups, self._schema_digest]).encode()).hexdigest()
+        return Prepared(query, plan, rewrite(plan, self._hash_seed), calibration, key)
+
+    def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None) -> Answer:
+        """The noisy answer to `sql`, charged to `analyst` (or from the cache, free)."""
+        prepared = self.prepare(sql, params, epsilon)
+        stored = self.ledger.cached(analyst, prepared.key)
+        if stored is not None:
+            return _decode(stored, cached=True, budget=self.ledger.budget(analyst))
+        cost = prepared.calibration
+        budget = self.ledger.charge(analyst, cost.epsilon, cost.delta, prepared.key)
+        rows = self.backend.execute(prepared.rewritten.sql)
+        groups = add_noise(prepared.plan, cost, rows)
+        result = finish(prepared.plan, cost.mechanisms, groups)
+        answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
+        stored = self.ledger.store(analyst, prepared.key, _encode(answer))
+        return _decode(stored, cached=False, budget=budget)
+
+    def budget(self, analyst: str) -> Budget:
+        return self.ledger.budget(analyst)
+
+    def _epsilon(self, epsilon: float | None) -> float:
+        value = validate_epsilon(self.settings.epsilon if epsilon is None else epsilon)
+        if value > self.settings.max_epsilon:
+            raise InvalidParameter(f"epsilon {value:g} is above the per-query cap of {self.settings.max_epsilon:g}",
+                                   "ask for a smaller epsilon; the cap is the max_epsilon setting")
+        return value
+
+
+# --- answers in the cache (JSON in dpsql.answers) --------------------------------------------------------------
+
+
+def _encode(answer: Answer) -> dict:
+    return {
+        "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
+        "rows": [[_encode_value(v) for v in row] for row in answer.rows],
+        "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high] for a in row] for row in answer.accuracy],
+    }
+
+
+def _decode(data: dict, cached: bool, budget: Budget | None) -> Answer:
+    rows = [tuple(_decode_value(v) for v in row) for row in data["rows"]]
+    accuracy = [tuple(None if a is None else Accuracy(*a) for a in row) for row in data["accuracy"]]
+    return Answer(data["names"], data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
+                  0.0 if cached else data["delta"], cached, budget)
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return {"$timestamp": value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    return value
+
+
+def _decode_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        (tag, text), = value.items()
+        return {"$timestamp": datetime.datetime.fromisoformat, "$date": datetime.date.fromisoformat,
+                "$decimal": decimal.Decimal}[tag](text)
+    return value
+
+
+__all__ = ["Answer", "Engine", "Prepared", "Result"]

@@ -1,0 +1,27 @@
+"""`dpsql explain`: what a query would cost and why, without running it or spending anything."""
+
+from __future__ import annotations
+
+from dpsql.engine import Prepared
+
+
+def explain_text(prepared: Prepared) -> str:
+    plan, cost = prepared.plan, prepared.calibration
+    lines = ["Plan:"]
+    lines += [f"  {note}" for note in plan.notes]
+    lines.append("Noise (Laplace, per group):")
+    for measure in plan.measures:
+        mechanism = cost.mechanisms[measure.name]
+        lines.append(f"  {measure.label}: sensitivity {measure.sensitivity:g}, ε {mechanism.epsilon:.6g}, "
+                     f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
+    if cost.selection is not None:
+        sel = cost.selection
+        lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.delta:.3g}, "
+                     f"keep a group when its noisy count of units reaches {sel.threshold}")
+    lines.append("Output columns:")
+    for output in plan.outputs:
+        lines.append(f"  {output.name} ({output.type_name}) = {output.expr.sql(dialect='postgres')}")
+    lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g}")
+    lines.append("Rewritten SQL:")
+    lines.append(f"  {prepared.rewritten.sql}")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Calibrating and adding noise: the plan's statistics become noisy, with the cost read off the mechanisms.
+
+`calibrate` splits a query's ε explicitly: a share to DP partition selection when group keys are private,
+the rest equally across the distinct measures (basic composition). Each measure's mechanism is built from
+its sensitivity and its share, and the cost charged is what the mechanisms' own privacy maps report.
+`add_noise` turns the backend's exact rows into noisy groups: declared domains release every key (missing
+ones as exact zeros before noise) and nothing else; private keys pass partition selection or are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from dpsql.analysis import Plan
+from dpsql.mechanisms import LaplaceMechanism, PartitionSelection
+
+
+@dataclass(frozen=True)
+class Calibration:
+    mechanisms: dict[str, LaplaceMechanism]  # measure name -> its mechanism
+    selection: PartitionSelection | None
+    epsilon: float  # total cost: the sum of the mechanisms' privacy maps
+    delta: float
+    selection_epsilon: float  # the part of epsilon spent on partition selection
+
+
+@dataclass(frozen=True)
+class NoisyGroup:
+    keys: tuple[Any, ...]
+    measures: dict[str, float]
+
+
+def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float) -> Calibration:
+    """The mechanisms that answer `plan` for a total of `epsilon` (and `delta` if keys are private)."""
+    selection = None
+    selection_epsilon = 0.0
+    if plan.partition_selection:
+        selection_epsilon = epsilon * selection_share
+        # under "replace" a neighbour is a removal plus an addition: group privacy over two steps
+        steps = 2 if plan.neighbouring == "replace" else 1
+        step_epsilon = selection_epsilon / steps
+        step_delta = delta if steps == 1 else delta / (1 + math.exp(step_epsilon))
+        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta)
+    share = (epsilon - selection_epsilon) / len(plan.measures)
+    mechanisms = {m.name: LaplaceMechanism.calibrate(m.sensitivity, share, m.integer_valued)
+                  for m in plan.measures}
+    spent = sum(m.epsilon for m in mechanisms.values()) + selection_epsilon
+    return Calibration(mechanisms, selection, spent, delta if selection else 0.0, selection_epsilon)
+
+
+def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]]) -> list[NoisyGroup]:
+    """Noisy measures per released group, from the backend rows (keys, measures, distinct units)."""
+    n_keys = len(plan.group_keys)
+    names = [m.name for m in plan.measures]
+    exact: dict[tuple, tuple[list[float], int]] = {}
+    for row in rows:
+        exact[tuple(row[:n_keys])] = ([_number(v) for v in row[n_keys:n_keys + len(names)]], int(row[-1] or 0))
+    if plan.domain is not None:
+        zero = ([0.0] * len(names), 0)
+        candidates = [(key, exact.get(key, zero)) for key in plan.domain]
+    elif not plan.grouped:
+        candidates = [((), exact.get((), ([0.0] * len(names), 0)))]
+    else:
+        candidates = [(key, value) for key, value in exact.items()
+                      if calibration.selection.keep(value[1])]
+    groups = []
+    for key, (values, _units) in candidates:
+        noisy = {name: calibration.mechanisms[name].release(value) for name, value in zip(names, values, strict=True)}
+        groups.append(NoisyGroup(key, noisy))
+    return groups
+
+
+def _number(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value

@@ -1,0 +1,221 @@
+"""Post-processing of noisy groups: finish aggregates, evaluate the select list, HAVING, ORDER BY, LIMIT.
+
+All of it runs on noisy values only, so it costs no budget. Every released number carries its accuracy:
+the noise scale where the value is one noisy statistic, and a 95% confidence interval (exact for counts
+and sums; for averages, variances and expressions over aggregates, the 2.5-97.5% range of the finishing
+formula over the noise distribution, drawn by simulation around the released values).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.analysis import COUNTS, Aggregate, Plan
+from dpsql.errors import UnsupportedQuery
+from dpsql.mechanisms import LaplaceMechanism
+from dpsql.noise import NoisyGroup
+
+SIMULATIONS = 2000
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    scale: float | None  # Laplace noise scale b, where the value is a single noisy statistic
+    ci_low: float
+    ci_high: float
+
+
+@dataclass(frozen=True)
+class Result:
+    names: list[str]
+    types: list[str]
+    rows: list[tuple]
+    accuracy: list[tuple[Accuracy | None, ...]]
+
+
+def finish(plan: Plan, mechanisms: dict[str, LaplaceMechanism], groups: list[NoisyGroup]) -> Result:
+    """The rows the analyst sees, in order, with each value's accuracy."""
+    rng = np.random.default_rng(0)  # only simulates the already-released noise; not a privacy mechanism
+    rows = []
+    for group in groups:
+        env: dict[str, Any] = {k.name: v for k, v in zip(plan.group_keys, group.keys, strict=True)}
+        simulated: dict[str, Any] = dict(env)
+        for name, value in group.measures.items():
+            simulated[name] = value - rng.laplace(0.0, mechanisms[name].scale, SIMULATIONS)
+        for agg in plan.aggregates:
+            env[agg.name] = _finish_aggregate(agg, group.measures)
+            simulated[agg.name] = _finish_aggregate(agg, simulated)
+        if plan.having is not None and not _truthy(evaluate(plan.having, env)):
+            continue
+        values, accuracy = [], []
+        for output in plan.outputs:
+            value = _typed(evaluate(output.expr, env), output.type_name)
+            values.append(value)
+            accuracy.append(_accuracy(output.expr, plan, mechanisms, value, simulated))
+        order_keys = [evaluate(expr, env) for expr, _, _ in plan.order]
+        rows.append((tuple(values), tuple(accuracy), order_keys))
+    for index in reversed(range(len(plan.order))):
+        _, descending, nulls_first = plan.order[index]
+        rows.sort(key=lambda r, i=index: _sort_key(r[2][i], descending, nulls_first), reverse=descending)
+    end = None if plan.limit is None else plan.offset + plan.limit
+    rows = rows[plan.offset:end]
+    return Result([o.name for o in plan.outputs], [o.type_name for o in plan.outputs],
+                  [r[0] for r in rows], [r[1] for r in rows])
+
+
+def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
+    values = [measures[name] for name in agg.measures]
+    if agg.kind in COUNTS:
+        return np.maximum(values[0], 0)
+    if agg.kind == "sum":
+        return values[0]
+    lo, hi = agg.arg_range.lo, agg.arg_range.hi
+    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    n = np.maximum(values[0], 1)
+    mean_offset = values[1] / n
+    if agg.kind == "avg":
+        return np.clip(mid + mean_offset, lo, hi)
+    var_pop = np.clip(values[2] / n - mean_offset**2, 0, half * half)
+    if agg.kind in ("var_samp", "stddev_samp"):
+        var = np.clip(var_pop * n / np.maximum(n - 1, 1), 0, 2 * half * half)
+    else:
+        var = var_pop
+    return np.sqrt(var) if agg.kind.startswith("stddev") else var
+
+
+def _accuracy(expr: exp.Expression, plan: Plan, mechanisms: dict[str, LaplaceMechanism], value: Any,
+              simulated: dict[str, Any]) -> Accuracy | None:
+    noisy = {a.name for a in plan.aggregates}
+    if not any(isinstance(n, exp.Column) and n.name in noisy for n in expr.walk()):
+        return None  # a group key or a constant: no noise
+    if isinstance(expr, exp.Column):
+        agg = next(a for a in plan.aggregates if a.name == expr.name)
+        if agg.kind in (*COUNTS, "sum"):
+            mechanism = mechanisms[agg.measures[0]]
+            width = mechanism.ci_halfwidth()
+            low, high = value - width, value + width
+            if agg.kind in COUNTS:
+                low, high = max(low, 0), max(high, 0)
+            return Accuracy(mechanism.scale, float(low), float(high))
+    try:
+        draws = np.asarray(evaluate(expr, simulated), dtype=float)
+    except (TypeError, ValueError, UnsupportedQuery):
+        return None
+    if draws.ndim == 0 or not np.isfinite(draws).any():
+        return None
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    return Accuracy(None, float(low), float(high))
+
+
+def _typed(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, np.generic | np.ndarray):
+        value = value.item()
+    if type_name == "int8" and isinstance(value, int | float) and math.isfinite(value):
+        return int(round(value))
+    if type_name == "float8" and isinstance(value, int | float):
+        return float(value)
+    return value
+
+
+def _truthy(value: Any) -> bool:
+    return value is not None and bool(value)
+
+
+def _sort_key(value: Any, descending: bool, nulls_first: bool) -> tuple:
+    # with reverse=True the tuple order flips, so put NULLs where PostgreSQL would after the flip
+    is_null = value is None
+    null_rank = (0 if is_null else 1) if nulls_first != descending else (1 if is_null else 0)
+    return (null_rank, 0 if is_null else value)
+
+
+# --- a small evaluator for expressions over noisy values (scalars or numpy arrays) ----------------------------
+
+_BINARY = {
+    exp.Add: np.add, exp.Sub: np.subtract, exp.Mul: np.multiply,
+    exp.EQ: np.equal, exp.NEQ: np.not_equal, exp.GT: np.greater, exp.GTE: np.greater_equal,
+    exp.LT: np.less, exp.LTE: np.less_equal,
+}
+_UNARY = {exp.Abs: np.abs, exp.Floor: np.floor, exp.Ceil: np.ceil, exp.Neg: np.negative,
+          exp.Sqrt: lambda v: np.sqrt(np.maximum(v, 0))}
+
+
+def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
+    """Value of a post-processing expression; NULL is None and propagates as in SQL."""
+    if isinstance(node, exp.Column):
+        return env[node.name]
+    if isinstance(node, exp.Literal):
+        return node.to_py()
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Boolean):
+        return node.this
+    if isinstance(node, exp.Paren):
+        return evaluate(node.this, env)
+    if isinstance(node, exp.And | exp.Or):
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        if isinstance(node, exp.And):
+            return None if left is None or right is None else np.logical_and(left, right)
+        return None if left is None or right is None else np.logical_or(left, right)
+    if isinstance(node, exp.Not):
+        value = evaluate(node.this, env)
+        return None if value is None else np.logical_not(value)
+    if type(node) in _BINARY:
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        return None if left is None or right is None else _BINARY[type(node)](left, right)
+    if isinstance(node, exp.Div):
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        if left is None or right is None or (np.ndim(right) == 0 and right == 0):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(left, right)
+    if type(node) in _UNARY:
+        value = evaluate(node.this, env)
+        return None if value is None else _UNARY[type(node)](value)
+    if isinstance(node, exp.Round):
+        value = evaluate(node.this, env)
+        digits = int(evaluate(node.args["decimals"], env)) if node.args.get("decimals") else 0
+        return None if value is None else np.round(value, digits)
+    if isinstance(node, exp.Greatest | exp.Least):
+        values = [v for v in (evaluate(e, env) for e in [node.this, *node.expressions]) if v is not None]
+        if not values:
+            return None
+        combine = np.maximum if isinstance(node, exp.Greatest) else np.minimum
+        result = values[0]
+        for v in values[1:]:
+            result = combine(result, v)
+        return result
+    if isinstance(node, exp.Coalesce):
+        for e in [node.this, *node.expressions]:
+            value = evaluate(e, env)
+            if value is not None:
+                return value
+        return None
+    if isinstance(node, exp.Cast):
+        value = evaluate(node.this, env)
+        if value is None:
+            return None
+        if node.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
+            return np.round(value)
+        if node.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
+            return str(value.item() if isinstance(value, np.generic) else value)
+        return value
+    if isinstance(node, exp.Case) and node.this is None:
+        for branch in node.args.get("ifs", []):
+            condition = evaluate(branch.this, env)
+            if np.ndim(condition) != 0:
+                raise UnsupportedQuery("CASE over noisy values has no simulated interval")
+            if _truthy(condition):
+                return evaluate(branch.args["true"], env)
+        default = node.args.get("default")
+        return evaluate(default, env) if default is not None else None
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+        return evaluate(node.this, env) is None
+    raise UnsupportedQuery(f"{node.sql(dialect='postgres')} cannot be computed over noisy aggregates",
+                           "use arithmetic, ROUND, ABS, GREATEST/LEAST, COALESCE, CASE or casts")

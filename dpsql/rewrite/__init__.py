@@ -1,0 +1,93 @@
+"""The SQL that runs on PostgreSQL: exact per-group statistics over bounded data.
+
+`rewrite` is the stage's one public entry. Its query returns, per group, the group keys, one exact sum per
+measure and the number of distinct units, with every bound of the plan enforced in the SQL itself:
+- every per-row value is clamped to its range (done by the analysis' guarded expressions);
+- unless each row already is one whole unit (a unique constraint guarantees it), rows are first summed per
+  unit and each unit's total is clamped to what k rows could give, which is cheaper and keeps more data
+  than sampling k rows;
+- when a unit may touch more groups than allowed, it keeps the groups whose keyed hash ranks lowest
+  (`hashtextextended`, never random(), so the same data always gives the same bounded table).
+The SQL is generated from the analysed tree, never from the analyst's text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from dpsql.analysis import Plan
+from dpsql.sql import DIALECT
+
+UNITS = "dpsql_units"
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    sql: str
+    group_columns: tuple[str, ...]
+    measure_columns: tuple[str, ...]
+
+
+def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
+    """The bounded, exact aggregation query for `plan`; row layout: keys, measures, distinct units."""
+    keys = [k.name for k in plan.group_keys]
+    measures = [m.name for m in plan.measures]
+    sql = _direct(plan) if plan.unit is None else _per_unit(plan, hash_seed)
+    return Rewritten(sql, tuple(keys), tuple(measures))
+
+
+def _sql(node: exp.Expression) -> str:
+    return node.sql(dialect=DIALECT)
+
+
+def _from_where(plan: Plan, extra: exp.Expression | None = None) -> str:
+    parts = [_sql(plan.from_)] + [_sql(j) for j in plan.joins]
+    conditions = [c for c in (plan.where, extra) if c is not None]
+    if conditions:
+        parts.append("WHERE " + " AND ".join(f"({_sql(c)})" for c in conditions))
+    return " ".join(parts)
+
+
+def _group_by(names: list[str]) -> str:
+    return f" GROUP BY {', '.join(names)}" if names else ""
+
+
+def _direct(plan: Plan) -> str:
+    """Each row is one whole unit: aggregate directly (the per-row clamps already bound each unit)."""
+    keys = [f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys]
+    sums = [f"SUM({_sql(m.expr)}) AS {m.name}" if m.expr is not None else f"COUNT(*) AS {m.name}"
+            for m in plan.measures]
+    select = ", ".join([*keys, *sums, f"COUNT(*) AS {UNITS}"])
+    return f"SELECT {select} {_from_where(plan)}{_group_by([str(i + 1) for i in range(len(keys))])}"
+
+
+def _per_unit(plan: Plan, hash_seed: int) -> str:
+    """Sum per (unit, group), clamp each unit's totals, cap the groups per unit, then sum per group."""
+    keys = [k.name for k in plan.group_keys]
+    unit_not_null = exp.Not(this=exp.Is(this=plan.unit.copy(), expression=exp.Null()))
+    rows = [f"{_sql(plan.unit)} AS dpsql_unit", *(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
+            *(f"{_sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
+    per_unit = ["dpsql_unit", *keys]
+    for m in plan.measures:
+        if m.expr is None:
+            per_unit.append(f"1 AS {m.name}")
+        else:
+            lo, hi = (_number(v) for v in m.unit_range)
+            per_unit.append(f"LEAST(GREATEST(COALESCE(SUM({m.name}), 0), {lo}), {hi}) AS {m.name}")
+    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, unit_not_null)})",
+            f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
+            f"{_group_by(['dpsql_unit', *keys])})"]
+    source, where = "dpsql_per_unit", ""
+    if plan.cap_groups:
+        hashed = f"hashtextextended(concat_ws('|', dpsql_unit, {', '.join(keys)}), {int(hash_seed)})"
+        ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}) "
+                    "AS dpsql_rank FROM dpsql_per_unit)")
+        source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
+    select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
+    return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{_group_by(keys)}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
