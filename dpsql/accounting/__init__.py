@@ -135,11 +135,7 @@ class Ledger:
 
     def budget(self, name: str) -> Budget:
         with self._pool.connection() as conn:
-            row = conn.execute("SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent "
-                               "FROM dpsql.analysts WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise _unknown(name)
-        return Budget(*row)
+            return _budget(conn, name)
 
     # --- charges and the answer cache ---------------------------------------------------------------------
 
@@ -153,7 +149,7 @@ class Ledger:
                 "RETURNING name, epsilon_total, delta_total, epsilon_spent, delta_spent",
                 {"e": epsilon, "d": delta, "n": name, "tol": TOLERANCE}).fetchone()
             if row is None:
-                budget = self.budget(name)  # raises UnknownAnalyst
+                budget = _budget(conn, name)  # raises UnknownAnalyst
                 raise BudgetExhausted(
                     f"privacy budget exhausted: the query costs ε={epsilon:g}, δ={delta:g} but analyst "
                     f'"{name}" has ε={budget.epsilon_left:g}, δ={budget.delta_left:g} left; nothing was run',
@@ -182,6 +178,14 @@ class Ledger:
             conn.execute("INSERT INTO dpsql.settings (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                          (key, str(default_factory())))
             return conn.execute("SELECT value FROM dpsql.settings WHERE key = %s", (key,)).fetchone()[0]
+
+
+def _budget(conn: psycopg.Connection, name: str) -> Budget:
+    row = conn.execute("SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent "
+                       "FROM dpsql.analysts WHERE name = %s", (name,)).fetchone()
+    if row is None:
+        raise _unknown(name)
+    return Budget(*row)
 
 
 def new_hash_seed() -> int:

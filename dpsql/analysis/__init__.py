@@ -160,10 +160,11 @@ class _Analyzer:
 
         measures: dict[str, Measure] = {}
         aggregates = self._aggregates(measures, k, groups, private)
-        outputs, having, order = self._post_processing(keys, aggregates)
         if not aggregates:
             raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
-                                 "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV")
+                                 "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
+                                 "SELECT state, COUNT(*) FROM people GROUP BY state")
+        outputs, having, order = self._post_processing(keys, aggregates)
         limit, offset = self._limit()
         return Plan(
             from_=_guarded(tree.args["from_"], self.exprs),

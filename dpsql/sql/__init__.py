@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from dpsql.errors import (
 from dpsql.schema import PrivacySchema
 
 DIALECT = "postgres"
+logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its parser warnings would echo the analyst's text
 
 AGGREGATES: dict[type[exp.Expression], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
@@ -99,7 +101,8 @@ def _parse_single_select(sql: str) -> exp.Select:
         raise UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported",
                                "run each SELECT separately; each answer is noised and charged on its own")
     if not isinstance(tree, exp.Select):
-        raise PrivacyRefusal(f"only SELECT queries are answered, not {tree.key.upper()}",
+        kind = tree.name.upper() if isinstance(tree, exp.Command) else tree.key.upper()
+        raise PrivacyRefusal(f"only SELECT queries are answered, not {kind}",
                              "dpsql answers aggregate SELECT queries with noisy results; it never changes data")
     return tree
 
@@ -120,6 +123,10 @@ def _refuse_unsafe(tree: exp.Select) -> None:
         elif isinstance(node, exp.Join) and node.args.get("kind", "").upper() == "CROSS":
             raise UnsupportedQuery("CROSS JOIN is not supported",
                                    "join on the declared key, e.g. JOIN people ON visits.person_id = people.person_id")
+        if isinstance(node, exp.Min | exp.Max | exp.Quantile | exp.PercentileCont | exp.PercentileDisc):
+            raise UnsupportedQuery(f"{_describe(node)} is not supported yet: it would need the exponential "
+                                   "mechanism (planned), not additive noise",
+                                   "use AVG, or COUNT over width_bucket() bins to see the distribution")
         if not isinstance(node, ALLOWED_NODES):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
                                    "see the README for the SQL dpsql answers")

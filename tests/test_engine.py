@@ -1,0 +1,199 @@
+"""The engine end to end on a real PostgreSQL: refusals, budget, cache, released groups, accuracy."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from dpsql import errors
+from dpsql.config import Settings
+from dpsql.engine import Engine
+from dpsql.schema import load_schema, parse_schema
+from tests.conftest import DEMO_SCHEMA, PEOPLE
+
+
+@pytest.fixture
+def backend_calls(engine, monkeypatch):
+    """Counts the statements the engine sends to PostgreSQL (the real backend still runs them)."""
+    calls: list[str] = []
+    real = engine.backend.execute
+
+    def counting(sql: str):
+        calls.append(sql)
+        return real(sql)
+
+    monkeypatch.setattr(engine.backend, "execute", counting)
+    return calls
+
+
+REFUSALS = [
+    ("SELECT COUNT(*) FROM people; SELECT COUNT(*) FROM visits", errors.PrivacyRefusal, "42501"),
+    ("SELECT COUNT(*) INTO stolen FROM people", errors.PrivacyRefusal, "42501"),
+    ("WITH d AS (DELETE FROM people RETURNING *) SELECT COUNT(*) FROM d", errors.PrivacyRefusal, "42501"),
+    ("WITH u AS (UPDATE people SET age = 0 RETURNING *) SELECT COUNT(*) FROM u", errors.PrivacyRefusal, "42501"),
+    ("SELECT COUNT(*) FROM people FOR UPDATE", errors.PrivacyRefusal, "42501"),
+    ("SELECT age FROM people", errors.PrivacyRefusal, "42501"),
+    ("SELECT * FROM people LIMIT 200", errors.PrivacyRefusal, "42501"),
+    ("SELECT COUNT(*), income FROM people", errors.PrivacyRefusal, "42501"),
+    ("DELETE FROM people", errors.PrivacyRefusal, "42501"),
+    ("EXPLAIN SELECT COUNT(*) FROM people", errors.PrivacyRefusal, "42501"),
+    ("SELECT COUNT(*) FROM pg_catalog.pg_stats", errors.PrivacyRefusal, "42501"),
+    ("SELECT COUNT(*) FROM people WHERE pg_sleep(1) IS NULL", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people WHERE random() < 0.5", errors.UnsupportedQuery, "0A000"),
+    ("SELECT query_to_xml('select * from people', true, true, '')", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people WHERE current_setting('is_superuser') = 'on'", errors.UnsupportedQuery, "0A000"),
+    ("SELECT MAX(income) FROM people", errors.UnsupportedQuery, "0A000"),
+    ("SELECT SUM(person_id) FROM people", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people WHERE income * income * income > 0", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people WHERE CAST(state AS integer) = 1", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(DISTINCT state) FROM people", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people p JOIN visits v ON p.age = v.amount", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people CROSS JOIN visits", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people UNION SELECT COUNT(*) FROM visits", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM salaries", errors.UnknownObject, "42P01"),
+    ("SELECT COUNT(secret) FROM people", errors.UnknownObject, "42P01"),
+    ("SELEKT COUNT(*) FROM people", errors.QuerySyntaxError, "42601"),
+    ("", errors.QuerySyntaxError, "42601"),
+]
+
+
+@pytest.mark.parametrize("sql,error,sqlstate", REFUSALS)
+def test_refusals_run_nothing_and_spend_nothing(engine, analyst, backend_calls, sql, error, sqlstate):
+    before = engine.budget(analyst)
+    with pytest.raises(error) as caught:
+        engine.query(sql, analyst=analyst)
+    assert caught.value.sqlstate == sqlstate
+    assert caught.value.code.startswith("DP")
+    assert backend_calls == []
+    assert engine.budget(analyst) == before
+
+
+@pytest.mark.parametrize("epsilon", [0, -1, math.nan, math.inf, "abc", 11])
+def test_bad_epsilon_is_refused(engine, analyst, backend_calls, epsilon):
+    with pytest.raises(errors.InvalidParameter):
+        engine.query("SELECT COUNT(*) FROM people", analyst=analyst, epsilon=epsilon)
+    assert backend_calls == []
+
+
+def test_count_is_charged_exactly_epsilon_with_scale_one_over_epsilon(engine, analyst):
+    answer = engine.query("SELECT COUNT(*) FROM people", analyst=analyst, epsilon=0.25)
+    assert answer.epsilon == pytest.approx(0.25, rel=1e-12) and answer.delta == 0
+    assert answer.accuracy[0][0].scale == pytest.approx(4.0)
+    assert engine.budget(analyst).epsilon_spent == pytest.approx(0.25)
+    (count,), = answer.rows
+    assert isinstance(count, int) and abs(count - PEOPLE) < 200
+
+
+def test_cache_returns_the_same_answer_for_free(engine, analyst, backend_calls):
+    sql = "SELECT sex, AVG(income) FROM people WHERE age > %s GROUP BY sex"
+    first = engine.query(sql, (30,), analyst=analyst, epsilon=0.5)
+    spent = engine.budget(analyst).epsilon_spent
+    again = engine.query("select SEX, avg(INCOME) from PEOPLE where AGE > %s group by SEX", (30,),
+                         analyst=analyst, epsilon=0.5)
+    assert again.cached and again.rows == first.rows and again.epsilon == 0
+    assert engine.budget(analyst).epsilon_spent == spent
+    assert len(backend_calls) == 1
+    other = engine.query(sql, (31,), analyst=analyst, epsilon=0.5)  # parameters are part of the key
+    assert not other.cached
+    more = engine.query(sql, (30,), analyst=analyst, epsilon=0.6)  # so is ε
+    assert not more.cached
+
+
+def test_cache_survives_a_restart(engine, analyst, base_url, demo_schema):
+    first = engine.query("SELECT COUNT(*), SUM(amount) FROM visits", analyst=analyst)
+    restarted = Engine(Settings(database=base_url), demo_schema)
+    try:
+        again = restarted.query("SELECT COUNT(*), SUM(amount) FROM visits", analyst=analyst)
+    finally:
+        restarted.close()
+    assert again.cached and again.rows == first.rows
+
+
+def test_exhausted_budget_runs_nothing(engine, backend_calls):
+    engine.ledger.add_analyst("frugal", 1.0, 0.0)
+    engine.query("SELECT COUNT(*) FROM people", analyst="frugal", epsilon=0.6)
+    with pytest.raises(errors.BudgetExhausted) as caught:
+        engine.query("SELECT COUNT(*) FROM visits", analyst="frugal", epsilon=0.6)
+    assert caught.value.sqlstate == "53400" and "0.4" in caught.value.message
+    assert len(backend_calls) == 1
+    with pytest.raises(errors.BudgetExhausted):  # δ is a budget too
+        engine.query("SELECT state, COUNT(*) FROM people GROUP BY state", analyst="frugal", epsilon=0.1)
+    assert engine.budget("frugal").epsilon_spent == pytest.approx(0.6)
+
+
+def test_concurrent_queries_never_overspend(engine):
+    engine.ledger.add_analyst("crowd", 10.0, 0.0)
+    queries = [f"SELECT COUNT(*) FROM people WHERE age > {i}" for i in range(60)]
+
+    def ask(sql: str) -> str:
+        try:
+            engine.query(sql, analyst="crowd", epsilon=0.5)
+            return "ok"
+        except errors.BudgetExhausted:
+            return "refused"
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        outcomes = list(pool.map(ask, queries))
+    assert outcomes.count("ok") == 20 and outcomes.count("refused") == 40
+    budget = engine.budget("crowd")
+    assert budget.epsilon_spent == pytest.approx(10.0)
+
+
+def test_failed_query_keeps_its_charge_and_hides_postgres_text(base_url):
+    schema = load_schema(DEMO_SCHEMA)
+    broken = parse_schema({
+        "privacy": {"unit": "people.person_id"},
+        "tables": {"people": {"columns": {"person_id": "bigint",
+                                          "ghost": {"type": "integer", "lower": 0, "upper": 9}}}},
+    })
+    assert schema.tables["people"].columns  # the real schema has no "ghost" column in the database
+    eng = Engine(Settings(database=base_url), broken)
+    try:
+        eng.ledger.add_analyst("unlucky", 5.0, 0.0)
+        with pytest.raises(errors.BackendError) as caught:
+            eng.query("SELECT SUM(ghost) FROM people", analyst="unlucky", epsilon=1.0)
+        assert "ghost" not in str(caught.value) and "does not exist" not in str(caught.value)
+        assert eng.budget("unlucky").epsilon_spent == pytest.approx(1.0)
+    finally:
+        eng.close()
+
+
+def test_declared_domain_releases_every_key_and_nothing_else(engine, analyst):
+    answer = engine.query("SELECT category, COUNT(*) FROM visits WHERE category = 'lab' GROUP BY category",
+                          analyst=analyst)
+    categories = [row[0] for row in answer.rows]
+    assert sorted(categories) == sorted(load_schema(DEMO_SCHEMA).tables["visits"].columns["category"].domain)
+
+
+def test_private_keys_go_through_partition_selection(engine, analyst):
+    answer = engine.query("SELECT state, COUNT(*) AS n FROM people GROUP BY state ORDER BY n DESC",
+                          analyst=analyst, epsilon=1.0)
+    assert answer.delta == pytest.approx(1e-6)
+    states = [row[0] for row in answer.rows]
+    assert states[0] == "CA"  # the skewed distribution's top state
+    assert len(states) < 50  # rare states (a handful of people) are not released
+
+
+def test_having_order_limit_and_expressions_run_on_noisy_values(engine, analyst):
+    answer = engine.query(
+        "SELECT width_bucket(age, 0, 100, 10) AS band, COUNT(*) AS n, ROUND(AVG(income) / 1000, 1) AS k "
+        "FROM people GROUP BY band HAVING COUNT(*) > 100 ORDER BY n DESC LIMIT 3", analyst=analyst, epsilon=2.0)
+    assert answer.names == ["band", "n", "k"]
+    assert answer.types == ["int8", "int8", "float8"]
+    counts = [row[1] for row in answer.rows]
+    assert len(counts) == 3 and counts == sorted(counts, reverse=True) and min(counts) > 100
+    for row in answer.accuracy:
+        assert row[0] is None  # a public key: exact
+        assert row[1].scale is not None and row[1].ci_low <= row[1].ci_high
+        assert row[2].scale is None and row[2].ci_low <= row[2].ci_high  # simulated interval
+
+
+def test_accuracy_is_plausible(engine, analyst):
+    answer = engine.query("SELECT AVG(age), SUM(amount) FROM visits v JOIN people p ON v.person_id = p.person_id",
+                          analyst=analyst, epsilon=5.0)
+    (avg_age, total), = answer.rows
+    assert 30 < avg_age < 55
+    lo, hi = answer.accuracy[0][0].ci_low, answer.accuracy[0][0].ci_high
+    assert lo <= avg_age <= hi

@@ -1,0 +1,114 @@
+"""Neighbouring-database tests: for every supported query class, the exact pre-noise answers on a database
+and on its neighbour (one unit added with extreme values) differ by no more than the computed sensitivity.
+
+The rewritten SQL is run directly on both databases with psycopg, so these tests check the bounds that the
+SQL enforces, not the ones the analysis hopes for.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from dpsql.config import Settings
+from dpsql.engine import Engine
+from dpsql.schema import parse_schema
+from tests.conftest import copy_database
+
+QUERIES = [
+    "SELECT COUNT(*) FROM people",
+    "SELECT COUNT(*), SUM(income), AVG(income), VAR_POP(income), STDDEV(income), COUNT(age) FROM people",
+    "SELECT COUNT(*), SUM(amount), COUNT(DISTINCT person_id), AVG(amount) FROM visits",
+    "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
+    "SELECT category, VAR_SAMP(amount), STDDEV_POP(amount) FROM visits GROUP BY 1",
+    "SELECT state, COUNT(*) FROM people GROUP BY state",
+    "SELECT sex, state, AVG(age) FROM people GROUP BY sex, state",
+    "SELECT p.sex, SUM(v.amount), COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY p.sex",
+    "SELECT s.region, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id "
+    "JOIN states s ON s.code = p.state GROUP BY s.region",
+    "SELECT COUNT(*), SUM(p.income) FROM people p, states s WHERE s.code = p.state AND s.region = 'West'",
+    "SELECT width_bucket(age, 0, 100, 10) AS b, AVG(income), COUNT(*) FROM people GROUP BY b",
+    "SELECT floor(income / 10000) AS b, COUNT(*) FROM people GROUP BY b",
+    "SELECT CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END AS band, "
+    "SUM(income) FROM people GROUP BY band",
+    "SELECT SUM(CASE WHEN category = 'lab' THEN amount ELSE 0 END), SUM(amount * 2 + 1), "
+    "AVG(COALESCE(amount, 0)), SUM(GREATEST(amount - 100, 0)) FROM visits WHERE day >= '2024-06-01'",
+    "SELECT EXTRACT(month FROM day) AS m, COUNT(*) FROM visits GROUP BY m",
+    "SELECT COUNT(*), SUM(v.amount / (p.age + 1)) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id",
+    "WITH v AS (SELECT person_id, amount FROM visits WHERE category <> 'lab') SELECT COUNT(*), SUM(amount) FROM v",
+    "SELECT COUNT(*) FROM (SELECT * FROM people WHERE income > 50000) AS rich",
+    "SELECT category, COUNT(*) FROM visits WHERE amount BETWEEN 10 AND 100 AND category IN ('lab', 'dental') "
+    "GROUP BY category HAVING COUNT(*) > 5 ORDER BY 2 DESC LIMIT 1",
+    "SELECT day, COUNT(*) FROM visits GROUP BY day",
+    "SELECT COUNT(*), SUM(sqrt(amount)), SUM(ln(amount + 1)), SUM(round(amount)) FROM visits",
+]
+
+ROW_LEVEL = {
+    "privacy": {"unit": "row", "max_groups_per_unit": 1},
+    "tables": {
+        "visits": {"columns": {"visit_id": "bigint", "person_id": "bigint", "day": "date",
+                               "category": {"type": "text"}, "amount": {"type": "double precision",
+                                                                        "lower": 0, "upper": 1000}}},
+        "states": {"public": True, "columns": {"code": {"type": "text", "unique": True}, "region": "text"}},
+    },
+}
+ROW_LEVEL_QUERIES = [
+    "SELECT COUNT(*), SUM(amount), AVG(amount) FROM visits",
+    "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
+]
+
+
+def _exact(url: str, sql: str, n_keys: int) -> dict[tuple, list[float]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(sql).fetchall()
+    return {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in rows}
+
+
+def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbour_url: str) -> list[float]:
+    prepared = engine.prepare(sql)
+    plan = prepared.plan
+    n_keys = len(plan.group_keys)
+    before = _exact(base_url, prepared.rewritten.sql, n_keys)
+    after = _exact(neighbour_url, prepared.rewritten.sql, n_keys)
+    width = len(plan.measures) + 1
+    changes = []
+    for i, measure in enumerate(plan.measures):
+        moved = sum(abs(after.get(k, [0.0] * width)[i] - before.get(k, [0.0] * width)[i])
+                    for k in before.keys() | after.keys())
+        assert moved <= measure.sensitivity * (1 + 1e-9), (sql, measure.label, moved, measure.sensitivity)
+        changes.append(moved)
+    unit_moves = [abs(after.get(k, [0.0] * width)[-1] - before.get(k, [0.0] * width)[-1])
+                  for k in before.keys() | after.keys()]
+    assert all(m <= 1 for m in unit_moves), sql  # a unit counts once per group
+    assert sum(unit_moves) <= plan.max_groups, sql  # ... in at most max_groups groups
+    return changes
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_neighbour_moves_exact_answers_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
+    _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
+
+
+def test_extreme_unit_saturates_its_bounds(engine, base_url, neighbour_url):
+    """The bounds are enforced, not merely assumed: the extreme unit moves COUNT(*) of visits by exactly k."""
+    changes = _assert_within_sensitivity(engine, "SELECT COUNT(*) FROM visits", base_url, neighbour_url)
+    assert changes == [10.0]  # max_rows_per_unit of visits
+    changes = _assert_within_sensitivity(engine, "SELECT SUM(income) FROM people", base_url, neighbour_url)
+    assert changes == [250000.0]  # the declared upper bound, not 1e300
+
+
+@pytest.fixture(scope="module")
+def row_level_engine(base_url):
+    schema = parse_schema(ROW_LEVEL)
+    eng = Engine(Settings(database=base_url), schema)
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("sql", ROW_LEVEL_QUERIES)
+def test_row_level_neighbour(row_level_engine, base_url, server, template, sql):
+    """Row-level privacy: the neighbour is one extra row with extreme values."""
+    url = copy_database(server, template, "dpsql_row_neighbour")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO visits VALUES (999999999, 1, '2024-01-01', 'brand-new', 1e308)")
+    _assert_within_sensitivity(row_level_engine, sql, base_url, url)
