@@ -13,6 +13,7 @@ import datetime
 import decimal
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ from dpsql.postprocess import Accuracy, Result, evaluate, finish
 from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.sql import CheckedQuery, check_query
+
+PLAN_CACHE_SIZE = 256
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Engine:
         self._unique = self.backend.unique_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
+        self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
 
     def close(self) -> None:
         self.backend.close()
@@ -75,15 +79,28 @@ class Engine:
     def prepare(self, sql: str, params: Any = None, epsilon: float | None = None) -> Prepared:
         """Check, analyse, rewrite and price a query without running or charging anything."""
         epsilon = self._epsilon(epsilon)
+        query, plan, rewritten = self._plan(sql, params)
+        calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share)
+        key = hashlib.sha256(json.dumps([query.canonical, epsilon, self.settings.delta, self.settings.selection_share,
+                                         plan.max_groups, self._schema_digest]).encode()).hexdigest()
+        return Prepared(query, plan, rewritten, calibration, key)
+
+    def _plan(self, sql: str, params: Any) -> tuple[CheckedQuery, Plan, Rewritten]:
+        """The ε-independent stages, remembered for recently seen (SQL text, parameters)."""
+        cache_key = (sql, repr(params))
+        if cache_key in self._plans:
+            self._plans.move_to_end(cache_key)
+            return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit)
-        calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share)
         for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order)]:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates}})
-        key = hashlib.sha256(json.dumps([query.canonical, epsilon, self.settings.delta, self.settings.selection_share,
-                                         plan.max_groups, self._schema_digest]).encode()).hexdigest()
-        return Prepared(query, plan, rewrite(plan, self._hash_seed), calibration, key)
+        entry = (query, plan, rewrite(plan, self._hash_seed))
+        self._plans[cache_key] = entry
+        if len(self._plans) > PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
+        return entry
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None) -> Answer:
         """The noisy answer to `sql`, charged to `analyst` (or from the cache, free)."""

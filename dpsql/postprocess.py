@@ -41,15 +41,18 @@ class Result:
 def finish(plan: Plan, mechanisms: dict[str, LaplaceMechanism], groups: list[NoisyGroup]) -> Result:
     """The rows the analyst sees, in order, with each value's accuracy."""
     rng = np.random.default_rng(0)  # only simulates the already-released noise; not a privacy mechanism
+    simulate = any(not _exact_interval(o.expr, plan) for o in plan.outputs)
     rows = []
     for group in groups:
         env: dict[str, Any] = {k.name: v for k, v in zip(plan.group_keys, group.keys, strict=True)}
         simulated: dict[str, Any] = dict(env)
-        for name, value in group.measures.items():
-            simulated[name] = value - rng.laplace(0.0, mechanisms[name].scale, SIMULATIONS)
+        if simulate:
+            for name, value in group.measures.items():
+                simulated[name] = value - rng.laplace(0.0, mechanisms[name].scale, SIMULATIONS)
         for agg in plan.aggregates:
             env[agg.name] = _finish_aggregate(agg, group.measures)
-            simulated[agg.name] = _finish_aggregate(agg, simulated)
+            if simulate:
+                simulated[agg.name] = _finish_aggregate(agg, simulated)
         if plan.having is not None and not _truthy(evaluate(plan.having, env)):
             continue
         values, accuracy = [], []
@@ -86,6 +89,14 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     else:
         var = var_pop
     return np.sqrt(var) if agg.kind.startswith("stddev") else var
+
+
+def _exact_interval(expr: exp.Expression, plan: Plan) -> bool:
+    """Whether an output's interval comes straight from one mechanism (a bare count or sum) or is exact."""
+    noisy = {a.name: a for a in plan.aggregates}
+    if isinstance(expr, exp.Column) and expr.name in noisy:
+        return noisy[expr.name].kind in (*COUNTS, "sum")
+    return not any(isinstance(n, exp.Column) and n.name in noisy for n in expr.walk())
 
 
 def _accuracy(expr: exp.Expression, plan: Plan, mechanisms: dict[str, LaplaceMechanism], value: Any,

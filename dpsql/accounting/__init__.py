@@ -141,13 +141,18 @@ class Ledger:
 
     def charge(self, name: str, epsilon: float, delta: float, query_key: str) -> Budget:
         """Spend (ε, δ) of the analyst's budget, committed before returning; refuse if it would overspend."""
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
+            # one statement, so one atomic autocommit transaction: spend and record the charge together
             row = conn.execute(
-                "UPDATE dpsql.analysts SET epsilon_spent = epsilon_spent + %(e)s, delta_spent = delta_spent + %(d)s "
-                "WHERE name = %(n)s AND epsilon_spent + %(e)s <= epsilon_total * (1 + %(tol)s) "
+                "WITH spent AS (UPDATE dpsql.analysts SET epsilon_spent = epsilon_spent + %(e)s, "
+                "delta_spent = delta_spent + %(d)s WHERE name = %(n)s "
+                "AND epsilon_spent + %(e)s <= epsilon_total * (1 + %(tol)s) "
                 "AND delta_spent + %(d)s <= delta_total * (1 + %(tol)s) "
-                "RETURNING name, epsilon_total, delta_total, epsilon_spent, delta_spent",
-                {"e": epsilon, "d": delta, "n": name, "tol": TOLERANCE}).fetchone()
+                "RETURNING name, epsilon_total, delta_total, epsilon_spent, delta_spent), "
+                "logged AS (INSERT INTO dpsql.charges (analyst, epsilon, delta, query_key) "
+                "SELECT name, %(e)s, %(d)s, %(k)s FROM spent) "
+                "SELECT * FROM spent",
+                {"e": epsilon, "d": delta, "n": name, "tol": TOLERANCE, "k": query_key}).fetchone()
             if row is None:
                 budget = _budget(conn, name)  # raises UnknownAnalyst
                 raise BudgetExhausted(
@@ -155,8 +160,6 @@ class Ledger:
                     f'"{name}" has ε={budget.epsilon_left:g}, δ={budget.delta_left:g} left; nothing was run',
                     "ask a smaller ε (SET dpsql.epsilon / --epsilon), or have an administrator run "
                     f"`dpsql analyst grant {name} --epsilon E`")
-            conn.execute("INSERT INTO dpsql.charges (analyst, epsilon, delta, query_key) VALUES (%s, %s, %s, %s)",
-                         (name, epsilon, delta, query_key))
         return Budget(*row)
 
     def cached(self, name: str, query_key: str) -> dict | None:
@@ -168,9 +171,10 @@ class Ledger:
     def store(self, name: str, query_key: str, answer: dict) -> dict:
         """Keep the first answer released for this query; return whichever answer is stored."""
         with self._pool.connection() as conn:
-            conn.execute("INSERT INTO dpsql.answers (analyst, query_key, answer) VALUES (%s, %s, %s) "
-                         "ON CONFLICT DO NOTHING", (name, query_key, Jsonb(answer, dumps=_dumps)))
-        return self.cached(name, query_key)
+            row = conn.execute("INSERT INTO dpsql.answers (analyst, query_key, answer) VALUES (%s, %s, %s) "
+                               "ON CONFLICT DO NOTHING RETURNING answer",
+                               (name, query_key, Jsonb(answer, dumps=_dumps))).fetchone()
+        return row[0] if row else self.cached(name, query_key)
 
     def setting(self, key: str, default_factory) -> str:
         """A persistent dpsql setting, created once (e.g. the keyed-hash seed)."""

@@ -1,0 +1,129 @@
+"""The DB-API module and the command line, as their users call them."""
+
+from __future__ import annotations
+
+import pytest
+
+import dpsql
+from dpsql import errors
+from dpsql.cli import main
+from tests.conftest import DEMO_SCHEMA
+
+
+@pytest.fixture
+def conn(engine, analyst, base_url):
+    connection = dpsql.connect(database=base_url, schema=str(DEMO_SCHEMA), analyst=analyst, epsilon=1.0)
+    yield connection
+    connection.close()
+
+
+def test_module_globals():
+    assert dpsql.apilevel == "2.0" and dpsql.paramstyle == "pyformat" and dpsql.threadsafety == 1
+    assert issubclass(dpsql.ProgrammingError, dpsql.DatabaseError)
+    assert issubclass(dpsql.DatabaseError, dpsql.Error)
+    assert issubclass(errors.BudgetExhausted, dpsql.OperationalError)
+    assert issubclass(errors.UnsupportedQuery, dpsql.NotSupportedError)
+
+
+def test_execute_fetch_and_description(conn):
+    cur = conn.cursor()
+    assert cur.description is None and cur.rowcount == -1
+    cur.execute("SELECT sex, COUNT(*) AS n, AVG(income) FROM people WHERE age >= %(min_age)s GROUP BY sex",
+                {"min_age": 18})
+    names = [d[0] for d in cur.description]
+    assert names == ["sex", "n", "avg"]
+    assert cur.description[0][1] == dpsql.STRING
+    assert cur.description[1][1] == dpsql.NUMBER and cur.description[2][1] == dpsql.NUMBER
+    assert cur.rowcount == 2
+    first = cur.fetchone()
+    rest = cur.fetchall()
+    assert first[0] == "F" and len(rest) == 1 and cur.fetchone() is None
+    assert cur.epsilon_spent == pytest.approx(1.0)
+    assert len(cur.accuracy) == 2 and cur.accuracy[0][1].ci_low <= first[1] <= cur.accuracy[0][1].ci_high
+
+
+def test_positional_parameters_and_iteration(conn):
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM visits WHERE category = %s AND amount > %s", ("lab", 10.5))
+    rows = list(cur)
+    assert len(rows) == 1 and isinstance(rows[0][0], int)
+    cur.execute("SELECT COUNT(*) FROM visits WHERE category = $1", ["dental"])
+    assert cur.fetchmany(5)[0][0] >= 0
+
+
+def test_errors_are_pep249_classes_with_codes(conn):
+    cur = conn.cursor()
+    with pytest.raises(dpsql.NotSupportedError) as caught:
+        cur.execute("SELECT MAX(income) FROM people")
+    assert caught.value.code == "DP002" and caught.value.hint
+    with pytest.raises(dpsql.ProgrammingError):
+        cur.execute("SELECT income FROM people")
+    with pytest.raises(dpsql.DataError):
+        cur.execute("SELECT COUNT(*) FROM people WHERE age > %s", (float("nan"),))
+    with pytest.raises(dpsql.ProgrammingError):
+        cur.fetchall()  # the failed execute left no result
+    cur.execute("SELECT COUNT(*) FROM people")  # the connection is still usable
+    assert cur.fetchone()[0] > 0
+
+
+def test_closed_connection(conn):
+    cur = conn.cursor()
+    conn.close()
+    with pytest.raises(dpsql.InterfaceError):
+        cur.execute("SELECT COUNT(*) FROM people")
+
+
+def test_unknown_analyst_fails_at_connect(base_url, engine):
+    with pytest.raises(errors.UnknownAnalyst):
+        dpsql.connect(database=base_url, schema=str(DEMO_SCHEMA), analyst="nobody")
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_query_explain_budget(capsys, base_url, engine, analyst):
+    common = ["--database", base_url, "--schema", str(DEMO_SCHEMA), "--analyst", analyst]
+    code, out, _ = _run(capsys, "query", "SELECT COUNT(*) FROM people", "--epsilon", "0.5", *common)
+    assert code == 0 and "95% CI" in out and "spent ε = 0.5" in out
+    code, out, _ = _run(capsys, "explain", "SELECT category, SUM(amount) FROM visits GROUP BY category", *common)
+    assert code == 0 and "sensitivity 40000" in out and "Rewritten SQL" in out and "dpsql_per_unit" in out
+    code, out, _ = _run(capsys, "budget", *common)
+    assert code == 0 and analyst in out and "99.5" in out
+
+
+def test_cli_errors_say_what_and_how(capsys, base_url, engine, analyst):
+    common = ["--database", base_url, "--schema", str(DEMO_SCHEMA), "--analyst", analyst]
+    code, _, err = _run(capsys, "query", "SELECT * FROM people", *common)
+    assert code == 1 and "error:" in err and "[DP003]" in err and "hint:" in err
+
+
+def test_cli_analysts(capsys, base_url, engine):
+    code, out, _ = _run(capsys, "analyst", "add", "carol", "--epsilon", "3", "--database", base_url)
+    assert code == 0 and "carol" in out
+    code, out, _ = _run(capsys, "analyst", "grant", "carol", "--epsilon", "2", "--database", base_url)
+    assert code == 0 and "5" in out
+    code, out, _ = _run(capsys, "analyst", "list", "--database", base_url)
+    assert "carol" in out
+    code, _, err = _run(capsys, "analyst", "add", "carol", "--epsilon", "1", "--database", base_url)
+    assert code == 1 and "already exists" in err
+    code, _, err = _run(capsys, "analyst", "add", "dave", "--epsilon", "nan", "--database", base_url)
+    assert code == 1 and "epsilon" in err
+    code, out, _ = _run(capsys, "analyst", "remove", "carol", "--database", base_url)
+    assert code == 0
+
+
+def test_cli_schema_check(capsys, tmp_path):
+    code, out, _ = _run(capsys, "schema", "check", str(DEMO_SCHEMA))
+    assert code == 0 and "people.person_id" in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[privacy]\nunit = "people.person_id"\n[tables.people.columns]\n'
+                   'age = { type = "integer", lower = 10, upper = 1 }\n'
+                   '[tables.visits]\nmax_rows_per_unit = 0\n[tables.visits.columns]\namount = "money"\n')
+    code, _, err = _run(capsys, "schema", "check", str(bad))
+    assert code == 1
+    assert "people.age has lower 10 > upper 1" in err
+    assert "[tables.visits] is private but has no unit_column" in err
+    assert "visits.amount has type 'money'" in err
