@@ -23,6 +23,7 @@ from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import PrivacySchema, Table
 from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery
 
+ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 COUNTS = ("count", "count_units")
 
@@ -33,7 +34,8 @@ class Measure:
 
     name: str
     label: str
-    expr: exp.Expression | None  # guarded per-row value; None: one per unit (distinct units)
+    kind: str  # sum: SUM(expr) | count: COUNT(expr), COUNT(*) if expr is None | units: distinct units
+    expr: exp.Expression | None  # guarded per-row value
     row_range: Range  # every row's value lies here (the rewrite clamps to it)
     unit_range: tuple[float, float]  # one unit's total lies here (the rewrite clamps to it)
     sensitivity: float  # L1 over all groups for neighbouring databases
@@ -328,10 +330,10 @@ class _Analyzer:
         kind = AGGREGATES[type(node)]
         arg = node.this
 
-        def measure(label: str, expr: exp.Expression | None, row_range: Range) -> str:
-            key = label if expr is None else expr.sql(dialect=DIALECT)
+        def measure(label: str, measure_kind: str, expr: exp.Expression | None, row_range: Range) -> str:
+            key = f"{measure_kind}:{label if expr is None else expr.sql(dialect=DIALECT)}"
             if key not in measures:
-                measures[key] = self._measure(f"m{len(measures)}", label, expr, row_range, k, groups)
+                measures[key] = self._measure(f"m{len(measures)}", label, measure_kind, expr, row_range, k, groups)
             return measures[key].name
 
         if kind == "count":
@@ -341,47 +343,42 @@ class _Analyzer:
                     raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
                                            f"({self.schema.describe_unit()})",
                                            "count distinct units, or count rows with COUNT(*)")
-                return Aggregate(name, "count_units", (measure("distinct units", None, Range(1, 1, True)),),
-                                 None, sql)
+                return Aggregate(name, "count_units", (measure("distinct units", "units", None, ONE),), None, sql)
             if arg is None or isinstance(arg, exp.Star):
-                one = exp.Literal.number(1)
-                return Aggregate(name, "count", (measure("COUNT(*)", one, Range(1, 1, True)),), None, sql)
+                return Aggregate(name, "count", (measure("COUNT(*)", "count", None, ONE),), None, sql)
             self.exprs.check(arg)
-            present = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=self.exprs.guard(arg), expression=exp.Null())),
-                                           true=exp.Literal.number(1))], default=exp.Literal.number(0))
-            return Aggregate(name, "count", (measure(f"COUNT({arg.sql(dialect=DIALECT)})", present,
-                                                     Range(0, 1, True)),), None, sql)
+            label = f"COUNT({arg.sql(dialect=DIALECT)})"
+            return Aggregate(name, "count", (measure(label, "count", self.exprs.guard(arg), BIT),), None, sql)
         if isinstance(arg, exp.Distinct):
             raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
         value_range = self.exprs.numeric(arg, f"{kind.upper()} argument")
         value = self.exprs.guard(arg)
+        if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
+            value = clamp_to(value, value_range.lo, value_range.hi)
         label = arg.sql(dialect=DIALECT)
         if kind == "sum":
-            return Aggregate(name, kind, (measure(f"SUM({label})", clamp_to(value, value_range.lo, value_range.hi),
-                                                  value_range),), value_range, sql)
+            return Aggregate(name, kind, (measure(f"SUM({label})", "sum", value, value_range),), value_range, sql)
         # averages and variances: a count and sums centred on the midpoint of the range
         mid = (value_range.lo + value_range.hi) / 2
         half = (value_range.hi - value_range.lo) / 2
-        centred = exp.Sub(this=clamp_to(value, value_range.lo, value_range.hi), expression=_literal(mid))
-        present = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
-                                       true=exp.Literal.number(1))], default=exp.Literal.number(0))
-        parts = [measure(f"COUNT({label})", present, Range(0, 1, True)),
-                 measure(f"SUM({label} - {mid:g})", centred, Range(-half, half, value_range.integer
-                                                                    and float(mid).is_integer()))]
+        centred = exp.Sub(this=value.copy(), expression=_literal(mid))
+        integral = value_range.integer and float(mid).is_integer()
+        parts = [measure(f"COUNT({label})", "count", value, BIT),
+                 measure(f"SUM({label} - {mid:g})", "sum", centred, Range(-half, half, integral))]
         if kind != "avg":
             square = exp.Mul(this=exp.Paren(this=centred.copy()), expression=exp.Paren(this=centred.copy()))
-            parts.append(measure(f"SUM(({label} - {mid:g})^2)", square, Range(0, half * half, False)))
+            parts.append(measure(f"SUM(({label} - {mid:g})^2)", "sum", square, Range(0, half * half, integral)))
         return Aggregate(name, kind, tuple(parts), value_range, sql)
 
-    def _measure(self, name: str, label: str, expr: exp.Expression | None, row_range: Range,
+    def _measure(self, name: str, label: str, kind: str, expr: exp.Expression | None, row_range: Range,
                  k: int, groups: int) -> Measure:
         # a unit contributes 1 to "distinct units", else between 0 and k rows' worth of values
-        unit_range = (1.0, 1.0) if expr is None else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
+        unit_range = (1.0, 1.0) if kind == "units" else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
         per_group = max(abs(unit_range[0]), abs(unit_range[1]))
         sensitivity = groups * per_group * (2 if self.schema.neighbouring == "replace" else 1)
         self.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "
                           f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}")
-        return Measure(name, label, expr, row_range, unit_range, sensitivity)
+        return Measure(name, label, kind, expr, row_range, unit_range, sensitivity)
 
     # --- what runs after noise ----------------------------------------------------------------------------
 

@@ -57,8 +57,7 @@ def _group_by(names: list[str]) -> str:
 def _direct(plan: Plan) -> str:
     """Each row is one whole unit: aggregate directly (the per-row clamps already bound each unit)."""
     keys = [f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys]
-    sums = [f"SUM({_sql(m.expr)}) AS {m.name}" if m.expr is not None else f"COUNT(*) AS {m.name}"
-            for m in plan.measures]
+    sums = [f"{_aggregate(m.kind, None if m.expr is None else _sql(m.expr))} AS {m.name}" for m in plan.measures]
     select = ", ".join([*keys, *sums, f"COUNT(*) AS {UNITS}"])
     return f"SELECT {select} {_from_where(plan)}{_group_by([str(i + 1) for i in range(len(keys))])}"
 
@@ -71,11 +70,12 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
             *(f"{_sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
     per_unit = ["dpsql_unit", *keys]
     for m in plan.measures:
-        if m.expr is None:
+        if m.kind == "units":
             per_unit.append(f"1 AS {m.name}")
-        else:
+        else:  # the unit's total, clamped to what k rows could give
             lo, hi = (_number(v) for v in m.unit_range)
-            per_unit.append(f"LEAST(GREATEST(COALESCE(SUM({m.name}), 0), {lo}), {hi}) AS {m.name}")
+            total = _aggregate(m.kind, None if m.expr is None else m.name)
+            per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
     ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, unit_not_null)})",
             f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
             f"{_group_by(['dpsql_unit', *keys])})"]
@@ -87,6 +87,12 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{_group_by(keys)}"
+
+
+def _aggregate(kind: str, column: str | None) -> str:
+    if kind == "sum":
+        return f"SUM({column})"
+    return f"COUNT({column or '*'})"
 
 
 def _number(value: float) -> str:
