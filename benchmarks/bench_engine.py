@@ -13,6 +13,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -44,6 +45,10 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
+def _fetch_all(conn: psycopg.Connection, sql: str) -> list[tuple]:
+    return conn.execute(sql).fetchall()
+
+
 def _relative_error(noisy: list[tuple], exact: list[tuple]) -> float:
     truth = {tuple(r[:-1]): float(r[-1]) for r in exact}
     errors = []
@@ -69,8 +74,8 @@ def run(people: int, runs: int) -> list[dict]:
             cur.execute(sql, epsilon=1.0)
             dp_times, exact_times, errors = [], [], []
             for i in range(runs):
-                exact_times.append(_time(lambda: direct.execute(sql).fetchall()))
-                dp_times.append(_time(lambda i=i: cur.execute(sql, epsilon=1.0 + (i + 1) * 1e-9)))
+                exact_times.append(_time(partial(_fetch_all, direct, sql)))
+                dp_times.append(_time(partial(cur.execute, sql, epsilon=1.0 + (i + 1) * 1e-9)))
                 errors.append(_relative_error(cur.fetchall(), exact_rows))
             cur.execute(sql, epsilon=1.0)
             dp = statistics.median(dp_times) * 1000

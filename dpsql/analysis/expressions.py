@@ -254,14 +254,25 @@ class Expressions:
             if inner is None and not _constant(node.this):
                 raise UnsupportedQuery(f"cast of non-numeric {node.this.sql(dialect='postgres')} to a number "
                                        "could fail on some values")
+            if inner is not None and not inner.integer and inner.magnitude > _cast_limit(node.to):
+                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could overflow on some stored values",
+                                       "declare bounds for the column, or cast to double precision")
             return inner if inner is not None else Range(-math.inf, math.inf)
-        if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR, exp.DataType.Type.DATE,
-                      exp.DataType.Type.TIMESTAMP):
-            if target in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP) and inner is not None:
-                raise UnsupportedQuery(f"cast of a number to {target.value} is not supported")
+        if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
+            return None  # every value has a text form
+        if target in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ):
+            if not (_constant(node.this) or self._is_temporal(node.this)):
+                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could fail on some stored values",
+                                       "cast only dates and timestamps (or constants) to date/timestamp")
             return None
         raise UnsupportedQuery(f"cast to {node.to.sql(dialect='postgres')} is not supported",
                                "casts to integer, bigint, double precision, numeric, text and date are")
+
+    def _is_temporal(self, node: exp.Expression) -> bool:
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+            return True
+        column = self.column(node) if isinstance(node, exp.Column) else None
+        return column is not None and column.type in ("date", "timestamp", "timestamptz")
 
     def _range_widthbucket(self, node: exp.WidthBucket) -> Range:
         self._require_constant(node, ("min_value", "max_value", "num_buckets"), "width_bucket's bounds and count")
@@ -300,6 +311,11 @@ class Expressions:
     def _range_length(self, node: exp.Length) -> Range:
         self.value_range(node.this)
         return Range(0, 2**30, True)
+
+
+def _cast_limit(to: exp.DataType) -> float:
+    """Largest magnitude a cast accepts without an overflow error (numeric(p, s) is refused outright)."""
+    return 3.4e38 if to.this == exp.DataType.Type.FLOAT else math.inf  # FLOAT is PostgreSQL's real
 
 
 def clamp(node: exp.Expression, column: Column) -> exp.Expression:

@@ -1,0 +1,76 @@
+"""The analysis without a database: ranges, guards, sensitivities and refusals of unsafe expressions."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpsql import errors
+from dpsql.analysis import analyze
+from dpsql.rewrite import rewrite
+from dpsql.sql import check_query
+
+UNIQUE = frozenset({("people", "person_id"), ("states", "code")})
+
+
+def plan(sql: str, schema):
+    return analyze(check_query(sql, schema), schema, UNIQUE)
+
+
+def test_sensitivities_follow_the_declared_bounds(demo_schema):
+    p = plan("SELECT COUNT(*), SUM(income) FROM people", demo_schema)
+    assert [m.sensitivity for m in p.measures] == [1, 250000]
+    assert p.unit is None  # the primary key makes every row one whole unit: no per-unit stage
+    p = plan("SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category", demo_schema)
+    assert p.rows_per_unit == 10 and p.max_groups == 4 and p.cap_groups
+    assert [m.sensitivity for m in p.measures] == [4 * 10, 4 * 10 * 1000]
+    p = plan("SELECT p.state, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY 1",
+             demo_schema)
+    assert p.max_groups == 1 and not p.cap_groups  # a person has one state
+    assert p.partition_selection
+
+
+def test_averages_are_centred(demo_schema):
+    p = plan("SELECT AVG(age) FROM people", demo_schema)
+    labels = [m.label for m in p.measures]
+    assert labels == ["COUNT(people.age)", "SUM(people.age - 50)"]
+    assert [m.sensitivity for m in p.measures] == [1, 50]
+
+
+def test_replace_neighbours_double_sensitivity(demo_schema):
+    from dataclasses import replace
+    schema = replace(demo_schema, neighbouring="replace")
+    assert [m.sensitivity for m in plan("SELECT COUNT(*) FROM people", schema).measures] == [2]
+
+
+def test_guards_make_partial_operations_total(demo_schema):
+    sql = rewrite(plan("SELECT SUM(income / (age + 1)), SUM(sqrt(amount)), SUM(ln(amount)) "
+                       "FROM visits v JOIN people p ON v.person_id = p.person_id", demo_schema)).sql
+    assert "NULLIF((CAST(LEAST(GREATEST(p.age, 0), 100) AS BIGINT) + 1), 0)" in sql
+    assert "SQRT(GREATEST(" in sql and "LN(CASE WHEN" in sql
+    assert "'NaN'" in sql  # NaN becomes NULL before clamping
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM people WHERE CAST(state AS date) > '2020-01-01'",
+    "SELECT COUNT(*) FROM people WHERE CAST(state AS numeric) > 1",
+    "SELECT COUNT(*) FROM people WHERE CAST(income * 1e9 AS integer) > 1",
+    "SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(5, 2)) > 1",
+    "SELECT COUNT(*) FROM visits WHERE visit_id * 2 > 5",
+    "SELECT SUM(amount / (amount - 500)) FROM visits",
+    "SELECT COUNT(*) FROM people WHERE state LIKE state",
+    "SELECT COUNT(*) FROM people WHERE substring(state, age, 2) = 'C'",
+    "SELECT COUNT(*) FROM visits WHERE EXTRACT(epoch FROM day) > 0",
+    "SELECT SUM(income * income * income) FROM people",
+])
+def test_expressions_that_could_fail_on_some_value_are_refused(demo_schema, sql):
+    with pytest.raises(errors.UnsupportedQuery):
+        plan(sql, demo_schema)
+
+
+def test_group_key_domains(demo_schema):
+    assert len(plan("SELECT sex, COUNT(*) FROM people GROUP BY sex", demo_schema).domain) == 2
+    assert len(plan("SELECT age, COUNT(*) FROM people GROUP BY age", demo_schema).domain) == 101
+    assert len(plan("SELECT floor(income / 10000) b, COUNT(*) FROM people GROUP BY b", demo_schema).domain) == 26
+    assert plan("SELECT CASE WHEN age < 18 THEN 'minor' END b, COUNT(*) FROM people GROUP BY b",
+                demo_schema).domain == [("minor",), (None,)]
+    assert plan("SELECT state, COUNT(*) FROM people GROUP BY state", demo_schema).domain is None
