@@ -13,6 +13,7 @@ import datetime
 import decimal
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ class Engine:
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
         self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
+        self._plans_lock = threading.Lock()
 
     def close(self) -> None:
         self.backend.close()
@@ -88,18 +90,20 @@ class Engine:
     def _plan(self, sql: str, params: Any) -> tuple[CheckedQuery, Plan, Rewritten]:
         """The ε-independent stages, remembered for recently seen (SQL text, parameters)."""
         cache_key = (sql, repr(params))
-        if cache_key in self._plans:
-            self._plans.move_to_end(cache_key)
-            return self._plans[cache_key]
+        with self._plans_lock:
+            if cache_key in self._plans:
+                self._plans.move_to_end(cache_key)
+                return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit)
         for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order)]:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates}})
         entry = (query, plan, rewrite(plan, self._hash_seed))
-        self._plans[cache_key] = entry
-        if len(self._plans) > PLAN_CACHE_SIZE:
-            self._plans.popitem(last=False)
+        with self._plans_lock:
+            self._plans[cache_key] = entry
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
         return entry
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None) -> Answer:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sqlglot import exp
+
 from dpsql.engine import Prepared
 
 
@@ -19,8 +21,19 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.delta:.3g}, "
                      f"keep a group when its noisy count of units reaches {sel.threshold}")
     lines.append("Output columns:")
+    aggregates = {a.name: a for a in plan.aggregates}
+    measures = {m.name: m for m in plan.measures}
     for output in plan.outputs:
-        lines.append(f"  {output.name} ({output.type_name}) = {output.expr.sql(dialect='postgres')}")
+        used = [aggregates[c.name] for c in output.expr.find_all(exp.Column) if c.name in aggregates]
+        if not used:
+            lines.append(f"  {output.name} ({output.type_name}): exact (a group key or a constant)")
+            continue
+        parts = []
+        for agg in used:
+            sources = [f"{measures[m].label} (sensitivity {measures[m].sensitivity:g}, "
+                       f"scale {cost.mechanisms[m].scale:.6g})" for m in agg.measures]
+            parts.append(f"{agg.sql} from {', '.join(sources)}")
+        lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
     lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g}")
     lines.append("Rewritten SQL:")
     lines.append(f"  {prepared.rewritten.sql}")
