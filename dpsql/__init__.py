@@ -3,44 +3,7 @@
 `dpsql.connect(...)` is the PEP 249 door; see `dpsql.dbapi`.
 """
 
-from dpsql.dbapi import (
-    BINARY,
-    DATETIME,
-    NUMBER,
-    ROWID,
-    STRING,
-    Binary,
-    Connection,
-    Cursor,
-    Date,
-    DateFromTicks,
-    Time,
-    TimeFromTicks,
-    Timestamp,
-    TimestampFromTicks,
-    apilevel,
-    connect,
-    paramstyle,
-    threadsafety,
-)
-from dpsql.errors import (
-    DatabaseError,
-    DataError,
-    Error,
-    IntegrityError,
-    InterfaceError,
-    InternalError,
-    NotSupportedError,
-    OperationalError,
-    ProgrammingError,
-    Warning,
-)
+from dpsql.dbapi import *  # noqa: F403 - the PEP 249 module's names are the package's
+from dpsql.dbapi import __all__  # noqa: F401
 
 __version__ = "0.1.0"
-
-__all__ = [
-    "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor", "DataError",
-    "DatabaseError", "Date", "DateFromTicks", "Error", "IntegrityError", "InterfaceError", "InternalError",
-    "NotSupportedError", "OperationalError", "ProgrammingError", "Time", "TimeFromTicks", "Timestamp",
-    "TimestampFromTicks", "Warning", "apilevel", "connect", "paramstyle", "threadsafety",
-]

@@ -164,20 +164,22 @@ def _explain(args: argparse.Namespace) -> int:
 def _budget(args: argparse.Namespace) -> int:
     settings = _settings(args)
     analyst = _require_analyst(settings)
-    ledger = _ledger(settings)
-    try:
+    with _ledger(settings) as ledger:
         _print_budgets([ledger.budget(analyst)])
-    finally:
-        ledger.close()
     return 0
 
 
+@contextlib.contextmanager
 def _ledger(settings: Settings):
     from dpsql.accounting import Ledger
     from dpsql.errors import ConfigError
     if not settings.database:
         raise ConfigError("no database given", "pass --database URL or set DPSQL_DATABASE")
-    return Ledger(settings.database)
+    ledger = Ledger(settings.database)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
 
 
 def _print_budgets(budgets) -> None:
@@ -188,39 +190,27 @@ def _print_budgets(budgets) -> None:
 
 
 def _analyst_add(args: argparse.Namespace) -> int:
-    ledger = _ledger(_settings(args))
-    try:
+    with _ledger(_settings(args)) as ledger:
         _print_budgets([ledger.add_analyst(args.name, args.epsilon, args.delta)])
-    finally:
-        ledger.close()
     return 0
 
 
 def _analyst_grant(args: argparse.Namespace) -> int:
-    ledger = _ledger(_settings(args))
-    try:
+    with _ledger(_settings(args)) as ledger:
         _print_budgets([ledger.grant(args.name, args.epsilon, args.delta)])
-    finally:
-        ledger.close()
     return 0
 
 
 def _analyst_list(args: argparse.Namespace) -> int:
-    ledger = _ledger(_settings(args))
-    try:
+    with _ledger(_settings(args)) as ledger:
         _print_budgets(ledger.analysts())
-    finally:
-        ledger.close()
     return 0
 
 
 def _analyst_remove(args: argparse.Namespace) -> int:
-    ledger = _ledger(_settings(args))
-    try:
+    with _ledger(_settings(args)) as ledger:
         ledger.remove(args.name)
-        print(f"removed analyst {args.name}")
-    finally:
-        ledger.close()
+    print(f"removed analyst {args.name}")
     return 0
 
 

@@ -34,6 +34,13 @@ from dpsql.errors import (
 )
 from dpsql.postprocess import Accuracy
 
+__all__ = [
+    "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor", "DataError",
+    "DatabaseError", "Date", "DateFromTicks", "Error", "IntegrityError", "InterfaceError", "InternalError",
+    "NotSupportedError", "OperationalError", "ProgrammingError", "Time", "TimeFromTicks", "Timestamp",
+    "TimestampFromTicks", "Warning", "apilevel", "connect", "paramstyle", "threadsafety",
+]
+
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
 paramstyle = "pyformat"
