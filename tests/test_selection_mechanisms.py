@@ -1,0 +1,83 @@
+"""Exact-distribution tests of the exponential mechanism and top-k, and the histogram algorithms against
+the worked example of Xu et al. (unit-bin counts 1, 2, 1, 3, 5, 1, 1)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpsql.mechanisms import ExponentialMechanism, LaplaceMechanism, noise_first, structure_first, top_k, v_optimal
+from dpsql.mechanisms.histograms import sse_table
+
+EXAMPLE = [1, 2, 1, 3, 5, 1, 1]
+
+
+def test_exponential_mechanism_selection_probabilities():
+    utilities = [0.0, -1.0, -2.5, -0.5, -6.0]
+    mechanism = ExponentialMechanism(sensitivity=1.0, epsilon=1.0)
+    expected = [math.exp(u / 2) for u in utilities]
+    expected = [e / sum(expected) for e in expected]
+    assert mechanism.probabilities(utilities) == pytest.approx(expected)
+    rng = random.Random(8)
+    n = 40_000
+    counts = Counter(mechanism.select(utilities, rng) for _ in range(n))
+    observed = [counts.get(i, 0) for i in range(len(utilities))]
+    _, p_value = stats.chisquare(observed, [p * n for p in expected])
+    assert p_value > 1e-4
+
+
+def test_exponential_mechanism_utility_guarantee():
+    mechanism = ExponentialMechanism(sensitivity=1.0, epsilon=0.5)
+    utilities = [-float(abs(i - 50)) for i in range(101)]
+    gap = mechanism.utility_gap(len(utilities), beta=0.05)
+    rng = random.Random(9)
+    misses = sum(utilities[mechanism.select(utilities, rng)] < -gap for _ in range(2000))
+    assert misses / 2000 <= 0.05
+
+
+def test_top_k_first_pick_and_distinctness():
+    utilities = [5.0, 1.0, 4.0, 0.0]
+    rng = random.Random(10)
+    picks = [top_k(utilities, 2, sensitivity=1.0, epsilon=2.0, rng=rng) for _ in range(20_000)]
+    assert all(len(set(p)) == 2 for p in picks)
+    first = Counter(p[0] for p in picks)
+    weights = [math.exp(1.0 * u / 2) for u in utilities]  # each round has ε / k = 1.0: exp(ε u / 2Δ)
+    expected = [w / sum(weights) * len(picks) for w in weights]
+    _, p_value = stats.chisquare([first.get(i, 0) for i in range(4)], expected)
+    assert p_value > 1e-4
+
+
+def test_single_bucket_sse_row_of_the_worked_example():
+    row = sse_table(EXAMPLE)[0, 1:]
+    assert row == pytest.approx([0, 0.5, 0.6667, 2.75, 11.2, 12.8333, 14.0], abs=0.01)
+
+
+def test_optimal_three_bucket_histogram_of_the_worked_example():
+    partition = v_optimal(EXAMPLE, 3)
+    assert partition.buckets == [(0, 3), (3, 5), (5, 7)]  # bins 1-3, 4-5, 6-7
+    means = [float(np.mean(EXAMPLE[a:b])) for a, b in partition.buckets]
+    assert means == pytest.approx([1.3333, 4.0, 1.0], abs=1e-3)
+
+
+def test_noise_first_merges_only_when_it_lowers_the_estimated_error():
+    smooth_counts = [100.0] * 20 + [300.0] * 20
+    rng = np.random.default_rng(11)
+    noisy = list(np.array(smooth_counts) + rng.laplace(0, 10, 40))
+    smoothed, partition = noise_first(noisy, noise_variance=2 * 10**2)
+    assert len(partition.buckets) < 20  # far fewer buckets than bins
+    assert np.mean((np.array(smoothed) - smooth_counts) ** 2) < np.mean((np.array(noisy) - smooth_counts) ** 2)
+    exact, partition = noise_first([1.0, 50.0, 2.0, 80.0], noise_variance=1e-9)  # no noise: keep every bin
+    assert exact == pytest.approx([1.0, 50.0, 2.0, 80.0]) and len(partition.buckets) == 4
+
+
+def test_structure_first_with_a_large_structure_budget_finds_the_optimal_boundaries():
+    noise = LaplaceMechanism.calibrate(sensitivity=1, epsilon=1e6, integer_valued=True)
+    rng = random.Random(12)
+    out, partition = structure_first(EXAMPLE, 3, count_bound=10, structure_epsilon=1e6, noise=noise, rng=rng)
+    assert partition.buckets == [(0, 3), (3, 5), (5, 7)]
+    assert out == pytest.approx([4 / 3] * 3 + [4.0] * 2 + [1.0] * 2, abs=1e-3)
