@@ -202,6 +202,11 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         for v in values[1:]:
             result = combine(result, v)
         return result
+    if isinstance(node, exp.Nullif):
+        value, other = evaluate(node.this, env), evaluate(node.expression, env)
+        if value is None or other is None or np.ndim(value) != 0:
+            return value
+        return None if value == other else value
     if isinstance(node, exp.Coalesce):
         for e in [node.this, *node.expressions]:
             value = evaluate(e, env)

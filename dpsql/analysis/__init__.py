@@ -445,6 +445,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         for key in keys:
             if key.name == expr.name:
                 return _key_type(original, exprs)
+    if isinstance(expr, exp.Literal):
+        return "text" if expr.is_string else ("int8" if expr.is_int else "float8")
     if isinstance(expr, exp.Cast):
         if expr.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
             return "int8"
@@ -457,6 +459,8 @@ def _key_type(node: exp.Expression, exprs: Expressions) -> str:
     value_range = exprs.value_range(node)
     if value_range is not None:
         return "int8" if value_range.integer else "float8"
+    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+        return "timestamptz"
     if isinstance(node, exp.Column):
         column = exprs.column(node)
         if column is not None:

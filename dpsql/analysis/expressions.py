@@ -210,6 +210,10 @@ class Expressions:
         parts = [self.numeric(e, "argument") for e in [node.this, *node.expressions]]
         return Range(min(p.lo for p in parts), min(p.hi for p in parts), all(p.integer for p in parts))
 
+    def _range_nullif(self, node: exp.Nullif) -> Range | None:
+        self.value_range(node.expression)
+        return self.value_range(node.this)
+
     def _range_coalesce(self, node: exp.Coalesce) -> Range | None:
         return self._hull([node.this, *node.expressions])
 

@@ -49,7 +49,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
-    exp.DPipe, exp.Trim, exp.Tuple, *AGGREGATES,
+    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, *AGGREGATES,
 )
 
 
