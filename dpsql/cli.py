@@ -127,7 +127,7 @@ def format_answer(answer) -> str:
             headers.append("95% CI")
             for r, row in enumerate(answer.accuracy):
                 acc = row[i]
-                cells[r].append("" if acc is None else f"[{_cell(acc.ci_low)}, {_cell(acc.ci_high)}]")
+                cells[r].append(_interval(acc))
     widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
     lines = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
              "-+-".join("-" * w for w in widths)]
@@ -140,6 +140,14 @@ def format_answer(answer) -> str:
     if answer.budget is not None:
         lines.append(f"budget left: ε = {answer.budget.epsilon_left:.4g}, δ = {answer.budget.delta_left:.3g}")
     return "\n".join(lines)
+
+
+def _interval(accuracy) -> str:
+    if accuracy is None:
+        return ""
+    if accuracy.rank_error is not None:
+        return f"±{accuracy.rank_error:.3g} ranks"
+    return f"[{_cell(accuracy.ci_low)}, {_cell(accuracy.ci_high)}]"
 
 
 def _cell(value: Any) -> str:

@@ -115,8 +115,9 @@ class Engine:
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.epsilon, cost.delta, prepared.key)
         rows = self.backend.execute(prepared.rewritten.sql)
-        groups = add_noise(prepared.plan, cost, rows)
-        result = finish(prepared.plan, cost.mechanisms, groups)
+        histograms = {name: self.backend.execute(sql) for name, sql in prepared.rewritten.histograms.items()}
+        groups = add_noise(prepared.plan, cost, rows, histograms)
+        result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
         stored = self.ledger.store(analyst, prepared.key, _encode(answer))
         return _decode(stored, cached=False, budget=budget)
@@ -139,7 +140,8 @@ def _encode(answer: Answer) -> dict:
     return {
         "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
         "rows": [[_encode_value(v) for v in row] for row in answer.rows],
-        "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high] for a in row] for row in answer.accuracy],
+        "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high, a.rank_error] for a in row]
+                     for row in answer.accuracy],
     }
 
 

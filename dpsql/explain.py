@@ -16,6 +16,10 @@ def explain_text(prepared: Prepared) -> str:
         mechanism = cost.mechanisms[measure.name]
         lines.append(f"  {measure.label}: sensitivity {measure.sensitivity:g}, ε {mechanism.epsilon:.6g}, "
                      f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
+    for name, chooser in cost.choosers.items():
+        agg = next(a for a in plan.aggregates if a.name == name)
+        lines.append(f"Exponential mechanism for {agg.sql}: rank-score sensitivity {chooser.sensitivity:g}, "
+                     f"ε {chooser.epsilon:.6g}")
     if cost.selection is not None:
         sel = cost.selection
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.delta:.3g}, "
@@ -23,6 +27,7 @@ def explain_text(prepared: Prepared) -> str:
     lines.append("Output columns:")
     aggregates = {a.name: a for a in plan.aggregates}
     measures = {m.name: m for m in plan.measures}
+    histograms = {h.name: h for h in plan.histograms}
     for output in plan.outputs:
         used = [aggregates[c.name] for c in output.expr.find_all(exp.Column) if c.name in aggregates]
         if not used:
@@ -30,6 +35,9 @@ def explain_text(prepared: Prepared) -> str:
             continue
         parts = []
         for agg in used:
+            if agg.kind == "quantile":
+                parts.append(f"{agg.sql} chosen from {histograms[agg.measures[0]].label}")
+                continue
             sources = [f"{measures[m].label} (sensitivity {measures[m].sensitivity:g}, "
                        f"scale {cost.mechanisms[m].scale:.6g})" for m in agg.measures]
             parts.append(f"{agg.sql} from {', '.join(sources)}")
@@ -37,4 +45,6 @@ def explain_text(prepared: Prepared) -> str:
     lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g}")
     lines.append("Rewritten SQL:")
     lines.append(f"  {prepared.rewritten.sql}")
+    for name, sql in prepared.rewritten.histograms.items():
+        lines.append(f"  {histograms[name].label}: {sql}")
     return "\n".join(lines)

@@ -16,12 +16,13 @@ from decimal import Decimal
 from typing import Any
 
 from dpsql.analysis import Plan
-from dpsql.mechanisms import LaplaceMechanism, PartitionSelection
+from dpsql.mechanisms import ExponentialMechanism, LaplaceMechanism, PartitionSelection, rank_scores
 
 
 @dataclass(frozen=True)
 class Calibration:
     mechanisms: dict[str, LaplaceMechanism]  # measure name -> its mechanism
+    choosers: dict[str, ExponentialMechanism]  # quantile aggregate name -> the mechanism choosing its cell
     selection: PartitionSelection | None
     epsilon: float  # total cost: the sum of the mechanisms' privacy maps
     delta: float
@@ -32,6 +33,7 @@ class Calibration:
 class NoisyGroup:
     keys: tuple[Any, ...]
     measures: dict[str, float]
+    choices: dict[str, float]  # quantile aggregate name -> the chosen value
 
 
 def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float) -> Calibration:
@@ -45,15 +47,21 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float) 
         step_epsilon = selection_epsilon / steps
         step_delta = delta if steps == 1 else delta / (1 + math.exp(step_epsilon))
         selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta)
-    share = (epsilon - selection_epsilon) / len(plan.measures)
+    quantiles = [a for a in plan.aggregates if a.kind == "quantile"]
+    share = (epsilon - selection_epsilon) / (len(plan.measures) + len(quantiles))
     mechanisms = {m.name: LaplaceMechanism.calibrate(m.sensitivity, share, m.integer_valued)
                   for m in plan.measures}
-    spent = sum(m.epsilon for m in mechanisms.values()) + selection_epsilon
-    return Calibration(mechanisms, selection, spent, delta if selection else 0.0, selection_epsilon)
+    histograms = {h.name: h for h in plan.histograms}
+    choosers = {a.name: ExponentialMechanism(histograms[a.measures[0]].sensitivity, share) for a in quantiles}
+    spent = (sum(m.epsilon for m in mechanisms.values()) + sum(c.epsilon for c in choosers.values())
+             + selection_epsilon)
+    return Calibration(mechanisms, choosers, selection, spent, delta if selection else 0.0, selection_epsilon)
 
 
-def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]]) -> list[NoisyGroup]:
-    """Noisy measures per released group, from the backend rows (keys, measures, distinct units)."""
+def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]],
+              histogram_rows: dict[str, Iterable[Sequence[Any]]]) -> list[NoisyGroup]:
+    """Noisy measures and chosen quantiles per released group, from the backend rows (keys, measures,
+    distinct units) and the histograms' rows (keys, cell, count)."""
     n_keys = len(plan.group_keys)
     names = [m.name for m in plan.measures]
     exact: dict[tuple, tuple[list[float], int]] = {}
@@ -67,11 +75,27 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     else:
         candidates = [(key, value) for key, value in exact.items()
                       if calibration.selection.keep(value[1])]
+    counts = {h.name: _cell_counts(h.cells, n_keys, histogram_rows[h.name]) for h in plan.histograms}
+    histograms = {h.name: h for h in plan.histograms}
     groups = []
     for key, (values, _units) in candidates:
         noisy = {name: calibration.mechanisms[name].release(value) for name, value in zip(names, values, strict=True)}
-        groups.append(NoisyGroup(key, noisy))
+        choices = {}
+        for name, chooser in calibration.choosers.items():
+            agg = next(a for a in plan.aggregates if a.name == name)
+            histogram = histograms[agg.measures[0]]
+            cells = counts[histogram.name].get(key, [0] * histogram.cells)
+            choices[name] = histogram.value(chooser.select(rank_scores(cells, agg.quantile)))
+        groups.append(NoisyGroup(key, noisy, choices))
     return groups
+
+
+def _cell_counts(cells: int, n_keys: int, rows: Iterable[Sequence[Any]]) -> dict[tuple, list[int]]:
+    """Dense per-group cell counts from (keys..., cell, count) rows."""
+    out: dict[tuple, list[int]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[:n_keys]), [0] * cells)[int(row[n_keys])] += int(row[n_keys + 1])
+    return out
 
 
 def _number(value: Any) -> float:

@@ -17,8 +17,7 @@ from sqlglot import exp
 
 from dpsql.analysis import COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
-from dpsql.mechanisms import LaplaceMechanism
-from dpsql.noise import NoisyGroup
+from dpsql.noise import Calibration, NoisyGroup
 
 SIMULATIONS = 2000
 
@@ -26,8 +25,9 @@ SIMULATIONS = 2000
 @dataclass(frozen=True)
 class Accuracy:
     scale: float | None  # Laplace noise scale b, where the value is a single noisy statistic
-    ci_low: float
-    ci_high: float
+    ci_low: float | None  # 95% confidence interval (None for values chosen by the exponential mechanism)
+    ci_high: float | None
+    rank_error: float | None = None  # quantiles: with 95% probability at most this many ranks off
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,9 @@ class Result:
     accuracy: list[tuple[Accuracy | None, ...]]
 
 
-def finish(plan: Plan, mechanisms: dict[str, LaplaceMechanism], groups: list[NoisyGroup]) -> Result:
+def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Result:
     """The rows the analyst sees, in order, with each value's accuracy."""
+    mechanisms = calibration.mechanisms
     rng = np.random.default_rng(0)  # only simulates the already-released noise; not a privacy mechanism
     simulate = any(not _exact_interval(o.expr, plan) for o in plan.outputs)
     rows = []
@@ -50,6 +51,9 @@ def finish(plan: Plan, mechanisms: dict[str, LaplaceMechanism], groups: list[Noi
             for name, value in group.measures.items():
                 simulated[name] = value - rng.laplace(0.0, mechanisms[name].scale, SIMULATIONS)
         for agg in plan.aggregates:
+            if agg.kind == "quantile":
+                env[agg.name] = simulated[agg.name] = group.choices[agg.name]
+                continue
             env[agg.name] = _finish_aggregate(agg, group.measures)
             if simulate:
                 simulated[agg.name] = _finish_aggregate(agg, simulated)
@@ -59,7 +63,7 @@ def finish(plan: Plan, mechanisms: dict[str, LaplaceMechanism], groups: list[Noi
         for output in plan.outputs:
             value = _typed(evaluate(output.expr, env), output.type_name)
             values.append(value)
-            accuracy.append(_accuracy(output.expr, plan, mechanisms, value, simulated))
+            accuracy.append(_accuracy(output.expr, plan, calibration, value, simulated))
         order_keys = [evaluate(expr, env) for expr, _, _ in plan.order]
         rows.append((tuple(values), tuple(accuracy), order_keys))
     for index in reversed(range(len(plan.order))):
@@ -95,17 +99,25 @@ def _exact_interval(expr: exp.Expression, plan: Plan) -> bool:
     """Whether an output's interval comes straight from one mechanism (a bare count or sum) or is exact."""
     noisy = {a.name: a for a in plan.aggregates}
     if isinstance(expr, exp.Column) and expr.name in noisy:
-        return noisy[expr.name].kind in (*COUNTS, "sum")
+        return noisy[expr.name].kind in (*COUNTS, "sum", "quantile")
     return not any(isinstance(n, exp.Column) and n.name in noisy for n in expr.walk())
 
 
-def _accuracy(expr: exp.Expression, plan: Plan, mechanisms: dict[str, LaplaceMechanism], value: Any,
+def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value: Any,
               simulated: dict[str, Any]) -> Accuracy | None:
-    noisy = {a.name for a in plan.aggregates}
-    if not any(isinstance(n, exp.Column) and n.name in noisy for n in expr.walk()):
+    mechanisms = calibration.mechanisms
+    noisy = {a.name: a for a in plan.aggregates}
+    used = [noisy[n.name] for n in expr.find_all(exp.Column) if n.name in noisy]
+    if not used:
         return None  # a group key or a constant: no noise
+    if any(a.kind == "quantile" for a in used):
+        if not isinstance(expr, exp.Column):
+            return None  # no interval for expressions over chosen values
+        chooser = calibration.choosers[expr.name]
+        cells = next(h.cells for h in plan.histograms if h.name == noisy[expr.name].measures[0])
+        return Accuracy(None, None, None, chooser.utility_gap(cells))
     if isinstance(expr, exp.Column):
-        agg = next(a for a in plan.aggregates if a.name == expr.name)
+        agg = noisy[expr.name]
         if agg.kind in (*COUNTS, "sum"):
             mechanism = mechanisms[agg.measures[0]]
             width = mechanism.ci_halfwidth()

@@ -44,7 +44,8 @@ REFUSALS = [
     ("SELECT COUNT(*) FROM people WHERE random() < 0.5", errors.UnsupportedQuery, "0A000"),
     ("SELECT query_to_xml('select * from people', true, true, '')", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people WHERE current_setting('is_superuser') = 'on'", errors.UnsupportedQuery, "0A000"),
-    ("SELECT MAX(income) FROM people", errors.UnsupportedQuery, "0A000"),
+    ("SELECT SUM(amount) FILTER (WHERE amount > 1) FROM visits", errors.UnsupportedQuery, "0A000"),
+    ("SELECT MAX(person_id) FROM people", errors.UnsupportedQuery, "0A000"),
     ("SELECT SUM(person_id) FROM people", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people WHERE income * income * income > 0", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people WHERE CAST(state AS integer) = 1", errors.UnsupportedQuery, "0A000"),
@@ -197,3 +198,21 @@ def test_accuracy_is_plausible(engine, analyst):
     assert 30 < avg_age < 55
     lo, hi = answer.accuracy[0][0].ci_low, answer.accuracy[0][0].ci_high
     assert lo <= avg_age <= hi
+
+
+def test_quantiles_through_the_exponential_mechanism(engine, analyst):
+    answer = engine.query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) AS median_age, MIN(age), "
+                          "MAX(income) FROM people", analyst=analyst, epsilon=3.0)
+    assert answer.names == ["median_age", "min", "max"]
+    assert answer.types == ["int8", "int8", "float8"]
+    (median, low, high), = answer.rows
+    assert 30 <= median <= 50 and 0 <= low <= 15 and 200_000 <= high <= 250_000
+    assert all(a.rank_error is not None and a.scale is None for a in answer.accuracy[0])
+    assert answer.epsilon == pytest.approx(3.0)
+
+
+def test_grouped_quantiles(engine, analyst):
+    answer = engine.query("SELECT sex, percentile_disc(0.5) WITHIN GROUP (ORDER BY income) FROM people "
+                          "GROUP BY sex ORDER BY sex", analyst=analyst, epsilon=2.0)
+    assert [row[0] for row in answer.rows] == ["F", "M"]
+    assert all(20_000 < row[1] < 90_000 for row in answer.rows)

@@ -112,3 +112,44 @@ def test_row_level_neighbour(row_level_engine, base_url, server, template, sql):
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO visits VALUES (999999999, 1, '2024-01-01', 'brand-new', 1e308)")
     _assert_within_sensitivity(row_level_engine, sql, base_url, url)
+
+
+QUANTILE_QUERIES = [
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) FROM people",
+    "SELECT MIN(age), MAX(income) FROM people",
+    "SELECT MIN(v.amount), percentile_disc(0.9) WITHIN GROUP (ORDER BY p.age) FROM visits v "
+    "JOIN people p ON v.person_id = p.person_id",
+    "SELECT category, percentile_cont(0.25) WITHIN GROUP (ORDER BY amount) FROM visits GROUP BY category",
+    "SELECT day, MAX(amount) FROM visits GROUP BY day",
+]
+
+
+def _cells(url: str, sql: str, n_keys: int, cells: int) -> dict[tuple, list[int]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(sql).fetchall()
+    out: dict[tuple, list[int]] = {}
+    for row in rows:
+        out.setdefault(tuple(row[:n_keys]), [0] * cells)[int(row[n_keys])] += int(row[n_keys + 1])
+    return out
+
+
+@pytest.mark.parametrize("sql", QUANTILE_QUERIES)
+def test_neighbour_moves_quantile_scores_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
+    from dpsql.mechanisms import rank_scores
+
+    prepared = engine.prepare(sql)
+    plan = prepared.plan
+    n_keys = len(plan.group_keys)
+    for agg in (a for a in plan.aggregates if a.kind == "quantile"):
+        histogram = next(h for h in plan.histograms if h.name == agg.measures[0])
+        hist_sql = prepared.rewritten.histograms[histogram.name]
+        before = _cells(base_url, hist_sql, n_keys, histogram.cells)
+        after = _cells(neighbour_url, hist_sql, n_keys, histogram.cells)
+        empty = [0] * histogram.cells
+        moves = []
+        for key in before.keys() | after.keys():
+            old = rank_scores(before.get(key, empty), agg.quantile)
+            new = rank_scores(after.get(key, empty), agg.quantile)
+            moves.append(max(abs(a - b) for a, b in zip(old, new, strict=True)))
+        assert max(moves) <= histogram.rows, (sql, agg.sql, max(moves))
+        assert sum(moves) <= histogram.sensitivity, (sql, agg.sql, sum(moves))

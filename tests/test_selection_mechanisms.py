@@ -81,3 +81,12 @@ def test_structure_first_with_a_large_structure_budget_finds_the_optimal_boundar
     out, partition = structure_first(EXAMPLE, 3, count_bound=10, structure_epsilon=1e6, noise=noise, rng=rng)
     assert partition.buckets == [(0, 3), (3, 5), (5, 7)]
     assert out == pytest.approx([4 / 3] * 3 + [4.0] * 2 + [1.0] * 2, abs=1e-3)
+
+
+def test_rank_scores():
+    from dpsql.mechanisms import rank_scores
+
+    assert rank_scores([0, 2, 3, 0], 0.5) == [-2.5, -0.5, 0.0, -2.5]
+    assert rank_scores([0, 2, 3, 0], 0.0) == [-0.5, 0.0, -1.5, -4.5]  # MIN: the first non-empty cell
+    assert rank_scores([0, 2, 3, 0], 1.0) == [-4.5, -2.5, 0.0, -0.5]  # MAX: the last non-empty cell
+    assert rank_scores([0, 0, 0], 0.5) == [0.0, 0.0, 0.0]  # no data: every cell alike

@@ -25,6 +25,7 @@ from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
+HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
 COUNTS = ("count", "count_units")
 
 
@@ -46,6 +47,28 @@ class Measure:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """Exact counts of a bounded value per cell of a fixed grid over its declared range, per group. The
+    exponential mechanism chooses a cell from them (quantiles, MIN, MAX); one unit moves at most `rows`
+    counts of each group's histogram, in at most `groups` groups."""
+
+    name: str
+    label: str
+    cell: exp.Expression  # guarded per-row cell index in 0 .. cells - 1 (NULL when the value is NULL)
+    cells: int
+    lower: float  # cell j covers [lower + j·width, lower + (j+1)·width); integer grids hold one value each
+    width: float
+    integer: bool
+    rows: int  # the most rows one unit keeps per group (the rewrite keeps at most this many)
+    groups: int  # the most groups one unit touches
+    sensitivity: float  # how far one unit moves any candidate's rank score, over all groups
+
+    def value(self, cell: int) -> float:
+        """The value reported for a chosen cell: the integer itself, or the cell's midpoint."""
+        return self.lower + cell * self.width + (0 if self.integer else self.width / 2)
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """An aggregate call of the query, finished from its measures after noise."""
 
@@ -54,6 +77,7 @@ class Aggregate:
     measures: tuple[str, ...]
     arg_range: Range | None  # the argument's range, for clamping finished averages and variances
     sql: str
+    quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
 
 
 @dataclass(frozen=True)
@@ -83,6 +107,7 @@ class Plan:
     cap_groups: bool  # whether the rewrite must enforce max_groups
     domain: list[tuple] | None  # every public key combination, or None: partition selection
     measures: list[Measure]
+    histograms: list[Histogram]
     aggregates: list[Aggregate]
     outputs: list[Output]
     having: exp.Expression | None
@@ -161,7 +186,8 @@ class _Analyzer:
                               else "group keys are private: released by DP partition selection")
 
         measures: dict[str, Measure] = {}
-        aggregates = self._aggregates(measures, k, groups, private)
+        histograms: dict[str, Histogram] = {}
+        aggregates = self._aggregates(measures, histograms, k, groups)
         if not aggregates:
             raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
                                  "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
@@ -173,7 +199,8 @@ class _Analyzer:
             joins=[_guarded(j, self.exprs) for j in joins],
             where=self.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None,
             unit=None if fast else unit, rows_per_unit=k, group_keys=keys, max_groups=groups,
-            cap_groups=cap, domain=domain, measures=list(measures.values()), aggregates=aggregates,
+            cap_groups=cap, domain=domain, measures=list(measures.values()),
+            histograms=list(histograms.values()), aggregates=aggregates,
             outputs=outputs, having=having, order=order, limit=limit, offset=offset,
             neighbouring=self.schema.neighbouring, notes=self.notes)
 
@@ -308,7 +335,8 @@ class _Analyzer:
 
     # --- aggregates and their measures ----------------------------------------------------------------------
 
-    def _aggregates(self, measures: dict[str, Measure], k: int, groups: int, private: list[str]) -> list[Aggregate]:
+    def _aggregates(self, measures: dict[str, Measure], histograms: dict[str, Histogram], k: int,
+                    groups: int) -> list[Aggregate]:
         found: dict[str, Aggregate] = {}
         nodes = [*self.tree.expressions]
         if self.tree.args.get("having"):
@@ -320,13 +348,57 @@ class _Analyzer:
                 sql = node.sql(dialect=DIALECT)
                 if sql in found:
                     continue
-                if any(isinstance(n, tuple(AGGREGATES)) for n in node.this.walk()) if node.this else False:
+                if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
                     raise UnsupportedQuery("nested aggregates are not supported")
-                found[sql] = self._aggregate(f"a{len(found)}", node, sql, measures, k, groups, private)
+                name = f"a{len(found)}"
+                if isinstance(node, exp.Min | exp.Max | exp.WithinGroup):
+                    found[sql] = self._quantile(name, node, sql, histograms, k, groups)
+                else:
+                    found[sql] = self._aggregate(name, node, sql, measures, k, groups)
         return list(found.values())
 
+    def _quantile(self, name: str, node: exp.Expression, sql: str, histograms: dict[str, Histogram],
+                  k: int, groups: int) -> Aggregate:
+        """MIN, MAX and percentile_cont/percentile_disc: a cell of a histogram, chosen by the exponential
+        mechanism with the rank score -distance(q·n, ranks the cell spans)."""
+        if isinstance(node, exp.WithinGroup):
+            fraction = node.this.this
+            ordered = node.expression.expressions
+            if not (isinstance(fraction, exp.Literal) and not fraction.is_string and 0 <= float(fraction.this) <= 1):
+                raise UnsupportedQuery(f"{sql}: the percentile must be a constant between 0 and 1")
+            if len(ordered) != 1:
+                raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression")
+            q, arg = float(fraction.this), ordered[0].this
+            if ordered[0].args.get("desc"):
+                q = 1 - q
+        else:
+            q, arg = (0.0 if isinstance(node, exp.Min) else 1.0), node.this
+        value_range = self.exprs.numeric(arg, f"{AGGREGATES[type(node)].upper()} argument")
+        value = self.exprs.guard(arg)
+        if not isinstance(arg, exp.Column):
+            value = clamp_to(value, value_range.lo, value_range.hi)
+        span = value_range.hi - value_range.lo
+        if value_range.integer and span < HISTOGRAM_CELLS:
+            cells, width, integer = int(span) + 1, 1.0, True
+            cell = exp.Sub(this=value, expression=_literal(value_range.lo))
+        else:
+            cells, width, integer = HISTOGRAM_CELLS, span / HISTOGRAM_CELLS if span else 1.0, False
+            bucket = exp.WidthBucket(this=value, min_value=_literal(value_range.lo),
+                                     max_value=_literal(value_range.lo + cells * width),
+                                     num_buckets=exp.Literal.number(cells))
+            cell = exp.Sub(this=exp.Least(this=bucket, expressions=[exp.Literal.number(cells)]),
+                           expression=exp.Literal.number(1))
+        label = f"histogram of {arg.sql(dialect=DIALECT)}"
+        if label not in histograms:
+            sensitivity = k * groups * (2 if self.schema.neighbouring == "replace" else 1)
+            histograms[label] = Histogram(f"h{len(histograms)}", label, cell, cells, value_range.lo, width, integer,
+                                          k, groups, sensitivity)
+            self.notes.append(f"{label}: {cells} cells over [{value_range.lo:g}, {value_range.hi:g}], at most {k} "
+                              f"row(s) per unit and group, rank-score sensitivity {sensitivity:g}")
+        return Aggregate(name, "quantile", (histograms[label].name,), value_range, sql, quantile=q)
+
     def _aggregate(self, name: str, node: exp.Expression, sql: str, measures: dict[str, Measure],
-                   k: int, groups: int, private: list[str]) -> Aggregate:
+                   k: int, groups: int) -> Aggregate:
         kind = AGGREGATES[type(node)]
         arg = node.this
 
@@ -441,7 +513,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
     if isinstance(expr, exp.Column):
         for agg in aggregates:
             if agg.name == expr.name:
-                return "int8" if agg.kind in COUNTS else "float8"
+                integral = agg.kind == "quantile" and agg.arg_range.integer
+                return "int8" if agg.kind in COUNTS or integral else "float8"
         for key in keys:
             if key.name == expr.name:
                 return _key_type(original, exprs)

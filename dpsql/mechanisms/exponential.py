@@ -53,6 +53,21 @@ class ExponentialMechanism:
         return 2 * self.sensitivity / self.epsilon * (math.log(candidates) + math.log(1 / beta))
 
 
+def rank_scores(counts: Sequence[int], quantile: float) -> list[float]:
+    """Score of each ordered cell as the `quantile` of the values counted in `counts`: minus the distance
+    from the target rank to the ranks the cell spans. Adding or removing k values moves every score by at
+    most k. The target rank is kept inside [0.5, n - 0.5], so MIN and MAX favour the first and last
+    non-empty cells rather than every empty cell beyond them."""
+    n = sum(counts)
+    target = min(max(quantile * n, 0.5), n - 0.5) if n else 0.0
+    scores, below = [], 0
+    for count in counts:
+        upto = below + count
+        scores.append(-max(0.0, below - target, target - upto))
+        below = upto
+    return scores
+
+
 def top_k(utilities: Sequence[float], k: int, sensitivity: float, epsilon: float,
           rng: Randomness = SYSTEM_RANDOM) -> list[int]:
     """k distinct candidates, best first, by k rounds of the exponential mechanism at ε/k each."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpsql.analysis import Plan
+from dpsql.analysis import Histogram, Plan
 from dpsql.sql import DIALECT
 
 UNITS = "dpsql_units"
@@ -25,17 +25,14 @@ UNITS = "dpsql_units"
 
 @dataclass(frozen=True)
 class Rewritten:
-    sql: str
-    group_columns: tuple[str, ...]
-    measure_columns: tuple[str, ...]
+    sql: str  # rows: group keys, one exact sum per measure, distinct units
+    histograms: dict[str, str]  # histogram name -> SQL whose rows are: group keys, cell, count
 
 
 def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
-    """The bounded, exact aggregation query for `plan`; row layout: keys, measures, distinct units."""
-    keys = [k.name for k in plan.group_keys]
-    measures = [m.name for m in plan.measures]
+    """The bounded, exact aggregation queries for `plan`."""
     sql = _direct(plan) if plan.unit is None else _per_unit(plan, hash_seed)
-    return Rewritten(sql, tuple(keys), tuple(measures))
+    return Rewritten(sql, {h.name: _histogram(plan, h, hash_seed) for h in plan.histograms})
 
 
 def _sql(node: exp.Expression) -> str:
@@ -87,6 +84,35 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{_group_by(keys)}"
+
+
+def _histogram(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
+    """Counts per (group, cell), each unit keeping at most `histogram.rows` rows per group and at most
+    `plan.max_groups` groups, both chosen by keyed hash."""
+    keys = [k.name for k in plan.group_keys]
+    cell_present = exp.Not(this=exp.Is(this=histogram.cell.copy(), expression=exp.Null()))
+    group_by = _group_by([str(i + 1) for i in range(len(keys) + 1)])
+    if plan.unit is None:  # each row is a whole unit: nothing to bound
+        select = ", ".join([*(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
+                            f"{_sql(histogram.cell)} AS dpsql_cell", "COUNT(*) AS dpsql_count"])
+        return f"SELECT {select} {_from_where(plan, cell_present)}{group_by}"
+    unit_present = exp.Not(this=exp.Is(this=plan.unit.copy(), expression=exp.Null()))
+    rows = [f"{_sql(plan.unit)} AS dpsql_unit", *(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
+            f"{_sql(histogram.cell)} AS dpsql_cell"]
+    unit_and_keys = ", ".join(["dpsql_unit", *keys])
+    ranks = [f"ROW_NUMBER() OVER (PARTITION BY {unit_and_keys} ORDER BY "
+             f"hashtextextended(concat_ws('|', {unit_and_keys}, dpsql_cell), {int(hash_seed)})) AS dpsql_row"]
+    keep = [f"dpsql_row <= {histogram.rows}"]
+    if plan.cap_groups:
+        ranks.append(f"DENSE_RANK() OVER (PARTITION BY dpsql_unit ORDER BY "
+                     f"hashtextextended(concat_ws('|', {unit_and_keys}), {int(hash_seed)}), {', '.join(keys)}) "
+                     "AS dpsql_group")
+        keep.append(f"dpsql_group <= {plan.max_groups}")
+    both = exp.and_(unit_present, cell_present)
+    return (f"WITH dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, both)}), "
+            f"dpsql_ranked AS (SELECT *, {', '.join(ranks)} FROM dpsql_rows) "
+            f"SELECT {', '.join([*keys, 'dpsql_cell', 'COUNT(*) AS dpsql_count'])} FROM dpsql_ranked "
+            f"WHERE {' AND '.join(keep)}{group_by}")
 
 
 def _aggregate(kind: str, column: str | None) -> str:

@@ -37,6 +37,7 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its parser warnings woul
 AGGREGATES: dict[type[exp.Expression], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
     exp.Stddev: "stddev", exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop",
+    exp.Min: "min", exp.Max: "max", exp.WithinGroup: "percentile",
 }
 
 # Node types a query may contain. Functions that can fail on some value are made total by the rewrite
@@ -49,7 +50,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
-    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, *AGGREGATES,
+    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, *AGGREGATES,
 )
 
 
@@ -123,10 +124,8 @@ def _refuse_unsafe(tree: exp.Select) -> None:
         elif isinstance(node, exp.Join) and node.args.get("kind", "").upper() == "CROSS":
             raise UnsupportedQuery("CROSS JOIN is not supported",
                                    "join on the declared key, e.g. JOIN people ON visits.person_id = people.person_id")
-        if isinstance(node, exp.Min | exp.Max | exp.Quantile | exp.PercentileCont | exp.PercentileDisc):
-            raise UnsupportedQuery(f"{_describe(node)} is not supported yet: it would need the exponential "
-                                   "mechanism (planned), not additive noise",
-                                   "use AVG, or COUNT over width_bucket() bins to see the distribution")
+        if isinstance(node, exp.PercentileCont | exp.PercentileDisc) and not isinstance(node.parent, exp.WithinGroup):
+            raise UnsupportedQuery(f"{_describe(node)} needs WITHIN GROUP (ORDER BY column)")
         if not isinstance(node, ALLOWED_NODES):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
                                    "see the README for the SQL dpsql answers")
@@ -223,6 +222,8 @@ def _output_name(node: exp.Expression) -> str:
     if isinstance(node, exp.Cast):
         return _output_name(node.this)
     if isinstance(node, exp.Paren):
+        return _output_name(node.this)
+    if isinstance(node, exp.WithinGroup):
         return _output_name(node.this)
     if isinstance(node, exp.Func):
         return node.sql_name().lower()
