@@ -46,6 +46,8 @@ DEMO_QUERIES = [
     ("Average income by sex", "SELECT sex, AVG(income) AS avg_income, COUNT(*) AS people FROM people GROUP BY sex"),
     ("Visits and spending per category",
      "SELECT category, COUNT(*) AS visits, SUM(amount) AS spent FROM visits GROUP BY category ORDER BY visits DESC"),
+    ("Median income and age range (exponential mechanism)",
+     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) AS median_income, MIN(age), MAX(age) FROM people"),
     ("People per age band",
      "SELECT width_bucket(age, 0, 100, 5) AS band, COUNT(*) FROM people GROUP BY band ORDER BY band"),
     ("States with the most people (private keys: DP partition selection)",
