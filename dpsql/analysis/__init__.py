@@ -6,7 +6,9 @@
   how many groups one unit may touch (G, enforced by the rewrite);
 - each aggregate as sums of bounded per-row expressions ("measures") plus a finishing formula: COUNT is a
   sum of 1s, AVG a centred sum over a count, variances add a sum of squares;
-- each measure's L1 sensitivity: G groups, each moved by at most k rows' worth of its per-row range.
+- each measure's L1 sensitivity: G groups, each moved by at most k rows' worth of its per-row range;
+- for percentiles, MIN and MAX, a histogram over a fixed grid of the declared range, from which the
+  exponential mechanism picks a cell (rank scores move by at most k per group, in at most G groups).
 Nothing here reads the data: every number comes from the declared schema and from catalog constraints.
 """
 

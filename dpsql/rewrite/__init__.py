@@ -8,6 +8,8 @@ measure and the number of distinct units, with every bound of the plan enforced 
   than sampling k rows;
 - when a unit may touch more groups than allowed, it keeps the groups whose keyed hash ranks lowest
   (`hashtextextended`, never random(), so the same data always gives the same bounded table).
+Percentiles, MIN and MAX get a second query per histogram: counts per (group, cell), each unit keeping at most
+k rows per group and G groups, chosen by the same keyed hash.
 The SQL is generated from the analysed tree, never from the analyst's text.
 """
 
