@@ -165,7 +165,10 @@ class _Analyzer:
         fanout, determined, verified = self._public_joins(equalities, private)
         unit, k_private = self._unit(private, equalities)
         k = k_private * fanout
-        fast = k == 1 and verified and all(self._row_is_unit(a) for a in private)
+        # an outer join can add rows that belong to no unit, or give one unit's rows different group keys,
+        # so it always takes the per-unit path (which drops rows without a unit) and the group cap
+        outer = any(j.side for j in joins)
+        fast = not outer and k == 1 and verified and all(self._row_is_unit(a) for a in private)
         if not fast and unit is None:
             unit = exp.column("ctid", table=private[0])
         self.notes.append(f"rows per unit in the joined relation: at most {k}"
@@ -173,7 +176,7 @@ class _Analyzer:
 
         keys = self._group_keys()
         if keys:
-            natural = all(self._determined_by_unit(k_.expr, determined) for k_ in keys)
+            natural = not outer and all(self._determined_by_unit(k_.expr, determined) for k_ in keys)
             groups = 1 if natural else max(1, min(max_groups_setting, k))
             cap = not natural and not fast
             if natural:
