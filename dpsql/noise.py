@@ -77,15 +77,15 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
                       if calibration.selection.keep(value[1])]
     counts = {h.name: _cell_counts(h.cells, n_keys, histogram_rows[h.name]) for h in plan.histograms}
     histograms = {h.name: h for h in plan.histograms}
+    quantiles = [(a, histograms[a.measures[0]], calibration.choosers[a.name])
+                 for a in plan.aggregates if a.kind == "quantile"]
     groups = []
     for key, (values, _units) in candidates:
         noisy = {name: calibration.mechanisms[name].release(value) for name, value in zip(names, values, strict=True)}
         choices = {}
-        for name, chooser in calibration.choosers.items():
-            agg = next(a for a in plan.aggregates if a.name == name)
-            histogram = histograms[agg.measures[0]]
+        for agg, histogram, chooser in quantiles:
             cells = counts[histogram.name].get(key, [0] * histogram.cells)
-            choices[name] = histogram.value(chooser.select(rank_scores(cells, agg.quantile)))
+            choices[agg.name] = histogram.value(chooser.select(rank_scores(cells, agg.quantile)))
         groups.append(NoisyGroup(key, noisy, choices))
     return groups
 
