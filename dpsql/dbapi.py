@@ -32,6 +32,7 @@ from dpsql.errors import (
     ProgrammingError,
     Warning,
 )
+from dpsql.explain import explain_text
 from dpsql.postprocess import Accuracy
 
 __all__ = [
@@ -131,7 +132,7 @@ class Connection:
         return self.engine.budget(self.analyst)
 
     def explain(self, sql: str, params: Any = None, epsilon: float | None = None) -> str:
-        from dpsql.explain import explain_text
+        """What the query would cost and why (`dpsql explain`); runs and spends nothing."""
         return explain_text(self.engine.prepare(sql, params, epsilon if epsilon is not None else self.epsilon))
 
     def __enter__(self) -> Connection:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dpsql.accounting import Budget, Ledger, new_hash_seed, validate_epsilon
@@ -54,7 +54,7 @@ class Prepared:
     plan: Plan
     rewritten: Rewritten
     calibration: Calibration
-    key: str = field(default="")
+    key: str  # the answer cache's key
 
 
 class Engine:

@@ -17,7 +17,7 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"  {measure.label}: sensitivity {measure.sensitivity:g}, ε {mechanism.epsilon:.6g}, "
                      f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
     for name, chooser in cost.choosers.items():
-        agg = next(a for a in plan.aggregates if a.name == name)
+        agg = plan.aggregate[name]
         lines.append(f"Exponential mechanism for {agg.sql}: rank-score sensitivity {chooser.sensitivity:g}, "
                      f"ε {chooser.epsilon:.6g}")
     if cost.selection is not None:
@@ -25,9 +25,9 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.delta:.3g}, "
                      f"keep a group when its noisy count of units reaches {sel.threshold}")
     lines.append("Output columns:")
-    aggregates = {a.name: a for a in plan.aggregates}
+    aggregates = plan.aggregate
     measures = {m.name: m for m in plan.measures}
-    histograms = {h.name: h for h in plan.histograms}
+    histograms = plan.histogram
     for output in plan.outputs:
         used = [aggregates[c.name] for c in output.expr.find_all(exp.Column) if c.name in aggregates]
         if not used:

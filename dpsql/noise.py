@@ -51,8 +51,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float) 
     share = (epsilon - selection_epsilon) / (len(plan.measures) + len(quantiles))
     mechanisms = {m.name: LaplaceMechanism.calibrate(m.sensitivity, share, m.integer_valued)
                   for m in plan.measures}
-    histograms = {h.name: h for h in plan.histograms}
-    choosers = {a.name: ExponentialMechanism(histograms[a.measures[0]].sensitivity, share) for a in quantiles}
+    choosers = {a.name: ExponentialMechanism(plan.histogram[a.measures[0]].sensitivity, share) for a in quantiles}
     spent = (sum(m.epsilon for m in mechanisms.values()) + sum(c.epsilon for c in choosers.values())
              + selection_epsilon)
     return Calibration(mechanisms, choosers, selection, spent, delta if selection else 0.0, selection_epsilon)
@@ -76,8 +75,7 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
         candidates = [(key, value) for key, value in exact.items()
                       if calibration.selection.keep(value[1])]
     counts = {h.name: _cell_counts(h.cells, n_keys, histogram_rows[h.name]) for h in plan.histograms}
-    histograms = {h.name: h for h in plan.histograms}
-    quantiles = [(a, histograms[a.measures[0]], calibration.choosers[a.name])
+    quantiles = [(a, plan.histogram[a.measures[0]], calibration.choosers[a.name])
                  for a in plan.aggregates if a.kind == "quantile"]
     groups = []
     for key, (values, _units) in candidates:

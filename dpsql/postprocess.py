@@ -97,7 +97,7 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
 
 def _exact_interval(expr: exp.Expression, plan: Plan) -> bool:
     """Whether an output's interval comes straight from one mechanism (a bare count or sum) or is exact."""
-    noisy = {a.name: a for a in plan.aggregates}
+    noisy = plan.aggregate
     if isinstance(expr, exp.Column) and expr.name in noisy:
         return noisy[expr.name].kind in (*COUNTS, "sum", "quantile")
     return not any(isinstance(n, exp.Column) and n.name in noisy for n in expr.walk())
@@ -106,7 +106,7 @@ def _exact_interval(expr: exp.Expression, plan: Plan) -> bool:
 def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value: Any,
               simulated: dict[str, Any]) -> Accuracy | None:
     mechanisms = calibration.mechanisms
-    noisy = {a.name: a for a in plan.aggregates}
+    noisy = plan.aggregate
     used = [noisy[n.name] for n in expr.find_all(exp.Column) if n.name in noisy]
     if not used:
         return None  # a group key or a constant: no noise
@@ -114,7 +114,7 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
         if not isinstance(expr, exp.Column):
             return None  # no interval for expressions over chosen values
         chooser = calibration.choosers[expr.name]
-        cells = next(h.cells for h in plan.histograms if h.name == noisy[expr.name].measures[0])
+        cells = plan.histogram[noisy[expr.name].measures[0]].cells
         return Accuracy(None, None, None, chooser.utility_gap(cells))
     if isinstance(expr, exp.Column):
         agg = noisy[expr.name]

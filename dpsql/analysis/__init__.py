@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import product
 
 from sqlglot import exp
@@ -118,6 +119,16 @@ class Plan:
     offset: int
     neighbouring: str
     notes: list[str] = field(default_factory=list)
+
+    @cached_property
+    def aggregate(self) -> dict[str, Aggregate]:
+        """Aggregates by name."""
+        return {a.name: a for a in self.aggregates}
+
+    @cached_property
+    def histogram(self) -> dict[str, Histogram]:
+        """Histograms by name."""
+        return {h.name: h for h in self.histograms}
 
     @property
     def grouped(self) -> bool:

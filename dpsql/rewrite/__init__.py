@@ -64,9 +64,7 @@ def _direct(plan: Plan) -> str:
 def _per_unit(plan: Plan, hash_seed: int) -> str:
     """Sum per (unit, group), clamp each unit's totals, cap the groups per unit, then sum per group."""
     keys = [k.name for k in plan.group_keys]
-    unit_not_null = exp.Not(this=exp.Is(this=plan.unit.copy(), expression=exp.Null()))
-    rows = [f"{_sql(plan.unit)} AS dpsql_unit", *(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
-            *(f"{_sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
+    rows = [*_unit_and_keys(plan), *(f"{_sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
     per_unit = ["dpsql_unit", *keys]
     for m in plan.measures:
         if m.kind == "units":
@@ -75,12 +73,12 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
             lo, hi = (_number(v) for v in m.unit_range)
             total = _aggregate(m.kind, None if m.expr is None else m.name)
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
-    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, unit_not_null)})",
+    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, _present(plan.unit))})",
             f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
             f"{_group_by(['dpsql_unit', *keys])})"]
     source, where = "dpsql_per_unit", ""
     if plan.cap_groups:
-        hashed = f"hashtextextended(concat_ws('|', dpsql_unit, {', '.join(keys)}), {int(hash_seed)})"
+        hashed = _keyed_hash(["dpsql_unit", *keys], hash_seed)
         ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}) "
                     "AS dpsql_rank FROM dpsql_per_unit)")
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
@@ -92,29 +90,41 @@ def _histogram(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
     """Counts per (group, cell), each unit keeping at most `histogram.rows` rows per group and at most
     `plan.max_groups` groups, both chosen by keyed hash."""
     keys = [k.name for k in plan.group_keys]
-    cell_present = exp.Not(this=exp.Is(this=histogram.cell.copy(), expression=exp.Null()))
+    cell_present = _present(histogram.cell)
     group_by = _group_by([str(i + 1) for i in range(len(keys) + 1)])
     if plan.unit is None:  # each row is a whole unit: nothing to bound
         select = ", ".join([*(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
                             f"{_sql(histogram.cell)} AS dpsql_cell", "COUNT(*) AS dpsql_count"])
         return f"SELECT {select} {_from_where(plan, cell_present)}{group_by}"
-    unit_present = exp.Not(this=exp.Is(this=plan.unit.copy(), expression=exp.Null()))
-    rows = [f"{_sql(plan.unit)} AS dpsql_unit", *(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
-            f"{_sql(histogram.cell)} AS dpsql_cell"]
+    rows = [*_unit_and_keys(plan), f"{_sql(histogram.cell)} AS dpsql_cell"]
     unit_and_keys = ", ".join(["dpsql_unit", *keys])
     ranks = [f"ROW_NUMBER() OVER (PARTITION BY {unit_and_keys} ORDER BY "
-             f"hashtextextended(concat_ws('|', {unit_and_keys}, dpsql_cell), {int(hash_seed)})) AS dpsql_row"]
+             f"{_keyed_hash(['dpsql_unit', *keys, 'dpsql_cell'], hash_seed)}) AS dpsql_row"]
     keep = [f"dpsql_row <= {histogram.rows}"]
     if plan.cap_groups:
         ranks.append(f"DENSE_RANK() OVER (PARTITION BY dpsql_unit ORDER BY "
-                     f"hashtextextended(concat_ws('|', {unit_and_keys}), {int(hash_seed)}), {', '.join(keys)}) "
+                     f"{_keyed_hash(['dpsql_unit', *keys], hash_seed)}, {', '.join(keys)}) "
                      "AS dpsql_group")
         keep.append(f"dpsql_group <= {plan.max_groups}")
-    both = exp.and_(unit_present, cell_present)
+    both = exp.and_(_present(plan.unit), cell_present)
     return (f"WITH dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, both)}), "
             f"dpsql_ranked AS (SELECT *, {', '.join(ranks)} FROM dpsql_rows) "
             f"SELECT {', '.join([*keys, 'dpsql_cell', 'COUNT(*) AS dpsql_count'])} FROM dpsql_ranked "
             f"WHERE {' AND '.join(keep)}{group_by}")
+
+
+def _unit_and_keys(plan: Plan) -> list[str]:
+    """The select items every per-unit query starts with: the unit's id and the group keys."""
+    return [f"{_sql(plan.unit)} AS dpsql_unit", *(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys)]
+
+
+def _keyed_hash(columns: list[str], seed: int) -> str:
+    """A deterministic, seeded hash of some columns: picks which rows or groups a unit keeps."""
+    return f"hashtextextended(concat_ws('|', {', '.join(columns)}), {int(seed)})"
+
+
+def _present(node: exp.Expression) -> exp.Expression:
+    return exp.Not(this=exp.Is(this=node.copy(), expression=exp.Null()))
 
 
 def _aggregate(kind: str, column: str | None) -> str:
