@@ -25,6 +25,8 @@ class Settings:
     schema: str | None = None  # path of the privacy schema (TOML)
     analyst: str | None = None  # whose budget queries spend
     epsilon: float = 1.0  # ε of one query unless the session or the query says otherwise
+    mechanism: str | None = None  # laplace | gaussian; None: as the privacy schema says
+    histogram: str | None = None  # plain | noisefirst | structurefirst, for histograms over ordered buckets
     max_epsilon: float = 10.0  # no single query may ask for more
     delta: float = 1e-6  # δ of one query that needs DP partition selection
     selection_share: float = 0.5  # part of a query's ε spent on partition selection, when it needs it

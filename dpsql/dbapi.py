@@ -9,6 +9,10 @@ The engine runs in this process with the backend's credentials: this door is for
 notebooks that must only publish DP results. Untrusted analysts connect through `dpsql serve` instead.
 Parameters (paramstyle "pyformat": %s or %(name)s; $1 also works) are bound into the parsed query before
 analysis and are part of the cache key.
+
+Session options work as in the server: `cur.execute("SET dpsql.mechanism = 'gaussian'")`, `SHOW dpsql.budget`,
+`RESET dpsql.epsilon` (see `dpsql.session`); `execute(..., epsilon=, mechanism=, histogram=)` sets them for one
+query.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsql.accounting import describe_budget
 from dpsql.config import load_settings
 from dpsql.engine import Answer, Engine
 from dpsql.errors import (
@@ -34,6 +39,7 @@ from dpsql.errors import (
 )
 from dpsql.explain import explain_text
 from dpsql.postprocess import Accuracy
+from dpsql.session import OPTION_NAMES, Options, SessionCommand, parse_session_command
 
 __all__ = [
     "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor", "DataError",
@@ -91,14 +97,23 @@ def connect(database: str | None = None, schema: str | None = None, analyst: str
         raise InterfaceError("no analyst given", "pass analyst=NAME or set DPSQL_ANALYST")
     engine = Engine(loaded)
     engine.budget(loaded.analyst)  # fail now, not at the first query, if the analyst is unknown
-    return Connection(engine, loaded.analyst, loaded.epsilon)
+    return Connection(engine, loaded.analyst)
 
 
 class Connection:
-    def __init__(self, engine: Engine, analyst: str, epsilon: float):
+    def __init__(self, engine: Engine, analyst: str):
         self._engine: Engine | None = engine
         self.analyst = analyst
-        self.epsilon = epsilon  # the session's ε per query; a cursor's execute(epsilon=...) overrides it
+        self.options = Options()  # the session's options (SET dpsql.*); unset ones come from the settings
+
+    @property
+    def epsilon(self) -> float:
+        """The session's ε per query; a cursor's execute(epsilon=...) overrides it."""
+        return self.engine.options(self.options).epsilon
+
+    @epsilon.setter
+    def epsilon(self, value: float) -> None:
+        self.options = self.options.with_option("epsilon", value)
 
     Error, Warning, InterfaceError, DatabaseError = Error, Warning, InterfaceError, DatabaseError
     DataError, OperationalError, IntegrityError, InternalError = DataError, OperationalError, IntegrityError, \
@@ -131,9 +146,9 @@ class Connection:
         """This analyst's budget: total, spent and left."""
         return self.engine.budget(self.analyst)
 
-    def explain(self, sql: str, params: Any = None, epsilon: float | None = None) -> str:
+    def explain(self, sql: str, params: Any = None, epsilon: float | None = None, **options: Any) -> str:
         """What the query would cost and why (`dpsql explain`); runs and spends nothing."""
-        return explain_text(self.engine.prepare(sql, params, epsilon if epsilon is not None else self.epsilon))
+        return explain_text(self.engine.prepare(sql, params, epsilon, _query_options(self.options, options)))
 
     def __enter__(self) -> Connection:
         return self
@@ -152,14 +167,14 @@ class Cursor:
 
     @property
     def description(self) -> list[tuple] | None:
-        if self._answer is None:
-            return None
+        if self._answer is None or not self._answer.names:
+            return None  # no query yet, or a statement without rows (SET, RESET)
         return [(name, TYPE_OIDS.get(type_name, 25), None, None, None, None, True)
                 for name, type_name in zip(self._answer.names, self._answer.types, strict=True)]
 
     @property
     def rowcount(self) -> int:
-        return -1 if self._answer is None else len(self._answer.rows)
+        return -1 if self._answer is None or not self._answer.names else len(self._answer.rows)
 
     @property
     def accuracy(self) -> list[tuple[Accuracy | None, ...]]:
@@ -176,11 +191,17 @@ class Cursor:
         return bool(self._answer and self._answer.cached)
 
     def execute(self, operation: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None, *,
-                epsilon: float | None = None) -> Cursor:
+                epsilon: float | None = None, **options: Any) -> Cursor:
+        """Run a query (or a SET/SHOW/RESET dpsql.* statement); keyword options apply to this query only."""
         self._check_open()
-        eps = epsilon if epsilon is not None else self.connection.epsilon
-        self._answer = self.connection.engine.query(operation, parameters, analyst=self.connection.analyst,
-                                                    epsilon=eps)
+        connection = self.connection
+        command = parse_session_command(operation)
+        if command is not None:
+            self._answer = _session_answer(connection, command)
+        else:
+            self._answer = connection.engine.query(operation, parameters, analyst=connection.analyst,
+                                                   epsilon=epsilon, options=_query_options(connection.options,
+                                                                                           options))
         self._position = 0
         return self
 
@@ -210,6 +231,8 @@ class Cursor:
         self._check_open()
         if self._answer is None:
             raise ProgrammingError("no query has been executed")
+        if not self._answer.names:
+            raise ProgrammingError("the last statement returned no rows")
         return self._answer.rows
 
     def setinputsizes(self, sizes: Any) -> None:
@@ -234,3 +257,26 @@ class Cursor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _query_options(session: Options, options: Mapping[str, Any]) -> Options:
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise InterfaceError(f"unknown query option(s): {', '.join(sorted(unknown))}",
+                             f"options: {', '.join(OPTION_NAMES)}")
+    query = Options()
+    for name, value in options.items():
+        query = query.with_option(name, value)
+    return query.over(session)
+
+
+def _session_answer(connection: Connection, command: SessionCommand) -> Answer:
+    """Apply a SET/RESET, or answer a SHOW, as PostgreSQL would: SHOW gives one text column and row."""
+    if command.action != "show":
+        connection.options = connection.options.with_option(command.name, command.value)
+        return Answer([], [], [], [], 0.0, 0.0)
+    if command.name == "budget":
+        value = describe_budget(connection.budget())
+    else:
+        value = str(getattr(connection.engine.options(connection.options), command.name))
+    return Answer([f"dpsql.{command.name}"], ["text"], [(value,)], [(None,)], 0.0, 0.0)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from dpsql.accounting import Budget, Ledger, new_hash_seed, validate_epsilon
+from dpsql.accounting import Budget, Ledger, new_hash_seed
 from dpsql.analysis import Plan, analyze
 from dpsql.backends import PostgresBackend
 from dpsql.config import Settings
@@ -27,6 +27,7 @@ from dpsql.noise import Calibration, add_noise, calibrate
 from dpsql.postprocess import Accuracy, Result, evaluate, finish
 from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
+from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 
 PLAN_CACHE_SIZE = 256
@@ -55,6 +56,7 @@ class Prepared:
     rewritten: Rewritten
     calibration: Calibration
     key: str  # the answer cache's key
+    options: Options  # epsilon, mechanism and histogram, resolved
 
 
 class Engine:
@@ -78,14 +80,18 @@ class Engine:
         self.backend.close()
         self.ledger.close()
 
-    def prepare(self, sql: str, params: Any = None, epsilon: float | None = None) -> Prepared:
-        """Check, analyse, rewrite and price a query without running or charging anything."""
-        epsilon = self._epsilon(epsilon)
+    def prepare(self, sql: str, params: Any = None, epsilon: float | None = None,
+                options: Options | None = None) -> Prepared:
+        """Check, analyse, rewrite and price a query without running or charging anything. `options` are the
+        query's and session's; `epsilon` overrides theirs."""
+        options = self.options(Options(epsilon=epsilon).over(options or Options()))
         query, plan, rewritten = self._plan(sql, params)
-        calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share)
-        key = hashlib.sha256(json.dumps([query.canonical, epsilon, self.settings.delta, self.settings.selection_share,
-                                         plan.max_groups, self._schema_digest]).encode()).hexdigest()
-        return Prepared(query, plan, rewritten, calibration, key)
+        calibration = calibrate(plan, options.epsilon, self.settings.delta, self.settings.selection_share,
+                                options.mechanism)
+        key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
+                                         self.settings.delta, self.settings.selection_share, plan.max_groups,
+                                         self._schema_digest]).encode()).hexdigest()
+        return Prepared(query, plan, rewritten, calibration, key, options)
 
     def _plan(self, sql: str, params: Any) -> tuple[CheckedQuery, Plan, Rewritten]:
         """The ε-independent stages, remembered for recently seen (SQL text, parameters)."""
@@ -106,14 +112,15 @@ class Engine:
                 self._plans.popitem(last=False)
         return entry
 
-    def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None) -> Answer:
+    def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
+              options: Options | None = None) -> Answer:
         """The noisy answer to `sql`, charged to `analyst` (or from the cache, free)."""
-        prepared = self.prepare(sql, params, epsilon)
+        prepared = self.prepare(sql, params, epsilon, options)
         stored = self.ledger.cached(analyst, prepared.key)
         if stored is not None:
             return _decode(stored, cached=True, budget=self.ledger.budget(analyst))
         cost = prepared.calibration
-        budget = self.ledger.charge(analyst, cost.epsilon, cost.delta, prepared.key)
+        budget = self.ledger.charge(analyst, cost.cost, prepared.key)
         rows = self.backend.execute(prepared.rewritten.sql)
         histograms = {name: self.backend.execute(sql) for name, sql in prepared.rewritten.histograms.items()}
         groups = add_noise(prepared.plan, cost, rows, histograms)
@@ -125,12 +132,17 @@ class Engine:
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)
 
-    def _epsilon(self, epsilon: float | None) -> float:
-        value = validate_epsilon(self.settings.epsilon if epsilon is None else epsilon)
-        if value > self.settings.max_epsilon:
-            raise InvalidParameter(f"epsilon {value:g} is above the per-query cap of {self.settings.max_epsilon:g}",
+    def options(self, options: Options) -> Options:
+        """The query's options with every gap filled: session, then settings, then the privacy schema."""
+        configured = Options(self.settings.epsilon, self.settings.mechanism, self.settings.histogram)
+        resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain"))
+        for name in OPTION_NAMES:
+            resolved = resolved.with_option(name, getattr(resolved, name))
+        if resolved.epsilon > self.settings.max_epsilon:
+            raise InvalidParameter(f"epsilon {resolved.epsilon:g} is above the per-query cap of "
+                                   f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
-        return value
+        return resolved
 
 
 # --- answers in the cache (JSON in dpsql.answers) --------------------------------------------------------------

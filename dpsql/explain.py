@@ -11,18 +11,22 @@ def explain_text(prepared: Prepared) -> str:
     plan, cost = prepared.plan, prepared.calibration
     lines = ["Plan:"]
     lines += [f"  {note}" for note in plan.notes]
-    lines.append("Noise (Laplace, per group):")
+    lines.append(f"Noise ({cost.mechanism.capitalize()}, per group):")
     for measure in plan.measures:
         mechanism = cost.mechanisms[measure.name]
-        lines.append(f"  {measure.label}: sensitivity {measure.sensitivity:g}, ε {mechanism.epsilon:.6g}, "
-                     f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
+        if cost.mechanism == "gaussian":
+            lines.append(f"  {measure.label}: L2 sensitivity {measure.l2_sensitivity:.6g}, ρ {mechanism.rho:.6g}, "
+                         f"σ {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
+        else:
+            lines.append(f"  {measure.label}: sensitivity {measure.sensitivity:g}, ε {mechanism.epsilon:.6g}, "
+                         f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
     for name, chooser in cost.choosers.items():
         agg = plan.aggregate[name]
         lines.append(f"Exponential mechanism for {agg.sql}: rank-score sensitivity {chooser.sensitivity:g}, "
                      f"ε {chooser.epsilon:.6g}")
     if cost.selection is not None:
         sel = cost.selection
-        lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.delta:.3g}, "
+        lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "
                      f"keep a group when its noisy count of units reaches {sel.threshold}")
     lines.append("Output columns:")
     aggregates = plan.aggregate
@@ -42,7 +46,8 @@ def explain_text(prepared: Prepared) -> str:
                        f"scale {cost.mechanisms[m].scale:.6g})" for m in agg.measures]
             parts.append(f"{agg.sql} from {', '.join(sources)}")
         lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
-    lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g}")
+    lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g} (zCDP: ρ = {cost.cost.rho:.6g}"
+                 + (f" beside δ = {cost.cost.approx_delta:.3g})" if cost.cost.approx_delta else ")"))
     lines.append("Rewritten SQL:")
     lines.append(f"  {prepared.rewritten.sql}")
     for name, sql in prepared.rewritten.histograms.items():

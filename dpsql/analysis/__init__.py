@@ -43,6 +43,8 @@ class Measure:
     row_range: Range  # every row's value lies here (the rewrite clamps to it)
     unit_range: tuple[float, float]  # one unit's total lies here (the rewrite clamps to it)
     sensitivity: float  # L1 over all groups for neighbouring databases
+    l2_sensitivity: float  # L2 over all groups
+    coordinates: int  # how many groups one neighbour can change
 
     @property
     def integer_valued(self) -> bool:
@@ -463,10 +465,14 @@ class _Analyzer:
         # a unit contributes 1 to "distinct units", else between 0 and k rows' worth of values
         unit_range = (1.0, 1.0) if kind == "units" else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
         per_group = max(abs(unit_range[0]), abs(unit_range[1]))
-        sensitivity = groups * per_group * (2 if self.schema.neighbouring == "replace" else 1)
+        # under "replace" a neighbour removes one unit's contribution and adds another's
+        steps = 2 if self.schema.neighbouring == "replace" else 1
+        sensitivity = steps * groups * per_group
+        l2_sensitivity = steps * math.sqrt(groups) * per_group
         self.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "
-                          f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}")
-        return Measure(name, label, kind, expr, row_range, unit_range, sensitivity)
+                          f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}, "
+                          f"L2 {l2_sensitivity:.6g}")
+        return Measure(name, label, kind, expr, row_range, unit_range, sensitivity, l2_sensitivity, steps * groups)
 
     # --- what runs after noise ----------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
 """Noise and selection primitives. They know nothing of SQL; each carries its own privacy map."""
 
 from dpsql.mechanisms.exponential import ExponentialMechanism, rank_scores, top_k
+from dpsql.mechanisms.gaussian import GaussianMechanism
 from dpsql.mechanisms.histograms import noise_first, structure_first, v_optimal
 from dpsql.mechanisms.laplace import LaplaceMechanism
 from dpsql.mechanisms.partition import PartitionSelection
 from dpsql.mechanisms.samplers import bernoulli_exp, discrete_gaussian, discrete_laplace
 
-__all__ = ["ExponentialMechanism", "LaplaceMechanism", "PartitionSelection", "bernoulli_exp", "discrete_gaussian",
-           "discrete_laplace", "noise_first", "rank_scores", "structure_first", "top_k", "v_optimal"]
+__all__ = ["ExponentialMechanism", "GaussianMechanism", "LaplaceMechanism", "PartitionSelection", "bernoulli_exp",
+           "discrete_gaussian", "discrete_laplace", "noise_first", "rank_scores", "structure_first", "top_k",
+           "v_optimal"]

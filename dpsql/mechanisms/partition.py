@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, discrete_laplace
+from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_laplace
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,7 @@ class PartitionSelection:
     delta: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"epsilon must be a finite number > 0, got {self.epsilon}")
+        check_positive("epsilon", self.epsilon)
         if not (0 < self.delta < 1):
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
 

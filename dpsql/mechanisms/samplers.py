@@ -22,6 +22,12 @@ class Randomness(Protocol):
 SYSTEM_RANDOM: Randomness = random.SystemRandom()
 
 
+def check_positive(name: str, value: float) -> None:
+    """A mechanism parameter must be a finite number > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+
+
 def bernoulli(p: Fraction, rng: Randomness) -> bool:
     """True with probability p (a rational in [0, 1])."""
     return rng.randrange(p.denominator) < p.numerator

@@ -26,6 +26,7 @@ TYPE_ALIASES = {
     "timestamp without time zone": "timestamp", "timestamp with time zone": "timestamptz",
 }
 NEIGHBOURING = ("add-remove", "replace")
+MECHANISMS = ("laplace", "gaussian")
 ROW_LEVEL = "row"
 
 
@@ -68,6 +69,7 @@ class PrivacySchema:
     unit_column: str | None
     neighbouring: str = "add-remove"
     max_groups_per_unit: int = 4
+    mechanism: str = "laplace"  # noise for counts and sums unless the session or query picks another
     path: str | None = field(default=None, compare=False)
 
     @property
@@ -114,6 +116,10 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
     if not _positive_int(max_groups):
         problems.append(f"[privacy] max_groups_per_unit = {max_groups!r} must be a whole number >= 1")
 
+    mechanism = privacy.get("mechanism", "laplace")
+    if mechanism not in MECHANISMS:
+        problems.append(f'[privacy] mechanism = "{mechanism}" must be one of {", ".join(MECHANISMS)}')
+
     raw_tables = raw.get("tables")
     if not isinstance(raw_tables, dict) or not raw_tables:
         problems.append("no [tables.NAME] sections: declare at least the table that holds the privacy unit")
@@ -132,7 +138,8 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
         raise SchemaError(f"privacy schema {source} is invalid:\n  - " + "\n  - ".join(problems),
                           "fix the lines named above; `dpsql schema check FILE` re-checks the file")
     return PrivacySchema(tables=tables, unit_table=unit_table, unit_column=unit_column,
-                         neighbouring=neighbouring, max_groups_per_unit=int(max_groups), path=source)
+                         neighbouring=neighbouring, max_groups_per_unit=int(max_groups), mechanism=mechanism,
+                         path=source)
 
 
 def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str | None,

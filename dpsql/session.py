@@ -1,0 +1,92 @@
+"""Per-session and per-query options, and the `SET / SHOW / RESET dpsql.<option>` statements that change them.
+
+    SET dpsql.epsilon = 0.5;            -- ε of each following query
+    SET dpsql.mechanism = 'gaussian';   -- noise for counts and sums: laplace | gaussian
+    SET dpsql.histogram = 'noisefirst'; -- histograms over ordered buckets: plain | noisefirst | structurefirst
+    SHOW dpsql.budget;                  -- spent and left (answered by whoever holds the budget)
+
+A query's own options override the session's, which override the configuration, which overrides the privacy
+schema. Every door (DB-API, command line, server) parses these statements here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from dpsql.accounting import validate_epsilon
+from dpsql.errors import InvalidParameter
+from dpsql.schema import MECHANISMS
+
+HISTOGRAMS = ("plain", "noisefirst", "structurefirst")
+SHOW_ONLY = ("budget",)
+
+_COMMAND = re.compile(
+    r"^\s*(?:(?P<set>SET)\s+(?:SESSION\s+|LOCAL\s+)?dpsql\.(?P<set_name>\w+)\s*(?:=|\bTO\b)\s*(?P<value>.*?)"
+    r"|(?P<reset>RESET)\s+dpsql\.(?P<reset_name>\w+)|(?P<show>SHOW)\s+dpsql\.(?P<show_name>\w+))\s*;?\s*$",
+    re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Options of a query; None means "as the next level down says"."""
+
+    epsilon: float | None = None
+    mechanism: str | None = None
+    histogram: str | None = None
+
+    def over(self, other: Options) -> Options:
+        """These options, with `other` filling in what these leave unset."""
+        return replace(other, **{f.name: getattr(self, f.name) for f in fields(self)
+                                 if getattr(self, f.name) is not None})
+
+    def with_option(self, name: str, value: Any) -> Options:
+        return replace(self, **{name: None if value is None else validate_option(name, value)})
+
+
+OPTION_NAMES = tuple(f.name for f in fields(Options))
+
+
+def validate_option(name: str, value: Any) -> Any:
+    """The option's value in its type, or InvalidParameter saying what it may be."""
+    if name == "epsilon":
+        return validate_epsilon(value)
+    allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS}.get(name)
+    if allowed is None:
+        raise _unknown(name)
+    text = str(value).strip().lower()
+    if text not in allowed:
+        raise InvalidParameter(f'dpsql.{name} must be one of {", ".join(allowed)}, got "{value}"')
+    return text
+
+
+@dataclass(frozen=True)
+class SessionCommand:
+    action: str  # set | reset | show
+    name: str
+    value: str | None = None
+
+
+def parse_session_command(sql: str) -> SessionCommand | None:
+    """The SET/RESET/SHOW dpsql.<option> statement `sql` is, or None if it is none of them."""
+    match = _COMMAND.match(sql)
+    if match is None:
+        return None
+    action = "set" if match["set"] else "reset" if match["reset"] else "show"
+    name = match[f"{action}_name"].lower()
+    if name not in OPTION_NAMES and not (action == "show" and name in SHOW_ONLY):
+        raise _unknown(name)
+    value = None
+    if action == "set":
+        value = match["value"].strip()
+        if len(value) >= 2 and value[0] == value[-1] == "'":
+            value = value[1:-1].replace("''", "'")
+        if value.upper() == "DEFAULT":
+            return SessionCommand("reset", name)
+    return SessionCommand(action, name, value)
+
+
+def _unknown(name: str) -> InvalidParameter:
+    return InvalidParameter(f'unrecognized dpsql option "dpsql.{name}"',
+                            "options: " + ", ".join(f"dpsql.{n}" for n in (*OPTION_NAMES, *SHOW_ONLY)))
