@@ -11,6 +11,8 @@ from typing import Any
 
 from dpsql.config import Settings, load_settings
 from dpsql.errors import Error
+from dpsql.schema import MECHANISMS
+from dpsql.session import HISTOGRAMS
 
 DEMO_ANALYST = "demo"
 
@@ -42,14 +44,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpsql", description="Differentially private SQL for PostgreSQL.")
     sub = parser.add_subparsers(metavar="COMMAND")
 
-    query = sub.add_parser("query", parents=[common], help="answer a SQL query with noise, spending budget")
-    query.add_argument("sql")
-    query.add_argument("--epsilon", type=float, help="ε for this query (default from config: 1.0)")
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("sql")
+    options.add_argument("--epsilon", type=float, help="ε for this query (default from config: 1.0)")
+    options.add_argument("--mechanism", choices=MECHANISMS, help="noise on counts and sums (default: the schema's)")
+    options.add_argument("--histogram", choices=HISTOGRAMS, help="release of ordered bins (default: plain)")
+
+    query = sub.add_parser("query", parents=[common, options], help="answer a SQL query with noise, spending budget")
     query.set_defaults(run=_query)
 
-    explain = sub.add_parser("explain", parents=[common], help="show sensitivity, cost and rewritten SQL; runs nothing")
-    explain.add_argument("sql")
-    explain.add_argument("--epsilon", type=float)
+    explain = sub.add_parser("explain", parents=[common, options],
+                             help="show sensitivity, cost and rewritten SQL; runs nothing")
     explain.set_defaults(run=_explain)
 
     budget = sub.add_parser("budget", parents=[common], help="the analyst's budget: spent and left")
@@ -104,7 +109,7 @@ def _require_analyst(settings: Settings) -> str:
 
 
 def _query(args: argparse.Namespace) -> int:
-    settings = _settings(args, epsilon=args.epsilon)
+    settings = _settings(args, epsilon=args.epsilon, mechanism=args.mechanism, histogram=args.histogram)
     analyst = _require_analyst(settings)
     engine = _engine(settings)
     try:
@@ -147,6 +152,8 @@ def _interval(accuracy) -> str:
         return ""
     if accuracy.rank_error is not None:
         return f"±{accuracy.rank_error:.3g} ranks"
+    if accuracy.count_gap is not None:
+        return f"count within {accuracy.count_gap:.3g} of the top"
     return f"[{_cell(accuracy.ci_low)}, {_cell(accuracy.ci_high)}]"
 
 
@@ -160,7 +167,7 @@ def _cell(value: Any) -> str:
 
 def _explain(args: argparse.Namespace) -> int:
     from dpsql.explain import explain_text
-    settings = _settings(args, epsilon=args.epsilon)
+    settings = _settings(args, epsilon=args.epsilon, mechanism=args.mechanism, histogram=args.histogram)
     engine = _engine(settings)
     try:
         print(explain_text(engine.prepare(args.sql)))
@@ -191,10 +198,12 @@ def _ledger(settings: Settings):
 
 
 def _print_budgets(budgets) -> None:
-    print(f"{'analyst':<16} {'ε total':>10} {'ε spent':>10} {'ε left':>10} {'δ total':>10} {'δ spent':>10}")
+    print(f"{'analyst':<16} {'ε total':>10} {'ε spent':>10} {'ε left':>10} {'δ total':>10} {'δ spent':>10} "
+          f"{'ρ (zCDP)':>10}  account")
     for b in budgets:
         print(f"{b.analyst:<16} {b.epsilon_total:>10.4g} {b.epsilon_spent:>10.4g} {b.epsilon_left:>10.4g} "
-              f"{b.delta_total:>10.3g} {b.delta_spent:>10.3g}")
+              f"{b.delta_total:>10.3g} {b.delta_spent:>10.3g} {b.rho:>10.4g}  "
+              f"{'zCDP' if b.zcdp_is_better else 'basic'}")
 
 
 def _analyst_add(args: argparse.Namespace) -> int:

@@ -87,7 +87,7 @@ class Engine:
         options = self.options(Options(epsilon=epsilon).over(options or Options()))
         query, plan, rewritten = self._plan(sql, params)
         calibration = calibrate(plan, options.epsilon, self.settings.delta, self.settings.selection_share,
-                                options.mechanism)
+                                options.mechanism, options.histogram)
         key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
                                          self.settings.delta, self.settings.selection_share, plan.max_groups,
                                          self._schema_digest]).encode()).hexdigest()
@@ -152,7 +152,7 @@ def _encode(answer: Answer) -> dict:
     return {
         "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
         "rows": [[_encode_value(v) for v in row] for row in answer.rows],
-        "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high, a.rank_error] for a in row]
+        "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high, a.rank_error, a.count_gap] for a in row]
                      for row in answer.accuracy],
     }
 

@@ -22,8 +22,20 @@ def explain_text(prepared: Prepared) -> str:
                          f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
     for name, chooser in cost.choosers.items():
         agg = plan.aggregate[name]
-        lines.append(f"Exponential mechanism for {agg.sql}: rank-score sensitivity {chooser.sensitivity:g}, "
-                     f"ε {chooser.epsilon:.6g}")
+        score = "rank" if agg.kind == "quantile" else "count"
+        lines.append(f"Exponential mechanism for {agg.sql}: {score}-score sensitivity {chooser.sensitivity:g}, "
+                     f"ε {chooser.epsilon:.6g}" + (" (monotone)" if chooser.monotone else ""))
+    if cost.top_k is not None:
+        lines.append(f"Top-{plan.top_k.k} selection: {plan.top_k.k} rounds of the exponential mechanism, ε "
+                     f"{cost.top_k.epsilon:.6g} each, count sensitivity {cost.top_k.sensitivity:g}"
+                     + (" (monotone)" if cost.top_k.monotone else ""))
+    if cost.histogram == "noisefirst":
+        lines.append("Histogram: NoiseFirst merges adjacent noisy bins where that lowers the estimated error (free)")
+    elif cost.structure is not None:
+        st = cost.structure
+        lines.append(f"Histogram: StructureFirst into {st.buckets} buckets: ε {st.max_count.epsilon:.6g} for the "
+                     f"count clamp, ε {st.structure_epsilon:.6g} for the boundaries, ε {st.totals.epsilon:.6g} for "
+                     f"bucket totals (scale {st.totals.scale:.6g})")
     if cost.selection is not None:
         sel = cost.selection
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "
@@ -39,7 +51,7 @@ def explain_text(prepared: Prepared) -> str:
             continue
         parts = []
         for agg in used:
-            if agg.kind == "quantile":
+            if agg.chosen:
                 parts.append(f"{agg.sql} chosen from {histograms[agg.measures[0]].label}")
                 continue
             sources = [f"{measures[m].label} (sensitivity {measures[m].sensitivity:g}, "

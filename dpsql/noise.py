@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -26,19 +26,40 @@ from dpsql.mechanisms import (
     LaplaceMechanism,
     PartitionSelection,
     rank_scores,
+    structure_first,
+    top_k,
 )
 
 Noise = LaplaceMechanism | GaussianMechanism
 
 
+STRUCTURE_SPLIT = (0.1, 0.4, 0.5)  # StructureFirst's share: clamp F, bucket boundaries, bucket totals
+BINS_PER_BUCKET = 4  # StructureFirst merges n bins into ceil(n / 4) buckets
+
+
+@dataclass(frozen=True)
+class StructureFirst:
+    """How StructureFirst answers an ordered histogram of one count measure."""
+
+    measure: str
+    max_count: LaplaceMechanism  # a noisy largest bin count: the clamp F of the boundary scores
+    structure_epsilon: float  # spent over the k - 1 boundaries
+    score_factor: float  # a boundary score moves by at most score_factor · F
+    buckets: int
+    totals: LaplaceMechanism  # noise on each bucket's total
+
+
 @dataclass(frozen=True)
 class Calibration:
     mechanisms: dict[str, Noise]  # measure name -> its mechanism
-    choosers: dict[str, ExponentialMechanism]  # quantile aggregate name -> the mechanism choosing its cell
+    choosers: dict[str, ExponentialMechanism]  # quantile/mode aggregate name -> the mechanism choosing its cell
     selection: PartitionSelection | None
+    top_k: ExponentialMechanism | None  # one round of the top-k selection (each of the k rounds costs its ε)
     cost: Cost  # what the answer costs, from the mechanisms' own privacy maps
     selection_epsilon: float  # the part of epsilon spent on partition selection
     mechanism: str = "laplace"  # laplace | gaussian: the noise on measures
+    histogram: str = "plain"  # plain | noisefirst | structurefirst: how ordered bins are released
+    structure: StructureFirst | None = None
 
     @property
     def epsilon(self) -> float:
@@ -53,14 +74,18 @@ class Calibration:
 class NoisyGroup:
     keys: tuple[Any, ...]
     measures: dict[str, float]
-    choices: dict[str, float]  # quantile aggregate name -> the chosen value
+    choices: dict[str, Any]  # quantile/mode aggregate name -> the chosen value
+    key_gap: float | None = None  # top-k: with 95% probability this key's count is within this of the best left
+    interval_factor: dict[str, float] = field(default_factory=dict)  # measure -> how much narrower its noise
+    # interval is than its mechanism's (smoothed histograms: noise averaged over a bucket)
 
 
 def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
-              mechanism: str = "laplace") -> Calibration:
+              mechanism: str = "laplace", histogram: str = "plain") -> Calibration:
     """The mechanisms that answer `plan` for a total of `epsilon` (and `delta` if keys are private or the
-    mechanism is Gaussian)."""
-    gaussian = mechanism == "gaussian" and bool(plan.measures)
+    mechanism is Gaussian). `histogram` applies to ordered bins only; elsewhere it is plain."""
+    histogram = _histogram_method(plan, histogram)
+    gaussian = mechanism == "gaussian" and bool(plan.measures) and histogram != "structurefirst"
     selection, selection_epsilon, cost = None, 0.0, NO_COST
     if plan.partition_selection:
         selection_epsilon = epsilon * selection_share
@@ -71,11 +96,17 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
         step_delta = selection_delta if steps == 1 else selection_delta / (1 + math.exp(step_epsilon))
         selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta)
         cost = Cost(selection_epsilon, selection_delta, selection_epsilon**2 / 2, selection_delta)
-    quantiles = [a for a in plan.aggregates if a.kind == "quantile"]
-    share = (epsilon - selection_epsilon) / (len(plan.measures) + len(quantiles))
-    choosers = {a.name: ExponentialMechanism(plan.histogram[a.measures[0]].sensitivity, share) for a in quantiles}
+    chosen = [a for a in plan.aggregates if a.chosen]
+    share = (epsilon - selection_epsilon) / (len(plan.measures) + len(chosen) + (plan.top_k is not None))
+    monotone = plan.neighbouring == "add-remove"  # counts only grow when a unit is added
+    choosers = {a.name: ExponentialMechanism(plan.histogram[a.measures[0]].sensitivity, share,
+                                             monotone=a.kind == "mode" and monotone) for a in chosen}
     for chooser in choosers.values():
         cost += Cost.pure(chooser.epsilon)
+    top_k = None
+    if plan.top_k is not None:
+        top_k = ExponentialMechanism(plan.top_k.sensitivity, share / plan.top_k.k, plan.top_k.monotone)
+        cost += Cost(share, 0.0, plan.top_k.k * top_k.epsilon**2 / 2, 0.0)
     if gaussian:
         measures_epsilon, measures_delta = share * len(plan.measures), delta - cost.delta
         rho = zcdp.rho_for(measures_epsilon, measures_delta) / len(plan.measures)
@@ -83,13 +114,44 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
             m.name: GaussianMechanism.calibrate(m.l2_sensitivity, rho, m.integer_valued, m.coordinates)
             for m in plan.measures}
         cost += Cost(measures_epsilon, measures_delta, sum(m.rho for m in mechanisms.values()), 0.0)
+    elif histogram == "structurefirst":
+        structure = _structure_first(plan, share)
+        mechanisms = {structure.measure: structure.totals}
+        cost += Cost.pure(structure.max_count.epsilon) + Cost.pure(structure.structure_epsilon) \
+            + Cost.pure(structure.totals.epsilon)
     else:
         mechanisms = {m.name: LaplaceMechanism.calibrate(m.sensitivity, share, m.integer_valued, m.coordinates)
                       for m in plan.measures}
         for laplace in mechanisms.values():
             cost += Cost.pure(laplace.epsilon)
-    return Calibration(mechanisms, choosers, selection, cost, selection_epsilon,
-                       "gaussian" if gaussian else "laplace")
+    return Calibration(mechanisms, choosers, selection, top_k, cost, selection_epsilon,
+                       "gaussian" if gaussian else "laplace", histogram,
+                       structure if histogram == "structurefirst" else None)
+
+
+def _histogram_method(plan: Plan, requested: str) -> str:
+    """The histogram method that applies: NoiseFirst to any ordered bins; StructureFirst to ordered bins of
+    a single count with nothing else chosen or selected."""
+    if requested == "plain" or not plan.ordered_bins or plan.top_k is not None:
+        return "plain"
+    if requested == "structurefirst" and (len(plan.measures) != 1 or plan.measures[0].kind not in ("count", "units")
+                                          or any(a.chosen for a in plan.aggregates)):
+        return "plain"
+    return requested
+
+
+def _structure_first(plan: Plan, epsilon: float) -> StructureFirst:
+    measure = plan.measures[0]
+    clamp_share, structure_share, totals_share = (epsilon * share for share in STRUCTURE_SPLIT)
+    steps = 2 if plan.neighbouring == "replace" else 1
+    per_bin = steps * max(abs(measure.unit_range[0]), abs(measure.unit_range[1]))
+    return StructureFirst(
+        measure.name,
+        max_count=LaplaceMechanism.calibrate(per_bin, clamp_share, True),
+        structure_epsilon=structure_share,
+        score_factor=2 * steps * measure.sensitivity,  # see mechanisms.histograms.structure_first
+        buckets=math.ceil(len(plan.domain) / BINS_PER_BUCKET),
+        totals=LaplaceMechanism.calibrate(measure.sensitivity, totals_share, True))
 
 
 def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]],
@@ -109,18 +171,43 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     else:
         candidates = [(key, value) for key, value in exact.items()
                       if calibration.selection.keep(value[1])]
+    if calibration.structure is not None:
+        return _structure_first_release(calibration.structure, candidates)
+    key_gap = None
+    if plan.top_k is not None:
+        key_gap = calibration.top_k.utility_gap(max(len(candidates), 1))
+        candidates = _top_k(plan, calibration, candidates, names.index(plan.top_k.measure))
     counts = {h.name: _cell_counts(h.cells, n_keys, histogram_rows[h.name]) for h in plan.histograms}
-    quantiles = [(a, plan.histogram[a.measures[0]], calibration.choosers[a.name])
-                 for a in plan.aggregates if a.kind == "quantile"]
+    chosen = [(a, plan.histogram[a.measures[0]], calibration.choosers[a.name]) for a in plan.aggregates if a.chosen]
     groups = []
     for key, (values, _units) in candidates:
         noisy = {name: calibration.mechanisms[name].release(value) for name, value in zip(names, values, strict=True)}
         choices = {}
-        for agg, histogram, chooser in quantiles:
+        for agg, histogram, chooser in chosen:
             cells = counts[histogram.name].get(key, [0] * histogram.cells)
-            choices[agg.name] = histogram.value(chooser.select(rank_scores(cells, agg.quantile)))
-        groups.append(NoisyGroup(key, noisy, choices))
+            scores = rank_scores(cells, agg.quantile) if agg.kind == "quantile" else cells
+            choices[agg.name] = histogram.value(chooser.select(scores))
+        groups.append(NoisyGroup(key, noisy, choices, key_gap))
     return groups
+
+
+def _structure_first_release(structure: StructureFirst, candidates: list) -> list[NoisyGroup]:
+    """Every bin's released value (its bucket's noisy total over the bucket's width) from the exact counts."""
+    counts = [float(value[0][0]) for _, value in candidates]
+    clamp = max(1.0, math.ceil(structure.max_count.release(max(counts))))
+    smoothed, partition = structure_first(counts, structure.buckets, clamp, structure.structure_epsilon,
+                                          structure.totals, score_sensitivity=structure.score_factor * clamp)
+    widths = [end - start for start, end in partition.buckets for _ in range(end - start)]
+    return [NoisyGroup(key, {structure.measure: value}, {}, interval_factor={structure.measure: 1 / width})
+            for (key, _), value, width in zip(candidates, smoothed, widths, strict=True)]
+
+
+def _top_k(plan: Plan, calibration: Calibration, candidates: list, measure: int) -> list:
+    """The candidates the top-k selection picks, best first, by their exact counts of the ordering measure."""
+    one_round = calibration.top_k
+    scores = [value[0][measure] for _, value in candidates]
+    picks = top_k(scores, plan.top_k.k, one_round.sensitivity, one_round.epsilon * plan.top_k.k, one_round.monotone)
+    return [candidates[i] for i in picks]
 
 
 def _cell_counts(cells: int, n_keys: int, rows: Iterable[Sequence[Any]]) -> dict[tuple, list[int]]:

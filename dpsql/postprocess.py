@@ -9,14 +9,15 @@ formula over the noise distribution, drawn by simulation around the released val
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from sqlglot import exp
 
-from dpsql.analysis import COUNTS, Aggregate, Plan
+from dpsql.analysis import CHOSEN, COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
+from dpsql.mechanisms import GaussianMechanism, noise_first
 from dpsql.noise import Calibration, NoisyGroup
 
 SIMULATIONS = 2000
@@ -28,6 +29,8 @@ class Accuracy:
     ci_low: float | None  # 95% confidence interval (None for values chosen by the exponential mechanism)
     ci_high: float | None
     rank_error: float | None = None  # quantiles: with 95% probability at most this many ranks off
+    count_gap: float | None = None  # mode and top-k keys: with 95% probability the chosen value's count is
+    # within this of the largest (remaining) count
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,20 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
     mechanisms = calibration.mechanisms
     rng = np.random.default_rng(0)  # only simulates the already-released noise; not a privacy mechanism
     simulate = any(not _exact_interval(o.expr, plan) for o in plan.outputs)
+    if calibration.histogram == "noisefirst":
+        groups = _noise_first(groups, calibration)
     rows = []
     for group in groups:
         env: dict[str, Any] = {k.name: v for k, v in zip(plan.group_keys, group.keys, strict=True)}
         simulated: dict[str, Any] = dict(env)
         if simulate:
             for name, value in group.measures.items():
-                simulated[name] = value - rng.laplace(0.0, mechanisms[name].scale, SIMULATIONS)
+                spread = group.interval_factor.get(name, 1.0) * mechanisms[name].scale
+                draws = rng.normal(0.0, spread, SIMULATIONS) if isinstance(mechanisms[name], GaussianMechanism) \
+                    else rng.laplace(0.0, spread, SIMULATIONS)
+                simulated[name] = value - draws
         for agg in plan.aggregates:
-            if agg.kind == "quantile":
+            if agg.chosen:
                 env[agg.name] = simulated[agg.name] = group.choices[agg.name]
                 continue
             env[agg.name] = _finish_aggregate(agg, group.measures)
@@ -63,7 +71,7 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
         for output in plan.outputs:
             value = _typed(evaluate(output.expr, env), output.type_name)
             values.append(value)
-            accuracy.append(_accuracy(output.expr, plan, calibration, value, simulated))
+            accuracy.append(_accuracy(output.expr, plan, calibration, value, simulated, group))
         order_keys = [evaluate(expr, env) for expr, _, _ in plan.order]
         rows.append((tuple(values), tuple(accuracy), order_keys))
     for index in reversed(range(len(plan.order))):
@@ -73,6 +81,17 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
     rows = rows[plan.offset:end]
     return Result([o.name for o in plan.outputs], [o.type_name for o in plan.outputs],
                   [r[0] for r in rows], [r[1] for r in rows])
+
+
+def _noise_first(groups: list[NoisyGroup], calibration: Calibration) -> list[NoisyGroup]:
+    """Each measure's ordered bins merged by NoiseFirst (post-processing of the noisy values only)."""
+    measures = {name: [g.measures[name] for g in groups] for name in calibration.mechanisms}
+    smoothed, factors = {}, {}
+    for name, values in measures.items():
+        smoothed[name], partition = noise_first(values, calibration.mechanisms[name].variance)
+        factors[name] = [1 / math.sqrt(end - start) for start, end in partition.buckets for _ in range(end - start)]
+    return [replace(g, measures={name: smoothed[name][i] for name in measures},
+                    interval_factor={name: factors[name][i] for name in measures}) for i, g in enumerate(groups)]
 
 
 def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
@@ -99,32 +118,37 @@ def _exact_interval(expr: exp.Expression, plan: Plan) -> bool:
     """Whether an output's interval comes straight from one mechanism (a bare count or sum) or is exact."""
     noisy = plan.aggregate
     if isinstance(expr, exp.Column) and expr.name in noisy:
-        return noisy[expr.name].kind in (*COUNTS, "sum", "quantile")
+        return noisy[expr.name].kind in (*COUNTS, "sum", *CHOSEN)
     return not any(isinstance(n, exp.Column) and n.name in noisy for n in expr.walk())
 
 
 def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value: Any,
-              simulated: dict[str, Any]) -> Accuracy | None:
+              simulated: dict[str, Any], group: NoisyGroup) -> Accuracy | None:
     mechanisms = calibration.mechanisms
     noisy = plan.aggregate
     used = [noisy[n.name] for n in expr.find_all(exp.Column) if n.name in noisy]
     if not used:
+        if group.key_gap is not None and any(n.name in {k.name for k in plan.group_keys}
+                                             for n in expr.find_all(exp.Column)):
+            return Accuracy(None, None, None, count_gap=group.key_gap)  # a key picked by top-k
         return None  # a group key or a constant: no noise
-    if any(a.kind == "quantile" for a in used):
+    if any(a.chosen for a in used):
         if not isinstance(expr, exp.Column):
             return None  # no interval for expressions over chosen values
-        chooser = calibration.choosers[expr.name]
-        cells = plan.histogram[noisy[expr.name].measures[0]].cells
-        return Accuracy(None, None, None, chooser.utility_gap(cells))
+        agg = noisy[expr.name]
+        gap = calibration.choosers[expr.name].utility_gap(plan.histogram[agg.measures[0]].cells)
+        return Accuracy(None, None, None, gap) if agg.kind == "quantile" else Accuracy(None, None, None,
+                                                                                         count_gap=gap)
     if isinstance(expr, exp.Column):
         agg = noisy[expr.name]
         if agg.kind in (*COUNTS, "sum"):
             mechanism = mechanisms[agg.measures[0]]
-            width = mechanism.ci_halfwidth()
+            factor = group.interval_factor.get(agg.measures[0], 1.0)
+            width = mechanism.ci_halfwidth() * factor  # smoothed bins: the noise of a bucket's mean
             low, high = value - width, value + width
             if agg.kind in COUNTS:
                 low, high = max(low, 0), max(high, 0)
-            return Accuracy(mechanism.scale, float(low), float(high))
+            return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high))
     try:
         draws = np.asarray(evaluate(expr, simulated), dtype=float)
     except (TypeError, ValueError, UnsupportedQuery):

@@ -92,6 +92,12 @@ def test_cli_query_explain_budget(capsys, base_url, engine, analyst):
     assert code == 0 and "sensitivity 40000" in out and "Rewritten SQL" in out and "dpsql_per_unit" in out
     code, out, _ = _run(capsys, "budget", *common)
     assert code == 0 and analyst in out and "99.5" in out
+    code, out, _ = _run(capsys, "explain", "SELECT category, COUNT(*) FROM visits GROUP BY category",
+                        "--mechanism", "gaussian", *common)
+    assert code == 0 and "Noise (Gaussian" in out and "L2 sensitivity 20" in out and "ρ" in out
+    code, out, _ = _run(capsys, "query", "SELECT age, COUNT(*) FROM people GROUP BY age", "--histogram",
+                        "noisefirst", "--epsilon", "0.1", *common)
+    assert code == 0 and "spent ε = 0.1" in out
 
 
 def test_cli_errors_say_what_and_how(capsys, base_url, engine, analyst):
@@ -127,3 +133,32 @@ def test_cli_schema_check(capsys, tmp_path):
     assert "people.age has lower 10 > upper 1" in err
     assert "[tables.visits] is private but has no unit_column" in err
     assert "visits.amount has type 'money'" in err
+
+
+def test_session_options_set_show_reset(conn):
+    cur = conn.cursor()
+    cur.execute("SET dpsql.mechanism = 'gaussian'")
+    assert cur.description is None and cur.rowcount == -1
+    with pytest.raises(dpsql.ProgrammingError):
+        cur.fetchall()
+    cur.execute("SHOW dpsql.mechanism")
+    assert cur.description[0][0] == "dpsql.mechanism" and cur.fetchall() == [("gaussian",)]
+    cur.execute("SET dpsql.epsilon TO 0.25")
+    cur.execute("SELECT COUNT(*) FROM visits")
+    assert cur.epsilon_spent == pytest.approx(0.25)
+    assert "Noise (Gaussian" in conn.explain("SELECT COUNT(*) FROM visits")
+    cur.execute("SELECT COUNT(*) FROM visits", mechanism="laplace", epsilon=0.5)  # this query only
+    assert cur.epsilon_spent == pytest.approx(0.5)
+    cur.execute("RESET dpsql.mechanism")
+    cur.execute("SHOW dpsql.mechanism")
+    assert cur.fetchone() == ("laplace",)
+    cur.execute("SHOW dpsql.budget")
+    assert "spent" in cur.fetchone()[0]
+    with pytest.raises(dpsql.DataError) as caught:
+        cur.execute("SET dpsql.mechanism = 'cauchy'")
+    assert "laplace, gaussian" in str(caught.value) and caught.value.sqlstate == "22023"
+    with pytest.raises(dpsql.DataError) as caught:
+        cur.execute("SET dpsql.nonsense = 1")
+    assert "dpsql.histogram" in caught.value.hint
+    with pytest.raises(dpsql.InterfaceError):
+        cur.execute("SELECT COUNT(*) FROM people", colour="blue")

@@ -216,3 +216,80 @@ def test_grouped_quantiles(engine, analyst):
                           "GROUP BY sex ORDER BY sex", analyst=analyst, epsilon=2.0)
     assert [row[0] for row in answer.rows] == ["F", "M"]
     assert all(20_000 < row[1] < 90_000 for row in answer.rows)
+
+
+def test_top_k_keys_are_selected_not_thresholded(engine, analyst):
+    """ORDER BY COUNT(*) DESC LIMIT k over private keys: partition selection gives the candidates, the
+    exponential mechanism picks k of them, and only their counts are noised."""
+    sql = "SELECT state, COUNT(*) FROM people GROUP BY state ORDER BY COUNT(*) DESC LIMIT 3"
+    prepared = engine.prepare(sql, epsilon=2.0)
+    assert prepared.plan.top_k.k == 3 and prepared.plan.top_k.sensitivity == 1 and prepared.plan.top_k.monotone
+    answer = engine.query(sql, analyst=analyst, epsilon=2.0)
+    assert [row[0] for row in answer.rows][:1] == ["CA"]  # by far the largest state in the demo data
+    assert len(answer.rows) == 3 and answer.epsilon == pytest.approx(2.0)
+    counts = [row[1] for row in answer.rows]
+    assert counts == sorted(counts, reverse=True)
+    assert all(row[0].count_gap is not None and row[1].scale is not None for row in answer.accuracy)
+
+
+def test_mode_over_a_declared_domain(engine, analyst):
+    answer = engine.query("SELECT mode() WITHIN GROUP (ORDER BY category) AS top_category FROM visits",
+                          analyst=analyst, epsilon=2.0)
+    assert answer.names == ["top_category"] and answer.types == ["text"]
+    assert answer.rows == [("checkup",)]  # 25% of visits, the next is 20%: far beyond the count gap
+    assert answer.accuracy[0][0].count_gap is not None
+    grouped = engine.query("SELECT sex, mode() WITHIN GROUP (ORDER BY age) FROM people GROUP BY sex ORDER BY sex",
+                           analyst=analyst, epsilon=2.0)
+    assert [r[0] for r in grouped.rows] == ["F", "M"] and grouped.types == ["text", "int8"]
+    assert all(0 <= r[1] <= 100 for r in grouped.rows)
+
+
+def test_mode_needs_declared_values(engine, analyst, backend_calls):
+    with pytest.raises(errors.PrivacyRefusal) as caught:
+        engine.query("SELECT mode() WITHIN GROUP (ORDER BY state) FROM people", analyst=analyst)
+    assert "no declared domain" in str(caught.value) and "ORDER BY COUNT(*) DESC LIMIT 1" in caught.value.hint
+    assert backend_calls == []
+
+
+def test_gaussian_mechanism_charges_both_accounts(engine, analyst):
+    from dpsql.session import Options
+
+    sql = "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category"
+    laplace = engine.prepare(sql, epsilon=1.0)
+    gaussian = engine.prepare(sql, epsilon=1.0, options=Options(mechanism="gaussian"))
+    assert gaussian.calibration.mechanism == "gaussian" and gaussian.key != laplace.key
+    count = gaussian.plan.measures[0]
+    assert count.l2_sensitivity == pytest.approx(count.sensitivity / 2)  # G = 4 groups: L2 = L1 / sqrt(4)
+    cost = gaussian.calibration.cost
+    assert cost.epsilon == pytest.approx(1.0) and cost.delta == pytest.approx(engine.settings.delta)
+    assert cost.rho == pytest.approx(zcdp_rho(1.0, engine.settings.delta), rel=1e-6)
+    answer = engine.query(sql, analyst=analyst, options=Options(mechanism="gaussian"))
+    assert len(answer.rows) == 8 and answer.delta > 0
+    assert all(acc[1].ci_low <= row[1] <= acc[1].ci_high for row, acc in zip(answer.rows, answer.accuracy,
+                                                                               strict=True))
+    budget = engine.budget(analyst)
+    assert budget.rho == pytest.approx(cost.rho) and budget.delta_basic == pytest.approx(cost.delta)
+
+
+def zcdp_rho(epsilon: float, delta: float) -> float:
+    from dpsql.accounting import zcdp
+
+    return zcdp.rho_for(epsilon, delta)
+
+
+def test_histogram_methods_on_ordered_bins(engine, analyst):
+    from dpsql.session import Options
+
+    sql = "SELECT age, COUNT(*) FROM people GROUP BY age ORDER BY age"
+    for method in ("noisefirst", "structurefirst"):
+        prepared = engine.prepare(sql, epsilon=0.5, options=Options(histogram=method))
+        assert prepared.calibration.histogram == method
+        answer = engine.query(sql, analyst=analyst, epsilon=0.5, options=Options(histogram=method))
+        assert [row[0] for row in answer.rows] == list(range(101))
+        assert answer.epsilon == pytest.approx(0.5)
+        assert abs(sum(row[1] for row in answer.rows) - PEOPLE) < 0.2 * PEOPLE
+        assert all(a[1].ci_low <= row[1] <= a[1].ci_high for row, a in zip(answer.rows, answer.accuracy,
+                                                                             strict=True))
+    # not ordered bins: the setting does not apply
+    other = engine.prepare("SELECT sex, COUNT(*) FROM people GROUP BY sex", options=Options(histogram="noisefirst"))
+    assert other.calibration.histogram == "plain"

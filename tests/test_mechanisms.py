@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from dpsql.mechanisms import (
+    GaussianMechanism,
     LaplaceMechanism,
     PartitionSelection,
     bernoulli_exp,
@@ -131,3 +132,62 @@ def test_invalid_parameters_are_refused() -> None:
             LaplaceMechanism.calibrate(1, bad, True)
         with pytest.raises(ValueError):
             PartitionSelection(1, bad, 1e-6)
+
+
+def _worst_rounded_moves(grid: float, total: float, coordinates: int, trials: int = 2000) -> list[list[int]]:
+    """Grid-step moves of `coordinates` rounded values when their exact values move by `total` in all,
+    placed next to rounding boundaries (the adversary's choice)."""
+    rng = random.Random(7)
+    out = []
+    for _ in range(trials):
+        shares = [rng.random() for _ in range(coordinates)]
+        moves = [total * s / sum(shares) for s in shares]
+        starts = [(rng.randrange(1000) + 0.5 - 1e-9) * grid - m * rng.random() * 1e-3 for m in moves]
+        out.append([abs(round((a + m) / grid) - round(a / grid)) for a, m in zip(starts, moves, strict=True)])
+    return out
+
+
+@pytest.mark.parametrize("coordinates", [1, 4, 10])
+def test_rounding_to_the_grid_is_paid_for_in_every_coordinate(coordinates: int) -> None:
+    """A unit moving G groups can gain a rounding step in each: the privacy maps count all G."""
+    laplace = LaplaceMechanism.calibrate(sensitivity=10.0, epsilon=1.0, integer_valued=False, coordinates=coordinates)
+    gaussian = GaussianMechanism.calibrate(sensitivity=10.0 / math.sqrt(coordinates), rho=0.5, integer_valued=False,
+                                           coordinates=coordinates)
+    worst_l1 = max(sum(m) for m in _worst_rounded_moves(laplace.grid, 10.0, coordinates))
+    assert worst_l1 <= laplace.sensitivity_units
+    if coordinates > 1:
+        assert worst_l1 > math.floor(10.0 / laplace.grid) + 1  # what one rounding step for all would miss
+    worst_l2 = max(math.sqrt(sum(x * x for x in m)) for m in _worst_rounded_moves(gaussian.grid, 10.0, coordinates))
+    # the exact moves have L1 = 10, so L2 <= 10 / sqrt(G) only when spread evenly; bound by the L1 case instead
+    assert worst_l2 <= 10.0 / gaussian.grid + math.sqrt(coordinates)
+    assert laplace.epsilon == pytest.approx(1.0, rel=1e-12)
+
+
+def test_gaussian_privacy_map_and_scale() -> None:
+    for rho in (0.01, 0.125, 2.0):
+        mech = GaussianMechanism.calibrate(sensitivity=3, rho=rho, integer_valued=True)
+        assert mech.grid == 1.0 and mech.rho <= rho and mech.rho == pytest.approx(rho, rel=1e-9)
+        assert mech.scale == pytest.approx(3 / math.sqrt(2 * rho), rel=1e-9)  # σ = Δ / sqrt(2ρ)
+    real = GaussianMechanism.calibrate(sensitivity=250_000.0, rho=0.5, integer_valued=False, coordinates=4)
+    assert math.log2(real.grid).is_integer() and real.rho <= 0.5
+    assert real.rho == pytest.approx(0.5, rel=1e-9)
+    with pytest.raises(ValueError):
+        GaussianMechanism.calibrate(1, 0, True)
+
+
+def test_gaussian_release_distribution_is_shifted_discrete_gaussian() -> None:
+    mech = GaussianMechanism.calibrate(sensitivity=1, rho=1 / 18, integer_valued=True)  # σ² = 9
+    rng = random.Random(5)
+    norm = sum(math.exp(-z * z / 18) for z in range(-200, 201))
+    samples = [int(mech.release(40, rng)) - 40 for _ in range(SAMPLES)]
+    _assert_matches_pmf(samples, lambda z: math.exp(-z * z / 18) / norm)
+
+
+def test_gaussian_confidence_interval_is_the_exact_tail() -> None:
+    mech = GaussianMechanism.calibrate(sensitivity=1, rho=1 / 18, integer_valued=True)  # σ = 3
+    width = mech.ci_halfwidth()
+    weights = {z: math.exp(-z * z / 18) for z in range(-100, 101)}
+    total = sum(weights.values())
+    beyond = sum(w for z, w in weights.items() if abs(z) > width) / total
+    one_less = sum(w for z, w in weights.items() if abs(z) > width - 1) / total
+    assert beyond <= 0.05 < one_less  # the narrowest interval with 95% coverage

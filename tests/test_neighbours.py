@@ -7,6 +7,8 @@ SQL enforces, not the ones the analysis hopes for.
 
 from __future__ import annotations
 
+import math
+
 import psycopg
 import pytest
 
@@ -77,9 +79,13 @@ def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbou
     width = len(plan.measures) + 1
     changes = []
     for i, measure in enumerate(plan.measures):
-        moved = sum(abs(after.get(k, [0.0] * width)[i] - before.get(k, [0.0] * width)[i])
-                    for k in before.keys() | after.keys())
+        moves = [abs(after.get(k, [0.0] * width)[i] - before.get(k, [0.0] * width)[i])
+                 for k in before.keys() | after.keys()]
+        moved = sum(moves)
         assert moved <= measure.sensitivity * (1 + 1e-9), (sql, measure.label, moved, measure.sensitivity)
+        l2 = math.sqrt(sum(m * m for m in moves))  # what the Gaussian mechanism is calibrated to
+        assert l2 <= measure.l2_sensitivity * (1 + 1e-9), (sql, measure.label, l2, measure.l2_sensitivity)
+        assert sum(m > 1e-6 for m in moves) <= measure.coordinates, (sql, measure.label, moves)
         changes.append(moved)
     unit_moves = [abs(after.get(k, [0.0] * width)[-1] - before.get(k, [0.0] * width)[-1])
                   for k in before.keys() | after.keys()]
@@ -157,3 +163,60 @@ def test_neighbour_moves_quantile_scores_by_at_most_the_sensitivity(engine, base
             moves.append(max(abs(a - b) for a, b in zip(old, new, strict=True)))
         assert max(moves) <= histogram.rows, (sql, agg.sql, max(moves))
         assert sum(moves) <= histogram.sensitivity, (sql, agg.sql, sum(moves))
+
+
+MODE_QUERIES = [
+    "SELECT mode() WITHIN GROUP (ORDER BY category) FROM visits",
+    "SELECT sex, mode() WITHIN GROUP (ORDER BY age) FROM people GROUP BY sex",
+    "SELECT p.sex, mode() WITHIN GROUP (ORDER BY v.category) FROM visits v JOIN people p "
+    "ON v.person_id = p.person_id GROUP BY p.sex",
+    "SELECT EXTRACT(month FROM day) AS m, mode() WITHIN GROUP (ORDER BY category) FROM visits GROUP BY m",
+]
+
+
+@pytest.mark.parametrize("sql", MODE_QUERIES)
+def test_neighbour_moves_mode_counts_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
+    """mode() scores are the counts per declared value: they only grow (so the monotone exponential mechanism
+    applies), by at most k per group and k·G over all groups."""
+    prepared = engine.prepare(sql)
+    plan = prepared.plan
+    n_keys = len(plan.group_keys)
+    for agg in (a for a in plan.aggregates if a.kind == "mode"):
+        histogram = plan.histogram[agg.measures[0]]
+        hist_sql = prepared.rewritten.histograms[histogram.name]
+        before = _cells(base_url, hist_sql, n_keys, histogram.cells)
+        after = _cells(neighbour_url, hist_sql, n_keys, histogram.cells)
+        empty = [0] * histogram.cells
+        moves = []
+        for key in before.keys() | after.keys():
+            diffs = [b - a for a, b in zip(before.get(key, empty), after.get(key, empty), strict=True)]
+            assert min(diffs) >= 0, (sql, key)  # monotone under add-remove
+            moves.append(max(diffs))
+        assert max(moves) <= histogram.rows, (sql, max(moves))
+        assert sum(moves) <= histogram.sensitivity, (sql, sum(moves))
+        assert max(moves) > 0  # the extreme unit does reach the counts
+
+
+TOP_K_QUERIES = [
+    "SELECT state, COUNT(*) FROM people GROUP BY state ORDER BY COUNT(*) DESC LIMIT 3",
+    "SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n DESC LIMIT 2",
+    "SELECT p.state, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY p.state "
+    "ORDER BY 2 DESC LIMIT 5",
+    "SELECT day, COUNT(DISTINCT person_id) FROM visits GROUP BY day ORDER BY 2 DESC LIMIT 1",
+]
+
+
+@pytest.mark.parametrize("sql", TOP_K_QUERIES)
+def test_neighbour_moves_top_k_scores_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
+    """Top-k picks keys by their exact counts: every key's count grows by at most the per-key sensitivity."""
+    prepared = engine.prepare(sql)
+    plan = prepared.plan
+    assert plan.top_k is not None, sql
+    index = [m.name for m in plan.measures].index(plan.top_k.measure)
+    n_keys = len(plan.group_keys)
+    before = _exact(base_url, prepared.rewritten.sql, n_keys)
+    after = _exact(neighbour_url, prepared.rewritten.sql, n_keys)
+    zero = [0.0] * (len(plan.measures) + 1)
+    moves = [after.get(k, zero)[index] - before.get(k, zero)[index] for k in before.keys() | after.keys()]
+    assert min(moves) >= 0 and plan.top_k.monotone, sql
+    assert 0 < max(moves) <= plan.top_k.sensitivity, (sql, max(moves))

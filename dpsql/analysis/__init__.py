@@ -8,7 +8,11 @@
   sum of 1s, AVG a centred sum over a count, variances add a sum of squares;
 - each measure's L1 sensitivity: G groups, each moved by at most k rows' worth of its per-row range;
 - for percentiles, MIN and MAX, a histogram over a fixed grid of the declared range, from which the
-  exponential mechanism picks a cell (rank scores move by at most k per group, in at most G groups).
+  exponential mechanism picks a cell (rank scores move by at most k per group, in at most G groups); for
+  mode() the same over the declared domain of the column, scored by count;
+- for `GROUP BY key ORDER BY COUNT(...) DESC LIMIT k`, a top-k selection: the keys are chosen by the
+  exponential mechanism on their exact counts (each moves by at most one unit's per-group count), and only
+  the chosen groups' measures are noised.
 Nothing here reads the data: every number comes from the declared schema and from catalog constraints.
 """
 
@@ -18,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import product
+from typing import Any
 
 from sqlglot import exp
 
@@ -30,6 +35,7 @@ ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) an
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
 COUNTS = ("count", "count_units")
+CHOSEN = ("quantile", "mode")
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,12 @@ class Histogram:
     groups: int  # the most groups one unit touches
     sensitivity: float  # how far one unit moves any candidate's rank score, over all groups
 
-    def value(self, cell: int) -> float:
-        """The value reported for a chosen cell: the integer itself, or the cell's midpoint."""
+    values: tuple | None = None  # categorical cells (mode over a declared domain): cell j holds values[j]
+
+    def value(self, cell: int) -> Any:
+        """The value reported for a chosen cell: the domain value, the integer itself, or the cell's midpoint."""
+        if self.values is not None:
+            return self.values[cell]
         return self.lower + cell * self.width + (0 if self.integer else self.width / 2)
 
 
@@ -78,11 +88,28 @@ class Aggregate:
     """An aggregate call of the query, finished from its measures after noise."""
 
     name: str
-    kind: str  # count | count_units | sum | avg | var_pop | var_samp | stddev_pop | stddev_samp
-    measures: tuple[str, ...]
+    kind: str  # count | count_units | sum | avg | var_pop | var_samp | stddev_pop | stddev_samp | quantile | mode
+    measures: tuple[str, ...]  # measure names; for quantile and mode, the histogram's name
     arg_range: Range | None  # the argument's range, for clamping finished averages and variances
     sql: str
     quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
+    arg_type: str | None = None  # for mode: the type of the value it returns
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the exponential mechanism picks this aggregate's value from a histogram."""
+        return self.kind in CHOSEN
+
+
+@dataclass(frozen=True)
+class TopK:
+    """GROUP BY ... ORDER BY <count> DESC LIMIT k: the k keys with the largest counts, picked by the
+    exponential mechanism (peeling) on the exact counts of `measure`."""
+
+    measure: str
+    k: int
+    sensitivity: float  # the most one unit moves any one key's count
+    monotone: bool  # counts under add-remove only grow when a unit is added
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,7 @@ class Plan:
     limit: int | None
     offset: int
     neighbouring: str
+    top_k: TopK | None = None
     notes: list[str] = field(default_factory=list)
 
     @cached_property
@@ -139,6 +167,16 @@ class Plan:
     @property
     def partition_selection(self) -> bool:
         return self.grouped and self.domain is None
+
+    @property
+    def ordered_bins(self) -> bool:
+        """Whether the groups are ordered histogram bins: one key over a run of consecutive integers (a bounded
+        integer column or width_bucket), where NoiseFirst and StructureFirst apply."""
+        if len(self.group_keys) != 1 or self.domain is None or len(self.domain) < 2:
+            return False
+        values = [key[0] for key in self.domain]
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
+            and values == list(range(values[0], values[0] + len(values)))
 
 
 def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozenset[tuple[str, str]],
@@ -212,6 +250,7 @@ class _Analyzer:
                                  "SELECT state, COUNT(*) FROM people GROUP BY state")
         outputs, having, order = self._post_processing(keys, aggregates)
         limit, offset = self._limit()
+        top_k = self._top_k(keys, aggregates, measures, order, having, limit, offset)
         return Plan(
             from_=_guarded(tree.args["from_"], self.exprs),
             joins=[_guarded(j, self.exprs) for j in joins],
@@ -220,7 +259,7 @@ class _Analyzer:
             cap_groups=cap, domain=domain, measures=list(measures.values()),
             histograms=list(histograms.values()), aggregates=aggregates,
             outputs=outputs, having=having, order=order, limit=limit, offset=offset,
-            neighbouring=self.schema.neighbouring, notes=self.notes)
+            neighbouring=self.schema.neighbouring, top_k=top_k, notes=self.notes)
 
     def _declared_column(self, column: exp.Column):
         table = self.aliases.get(column.table)
@@ -369,7 +408,9 @@ class _Analyzer:
                 if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
                     raise UnsupportedQuery("nested aggregates are not supported")
                 name = f"a{len(found)}"
-                if isinstance(node, exp.Min | exp.Max | exp.WithinGroup):
+                if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.Mode):
+                    found[sql] = self._mode(name, node, sql, histograms, k, groups)
+                elif isinstance(node, exp.Min | exp.Max | exp.WithinGroup):
                     found[sql] = self._quantile(name, node, sql, histograms, k, groups)
                 else:
                     found[sql] = self._aggregate(name, node, sql, measures, k, groups)
@@ -407,13 +448,56 @@ class _Analyzer:
             cell = exp.Sub(this=exp.Least(this=bucket, expressions=[exp.Literal.number(cells)]),
                            expression=exp.Literal.number(1))
         label = f"histogram of {arg.sql(dialect=DIALECT)}"
+        histogram = self._histogram(histograms, label, cell, cells, value_range.lo, width, integer, k, groups,
+                                    f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
+        return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q)
+
+    def _mode(self, name: str, node: exp.WithinGroup, sql: str, histograms: dict[str, Histogram],
+              k: int, groups: int) -> Aggregate:
+        """mode() WITHIN GROUP (ORDER BY c): the value of c's declared domain with the largest count, chosen by
+        the exponential mechanism with the count as score."""
+        ordered = node.expression.expressions
+        if len(ordered) != 1:
+            raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression")
+        arg = ordered[0].this
+        self.exprs.check(arg)
+        value_range = self.exprs.value_range(arg)
+        column = self._declared_column(arg) if isinstance(arg, exp.Column) else None
+        label = f"counts of {arg.sql(dialect=DIALECT)}"
+        arg_type = _key_type(arg, self.exprs)
+        if column is not None and (column.domain is not None or column.type == "boolean"):
+            values = tuple(v for v in self._key_domain(arg, value_range) if v is not None)
+            cell = exp.Case(this=self.exprs.guard(arg), ifs=[
+                exp.If(this=_value_literal(v), true=exp.Literal.number(i)) for i, v in enumerate(values)])
+            histogram = self._histogram(histograms, label, cell, len(values), 0.0, 1.0, True, k, groups,
+                                        f"{len(values)} declared values, count-score", values)
+        elif (value_range is not None and value_range.integer and value_range.bounded
+              and value_range.hi - value_range.lo < HISTOGRAM_CELLS):
+            value = self.exprs.guard(arg)
+            if column is None:
+                value = clamp_to(value, value_range.lo, value_range.hi)
+            cells = int(value_range.hi - value_range.lo) + 1
+            histogram = self._histogram(histograms, label, exp.Sub(this=value, expression=_literal(value_range.lo)),
+                                        cells, value_range.lo, 1.0, True, k, groups,
+                                        f"{cells} values in [{value_range.lo:g}, {value_range.hi:g}], count-score")
+        else:
+            raise PrivacyRefusal(f"{sql}: the mode is chosen among declared values, and "
+                                 f"{arg.sql(dialect=DIALECT)} has no declared domain or small integer range",
+                                 "declare domain = [...] for the column in the privacy schema, or use "
+                                 "GROUP BY c ORDER BY COUNT(*) DESC LIMIT 1 (keys by partition selection)")
+        return Aggregate(name, "mode", (histogram.name,), None, sql, arg_type=arg_type)
+
+    def _histogram(self, histograms: dict[str, Histogram], label: str, cell: exp.Expression, cells: int,
+                   lower: float, width: float, integer: bool, k: int, groups: int, note: str,
+                   values: tuple | None = None) -> Histogram:
+        """The histogram named `label`, created once per query: one unit moves at most k counts in each of at
+        most `groups` groups, so any candidate's score over all groups moves by at most k·groups."""
         if label not in histograms:
             sensitivity = k * groups * (2 if self.schema.neighbouring == "replace" else 1)
-            histograms[label] = Histogram(f"h{len(histograms)}", label, cell, cells, value_range.lo, width, integer,
-                                          k, groups, sensitivity)
-            self.notes.append(f"{label}: {cells} cells over [{value_range.lo:g}, {value_range.hi:g}], at most {k} "
-                              f"row(s) per unit and group, rank-score sensitivity {sensitivity:g}")
-        return Aggregate(name, "quantile", (histograms[label].name,), value_range, sql, quantile=q)
+            histograms[label] = Histogram(f"h{len(histograms)}", label, cell, cells, lower, width, integer,
+                                          k, groups, sensitivity, values)
+            self.notes.append(f"{label}: {note} sensitivity {sensitivity:g} (at most {k} row(s) per unit and group)")
+        return histograms[label]
 
     def _aggregate(self, name: str, node: exp.Expression, sql: str, measures: dict[str, Measure],
                    k: int, groups: int) -> Aggregate:
@@ -510,6 +594,23 @@ class _Analyzer:
             order.append((expr, descending, descending if nulls_first is None else bool(nulls_first)))
         return outputs, having, order
 
+    def _top_k(self, keys: list[GroupKey], aggregates: list[Aggregate], measures: dict[str, Measure],
+               order, having, limit: int | None, offset: int) -> TopK | None:
+        """`GROUP BY keys ORDER BY <count> DESC LIMIT k` (no HAVING): the top-k keys are selected rather than
+        every group noised; None when the query is not of that form."""
+        if not keys or limit is None or having is not None or len(order) != 1:
+            return None
+        expr, descending, _ = order[0]
+        agg = {a.name: a for a in aggregates}.get(expr.name) if isinstance(expr, exp.Column) else None
+        if agg is None or agg.kind not in COUNTS or not descending or limit + offset < 1:
+            return None
+        measure = next(m for m in measures.values() if m.name == agg.measures[0])
+        steps = 2 if self.schema.neighbouring == "replace" else 1
+        sensitivity = steps * max(abs(measure.unit_range[0]), abs(measure.unit_range[1]))
+        self.notes.append(f"top {limit + offset} keys by {agg.sql}: exponential mechanism (peeling), count "
+                          f"sensitivity {sensitivity:g} per key")
+        return TopK(measure.name, limit + offset, sensitivity, monotone=steps == 1)
+
     def _limit(self) -> tuple[int | None, int]:
         def integer(clause: str) -> int | None:
             node = self.tree.args.get(clause)
@@ -535,6 +636,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
     if isinstance(expr, exp.Column):
         for agg in aggregates:
             if agg.name == expr.name:
+                if agg.kind == "mode":
+                    return agg.arg_type
                 integral = agg.kind == "quantile" and agg.arg_range.integer
                 return "int8" if agg.kind in COUNTS or integral else "float8"
         for key in keys:
@@ -569,6 +672,15 @@ def _guarded(node: exp.Expression, exprs: Expressions) -> exp.Expression:
     if isinstance(copy, exp.Join) and copy.args.get("on") is not None:
         copy.set("on", exprs.guard(copy.args["on"]))
     return copy
+
+
+def _value_literal(value: Any) -> exp.Expression:
+    """A domain value as a SQL literal."""
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float):
+        return _literal(value)
+    return exp.Literal.string(str(value))
 
 
 def _literal(value: float) -> exp.Expression:

@@ -9,10 +9,20 @@ sum of squared errors (SSE) when each bin is replaced by its bucket's mean, foun
 - StructureFirst spends part of the budget choosing bucket boundaries on the true counts with the
   exponential mechanism (scores are SSEs, whose sensitivity is 2F + 1 when counts are clamped to F), and
   the rest noising each bucket's total.
+
+dpsql's NoiseFirst departs from the paper in how candidate partitions are found, because the paper's
+v-optimal partition of the raw noisy counts fits the noise: it isolates bins whose noise happens to be
+large, so its estimated error is optimistic and, measured on the demo's age and income histograms, it was
+worse than plain Laplace at ε = 0.1 and 1. Here candidates come from a 5-bin moving average of the noisy
+counts (penalised optimal partitions over a range of penalties), each candidate is judged on the raw noisy
+counts by the paper's estimate plus a selection penalty k·ln(n/k)·σ² (Birgé and Massart's form, zero for the
+identity partition), and the identity partition (plain Laplace bins) is always a candidate.
+All of it reads only noisy counts, so it is still free post-processing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,25 +100,64 @@ def smooth(counts: Sequence[float], partition: Partition) -> list[float]:
     return out
 
 
+PILOT_WINDOW = 5  # bins averaged by the moving average that proposes NoiseFirst's partitions
+PENALTY_GRID = [2.0**j for j in range(-2, 14)]  # per-bucket penalties (in σ² / PILOT_WINDOW) that propose them
+
+
 def noise_first(noisy_counts: Sequence[float], noise_variance: float) -> tuple[list[float], Partition]:
     """NoiseFirst: merge adjacent noisy bins into the histogram with least estimated error (free)."""
-    n = len(noisy_counts)
-    best, arg, _ = optimal_tables(noisy_counts, n)
-    ks = np.arange(1, n + 1)
-    estimated = best[1:, n] - (n - ks) * noise_variance + ks * noise_variance
-    k = int(ks[int(np.argmin(estimated))])
-    partition = Partition(_trace(arg, k, n), float(best[k, n]))
-    return smooth(noisy_counts, partition), partition
+    values = np.asarray(noisy_counts, dtype=float)
+    n = len(values)
+    raw = sse_table(values)
+    best_error, best = n * noise_variance, tuple(range(n + 1))  # the identity: every bin its own bucket
+    pilot = sse_table(_moving_average(values, PILOT_WINDOW))
+    for penalty in PENALTY_GRID:
+        boundaries = _penalised_partition(pilot, penalty * noise_variance / PILOT_WINDOW)
+        k = len(boundaries) - 1
+        sse = float(sum(raw[a, b] for a, b in zip(boundaries[:-1], boundaries[1:], strict=True)))
+        error = sse + (2 * k - n) * noise_variance + k * math.log(n / k) * noise_variance
+        if error < best_error:
+            best_error, best = error, boundaries
+    partition = Partition(best, float(sum(raw[a, b] for a, b in zip(best[:-1], best[1:], strict=True))))
+    return smooth(values, partition), partition
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Each bin replaced by the mean of the `window` bins around it (fewer at the ends)."""
+    half = window // 2
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    index = np.arange(len(values))
+    low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, len(values))
+    return (sums[high] - sums[low]) / (high - low)
+
+
+def _penalised_partition(sse: np.ndarray, penalty: float) -> tuple[int, ...]:
+    """The partition minimising SSE + penalty per bucket (optimal partitioning, O(n²))."""
+    n = sse.shape[0] - 1
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    start = np.zeros(n + 1, dtype=int)
+    for end in range(1, n + 1):
+        costs = best[:end] + sse[:end, end] + penalty
+        start[end] = int(np.argmin(costs))
+        best[end] = costs[start[end]]
+    boundaries = [n]
+    while boundaries[-1] > 0:
+        boundaries.append(int(start[boundaries[-1]]))
+    return tuple(reversed(boundaries))
 
 
 def structure_first(counts: Sequence[float], k: int, count_bound: float, structure_epsilon: float,
-                    noise: LaplaceMechanism, rng: Randomness = SYSTEM_RANDOM) -> tuple[list[float], Partition]:
-    """StructureFirst: choose k buckets on the true counts (clamped to `count_bound`) with the exponential
+                    noise: LaplaceMechanism, score_sensitivity: float | None = None,
+                    rng: Randomness = SYSTEM_RANDOM) -> tuple[list[float], Partition]:
+    """StructureFirst: choose k buckets on the true counts (clamped to `count_bound` F) with the exponential
     mechanism, spending `structure_epsilon` over the k - 1 boundaries, then noise each bucket's total with
     `noise` (calibrated by the caller to a bucket total's sensitivity).
 
-    The score sensitivity 2F + 1 holds for neighbours that move one bin's count by at most 1 (the paper's
-    setting); a caller whose unit can move several bins or move one by more must scale its budget.
+    `score_sensitivity` bounds how far one neighbour moves any SSE score. The paper's 2F + 1 (the default)
+    holds for neighbours that move one bin's count by 1. When neighbours move counts by at most L in L1 norm,
+    all in the same direction (add-remove), each score is Σx² - (Σx)²/s over clamped counts, and both terms
+    move the same way by at most 2F·L, so 2F·L bounds the score's move; with mixed directions, 4F·L.
     """
     values = np.clip(np.asarray(counts, dtype=float), 0, count_bound)
     n = len(values)
@@ -116,7 +165,8 @@ def structure_first(counts: Sequence[float], k: int, count_bound: float, structu
     best, _, sse = optimal_tables(values, k)
     boundaries = [n]
     if k > 1:
-        chooser = ExponentialMechanism(2 * count_bound + 1, structure_epsilon / (k - 1))
+        sensitivity = 2 * count_bound + 1 if score_sensitivity is None else score_sensitivity
+        chooser = ExponentialMechanism(sensitivity, structure_epsilon / (k - 1))
         for buckets in range(k - 1, 0, -1):  # choose where the last of `buckets + 1` buckets starts
             end = boundaries[-1]
             starts = list(range(buckets, end))  # leaves at least one bin for each earlier bucket

@@ -50,7 +50,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
-    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, *AGGREGATES,
+    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, *AGGREGATES,
 )
 
 
@@ -124,7 +124,8 @@ def _refuse_unsafe(tree: exp.Select) -> None:
         elif isinstance(node, exp.Join) and node.args.get("kind", "").upper() == "CROSS":
             raise UnsupportedQuery("CROSS JOIN is not supported",
                                    "join on the declared key, e.g. JOIN people ON visits.person_id = people.person_id")
-        if isinstance(node, exp.PercentileCont | exp.PercentileDisc) and not isinstance(node.parent, exp.WithinGroup):
+        if isinstance(node, exp.PercentileCont | exp.PercentileDisc | exp.Mode) \
+                and not isinstance(node.parent, exp.WithinGroup):
             raise UnsupportedQuery(f"{_describe(node)} needs WITHIN GROUP (ORDER BY column)")
         if not isinstance(node, ALLOWED_NODES):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",

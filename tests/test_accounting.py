@@ -1,0 +1,99 @@
+"""The ledger's two accounts: basic composition and zCDP (through dp-accounting), and their conversion."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from scipy.optimize import minimize_scalar
+
+from dpsql import errors
+from dpsql.accounting import Budget, Cost, Ledger, zcdp
+
+
+def _cks_conversion(rho: float, delta: float) -> float:
+    """Canonne-Kamath-Steinke (2020, Prop. 12 with Balle et al.'s refinement), minimised independently:
+    ε = min over α > 1 of αρ + (ln(1/δ) + (α - 1) ln(1 - 1/α) - ln α) / (α - 1)."""
+    def epsilon(alpha: float) -> float:
+        return alpha * rho + (math.log(1 / delta) + (alpha - 1) * math.log(1 - 1 / alpha) - math.log(alpha)) \
+            / (alpha - 1)
+    return minimize_scalar(epsilon, bounds=(1.0001, 1e5), method="bounded").fun
+
+
+@pytest.mark.parametrize("rho, delta", [(0.005, 1e-6), (0.125, 1e-6), (0.5, 1e-5), (2.5, 1e-9)])
+def test_zcdp_conversion_matches_the_closed_form_and_beats_the_classic_bound(rho, delta):
+    epsilon = zcdp.epsilon_of(rho, delta)
+    assert epsilon == pytest.approx(_cks_conversion(rho, delta), rel=0.02)  # dp-accounting's orders are a grid
+    assert rho < epsilon < rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+def test_rho_for_inverts_the_conversion():
+    for epsilon, delta in ((0.5, 1e-6), (1.0, 5e-7), (3.0, 1e-5)):
+        rho = zcdp.rho_for(epsilon, delta)
+        assert zcdp.epsilon_of(rho, delta) <= epsilon
+        assert zcdp.epsilon_of(rho * 1.001, delta) > epsilon
+
+
+def test_budget_takes_the_better_account():
+    fresh = Budget("a", 2.0, 1e-5, 0.0, 0.0, 0.0, 0.0)
+    assert fresh.epsilon_spent == 0.0 and fresh.within
+    one = fresh.plus(Cost.pure(1.0))
+    assert one.epsilon_spent == pytest.approx(1.0) and not one.zcdp_is_better  # one big answer: basic wins
+    many = fresh
+    for _ in range(60):
+        many = many.plus(Cost.pure(0.05))
+    assert many.epsilon_basic == pytest.approx(3.0)  # over the budget under basic composition ...
+    assert many.zcdp_is_better and many.epsilon_spent == pytest.approx(zcdp.epsilon_of(60 * 0.05**2 / 2, 1e-5))
+    assert many.epsilon_spent < 2.0 and many.within  # ... within it under zCDP
+    assert many.delta_spent == 1e-5  # the zCDP account converts at the whole δ
+
+
+def test_partition_selection_delta_is_set_aside_before_conversion():
+    budget = Budget("a", 10.0, 1e-5, 0.0, 0.0, 0.0, 0.0).plus(Cost(0.5, 4e-6, 0.125, 4e-6))
+    assert budget.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(0.125, 6e-6))
+
+
+def test_ledger_admits_more_small_answers_than_basic_composition(base_url):
+    ledger = Ledger(base_url)
+    try:
+        ledger.add_analyst("zcdp_many", 2.0, 1e-5)
+        admitted = 0
+        with pytest.raises(errors.BudgetExhausted):
+            while admitted < 1000:
+                ledger.charge("zcdp_many", Cost.pure(0.05), f"q{admitted}")
+                admitted += 1
+        assert admitted > 40  # basic composition stops at 2.0 / 0.05 = 40
+        budget = ledger.budget("zcdp_many")
+        assert budget.epsilon_spent <= 2.0 and budget.rho == pytest.approx(admitted * 0.05**2 / 2)
+        mixed = ledger.charge("zcdp_many", Cost(0.0, 0.0, 0.0, 0.0), "free")
+        assert mixed.rho == pytest.approx(budget.rho)
+    finally:
+        ledger.remove("zcdp_many")
+        ledger.close()
+
+
+def test_concurrent_gaussian_charges_never_overspend(base_url):
+    """Mixed Laplace and Gaussian charges from many threads: the spending never passes the budget."""
+    ledger = Ledger(base_url)
+    try:
+        ledger.add_analyst("zcdp_race", 3.0, 1e-5)
+        gaussian = Cost(0.3, 1e-7, zcdp.rho_for(0.3, 1e-7), 0.0)
+
+        def charge(i: int) -> bool:
+            try:
+                ledger.charge("zcdp_race", gaussian if i % 2 else Cost.pure(0.3), f"r{i}")
+                return True
+            except errors.BudgetExhausted:
+                return False
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(charge, range(80)))
+        budget = ledger.budget("zcdp_race")
+        assert budget.within and budget.epsilon_spent <= 3.0
+        assert sum(results) >= 10  # at least what basic composition allows
+        assert budget.rho == pytest.approx(sum(
+            (gaussian.rho if i % 2 else 0.045) for i, ok in enumerate(results) if ok))
+    finally:
+        ledger.remove("zcdp_race")
+        ledger.close()
