@@ -10,7 +10,7 @@ Every charge records two accounts of the same answer, and the analyst's spending
 - zCDP: the ρs add up (ε-DP parts count ε²/2, Gaussian noise its own ρ), beside the δs of DP partition
   selection; the total converts to ε at what is left of the analyst's δ (`dpsql.accounting.zcdp`).
 Over many queries the second is much tighter (100 answers at ε = 0.1 cost 10 under basic composition and
-about 5 at δ = 1e-6 under zCDP); for a few large ones the first is.
+about 5.2 at δ = 1e-6 under zCDP); for a few large ones the first is.
 """
 
 from __future__ import annotations
