@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 from scipy.optimize import minimize_scalar
 
 from dpsql import errors
 from dpsql.accounting import Budget, Cost, Ledger, zcdp
+from tests.conftest import copy_database
 
 
 def _cks_conversion(rho: float, delta: float) -> float:
@@ -96,4 +98,29 @@ def test_concurrent_gaussian_charges_never_overspend(base_url):
             (gaussian.rho if i % 2 else 0.045) for i, ok in enumerate(results) if ok))
     finally:
         ledger.remove("zcdp_race")
+        ledger.close()
+
+
+def test_spending_from_before_the_zcdp_account_is_carried_over(server, template):
+    """A ledger created by the first release (no ρ columns) is upgraded without forgetting what was spent."""
+    url = copy_database(server, template, "dpsql_old_ledger")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA dpsql")
+        conn.execute("CREATE TABLE dpsql.analysts (name text PRIMARY KEY, epsilon_total double precision NOT NULL, "
+                     "delta_total double precision NOT NULL, epsilon_spent double precision NOT NULL DEFAULT 0, "
+                     "delta_spent double precision NOT NULL DEFAULT 0, password_verifier text, "
+                     "created_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute("CREATE TABLE dpsql.charges (id bigserial PRIMARY KEY, analyst text NOT NULL, "
+                     "at timestamptz NOT NULL DEFAULT now(), epsilon double precision NOT NULL, "
+                     "delta double precision NOT NULL, query_key text NOT NULL)")
+        conn.execute("INSERT INTO dpsql.analysts (name, epsilon_total, delta_total, epsilon_spent, delta_spent) "
+                     "VALUES ('old', 10, 1e-5, 9.5, 2e-6)")
+    ledger = Ledger(url)
+    try:
+        budget = ledger.budget("old")
+        assert budget.rho == pytest.approx(9.5**2 / 2) and budget.approx_delta == pytest.approx(2e-6)
+        assert budget.epsilon_spent == pytest.approx(9.5)  # not 0: basic composition still holds it
+        with pytest.raises(errors.BudgetExhausted):
+            ledger.charge("old", Cost.pure(1.0), "k")
+    finally:
         ledger.close()

@@ -39,8 +39,7 @@ CREATE TABLE IF NOT EXISTS dpsql.analysts (
     password_verifier text,
     created_at timestamptz NOT NULL DEFAULT now()
 );
-ALTER TABLE dpsql.analysts ADD COLUMN IF NOT EXISTS rho_spent double precision NOT NULL DEFAULT 0;
-ALTER TABLE dpsql.analysts ADD COLUMN IF NOT EXISTS approx_delta_spent double precision NOT NULL DEFAULT 0;
+
 CREATE TABLE IF NOT EXISTS dpsql.charges (
     id bigserial PRIMARY KEY,
     analyst text NOT NULL REFERENCES dpsql.analysts(name) ON DELETE CASCADE,
@@ -49,8 +48,21 @@ CREATE TABLE IF NOT EXISTS dpsql.charges (
     delta double precision NOT NULL,
     query_key text NOT NULL
 );
-ALTER TABLE dpsql.charges ADD COLUMN IF NOT EXISTS rho double precision NOT NULL DEFAULT 0;
-ALTER TABLE dpsql.charges ADD COLUMN IF NOT EXISTS approx_delta double precision NOT NULL DEFAULT 0;
+-- The zCDP account (added after the first release). Charges made before it were pure ε_i answers, some with
+-- a partition-selection δ_i: they are δ_i-approximately ε_i²/2-zCDP, so an analyst's earlier spending is
+-- carried over as ρ = (Σε)²/2 >= Σε_i²/2 beside Σδ: never less than what was spent.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'dpsql'
+                   AND table_name = 'analysts' AND column_name = 'rho_spent') THEN
+        ALTER TABLE dpsql.analysts ADD COLUMN rho_spent double precision NOT NULL DEFAULT 0,
+                                   ADD COLUMN approx_delta_spent double precision NOT NULL DEFAULT 0;
+        UPDATE dpsql.analysts SET rho_spent = epsilon_spent * epsilon_spent / 2, approx_delta_spent = delta_spent;
+        ALTER TABLE dpsql.charges ADD COLUMN rho double precision NOT NULL DEFAULT 0,
+                                  ADD COLUMN approx_delta double precision NOT NULL DEFAULT 0;
+        UPDATE dpsql.charges SET rho = epsilon * epsilon / 2, approx_delta = delta;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS dpsql.answers (
     analyst text NOT NULL REFERENCES dpsql.analysts(name) ON DELETE CASCADE,
     query_key text NOT NULL,
