@@ -2,8 +2,8 @@
 
 The ledger is written on dpsql's own autocommit connections, never the analyst's: a charge is committed
 before the analysed statement starts, so a failed, cancelled or rolled-back query keeps its charge. A charge
-locks the analyst's row (SELECT ... FOR UPDATE), so concurrent queries are serialised and can never spend
-more than the budget.
+is written only if the analyst's row is unchanged since it was read and checked (optimistic concurrency), so
+concurrent queries can never spend more than the budget.
 
 Every charge records two accounts of the same answer, and the analyst's spending is the better of the two:
 - basic composition: the εs and δs of the answers add up;
@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from dpsql.accounting import zcdp
-from dpsql.errors import BudgetExhausted, InvalidParameter, UnknownAnalyst
+from dpsql.errors import BudgetExhausted, InvalidParameter, OperationalError, UnknownAnalyst
 
 DDL = """
 CREATE SCHEMA IF NOT EXISTS dpsql;
@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS dpsql.settings (
 );
 """
 TOLERANCE = 1e-9  # relative slack for floating-point sums of ε
+MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race to a concurrent one
 BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
 
 
@@ -139,7 +140,10 @@ class Budget:
 
     @property
     def within(self) -> bool:
-        """Whether the spending fits the budget."""
+        """Whether the spending fits the budget (under basic composition first: it needs no conversion)."""
+        if (self.epsilon_basic <= self.epsilon_total * (1 + TOLERANCE)
+                and self.delta_basic <= self.delta_total * (1 + TOLERANCE)):
+            return True
         return (self.epsilon_spent <= self.epsilon_total * (1 + TOLERANCE)
                 and self.delta_spent <= self.delta_total * (1 + TOLERANCE))
 
@@ -224,23 +228,38 @@ class Ledger:
     # --- charges and the answer cache ---------------------------------------------------------------------
 
     def charge(self, name: str, cost: Cost, query_key: str) -> Budget:
-        """Spend `cost` of the analyst's budget, committed before returning; refuse if it would overspend."""
-        with self._pool.connection() as conn, conn.transaction():
-            before = _budget(conn, name, lock=True)  # raises UnknownAnalyst
-            after = before.plus(cost)
-            if not after.within:
-                raise BudgetExhausted(
-                    f"privacy budget exhausted: the query costs ε={cost.epsilon:g}, δ={cost.delta:g} but analyst "
-                    f'"{name}" has ε={before.epsilon_left:g}, δ={before.delta_left:g} left; nothing was run',
-                    "ask a smaller ε (SET dpsql.epsilon / --epsilon), or have an administrator run "
-                    f"`dpsql analyst grant {name} --epsilon E`")
-            conn.execute("UPDATE dpsql.analysts SET epsilon_spent = %s, delta_spent = %s, rho_spent = %s, "
-                         "approx_delta_spent = %s WHERE name = %s",
-                         (after.epsilon_basic, after.delta_basic, after.rho, after.approx_delta, name))
-            conn.execute("INSERT INTO dpsql.charges (analyst, epsilon, delta, rho, approx_delta, query_key) "
-                         "VALUES (%s, %s, %s, %s, %s, %s)",
-                         (name, cost.epsilon, cost.delta, cost.rho, cost.approx_delta, query_key))
-        return after
+        """Spend `cost` of the analyst's budget, committed before returning; refuse if it would overspend.
+
+        The new totals are checked in Python (the zCDP conversion is not SQL) and written by one statement
+        that applies only if the analyst's row is still what was read, so two concurrent charges can never
+        both pass on the same remaining budget; the loser re-reads and re-checks."""
+        with self._pool.connection() as conn:
+            for _ in range(MAX_CHARGE_ATTEMPTS):
+                before = _budget(conn, name)  # raises UnknownAnalyst
+                after = before.plus(cost)
+                if not after.within:
+                    raise BudgetExhausted(
+                        f"privacy budget exhausted: the query costs ε={cost.epsilon:g}, δ={cost.delta:g} but "
+                        f'analyst "{name}" has ε={before.epsilon_left:g}, δ={before.delta_left:g} left; nothing '
+                        "was run", "ask a smaller ε (SET dpsql.epsilon / --epsilon), or have an administrator run "
+                        f"`dpsql analyst grant {name} --epsilon E`")
+                written = conn.execute(
+                    "WITH spent AS (UPDATE dpsql.analysts SET epsilon_spent = %(e)s, delta_spent = %(d)s, "
+                    "rho_spent = %(r)s, approx_delta_spent = %(a)s WHERE name = %(n)s AND epsilon_spent = %(e0)s "
+                    "AND delta_spent = %(d0)s AND rho_spent = %(r0)s AND approx_delta_spent = %(a0)s "
+                    "AND epsilon_total = %(et)s AND delta_total = %(dt)s RETURNING name), "
+                    "logged AS (INSERT INTO dpsql.charges (analyst, epsilon, delta, rho, approx_delta, query_key) "
+                    "SELECT name, %(ce)s, %(cd)s, %(cr)s, %(ca)s, %(k)s FROM spent) "
+                    "SELECT name FROM spent",
+                    {"e": after.epsilon_basic, "d": after.delta_basic, "r": after.rho, "a": after.approx_delta,
+                     "n": name, "e0": before.epsilon_basic, "d0": before.delta_basic, "r0": before.rho,
+                     "a0": before.approx_delta, "et": before.epsilon_total, "dt": before.delta_total,
+                     "ce": cost.epsilon, "cd": cost.delta, "cr": cost.rho, "ca": cost.approx_delta,
+                     "k": query_key}).fetchone()
+                if written is not None:
+                    return after
+        raise OperationalError(f'could not record a charge for analyst "{name}": too many concurrent charges',
+                               "retry the query")
 
     def cached(self, name: str, query_key: str) -> dict | None:
         with self._pool.connection() as conn:
