@@ -143,23 +143,27 @@ def _cells(url: str, sql: str, n_keys: int, cells: int) -> dict[tuple, list[int]
     return out
 
 
-@pytest.mark.parametrize("sql", QUANTILE_QUERIES)
-def test_neighbour_moves_quantile_scores_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
-    from dpsql.mechanisms import rank_scores
-
-    prepared = engine.prepare(sql)
+def _histogram_pairs(prepared, kind: str, base_url: str, neighbour_url: str):
+    """For each `kind` aggregate: its histogram and, per group, the cell counts on the base and the neighbour."""
     plan = prepared.plan
     n_keys = len(plan.group_keys)
-    for agg in (a for a in plan.aggregates if a.kind == "quantile"):
-        histogram = next(h for h in plan.histograms if h.name == agg.measures[0])
+    for agg in (a for a in plan.aggregates if a.kind == kind):
+        histogram = plan.histogram[agg.measures[0]]
         hist_sql = prepared.rewritten.histograms[histogram.name]
         before = _cells(base_url, hist_sql, n_keys, histogram.cells)
         after = _cells(neighbour_url, hist_sql, n_keys, histogram.cells)
         empty = [0] * histogram.cells
+        yield agg, histogram, [(before.get(k, empty), after.get(k, empty)) for k in before.keys() | after.keys()]
+
+
+@pytest.mark.parametrize("sql", QUANTILE_QUERIES)
+def test_neighbour_moves_quantile_scores_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
+    from dpsql.mechanisms import rank_scores
+
+    for agg, histogram, pairs in _histogram_pairs(engine.prepare(sql), "quantile", base_url, neighbour_url):
         moves = []
-        for key in before.keys() | after.keys():
-            old = rank_scores(before.get(key, empty), agg.quantile)
-            new = rank_scores(after.get(key, empty), agg.quantile)
+        for old_cells, new_cells in pairs:
+            old, new = rank_scores(old_cells, agg.quantile), rank_scores(new_cells, agg.quantile)
             moves.append(max(abs(a - b) for a, b in zip(old, new, strict=True)))
         assert max(moves) <= histogram.rows, (sql, agg.sql, max(moves))
         assert sum(moves) <= histogram.sensitivity, (sql, agg.sql, sum(moves))
@@ -178,19 +182,11 @@ MODE_QUERIES = [
 def test_neighbour_moves_mode_counts_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
     """mode() scores are the counts per declared value: they only grow (so the monotone exponential mechanism
     applies), by at most k per group and k·G over all groups."""
-    prepared = engine.prepare(sql)
-    plan = prepared.plan
-    n_keys = len(plan.group_keys)
-    for agg in (a for a in plan.aggregates if a.kind == "mode"):
-        histogram = plan.histogram[agg.measures[0]]
-        hist_sql = prepared.rewritten.histograms[histogram.name]
-        before = _cells(base_url, hist_sql, n_keys, histogram.cells)
-        after = _cells(neighbour_url, hist_sql, n_keys, histogram.cells)
-        empty = [0] * histogram.cells
+    for _, histogram, pairs in _histogram_pairs(engine.prepare(sql), "mode", base_url, neighbour_url):
         moves = []
-        for key in before.keys() | after.keys():
-            diffs = [b - a for a, b in zip(before.get(key, empty), after.get(key, empty), strict=True)]
-            assert min(diffs) >= 0, (sql, key)  # monotone under add-remove
+        for old_cells, new_cells in pairs:
+            diffs = [b - a for a, b in zip(old_cells, new_cells, strict=True)]
+            assert min(diffs) >= 0, sql  # monotone under add-remove
             moves.append(max(diffs))
         assert max(moves) <= histogram.rows, (sql, max(moves))
         assert sum(moves) <= histogram.sensitivity, (sql, sum(moves))

@@ -17,18 +17,22 @@ from dpsql.mechanisms.histograms import sse_table
 EXAMPLE = [1, 2, 1, 3, 5, 1, 1]
 
 
-def test_exponential_mechanism_selection_probabilities():
-    utilities = [0.0, -1.0, -2.5, -0.5, -6.0]
-    mechanism = ExponentialMechanism(sensitivity=1.0, epsilon=1.0)
-    expected = [math.exp(u / 2) for u in utilities]
-    expected = [e / sum(expected) for e in expected]
+def _assert_selects_with(mechanism: ExponentialMechanism, utilities: list[float], weights: list[float],
+                         seed: int) -> None:
+    """The mechanism's probabilities are the normalised weights, and its samples follow them (chi-square)."""
+    expected = [w / sum(weights) for w in weights]
     assert mechanism.probabilities(utilities) == pytest.approx(expected)
-    rng = random.Random(8)
+    rng = random.Random(seed)
     n = 40_000
     counts = Counter(mechanism.select(utilities, rng) for _ in range(n))
-    observed = [counts.get(i, 0) for i in range(len(utilities))]
-    _, p_value = stats.chisquare(observed, [p * n for p in expected])
+    _, p_value = stats.chisquare([counts.get(i, 0) for i in range(len(utilities))], [p * n for p in expected])
     assert p_value > 1e-4
+
+
+def test_exponential_mechanism_selection_probabilities():
+    utilities = [0.0, -1.0, -2.5, -0.5, -6.0]
+    _assert_selects_with(ExponentialMechanism(sensitivity=1.0, epsilon=1.0), utilities,
+                         [math.exp(u / 2) for u in utilities], seed=8)
 
 
 def test_exponential_mechanism_utility_guarantee():
@@ -56,14 +60,7 @@ def test_monotone_exponential_mechanism_uses_epsilon_over_sensitivity():
     """For utilities that all move the same way (counts under add-remove), weights are exp(ε u / Δ)."""
     utilities = [10.0, 8.0, 9.0, 5.0]
     mechanism = ExponentialMechanism(sensitivity=2.0, epsilon=1.0, monotone=True)
-    expected = [math.exp(u / 2) for u in utilities]
-    expected = [e / sum(expected) for e in expected]
-    assert mechanism.probabilities(utilities) == pytest.approx(expected)
-    rng = random.Random(13)
-    n = 40_000
-    counts = Counter(mechanism.select(utilities, rng) for _ in range(n))
-    _, p_value = stats.chisquare([counts.get(i, 0) for i in range(4)], [p * n for p in expected])
-    assert p_value > 1e-4
+    _assert_selects_with(mechanism, utilities, [math.exp(u / 2) for u in utilities], seed=13)
     assert mechanism.utility_gap(4) == pytest.approx(ExponentialMechanism(2.0, 1.0).utility_gap(4) / 2)
 
 
