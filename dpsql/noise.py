@@ -86,7 +86,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
     mechanism is Gaussian). `histogram` applies to ordered bins only; elsewhere it is plain."""
     histogram = _histogram_method(plan, histogram)
     gaussian = mechanism == "gaussian" and bool(plan.measures) and histogram != "structurefirst"
-    selection, selection_epsilon, cost = None, 0.0, NO_COST
+    selection, selection_epsilon, cost, structure = None, 0.0, NO_COST, None
     if plan.partition_selection:
         selection_epsilon = epsilon * selection_share
         selection_delta = delta / 2 if gaussian else delta
@@ -125,8 +125,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
         for laplace in mechanisms.values():
             cost += Cost.pure(laplace.epsilon)
     return Calibration(mechanisms, choosers, selection, top_k, cost, selection_epsilon,
-                       "gaussian" if gaussian else "laplace", histogram,
-                       structure if histogram == "structurefirst" else None)
+                       "gaussian" if gaussian else "laplace", histogram, structure)
 
 
 def _histogram_method(plan: Plan, requested: str) -> str:
