@@ -75,7 +75,7 @@ def histogram_mse(counts: np.ndarray, epsilon: float, runs: int, rng: np.random.
     for _ in range(runs):
         noisy = counts + rng.laplace(0, 1 / epsilon, len(counts))
         smoothed, _ = noise_first(list(noisy), variance)
-        clamp = max(1.0, float(np.ceil(clamp_mech.release(float(counts.max())))))
+        clamp = max(1.0, float(np.ceil(clamp_mech.release(float(counts.max())) + clamp_mech.ci_halfwidth())))
         bucketed, _ = structure_first(list(counts), int(np.ceil(len(counts) / 4)), clamp, 0.4 * epsilon, totals,
                                       score_sensitivity=2 * clamp)
         plain.append(float(np.mean((noisy - counts) ** 2)))

@@ -42,7 +42,7 @@ class StructureFirst:
     """How StructureFirst answers an ordered histogram of one count measure."""
 
     measure: str
-    max_count: LaplaceMechanism  # a noisy largest bin count: the clamp F of the boundary scores
+    max_count: LaplaceMechanism  # a noisy largest bin count (plus its 95% half-width): the clamp F of the scores
     structure_epsilon: float  # spent over the k - 1 boundaries
     score_factor: float  # a boundary score moves by at most score_factor · F
     buckets: int
@@ -193,7 +193,9 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
 def _structure_first_release(structure: StructureFirst, candidates: list) -> list[NoisyGroup]:
     """Every bin's released value (its bucket's noisy total over the bucket's width) from the exact counts."""
     counts = [float(value[0][0]) for _, value in candidates]
-    clamp = max(1.0, math.ceil(structure.max_count.release(max(counts))))
+    # the noisy largest count plus its 95% half-width, so that the clamp rarely cuts into the true counts
+    noisy_max = structure.max_count.release(max(counts)) + structure.max_count.ci_halfwidth()
+    clamp = max(1.0, math.ceil(noisy_max))
     smoothed, partition = structure_first(counts, structure.buckets, clamp, structure.structure_epsilon,
                                           structure.totals, score_sensitivity=structure.score_factor * clamp)
     widths = [end - start for start, end in partition.buckets for _ in range(end - start)]
