@@ -7,10 +7,12 @@ import contextlib
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from dpsql.config import Settings, load_settings
 from dpsql.errors import Error
+from dpsql.postprocess import describe_accuracy, format_value
 from dpsql.schema import MECHANISMS
 from dpsql.session import HISTOGRAMS
 
@@ -83,11 +85,23 @@ def _parser() -> argparse.ArgumentParser:
     remove = analyst_sub.add_parser("remove", parents=[common], help="remove an analyst")
     remove.add_argument("name")
     remove.set_defaults(run=_analyst_remove)
+    passwd = analyst_sub.add_parser("passwd", parents=[common],
+                                    help="set an analyst's password for `dpsql serve` (prompted, or one line on stdin)")
+    passwd.add_argument("name")
+    passwd.add_argument("--md5", action="store_true", help="store an md5 verifier (for clients without SCRAM)")
+    passwd.set_defaults(run=_analyst_passwd)
+
+    serve = sub.add_parser("serve", parents=[common], help="serve the PostgreSQL wire protocol on a TCP port")
+    serve.add_argument("--backend", help="postgresql:// URL of the database (same as --database)")
+    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:6543)")
+    serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start an embedded PostgreSQL, load demo data, run DP queries")
     demo.add_argument("--people", type=int, default=100_000, help="people to generate (default 100000)")
     demo.add_argument("--keep", action="store_true", help="leave the embedded PostgreSQL running afterwards")
     demo.add_argument("--data-dir", help="where the embedded PostgreSQL keeps its files")
+    demo.add_argument("--serve", action="store_true", help="then run `dpsql serve` on it until Ctrl-C")
+    demo.add_argument("--listen", default="127.0.0.1:6543", help="HOST:PORT for --serve (default 127.0.0.1:6543)")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -127,12 +141,12 @@ def format_answer(answer) -> str:
     for i, name in enumerate(answer.names):
         headers.append(name)
         for r, row in enumerate(answer.rows):
-            cells[r].append(_cell(row[i]))
+            cells[r].append(format_value(row[i]))
         if noisy[i]:
             headers.append("95% CI")
             for r, row in enumerate(answer.accuracy):
                 acc = row[i]
-                cells[r].append(_interval(acc))
+                cells[r].append(describe_accuracy(acc))
     widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
     lines = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
              "-+-".join("-" * w for w in widths)]
@@ -145,24 +159,6 @@ def format_answer(answer) -> str:
     if answer.budget is not None:
         lines.append(f"budget left: ε = {answer.budget.epsilon_left:.4g}, δ = {answer.budget.delta_left:.3g}")
     return "\n".join(lines)
-
-
-def _interval(accuracy) -> str:
-    if accuracy is None:
-        return ""
-    if accuracy.rank_error is not None:
-        return f"±{accuracy.rank_error:.3g} ranks"
-    if accuracy.count_gap is not None:
-        return f"count within {accuracy.count_gap:.3g} of the top"
-    return f"[{_cell(accuracy.ci_low)}, {_cell(accuracy.ci_high)}]"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
-    return str(value)
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -231,6 +227,46 @@ def _analyst_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyst_passwd(args: argparse.Namespace) -> int:
+    from dpsql.server.auth import md5_verifier, scram_verifier
+    password = _read_new_password(args.name)
+    verifier = md5_verifier(args.name, password) if args.md5 else scram_verifier(password)
+    with _ledger(_settings(args)) as ledger:
+        ledger.set_verifier(args.name, verifier)
+    print(f"password of analyst {args.name} set ({'md5' if args.md5 else 'SCRAM-SHA-256'} verifier stored)")
+    return 0
+
+
+def _read_new_password(name: str) -> str:
+    """A new password from the terminal (asked twice), or the first line of stdin when it is not a terminal."""
+    import getpass
+
+    from dpsql.errors import InvalidParameter
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"New password for {name}: ")
+        if getpass.getpass("Again: ") != password:
+            raise InvalidParameter("the passwords do not match")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise InvalidParameter("empty password", "type a password, or pipe one line into the command")
+    return password
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dpsql.server import serve
+    settings = _settings(args)
+    if args.backend:
+        settings = replace(settings, database=args.backend)
+
+    def ready(server) -> None:
+        print(f"dpsql serve: listening on {server.listen.host}:{server.port} "
+              f"(auth {server.auth_method}{', TLS' if server.tls else ''})", file=sys.stderr, flush=True)
+
+    serve(settings, args.listen, ready)
+    return 0
+
+
 def _schema_check(args: argparse.Namespace) -> int:
     from dpsql.schema import load_schema
     schema = load_schema(args.file)
@@ -279,6 +315,8 @@ def _demo(args: argparse.Namespace) -> int:
                 print()
         finally:
             engine.close()
+        if args.serve:
+            return _demo_serve(url, schema_path, args.listen)
         print("Connect from Python (a PEP 249 module):\n")
         print("    import dpsql")
         print(f'    conn = dpsql.connect(database="{url}",\n'
@@ -290,6 +328,28 @@ def _demo(args: argparse.Namespace) -> int:
             print("\n(The embedded PostgreSQL stops now; run `dpsql demo --keep` to keep it running.)")
     finally:
         server.stop()
+    return 0
+
+
+def _demo_serve(url: str, schema_path: str, listen: str) -> int:
+    """`dpsql demo --serve`: give the demo analyst a password and serve the demo database until Ctrl-C."""
+    import secrets
+
+    from dpsql.server import serve
+    from dpsql.server.auth import scram_verifier
+    password = secrets.token_urlsafe(9)
+    settings = load_settings(None, database=url, schema=schema_path)
+    with _ledger(settings) as ledger:
+        ledger.set_verifier(DEMO_ANALYST, scram_verifier(password))
+
+    def ready(server) -> None:
+        print(f"dpsql serve is listening on {server.listen.host}:{server.port}. Connect with:\n\n"
+              f'    psql "postgresql://{DEMO_ANALYST}:{password}@{server.listen.host}:{server.port}/demo"\n\n'
+              "and try:  SELECT sex, COUNT(*), AVG(income) FROM people GROUP BY sex;\n"
+              "          SET dpsql.epsilon = 0.1;  SHOW dpsql.budget;\n"
+              "Press Ctrl-C to stop the server and the embedded PostgreSQL.", flush=True)
+
+    serve(settings, listen, ready)
     return 0
 
 

@@ -32,6 +32,12 @@ class Settings:
     selection_share: float = 0.5  # part of a query's ε spent on partition selection, when it needs it
     statement_timeout_ms: int = 30_000
     max_groups_per_unit: int | None = None  # overrides the schema's bound when set
+    # `dpsql serve`
+    listen: str = "127.0.0.1:6543"  # HOST:PORT of the wire-protocol port
+    auth: str = "scram-sha-256"  # scram-sha-256 | md5 | password (cleartext, only with TLS)
+    tls_cert: str | None = None  # PEM certificate; with tls_key, clients may (and with auth=password must) use TLS
+    tls_key: str | None = None
+    shadow_database: str | None = None  # postgresql:// URL of the data-free catalog copy; default: created
 
 
 def load_settings(config: str | Path | None = None, **explicit: Any) -> Settings:

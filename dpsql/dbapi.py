@@ -39,7 +39,7 @@ from dpsql.errors import (
 )
 from dpsql.explain import explain_text
 from dpsql.postprocess import Accuracy
-from dpsql.session import OPTION_NAMES, Options, SessionCommand, parse_session_command
+from dpsql.session import OPTION_NAMES, Options, SessionCommand, parse_session_command, show_value
 
 __all__ = [
     "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor", "DataError",
@@ -199,9 +199,11 @@ class Cursor:
         if command is not None:
             self._answer = _session_answer(connection, command)
         else:
+            query_options = _query_options(connection.options, options)
             self._answer = connection.engine.query(operation, parameters, analyst=connection.analyst,
-                                                   epsilon=epsilon, options=_query_options(connection.options,
-                                                                                           options))
+                                                   epsilon=epsilon, options=query_options)
+            if connection.engine.options(query_options).intervals:
+                self._answer = self._answer.with_intervals()
         self._position = 0
         return self
 
@@ -278,5 +280,5 @@ def _session_answer(connection: Connection, command: SessionCommand) -> Answer:
     if command.name == "budget":
         value = describe_budget(connection.budget())
     else:
-        value = str(getattr(connection.engine.options(connection.options), command.name))
+        value = show_value(getattr(connection.engine.options(connection.options), command.name))
     return Answer([f"dpsql.{command.name}"], ["text"], [(value,)], [(None,)], 0.0, 0.0)

@@ -15,12 +15,12 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsql.accounting import Budget, Ledger, new_hash_seed
 from dpsql.analysis import Plan, analyze
-from dpsql.backends import PostgresBackend
+from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.config import Settings
 from dpsql.errors import ConfigError, InvalidParameter
 from dpsql.noise import Calibration, add_noise, calibrate
@@ -45,6 +45,26 @@ class Answer:
     delta: float
     cached: bool = False
     budget: Budget | None = None
+    noisy: list[bool] | None = None  # per column: computed from noisy aggregates
+
+    def with_intervals(self) -> Answer:
+        """The answer with two more columns after each noisy one: the bounds of its 95% confidence interval
+        (NULL where the value has none, such as a quantile, which reports a rank error instead)."""
+        noisy = self.noisy or [False] * len(self.names)
+        names, types, picks = [], [], []
+        for i, (name, type_name) in enumerate(zip(self.names, self.types, strict=True)):
+            names.append(name)
+            types.append(type_name)
+            picks.append((i, None))
+            if noisy[i]:
+                names += [f"{name}_ci_low", f"{name}_ci_high"]
+                types += ["float8", "float8"]
+                picks += [(i, "ci_low"), (i, "ci_high")]
+        rows = [tuple(row[i] if bound is None else getattr(acc[i], bound, None) if acc[i] else None
+                      for i, bound in picks) for row, acc in zip(self.rows, self.accuracy, strict=True)]
+        accuracy = [tuple(acc[i] if bound is None else None for i, bound in picks) for acc in self.accuracy]
+        return replace(self, names=names, types=types, rows=rows, accuracy=accuracy,
+                       noisy=[bound is None and noisy[i] for i, bound in picks])
 
 
 @dataclass
@@ -113,21 +133,23 @@ class Engine:
         return entry
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
-              options: Options | None = None) -> Answer:
-        """The noisy answer to `sql`, charged to `analyst` (or from the cache, free)."""
+              options: Options | None = None, cancel: Cancellation | None = None) -> Answer:
+        """The noisy answer to `sql`, charged to `analyst` (or from the cache, free). `cancel` lets another
+        thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
         prepared = self.prepare(sql, params, epsilon, options)
+        noisy = [output.noisy for output in prepared.plan.outputs]
         stored = self.ledger.cached(analyst, prepared.key)
         if stored is not None:
-            return _decode(stored, cached=True, budget=self.ledger.budget(analyst))
+            return _decode(stored, cached=True, budget=self.ledger.budget(analyst), noisy=noisy)
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key)
-        rows = self.backend.execute(prepared.rewritten.sql)
-        histograms = {name: self.backend.execute(sql) for name, sql in prepared.rewritten.histograms.items()}
+        rows = self.backend.execute(prepared.rewritten.sql, cancel)
+        histograms = {name: self.backend.execute(sql, cancel) for name, sql in prepared.rewritten.histograms.items()}
         groups = add_noise(prepared.plan, cost, rows, histograms)
         result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
         stored = self.ledger.store(analyst, prepared.key, _encode(answer))
-        return _decode(stored, cached=False, budget=budget)
+        return _decode(stored, cached=False, budget=budget, noisy=noisy)
 
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)
@@ -135,7 +157,8 @@ class Engine:
     def options(self, options: Options) -> Options:
         """The query's options with every gap filled: session, then settings, then the privacy schema."""
         configured = Options(self.settings.epsilon, self.settings.mechanism, self.settings.histogram)
-        resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain"))
+        resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain",
+                                                         intervals=False))
         for name in OPTION_NAMES:
             resolved = resolved.with_option(name, getattr(resolved, name))
         if resolved.epsilon > self.settings.max_epsilon:
@@ -157,11 +180,11 @@ def _encode(answer: Answer) -> dict:
     }
 
 
-def _decode(data: dict, cached: bool, budget: Budget | None) -> Answer:
+def _decode(data: dict, cached: bool, budget: Budget | None, noisy: list[bool]) -> Answer:
     rows = [tuple(_decode_value(v) for v in row) for row in data["rows"]]
     accuracy = [tuple(None if a is None else Accuracy(*a) for a in row) for row in data["accuracy"]]
     return Answer(data["names"], data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
-                  0.0 if cached else data["delta"], cached, budget)
+                  0.0 if cached else data["delta"], cached, budget, noisy)
 
 
 def _encode_value(value: Any) -> Any:

@@ -128,6 +128,13 @@ class QueryTimeout(OperationalError):
     sqlstate = "57014"
 
 
+class QueryCancelled(OperationalError):
+    """The client cancelled the query while PostgreSQL ran it; a charge made before stands."""
+
+    code = "DP012"
+    sqlstate = "57014"
+
+
 class SchemaError(Error):
     """The privacy schema file is invalid or does not match the database."""
 

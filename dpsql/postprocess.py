@@ -159,6 +159,25 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
     return Accuracy(None, float(low), float(high))
 
 
+def describe_accuracy(accuracy: Accuracy | None) -> str:
+    """A value's accuracy for people: its 95% interval, rank error or count gap ("" for exact values)."""
+    if accuracy is None:
+        return ""
+    if accuracy.rank_error is not None:
+        return f"±{accuracy.rank_error:.3g} ranks"
+    if accuracy.count_gap is not None:
+        return f"count within {accuracy.count_gap:.3g} of the top"
+    return f"[{format_value(accuracy.ci_low)}, {format_value(accuracy.ci_high)}]"
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
+    return str(value)
+
+
 def _typed(value: Any, type_name: str) -> Any:
     if value is None:
         return None

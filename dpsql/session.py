@@ -3,6 +3,7 @@
     SET dpsql.epsilon = 0.5;            -- ε of each following query
     SET dpsql.mechanism = 'gaussian';   -- noise for counts and sums: laplace | gaussian
     SET dpsql.histogram = 'noisefirst'; -- histograms over ordered buckets: plain | noisefirst | structurefirst
+    SET dpsql.intervals = on;           -- add each noisy column's 95% interval bounds as two more columns
     SHOW dpsql.budget;                  -- spent and left (answered by whoever holds the budget)
 
 A query's own options override the session's, which override the configuration, which overrides the privacy
@@ -35,6 +36,7 @@ class Options:
     epsilon: float | None = None
     mechanism: str | None = None
     histogram: str | None = None
+    intervals: bool | None = None
 
     def over(self, other: Options) -> Options:
         """These options, with `other` filling in what these leave unset."""
@@ -52,6 +54,8 @@ def validate_option(name: str, value: Any) -> Any:
     """The option's value in its type, or InvalidParameter saying what it may be."""
     if name == "epsilon":
         return validate_epsilon(value)
+    if name == "intervals":
+        return _boolean(name, value)
     allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS}.get(name)
     if allowed is None:
         raise _unknown(name)
@@ -59,6 +63,22 @@ def validate_option(name: str, value: Any) -> Any:
     if text not in allowed:
         raise InvalidParameter(f'dpsql.{name} must be one of {", ".join(allowed)}, got "{value}"')
     return text
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1", "t"):
+        return True
+    if text in ("off", "false", "no", "0", "f"):
+        return False
+    raise InvalidParameter(f'dpsql.{name} must be on or off, got "{value}"')
+
+
+def show_value(value: Any) -> str:
+    """An option's value as SHOW prints it (booleans as on/off, as PostgreSQL does)."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,19 @@ def test_session_options_set_show_reset(conn):
     assert "dpsql.histogram" in caught.value.hint
     with pytest.raises(dpsql.InterfaceError):
         cur.execute("SELECT COUNT(*) FROM people", colour="blue")
+
+
+def test_interval_columns_on_request(conn):
+    cur = conn.cursor()
+    cur.execute("SHOW dpsql.intervals")
+    assert cur.fetchone() == ("off",)
+    cur.execute("SET dpsql.intervals = on")
+    cur.execute("SELECT sex, COUNT(*) AS n, percentile_cont(0.5) WITHIN GROUP (ORDER BY age) AS mid FROM people "
+                "GROUP BY sex")
+    assert [d[0] for d in cur.description] == ["sex", "n", "n_ci_low", "n_ci_high", "mid", "mid_ci_low",
+                                               "mid_ci_high"]
+    for row, accuracy in zip(cur.fetchall(), cur.accuracy, strict=True):
+        assert row[2] <= row[1] <= row[3] and (row[2], row[3]) == (accuracy[1].ci_low, accuracy[1].ci_high)
+        assert row[5] is None and row[6] is None  # a median reports a rank error, not an interval
+    with pytest.raises(dpsql.DataError):
+        cur.execute("SET dpsql.intervals = perhaps")

@@ -20,9 +20,9 @@ def backend_calls(engine, monkeypatch):
     calls: list[str] = []
     real = engine.backend.execute
 
-    def counting(sql: str):
+    def counting(sql: str, cancel=None):
         calls.append(sql)
-        return real(sql)
+        return real(sql, cancel)
 
     monkeypatch.setattr(engine.backend, "execute", counting)
     return calls
@@ -297,3 +297,18 @@ def test_histogram_methods_on_ordered_bins(engine, analyst):
     # not ordered bins: the setting does not apply
     other = engine.prepare("SELECT sex, COUNT(*) FROM people GROUP BY sex", options=Options(histogram="noisefirst"))
     assert other.calibration.histogram == "plain"
+
+
+def test_a_cancelled_query_stops_in_postgresql(engine):
+    import threading
+    import time
+
+    from dpsql.backends import Cancellation
+    cancellation = Cancellation()
+    threading.Timer(0.3, cancellation.cancel).start()
+    started = time.monotonic()
+    with pytest.raises(errors.QueryCancelled) as caught:
+        engine.backend.execute("SELECT pg_sleep(20)", cancellation)
+    assert time.monotonic() - started < 10 and caught.value.sqlstate == "57014"
+    with pytest.raises(errors.QueryCancelled):  # once cancelled, nothing more starts
+        engine.backend.execute("SELECT 1", cancellation)

@@ -216,6 +216,19 @@ class Ledger:
             if conn.execute("DELETE FROM dpsql.analysts WHERE name = %s", (name,)).rowcount == 0:
                 raise _unknown(name)
 
+    def set_verifier(self, name: str, verifier: str) -> None:
+        """Store an analyst's password verifier (SCRAM or md5 form; never the password)."""
+        with self._pool.connection() as conn:
+            if conn.execute("UPDATE dpsql.analysts SET password_verifier = %s WHERE name = %s",
+                            (verifier, name)).rowcount == 0:
+                raise _unknown(name)
+
+    def verifier(self, name: str) -> str | None:
+        """The analyst's password verifier; None for an unknown analyst or one without a password."""
+        with self._pool.connection() as conn:
+            row = conn.execute("SELECT password_verifier FROM dpsql.analysts WHERE name = %s", (name,)).fetchone()
+        return row[0] if row else None
+
     def analysts(self) -> list[Budget]:
         with self._pool.connection() as conn:
             rows = conn.execute(f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts ORDER BY name").fetchall()

@@ -125,6 +125,7 @@ class Output:
     name: str
     expr: exp.Expression  # over aggregate and group-key names, evaluated after noise
     type_name: str  # int8 | float8 | text | ...
+    noisy: bool = False  # computed from noisy aggregates (False for group keys and constants)
 
 
 @dataclass
@@ -577,9 +578,11 @@ class _Analyzer:
             return node.copy().transform(swap, copy=False)
 
         outputs, by_alias = [], {}
+        aggregate_names = {agg.name for agg in aggregates}
         for name, item in zip(self.query.output_names, self.tree.expressions, strict=True):
             expr = substitute(item.unalias())
-            outputs.append(Output(name, expr, _output_type(expr, aggregates, keys, self.exprs, item.unalias())))
+            noisy = any(c.name in aggregate_names for c in expr.find_all(exp.Column))
+            outputs.append(Output(name, expr, _output_type(expr, aggregates, keys, self.exprs, item.unalias()), noisy))
             by_alias[item.alias_or_name] = expr
         having = substitute(self.tree.args["having"].this) if self.tree.args.get("having") else None
         order = []

@@ -1,5 +1,5 @@
 """Where the rewritten SQL runs. PostgreSQL through psycopg 3 for now."""
 
-from dpsql.backends.postgres import PostgresBackend
+from dpsql.backends.postgres import Cancellation, PostgresBackend
 
-__all__ = ["PostgresBackend"]
+__all__ = ["Cancellation", "PostgresBackend"]

@@ -7,15 +7,41 @@ dpsql error, because a message such as "division by zero" or "value out of range
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from dpsql.errors import BackendError, ConfigError, QueryTimeout
+from dpsql.errors import BackendError, ConfigError, QueryCancelled, QueryTimeout
 
 log = logging.getLogger("dpsql.backend")
 WORK_MEM = "128MB"
+
+
+class Cancellation:
+    """Lets another thread stop the statement that a query is running (a client's CancelRequest)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            conn = self._conn
+        if conn is not None:
+            try:
+                conn.cancel_safe(timeout=5)
+            except (psycopg.Error, TimeoutError):
+                log.warning("could not cancel a backend query")
+
+    def attach(self, conn: psycopg.Connection | None) -> None:
+        with self._lock:
+            if conn is not None and self.cancelled:
+                raise QueryCancelled("canceling statement due to user request")
+            self._conn = conn
 
 
 class PostgresBackend:
@@ -39,13 +65,21 @@ class PostgresBackend:
         conn.execute(f"SET default_transaction_read_only = on; SET statement_timeout = {self._timeout}; "
                      f"SET jit = off; SET work_mem = '{WORK_MEM}'")
 
-    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+    def execute(self, sql: str, cancel: Cancellation | None = None) -> list[tuple[Any, ...]]:
         """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
         try:
             with self._pool.connection() as conn, conn.cursor() as cur:
-                cur.execute(sql, prepare=False)
-                return cur.fetchall()
+                if cancel is not None:
+                    cancel.attach(conn)
+                try:
+                    cur.execute(sql, prepare=False)
+                    return cur.fetchall()
+                finally:
+                    if cancel is not None:
+                        cancel.attach(None)
         except psycopg.errors.QueryCanceled:
+            if cancel is not None and cancel.cancelled:
+                raise QueryCancelled("canceling statement due to user request") from None
             raise QueryTimeout(f"the query took longer than the {self._timeout} ms limit and was stopped",
                                "simplify the query or ask the operator for a longer statement_timeout") from None
         except psycopg.Error as exc:

@@ -1,0 +1,158 @@
+"""`dpsql serve`: PostgreSQL's wire protocol on a TCP port, so psql, drivers and BI tools connect unchanged.
+
+The protocol is a sans-IO state machine (`protocol.Conversation` over `codec`); this module is the thin
+asyncio layer around it: it reads bytes, hands them to the conversation on a worker thread (the engine and
+the shadow database are blocking), writes the reply, upgrades to TLS and forwards CancelRequests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import secrets
+import ssl
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from dpsql.config import Settings
+from dpsql.engine import Engine
+from dpsql.errors import ConfigError
+from dpsql.server.auth import METHODS
+from dpsql.server.gateway import Gateway
+from dpsql.server.protocol import Conversation
+from dpsql.server.shadow import create_shadow
+
+log = logging.getLogger("dpsql.server")
+READ_SIZE = 256 * 1024
+WORKERS = 64
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    host: str
+    port: int
+
+
+def parse_listen(text: str) -> ListenAddress:
+    host, _, port = text.rpartition(":")
+    try:
+        return ListenAddress(host.strip("[]") or "127.0.0.1", int(port))
+    except ValueError:
+        raise ConfigError(f'invalid listen address "{text}"', "give HOST:PORT, e.g. 127.0.0.1:6432") from None
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if not settings.tls_cert and not settings.tls_key:
+        return None
+    if not (settings.tls_cert and settings.tls_key):
+        raise ConfigError("TLS needs both tls_cert and tls_key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
+    return context
+
+
+class Server:
+    """One listening socket; `await start()`, then `await serve_forever()` or `await close()`."""
+
+    def __init__(self, gateway: Gateway, listen: ListenAddress, *, auth_method: str = "scram-sha-256",
+                 tls: ssl.SSLContext | None = None):
+        if auth_method not in METHODS:
+            raise ConfigError(f'unknown auth method "{auth_method}"', f"use one of {', '.join(METHODS)}")
+        if auth_method == "password" and tls is None:
+            raise ConfigError("cleartext passwords need TLS", "set tls_cert and tls_key, or use scram-sha-256")
+        self.gateway, self.listen, self.auth_method, self.tls = gateway, listen, auth_method, tls
+        self._ids = itertools.count(1000)
+        self._conversations: dict[int, Conversation] = {}
+        self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="dpsql-client")
+        self._server: asyncio.base_events.Server | None = None
+        self.port = listen.port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._client, self.listen.host, self.listen.port,
+                                                  limit=READ_SIZE)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def serve_forever(self) -> None:
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        process_id = next(self._ids)
+        conversation = Conversation(self.gateway, process_id=process_id, secret=secrets.token_bytes(4),
+                                    auth_method=self.auth_method, tls_available=self.tls is not None)
+        self._conversations[process_id] = conversation
+        try:
+            while True:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    break
+                output = await loop.run_in_executor(self._executor, conversation.receive, data)
+                if output.data:
+                    writer.write(output.data)
+                    await writer.drain()
+                if output.cancel is not None:
+                    await loop.run_in_executor(self._executor, self._cancel, *output.cancel)
+                if output.start_tls:
+                    await writer.start_tls(self.tls)
+                    conversation.tls_started()
+                if output.close:
+                    break
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
+            log.info("client %d: connection lost: %s", process_id, exc)
+        finally:
+            self._conversations.pop(process_id, None)
+            await loop.run_in_executor(self._executor, conversation.close)
+            writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                await writer.wait_closed()
+
+    def _cancel(self, process_id: int, secret: bytes) -> None:
+        """A CancelRequest: stop that connection's running query if the key matches; never reply."""
+        conversation = self._conversations.get(process_id)
+        if conversation is None or not hmac.compare_digest(conversation.secret, secret):
+            return
+        session = conversation.session
+        if session is not None:
+            session.cancel()
+
+
+def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine, Server]:
+    """The engine, the shadow database and a server ready to `start()`, from settings."""
+    engine = Engine(settings)
+    try:
+        shadow_url, role = create_shadow(settings.database, engine.schema, settings.shadow_database)
+        gateway = Gateway(engine, shadow_url, role)
+        server = Server(gateway, parse_listen(listen or settings.listen), auth_method=settings.auth,
+                        tls=tls_context(settings))
+    except BaseException:
+        engine.close()
+        raise
+    return engine, server
+
+
+async def _run(server: Server, ready) -> None:
+    await server.start()
+    ready(server)
+    await server.serve_forever()
+
+
+def serve(settings: Settings, listen: str | None = None, ready=lambda server: None) -> None:
+    """Run `dpsql serve` until interrupted; `ready(server)` is called once the port listens."""
+    engine, server = build_server(settings, listen)
+    try:
+        asyncio.run(_run(server, ready))
+    finally:
+        engine.close()

@@ -1,0 +1,232 @@
+"""What the wire protocol's statements mean in dpsql: the bridge between `protocol.Conversation` and the engine.
+
+Each logged-in client gets a `ClientSession` holding its DP options (SET dpsql.*), its own connection to the
+data-free shadow database (opened on first use) and the analyst whose budget its queries spend. Statements
+are routed by `routing.route`; dpsql errors become ErrorResponses with their SQLSTATE, message and hint.
+Backend error text, NOTICEs and NOTIFYs from the real database never reach the client: only the engine talks
+to it, and it withholds them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections import OrderedDict
+from typing import Any
+
+from dpsql.accounting import describe_budget
+from dpsql.backends import Cancellation
+from dpsql.engine import Answer, Engine
+from dpsql.errors import Error
+from dpsql.postprocess import describe_accuracy
+from dpsql.server import codec
+from dpsql.server.codec import Column, Notice
+from dpsql.server.protocol import Description, Outcome, StatementError
+from dpsql.server.routing import route
+from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError
+from dpsql.server.statements import Statement
+from dpsql.session import Options, SessionCommand, show_value
+
+DESCRIBED_CACHE_SIZE = 256
+NOTICE_ROWS = 10  # rows whose confidence intervals the NOTICE after an answer lists
+_PLACEHOLDERS = {codec.INT2: 0, codec.INT4: 0, codec.INT8: 0, codec.OID: 0, codec.FLOAT4: 0.0, codec.FLOAT8: 0.0,
+                 codec.NUMERIC: decimal.Decimal(0), codec.BOOL: False, codec.DATE: datetime.date(2000, 1, 1),
+                 codec.TIMESTAMP: datetime.datetime(2000, 1, 1),
+                 codec.TIMESTAMPTZ: datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)}
+
+
+class Gateway:
+    """The `protocol.Host` of `dpsql serve`: analysts' verifiers and one session per login."""
+
+    def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None):
+        self.engine, self.shadow_url, self.shadow_role = engine, shadow_url, shadow_role
+        self.declared = frozenset(engine.schema.tables)
+        probe = ShadowConnection(shadow_url, shadow_role)
+        try:
+            self.server_parameters = {name: value for name in REPORTED_PARAMETERS
+                                      if (value := probe.parameter(name)) is not None}
+        finally:
+            probe.close()
+
+    def verifier(self, user: str) -> str | None:
+        return self.engine.ledger.verifier(user)
+
+    def open_session(self, user: str, database: str, parameters: dict[str, str]) -> ClientSession:
+        return ClientSession(self, user, parameters.get("application_name", ""))
+
+
+class ClientSession:
+    def __init__(self, gateway: Gateway, analyst: str, application_name: str):
+        self.gateway, self.analyst, self.application_name = gateway, analyst, application_name
+        self.options = Options()
+        self._shadow: ShadowConnection | None = None
+        self._running: Cancellation | ShadowConnection | None = None
+        self._described: OrderedDict[tuple, Description] = OrderedDict()
+        self._reported = {**gateway.server_parameters, "client_encoding": "UTF8", "DateStyle": "ISO, MDY",
+                          "is_superuser": "off", "session_authorization": analyst,
+                          "application_name": application_name, "default_transaction_read_only": "on"}
+
+    # --- protocol.HostSession ----------------------------------------------------------------------------
+
+    def status_parameters(self) -> dict[str, str]:
+        return dict(self._reported)
+
+    def describe(self, statement: Statement, param_types: list[int]) -> Description:
+        key = (statement.sql, tuple(param_types), self.options.intervals)
+        if key not in self._described:
+            self._described[key] = self._guarded(self._describe, statement, param_types)
+            if len(self._described) > DESCRIBED_CACHE_SIZE:
+                self._described.popitem(last=False)
+        self._described.move_to_end(key)
+        return self._described[key]
+
+    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
+                columns: list[Column] | None) -> Outcome:
+        return self._guarded(self._execute, statement, params, param_types)
+
+    def discard(self) -> dict[str, str]:
+        self.options = Options()
+        self._described.clear()
+        return self._reset_shadow() if self._shadow is not None else {}
+
+    def cancel(self) -> None:
+        running = self._running
+        if running is not None:
+            running.cancel()
+
+    def close(self) -> None:
+        if self._shadow is not None:
+            self._shadow.close()
+            self._shadow = None
+
+    # --- describing --------------------------------------------------------------------------------------
+
+    def _describe(self, statement: Statement, param_types: list[int]) -> Description:
+        where = route(statement, self.gateway.declared)
+        if where.kind == "option":
+            columns = [Column(f"dpsql.{where.command.name}", codec.TEXT)] if where.command.action == "show" else None
+            return Description(param_types, columns)
+        if where.kind == "noop":
+            return Description(param_types, None)
+        params, columns = self.shadow.describe(statement.sql, param_types)
+        if where.kind == "private":
+            columns = self._private_columns(statement, params, columns)
+        return Description(params, columns)
+
+    def _private_columns(self, statement: Statement, param_types: list[int],
+                         shadow_columns: list[Column] | None) -> list[Column] | None:
+        """The columns the engine's answer will have. They depend on the query, not on its parameters, so
+        placeholders stand in for them; if the engine refuses those, PostgreSQL's own types are used."""
+        params = [_PLACEHOLDERS.get(t, "") for t in param_types] or None
+        try:
+            plan = self.gateway.engine.prepare(statement.sql, params, options=self.options).plan
+        except Error:
+            return [Column(c.name, c.type_oid) for c in shadow_columns or []]
+        answer = Answer([o.name for o in plan.outputs], [o.type_name for o in plan.outputs], [], [], 0.0, 0.0,
+                        noisy=[o.noisy for o in plan.outputs])
+        return _columns(self._presented(answer))
+
+    # --- executing ---------------------------------------------------------------------------------------
+
+    def _execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
+        where = route(statement, self.gateway.declared)
+        if where.kind == "option":
+            return self._option(where.command)
+        if where.kind == "noop":
+            return Outcome(where.tag)
+        if where.kind == "private":
+            return self._private(statement, params)
+        shadow = self.shadow
+        self._running = shadow
+        try:
+            tag, columns, rows, notices = shadow.execute(statement.sql, params, param_types)
+        finally:
+            self._running = None
+        changes = {}
+        if where.kind == "setting":
+            if statement.first_word == "RESET" and statement.word(1) == "ALL":
+                changes = self._reset_shadow()
+            changes.update(self._parameter_changes())
+        return Outcome(tag, columns, rows, notices, changes)
+
+    def _private(self, statement: Statement, params: list[Any]) -> Outcome:
+        cancellation = Cancellation()
+        self._running = cancellation
+        try:
+            answer = self.gateway.engine.query(statement.sql, params or None, analyst=self.analyst,
+                                               options=self.options, cancel=cancellation)
+        finally:
+            self._running = None
+        notice = _answer_notice(answer)
+        answer = self._presented(answer)
+        return Outcome(f"SELECT {len(answer.rows)}", _columns(answer), answer.rows, [notice])
+
+    def _presented(self, answer: Answer) -> Answer:
+        return answer.with_intervals() if self.gateway.engine.options(self.options).intervals else answer
+
+    def _option(self, command: SessionCommand) -> Outcome:
+        engine = self.gateway.engine
+        if command.action == "show":
+            value = (describe_budget(engine.budget(self.analyst)) if command.name == "budget"
+                     else show_value(getattr(engine.options(self.options), command.name)))
+            return Outcome("SHOW", [Column(f"dpsql.{command.name}", codec.TEXT)], [(value,)])
+        self.options = self.options.with_option(command.name, command.value)
+        engine.options(self.options)  # refuse now, not at the next query, an ε above the cap
+        self._described.clear()  # dpsql.intervals changes the columns of private queries
+        return Outcome("SET" if command.action == "set" else "RESET")
+
+    # --- the shadow connection ---------------------------------------------------------------------------
+
+    @property
+    def shadow(self) -> ShadowConnection:
+        if self._shadow is None:
+            self._shadow = ShadowConnection(self.gateway.shadow_url, self.gateway.shadow_role,
+                                            self.application_name, self.gateway.engine.settings.statement_timeout_ms)
+        return self._shadow
+
+    def _reset_shadow(self) -> dict[str, str]:
+        self._shadow.reset()
+        return self._parameter_changes()
+
+    def _parameter_changes(self) -> dict[str, str]:
+        changes = {}
+        for name in ("DateStyle", "IntervalStyle", "TimeZone", "application_name", "standard_conforming_strings"):
+            value = self._shadow.parameter(name)
+            if value is not None and value != self._reported.get(name):
+                self._reported[name] = changes[name] = value
+        return changes
+
+    def _guarded(self, function, *args: Any) -> Any:
+        """`function(*args)`, with dpsql's and the shadow's errors as the client's ErrorResponse."""
+        try:
+            return function(*args)
+        except Error as exc:
+            raise StatementError(Notice("ERROR", exc.sqlstate, exc.message, exc.hint)) from None
+        except ShadowError as exc:
+            raise StatementError(exc.notice) from None
+
+
+def _columns(answer: Answer) -> list[Column]:
+    return [Column(name, codec.TYPE_OIDS.get(type_name, codec.TEXT))
+            for name, type_name in zip(answer.names, answer.types, strict=True)]
+
+
+def _answer_notice(answer: Answer) -> Notice:
+    """The NOTICE after a private answer: what it cost, what is left, and the 95% intervals of its values."""
+    message = ("dpsql: cached answer, no budget spent" if answer.cached
+               else f"dpsql: spent ε = {answer.epsilon:.4g}, δ = {answer.delta:.3g}")
+    if answer.budget is not None:
+        message += f"; left ε = {answer.budget.epsilon_left:.4g}, δ = {answer.budget.delta_left:.3g}"
+    lines = []
+    for number, (accuracy) in enumerate(answer.accuracy[:NOTICE_ROWS], start=1):
+        described = [f"{name} {describe_accuracy(acc)}" for name, acc in zip(answer.names, accuracy, strict=True)
+                     if acc is not None]
+        if described:
+            lines.append(f"row {number}: " + "; ".join(described))
+    if len(answer.accuracy) > NOTICE_ROWS:
+        lines.append(f"({len(answer.accuracy) - NOTICE_ROWS} more rows)")
+    detail = "95% confidence intervals:\n" + "\n".join(lines) if lines else None
+    return Notice("NOTICE", "00000", message, detail=detail)
+
+
+__all__ = ["ClientSession", "Gateway"]

@@ -1,0 +1,485 @@
+"""The server side of one client connection as a state machine over bytes (sans-IO).
+
+`Conversation.receive(bytes)` consumes what the client sent and returns what to send back, plus what the I/O
+layer must do (start TLS, close, cancel another connection's query). Everything a statement means is asked
+of a `Host` (authentication data) and the `HostSession` it opens after login; the conversation itself knows
+the protocol only: startup and authentication, simple and extended queries, portals and row limits, the
+transaction status that ReadyForQuery reports, and error recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dpsql.server import auth, codec
+from dpsql.server.codec import Column, Notice, ProtocolViolation
+from dpsql.server.statements import Statement, StatementSyntaxError, single_statement, split_statements
+
+log = logging.getLogger("dpsql.server")
+
+ERROR, FATAL = "ERROR", "FATAL"
+
+
+class StatementError(Exception):
+    """A statement failed; the client gets `notice` as an ErrorResponse and the connection stays usable."""
+
+    def __init__(self, notice: Notice):
+        super().__init__(notice.message)
+        self.notice = notice
+
+
+def error(sqlstate: str, message: str, hint: str | None = None) -> StatementError:
+    return StatementError(Notice(ERROR, sqlstate, message, hint))
+
+
+@dataclass
+class Description:
+    param_types: list[int]
+    columns: list[Column] | None  # None: the statement returns no rows
+
+
+@dataclass
+class Outcome:
+    tag: str
+    columns: list[Column] | None = None
+    rows: Sequence[Sequence[Any]] = ()
+    notices: list[Notice] = field(default_factory=list)
+    parameter_changes: dict[str, str] = field(default_factory=dict)
+
+
+class HostSession(Protocol):
+    def status_parameters(self) -> dict[str, str]: ...
+
+    def describe(self, statement: Statement, param_types: list[int]) -> Description: ...
+
+    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
+                columns: list[Column] | None) -> Outcome: ...
+
+    def discard(self) -> dict[str, str]: ...
+
+    def cancel(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Host(Protocol):
+    def verifier(self, user: str) -> str | None: ...
+
+    def open_session(self, user: str, database: str, parameters: dict[str, str]) -> HostSession: ...
+
+
+@dataclass
+class Output:
+    data: bytes = b""
+    start_tls: bool = False
+    close: bool = False
+    cancel: tuple[int, bytes] | None = None  # (process id, secret) of the connection whose query to cancel
+
+
+@dataclass
+class _Prepared:
+    statement: Statement
+    param_types: list[int]
+    columns: list[Column] | None
+
+
+@dataclass
+class _Portal:
+    prepared: _Prepared
+    params: list[Any]
+    formats: list[int]
+    outcome: Outcome | None = None
+    position: int = 0
+
+
+class Conversation:
+    def __init__(self, host: Host, *, process_id: int, secret: bytes, auth_method: str = "scram-sha-256",
+                 tls_available: bool = False):
+        self.host, self.process_id, self.secret = host, process_id, secret
+        self.auth_method, self.tls_available, self.tls_active = auth_method, tls_available, False
+        self.session: HostSession | None = None
+        self.user = ""
+        self.status = "I"  # I idle, T in a transaction block, E in a failed one
+        self._decoder = codec.FrontendDecoder()
+        self._phase = "startup"  # startup -> auth -> ready -> closed
+        self._auth_step: str | None = None
+        self._auth_state: Any = None
+        self._startup: codec.Startup | None = None
+        self._statements: dict[str, _Prepared] = {}
+        self._portals: dict[str, _Portal] = {}
+        self._savepoints: list[str] = []
+        self._skipping = False  # after an extended-protocol error: discard messages until Sync
+        self._out: list[bytes] = []
+
+    # --- the I/O layer's entry points --------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> Output:
+        """Consume `data`; return the reply and what the I/O layer must do next."""
+        self._decoder.feed(data)
+        output = Output()
+        try:
+            while self._phase != "closed" and not output.start_tls:
+                message = self._decoder.next_message()
+                if message is None:
+                    break
+                self._dispatch(message, output)
+        except ProtocolViolation as exc:
+            self._fatal("08P01", f"protocol violation: {exc}")
+        except Exception:  # never let one client's surprise take the server down
+            log.exception("internal error while serving a client")
+            self._fatal("XX000", "internal error in dpsql; the connection is closed")
+        output.data = b"".join(self._out)
+        self._out.clear()
+        output.close = output.close or self._phase == "closed"
+        return output
+
+    def tls_started(self) -> None:
+        self.tls_active = True
+
+    def close(self) -> None:
+        self._phase = "closed"
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    # --- dispatch --------------------------------------------------------------------------------------------
+
+    def _dispatch(self, message: codec.FrontendMessage, output: Output) -> None:
+        if self._phase == "startup":
+            self._on_startup_phase(message, output)
+        elif self._phase == "auth":
+            if not isinstance(message, codec.PasswordData):
+                raise ProtocolViolation(f"expected a password message, got {type(message).__name__}")
+            self._on_password(message.payload)
+        elif isinstance(message, codec.Terminate):
+            self._phase = "closed"
+        elif self._skipping and not isinstance(message, codec.Sync):
+            return
+        elif isinstance(message, codec.Query):
+            self._simple_query(message.sql)
+        elif isinstance(message, codec.Sync):
+            self._sync()
+        elif isinstance(message, codec.Flush):
+            return  # the I/O layer writes everything after each read anyway
+        else:
+            self._extended(message)
+
+    def _send(self, data: bytes) -> None:
+        self._out.append(data)
+
+    def _fatal(self, sqlstate: str, message: str, hint: str | None = None) -> None:
+        self._send(codec.error_message(Notice(FATAL, sqlstate, message, hint)))
+        self.close()
+
+    # --- startup and authentication --------------------------------------------------------------------
+
+    def _on_startup_phase(self, message: codec.FrontendMessage, output: Output) -> None:
+        if isinstance(message, codec.SSLRequest):
+            if self.tls_available and not self.tls_active:
+                if self._decoder.pending:  # bytes sent before the handshake could be injected (CVE-2021-23222)
+                    raise ProtocolViolation("received unencrypted data after SSL request")
+                self._send(b"S")
+                output.start_tls = True
+            else:
+                self._send(b"N")
+        elif isinstance(message, codec.GSSENCRequest):
+            self._send(b"N")
+        elif isinstance(message, codec.CancelRequest):
+            output.cancel = (message.process_id, message.secret)
+            self._phase = "closed"
+        elif isinstance(message, codec.Startup):
+            self._on_startup(message)
+        else:
+            raise ProtocolViolation(f"unexpected {type(message).__name__} before startup")
+
+    def _on_startup(self, startup: codec.Startup) -> None:
+        protocol_options = sorted(k for k in startup.parameters if k.startswith("_pq_."))
+        if startup.version != codec.PROTOCOL_3_0 or protocol_options:
+            self._send(codec.negotiate_version_message(0, protocol_options))
+        self.user = startup.parameters.get("user", "")
+        if not self.user:
+            return self._fatal("28000", "no PostgreSQL user name specified in startup packet")
+        self._startup = startup
+        self._phase = "auth"
+        verifier = self.host.verifier(self.user)
+        if self.auth_method == "password":
+            if not self.tls_active:
+                return self._fatal("28000", "dpsql accepts cleartext passwords only over TLS",
+                                   "connect with sslmode=require")
+            self._auth_step, self._auth_state = "password", verifier
+            self._send(codec.authentication_message(3))
+        elif self.auth_method == "md5" and verifier is not None and verifier.startswith("md5"):
+            salt = secrets.token_bytes(4)
+            self._auth_step, self._auth_state = "md5", (verifier, salt)
+            self._send(codec.authentication_message(5, salt))
+        else:  # SCRAM, also for md5 when the stored verifier is SCRAM (as PostgreSQL does)
+            keys = auth.parse_scram(verifier) or auth.random_scram_keys()
+            self._auth_step, self._auth_state = "sasl_initial", auth.ScramExchange(keys)
+            self._send(codec.authentication_message(10, codec.sasl_mechanisms(auth.SCRAM)))
+
+    def _on_password(self, payload: bytes) -> None:
+        try:
+            if self._auth_step == "sasl_initial":
+                mechanism, client_first = codec.read_sasl_initial(payload)
+                if mechanism != auth.SCRAM:
+                    return self._fatal("28000", f"unsupported SASL mechanism {mechanism}")
+                self._send(codec.authentication_message(11, self._auth_state.first(client_first)))
+                self._auth_step = "sasl_final"
+                return
+            if self._auth_step == "sasl_final":
+                self._send(codec.authentication_message(12, self._auth_state.final(payload)))
+            elif self._auth_step == "md5":
+                verifier, salt = self._auth_state
+                if not auth.check_md5(verifier, salt, codec.read_password(payload)):
+                    raise auth.AuthenticationFailed("wrong md5 response")
+            elif not auth.check_password(self._auth_state, self.user, codec.read_password(payload)):
+                raise auth.AuthenticationFailed("wrong password")
+        except auth.AuthenticationFailed:
+            return self._fatal("28P01", f'password authentication failed for user "{self.user}"')
+        self._logged_in()
+
+    def _logged_in(self) -> None:
+        startup = self._startup
+        try:
+            self.session = self.host.open_session(self.user, startup.parameters.get("database", self.user),
+                                                  startup.parameters)
+        except StatementError as exc:
+            return self._fatal(exc.notice.sqlstate, exc.notice.message, exc.notice.hint)
+        self._auth_state = None
+        self._send(codec.authentication_message(0))
+        for name, value in self.session.status_parameters().items():
+            self._send(codec.parameter_status_message(name, value))
+        self._send(codec.backend_key_message(self.process_id, self.secret))
+        self._send(codec.ready_message("I"))
+        self._phase = "ready"
+
+    # --- simple query ------------------------------------------------------------------------------------
+
+    def _simple_query(self, sql: str) -> None:
+        try:
+            statements = split_statements(sql)
+        except StatementSyntaxError as exc:
+            statements = None
+            self._error(error("42601", f"syntax error: {exc}").notice)
+        if statements == []:
+            self._send(codec.empty_query_message())
+        for statement in statements or []:
+            try:
+                outcome = self._run(statement, [], [], None)
+            except StatementError as exc:
+                self._error(exc.notice)
+                break
+            if outcome.columns is not None:
+                self._send(codec.row_description_message(outcome.columns, [0] * len(outcome.columns)))
+                self._send_rows(outcome.rows, outcome.columns, [0] * len(outcome.columns))
+            self._complete(outcome)
+        self._send(codec.ready_message(self.status))
+
+    def _send_rows(self, rows: Sequence[Sequence[Any]], columns: list[Column], formats: list[int]) -> None:
+        try:
+            encoded = [codec.data_row_message([codec.encode_value(v, c.type_oid, f == 1)
+                                               for v, c, f in zip(row, columns, formats, strict=True)])
+                       for row in rows]
+        except ValueError as exc:
+            raise error("0A000", str(exc), "ask for this column in text format") from None
+        self._out.extend(encoded)
+
+    def _complete(self, outcome: Outcome) -> None:
+        for notice in outcome.notices:
+            self._send(codec.notice_message(notice))
+        self._send(codec.command_complete_message(outcome.tag))
+        for name, value in outcome.parameter_changes.items():
+            self._send(codec.parameter_status_message(name, value))
+
+    def _error(self, notice: Notice) -> None:
+        self._send(codec.error_message(notice))
+        if self.status == "T":
+            self.status = "E"
+
+    # --- statements, transaction control ---------------------------------------------------------------
+
+    def _run(self, statement: Statement, params: list[Any], param_types: list[int],
+             columns: list[Column] | None) -> Outcome:
+        kind = statement.kind
+        if self.status == "E" and kind not in ("commit", "rollback", "rollback_to"):
+            raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block",
+                        "send ROLLBACK")
+        if kind in ("begin", "commit", "rollback", "rollback_to", "savepoint", "release"):
+            return self._transaction(statement, kind)
+        if kind == "deallocate":
+            return self._deallocate(statement)
+        if kind == "discard":
+            changes = self.session.discard()
+            if statement.word(1) == "ALL":
+                self._statements.clear()
+                self._portals.clear()
+            return Outcome(f"DISCARD {statement.word(1)}".strip(), parameter_changes=changes)
+        return self.session.execute(statement, params, param_types, columns)
+
+    def _transaction(self, statement: Statement, kind: str) -> Outcome:
+        """Transaction blocks as PostgreSQL reports them; dpsql only reads, so nothing is undone or kept."""
+        notices = []
+        if kind == "begin":
+            if self.status != "I":
+                notices.append(Notice("WARNING", "25001", "there is already a transaction in progress"))
+            self.status = "T" if self.status == "I" else self.status
+            return Outcome("BEGIN" if statement.first_word == "BEGIN" else "START TRANSACTION", notices=notices)
+        if kind in ("commit", "rollback"):
+            if self.status == "I":
+                notices.append(Notice("WARNING", "25P01", "there is no transaction in progress"))
+            tag = "ROLLBACK" if kind == "rollback" or self.status == "E" else "COMMIT"
+            self.status = "I"
+            self._savepoints.clear()
+            self._portals = {k: v for k, v in self._portals.items() if k == ""}
+            return Outcome(tag, notices=notices)
+        if self.status == "I":
+            word = {"savepoint": "SAVEPOINT", "release": "RELEASE SAVEPOINT", "rollback_to": "ROLLBACK TO SAVEPOINT"}
+            raise error("25P01", f"{word[kind]} can only be used in transaction blocks")
+        name = statement.tokens[-1].text.lower()
+        if kind == "savepoint":
+            self._savepoints.append(name)
+            return Outcome("SAVEPOINT")
+        if name not in self._savepoints:
+            self.status = "E" if kind == "release" else self.status
+            raise error("3B001", f'savepoint "{name}" does not exist')
+        del self._savepoints[self._savepoints.index(name) + (1 if kind == "rollback_to" else 0):]
+        if kind == "rollback_to":
+            self.status = "T"
+            return Outcome("ROLLBACK")
+        return Outcome("RELEASE")
+
+    def _deallocate(self, statement: Statement) -> Outcome:
+        words = [t.text for t in statement.tokens[1:]]
+        if words and words[0].upper() == "PREPARE":
+            words = words[1:]
+        if len(words) != 1:
+            raise error("42601", "syntax error in DEALLOCATE", "DEALLOCATE name or DEALLOCATE ALL")
+        if words[0].upper() == "ALL":
+            self._statements = {k: v for k, v in self._statements.items() if k == ""}
+            return Outcome("DEALLOCATE ALL")
+        name = words[0].strip('"') if words[0].startswith('"') else words[0].lower()
+        if self._statements.pop(name, None) is None:
+            raise error("26000", f'prepared statement "{name}" does not exist')
+        return Outcome("DEALLOCATE")
+
+    # --- extended query ----------------------------------------------------------------------------------
+
+    def _extended(self, message: codec.FrontendMessage) -> None:
+        try:
+            if isinstance(message, codec.Parse):
+                self._parse(message)
+            elif isinstance(message, codec.Bind):
+                self._bind(message)
+            elif isinstance(message, codec.Describe):
+                self._describe(message)
+            elif isinstance(message, codec.Execute):
+                self._execute(message)
+            elif isinstance(message, codec.Close):
+                (self._statements if message.kind == "S" else self._portals).pop(message.name, None)
+                self._send(codec.close_complete_message())
+            elif isinstance(message, codec.Unsupported):
+                kind = "function calls" if message.type == "F" else "COPY"
+                raise error("0A000", f"dpsql does not support {kind}", "send the query as SQL")
+            else:
+                raise ProtocolViolation(f"unexpected {type(message).__name__} after startup")
+        except StatementError as exc:
+            self._error(exc.notice)
+            self._skipping = True
+
+    def _sync(self) -> None:
+        self._skipping = False
+        if self.status == "I":  # the implicit transaction ends: its portals go
+            self._portals.clear()
+        else:
+            self._portals.pop("", None)
+        self._send(codec.ready_message(self.status))
+
+    def _parse(self, message: codec.Parse) -> None:
+        if message.name and message.name in self._statements:
+            raise error("42P05", f'prepared statement "{message.name}" already exists')
+        try:
+            statement = single_statement(message.sql)
+        except StatementSyntaxError as exc:
+            raise error("42601", str(exc)) from None
+        param_types = list(message.param_types)
+        if self.status == "E" and statement.kind not in ("commit", "rollback", "rollback_to"):
+            raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block")
+        if statement.empty or statement.kind != "other":
+            prepared = _Prepared(statement, param_types, None)
+        else:
+            description = self.session.describe(statement, param_types)
+            prepared = _Prepared(statement, description.param_types, description.columns)
+        self._statements[message.name] = prepared
+        self._send(codec.parse_complete_message())
+
+    def _bind(self, message: codec.Bind) -> None:
+        prepared = self._statements.get(message.statement)
+        if prepared is None:
+            raise error("26000", f'prepared statement "{message.statement}" does not exist')
+        if message.portal and message.portal in self._portals:
+            raise error("42P03", f'cursor "{message.portal}" already exists')
+        if len(message.params) != len(prepared.param_types):
+            raise error("08P01", f"bind message supplies {len(message.params)} parameters, but prepared statement "
+                                 f'"{message.statement}" requires {len(prepared.param_types)}')
+        formats = _formats(message.param_formats, len(message.params), "parameter")
+        params = []
+        for data, fmt, type_oid in zip(message.params, formats, prepared.param_types, strict=True):
+            try:
+                params.append(None if data is None else codec.decode_value(data, type_oid, fmt == 1))
+            except ValueError as exc:
+                raise error("22P02", f"invalid parameter value: {exc}") from None
+        columns = prepared.columns or []
+        result_formats = _formats(message.result_formats, len(columns), "result")
+        self._portals[message.portal] = _Portal(prepared, params, result_formats)
+        self._send(codec.bind_complete_message())
+
+    def _describe(self, message: codec.Describe) -> None:
+        if message.kind == "S":
+            prepared = self._statements.get(message.name)
+            if prepared is None:
+                raise error("26000", f'prepared statement "{message.name}" does not exist')
+            self._send(codec.parameter_description_message(prepared.param_types))
+            formats = [0] * len(prepared.columns or [])
+        else:
+            portal = self._portals.get(message.name)
+            if portal is None:
+                raise error("34000", f'portal "{message.name}" does not exist')
+            prepared, formats = portal.prepared, portal.formats
+        if prepared.columns is None:
+            self._send(codec.no_data_message())
+        else:
+            self._send(codec.row_description_message(prepared.columns, formats))
+
+    def _execute(self, message: codec.Execute) -> None:
+        portal = self._portals.get(message.portal)
+        if portal is None:
+            raise error("34000", f'portal "{message.portal}" does not exist')
+        prepared = portal.prepared
+        if prepared.statement.empty:
+            return self._send(codec.empty_query_message())
+        if portal.outcome is None:
+            portal.outcome = self._run(prepared.statement, portal.params, prepared.param_types, prepared.columns)
+        outcome = portal.outcome
+        columns = prepared.columns if prepared.columns is not None else outcome.columns
+        if columns is not None and outcome.columns is not None:
+            end = len(outcome.rows) if message.max_rows <= 0 else portal.position + message.max_rows
+            self._send_rows(outcome.rows[portal.position:end], columns, portal.formats or [0] * len(columns))
+            portal.position = min(end, len(outcome.rows))
+            if portal.position < len(outcome.rows):
+                return self._send(codec.portal_suspended_message())
+        self._complete(outcome)
+        outcome.notices, outcome.parameter_changes = [], {}  # said once, even if the portal runs again
+
+
+def _formats(codes: tuple[int, ...], count: int, what: str) -> list[int]:
+    if len(codes) == 0:
+        return [0] * count
+    if len(codes) == 1:
+        return [codes[0]] * count
+    if len(codes) != count:
+        raise error("08P01", f"bind message has {len(codes)} {what} formats but {count} {what}s")
+    return list(codes)

@@ -1,0 +1,166 @@
+"""The data-free shadow database: the declared tables and columns with no rows, for catalog questions.
+
+Drivers and BI tools introspect (psql's \\d, JDBC metadata, SQLAlchemy's inspect, Metabase's sync). dpsql sends
+those queries to a database that holds only what the privacy schema declares, created empty when the server
+starts, so that row counts, sizes and statistics of the real data cannot leak. Where the backend user may, the
+shadow is read by an unprivileged role (`dpsql_shadow`), which cannot read server files or other roles' activity.
+
+`ShadowConnection` is one client's connection to it, through libpq's own protocol calls so that column types,
+table OIDs and PostgreSQL's error fields reach the client unchanged (they describe no data).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+
+from dpsql.errors import ConfigError
+from dpsql.schema import PrivacySchema
+from dpsql.server.codec import Column, Notice, RawValue, encode_value
+
+log = logging.getLogger("dpsql.server")
+SHADOW_ROLE = "dpsql_shadow"
+REPORTED_PARAMETERS = ("server_version", "server_encoding", "client_encoding", "DateStyle", "IntervalStyle",
+                       "TimeZone", "integer_datetimes", "standard_conforming_strings", "is_superuser",
+                       "session_authorization", "application_name", "default_transaction_read_only",
+                       "in_hot_standby")
+
+
+def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | None = None) -> tuple[str, str | None]:
+    """Create (or re-create) the shadow database; return its URL and the role to read it as (None: the
+    backend user itself, when it may not create roles)."""
+    try:
+        with psycopg.connect(backend_url, autocommit=True) as conn:
+            superuser = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+            if shadow_url is None:
+                name = f"{conn.info.dbname}_dpsql_shadow"
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
+                    sql.Identifier(name)))
+                shadow_url = psycopg.conninfo.make_conninfo(backend_url, dbname=name)
+            role = SHADOW_ROLE if superuser else None
+            if role:
+                conn.execute(sql.SQL("DO $$ BEGIN CREATE ROLE {} NOLOGIN; EXCEPTION WHEN duplicate_object "
+                                     "THEN NULL; END $$").format(sql.Identifier(role)))
+        with psycopg.connect(shadow_url, autocommit=True) as conn:
+            for table in schema.tables.values():
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table.name)))
+                conn.execute(_create_table(table))
+            if role:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {0}; GRANT SELECT ON ALL TABLES IN SCHEMA "
+                                     "public TO {0}").format(sql.Identifier(role)))
+    except psycopg.Error as exc:
+        raise ConfigError(f"cannot create the shadow catalog database: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0]}",
+                          "the backend user needs CREATEDB, or set shadow_database to an existing empty database "
+                          "that dpsql may create tables in") from None
+    if role is None:
+        log.warning("the backend user is not a superuser: catalog queries run as that user in the shadow database")
+    return shadow_url, role
+
+
+def _create_table(table) -> sql.Composed:
+    columns = []
+    for column in table.columns.values():
+        unique = column.unique or (column.name == table.unit_column and table.max_rows_per_unit == 1)
+        columns.append(sql.SQL("{} {}{}").format(sql.Identifier(column.name), sql.SQL(column.type),
+                                                 sql.SQL(" UNIQUE" if unique else "")))
+    return sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(table.name), sql.SQL(", ").join(columns))
+
+
+class ShadowError(Exception):
+    def __init__(self, notice: Notice):
+        super().__init__(notice.message)
+        self.notice = notice
+
+
+class ShadowConnection:
+    """One client's session in the shadow database (its SET commands persist in it)."""
+
+    def __init__(self, url: str, role: str | None, application_name: str = "", statement_timeout_ms: int = 30_000):
+        self._conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8",
+                                     application_name=application_name[:63])
+        self._notices: list[Notice] = []
+        self._conn.add_notice_handler(self._on_notice)
+        self._lock = threading.Lock()
+        self._timeout = int(statement_timeout_ms)
+        if role:
+            self._conn.execute(sql.SQL("SET SESSION AUTHORIZATION {}").format(sql.Identifier(role)))
+        self._restrict()
+
+    def _restrict(self) -> None:
+        self._conn.execute(f"SET default_transaction_read_only = on; SET statement_timeout = {self._timeout}")
+
+    def reset(self) -> None:
+        """RESET ALL, keeping the session read-only and its timeout (DISCARD ALL would also drop the role)."""
+        with self._lock:
+            self._conn.execute("RESET ALL")
+            self._restrict()
+
+    def _on_notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
+        self._notices.append(Notice(diagnostic.severity_nonlocalized or "NOTICE", diagnostic.sqlstate or "00000",
+                                    diagnostic.message_primary or "", diagnostic.message_hint,
+                                    diagnostic.message_detail))
+
+    def parameter(self, name: str) -> str | None:
+        value = self._conn.pgconn.parameter_status(name.encode())
+        return None if value is None else value.decode()
+
+    def describe(self, text: str, param_types: list[int]) -> tuple[list[int], list[Column] | None]:
+        """PostgreSQL's own description of a statement: inferred parameter types and result columns."""
+        pgconn = self._conn.pgconn
+        with self._lock:
+            _check(pgconn.prepare(b"", text.encode(), param_types or None))
+            result = _check(pgconn.describe_prepared(b""))
+        params = [result.param_type(i) for i in range(result.nparams)]
+        return params, _columns(result)
+
+    def execute(self, text: str, params: list[Any], param_types: list[int]
+                ) -> tuple[str, list[Column] | None, list[list[bytes | None]], list[Notice]]:
+        """(command tag, columns, rows in text format, notices) of one statement."""
+        values = [v.data if isinstance(v, RawValue) else encode_value(v, t, False)
+                  for v, t in zip(params, param_types, strict=True)]
+        formats = [1 if isinstance(v, RawValue) else 0 for v in params]
+        with self._lock:
+            self._notices = []
+            result = _check(self._conn.pgconn.exec_params(text.encode(), values, param_types or None,
+                                                          formats or None, result_format=0))
+        columns = _columns(result)
+        rows = [[result.get_value(r, c) for c in range(result.nfields)] for r in range(result.ntuples)]
+        tag = (result.command_status or b"").decode()
+        return tag, columns, rows, self._notices
+
+    def cancel(self) -> None:
+        try:
+            self._conn.cancel_safe(timeout=5)
+        except (psycopg.Error, TimeoutError):
+            log.warning("could not cancel a catalog query")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _check(result: pq.PGresult) -> pq.PGresult:
+    if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY):
+        return result
+    field = pq.DiagnosticField
+
+    def text(code: Any) -> str | None:
+        value = result.error_field(code)
+        return None if value is None else value.decode("utf-8", "replace")
+
+    position = text(field.STATEMENT_POSITION)
+    raise ShadowError(Notice("ERROR", text(field.SQLSTATE) or "XX000",
+                             text(field.MESSAGE_PRIMARY) or "catalog query failed", text(field.MESSAGE_HINT),
+                             text(field.MESSAGE_DETAIL), int(position) if position else None))
+
+
+def _columns(result: pq.PGresult) -> list[Column] | None:
+    if result.nfields == 0 and result.status != pq.ExecStatus.TUPLES_OK:
+        return None
+    return [Column(result.fname(i).decode(), result.ftype(i), result.ftable(i), result.ftablecol(i),
+                   result.fsize(i), result.fmod(i)) for i in range(result.nfields)]

@@ -1,0 +1,80 @@
+"""SQL text as the protocol sees it: split a simple-query string into statements and name each one's kind.
+
+The statements keep their original text (comments and all): nothing is regenerated, so what runs is what
+the client sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot.errors import TokenError
+from sqlglot.tokens import Token, TokenType
+
+TRANSACTION_KINDS = {"BEGIN": "begin", "START": "begin", "COMMIT": "commit", "END": "commit",
+                     "ROLLBACK": "rollback", "ABORT": "rollback", "SAVEPOINT": "savepoint", "RELEASE": "release"}
+
+
+class StatementSyntaxError(ValueError):
+    """The text cannot even be split into tokens (an unterminated string or comment)."""
+
+
+@dataclass(frozen=True)
+class Statement:
+    sql: str
+    tokens: tuple[Token, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.tokens
+
+    @property
+    def first_word(self) -> str:
+        return self.tokens[0].text.upper() if self.tokens else ""
+
+    @property
+    def kind(self) -> str:
+        """begin | commit | rollback | rollback_to | savepoint | release | deallocate | discard | other."""
+        word = self.first_word
+        if word in ("ROLLBACK", "ABORT") and any(t.text.upper() == "TO" for t in self.tokens[1:3]):
+            return "rollback_to"
+        if word in TRANSACTION_KINDS:
+            return TRANSACTION_KINDS[word]
+        return {"DEALLOCATE": "deallocate", "DISCARD": "discard"}.get(word, "other")
+
+    def word(self, index: int) -> str:
+        """The index-th token's text, upper-cased (empty past the end)."""
+        return self.tokens[index].text.upper() if index < len(self.tokens) else ""
+
+
+def tokenize(sql: str) -> list[Token]:
+    try:
+        return sqlglot.tokenize(sql, read="postgres")
+    except TokenError as exc:
+        raise StatementSyntaxError(str(exc).splitlines()[0]) from None
+
+
+def split_statements(sql: str) -> list[Statement]:
+    """The statements of a simple-query string, in order; empty ones (`;;`, comments only) are dropped."""
+    statements, start, current = [], 0, []
+    for token in tokenize(sql):
+        if token.token_type == TokenType.SEMICOLON:
+            if current:
+                statements.append(Statement(sql[start:token.start].strip(), tuple(current)))
+            start, current = token.end + 1, []
+        else:
+            if not current:
+                start = token.start
+            current.append(token)
+    if current:
+        statements.append(Statement(sql[start:].strip(), tuple(current)))
+    return statements
+
+
+def single_statement(sql: str) -> Statement:
+    """The one statement of an extended-protocol Parse (which may not hold several)."""
+    statements = split_statements(sql)
+    if len(statements) > 1:
+        raise StatementSyntaxError("cannot insert multiple commands into a prepared statement")
+    return statements[0] if statements else Statement("", ())
