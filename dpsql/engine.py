@@ -31,6 +31,7 @@ from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 
 PLAN_CACHE_SIZE = 256
+ANSWER_MEMO_SIZE = 4096  # answers kept in memory; the ledger's dpsql.answers table stays the record
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Engine:
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
         self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
         self._plans_lock = threading.Lock()
+        self._answers: OrderedDict[tuple[str, str], dict] = OrderedDict()  # (analyst, key) -> stored answer
 
     def close(self) -> None:
         self.backend.close()
@@ -138,7 +140,7 @@ class Engine:
         thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
         prepared = self.prepare(sql, params, epsilon, options)
         noisy = [output.noisy for output in prepared.plan.outputs]
-        stored = self.ledger.cached(analyst, prepared.key)
+        stored = self._cached(analyst, prepared.key)
         if stored is not None:
             return _decode(stored, cached=True, budget=self.ledger.budget(analyst), noisy=noisy)
         cost = prepared.calibration
@@ -148,8 +150,25 @@ class Engine:
         groups = add_noise(prepared.plan, cost, rows, histograms)
         result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
-        stored = self.ledger.store(analyst, prepared.key, _encode(answer))
+        stored = self._remember(analyst, prepared.key, self.ledger.store(analyst, prepared.key, _encode(answer)))
         return _decode(stored, cached=False, budget=budget, noisy=noisy)
+
+    def _cached(self, analyst: str, key: str) -> dict | None:
+        """The answer already released to `analyst` for `key`: from memory, else from the ledger. A stored
+        answer never changes (the ledger keeps the first), so remembering it is safe across processes."""
+        with self._plans_lock:
+            if (analyst, key) in self._answers:
+                self._answers.move_to_end((analyst, key))
+                return self._answers[(analyst, key)]
+        stored = self.ledger.cached(analyst, key)
+        return None if stored is None else self._remember(analyst, key, stored)
+
+    def _remember(self, analyst: str, key: str, stored: dict) -> dict:
+        with self._plans_lock:
+            self._answers[(analyst, key)] = stored
+            if len(self._answers) > ANSWER_MEMO_SIZE:
+                self._answers.popitem(last=False)
+        return stored
 
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)

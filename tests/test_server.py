@@ -675,3 +675,21 @@ def test_conversation_closes_on_a_violation_after_login(served: Running):
     _login(conversation)
     output = conversation.receive(b"\x00garbage")
     assert output.close and b"08P01" in output.data and backend_messages(output.data)[0][0] == "E"
+
+
+def test_demo_serve_prints_a_working_psql_line(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "dpsql.cli", "demo", "--people", "500", "--serve", "--listen",
+                                "127.0.0.1:0", "--data-dir", str(tmp_path / "pg")], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while not line.strip().startswith('psql "') and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line or process.poll() is None, "dpsql demo --serve ended early"
+        url = line.strip().removeprefix('psql "').removesuffix('"')
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("SELECT COUNT(*) FROM people").fetchone()[0] > 0
+    finally:
+        process.terminate()
+        process.wait(30)

@@ -13,6 +13,7 @@ import hmac
 import itertools
 import logging
 import secrets
+import signal
 import ssl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -145,12 +146,18 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
 
 async def _run(server: Server, ready) -> None:
     await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):  # stop cleanly, so the caller's cleanup runs
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal_number, stop.set)
     ready(server)
-    await server.serve_forever()
+    await stop.wait()
+    await server.close()
 
 
 def serve(settings: Settings, listen: str | None = None, ready=lambda server: None) -> None:
-    """Run `dpsql serve` until interrupted; `ready(server)` is called once the port listens."""
+    """Run `dpsql serve` until SIGINT or SIGTERM; `ready(server)` is called once the port listens."""
     engine, server = build_server(settings, listen)
     try:
         asyncio.run(_run(server, ready))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -22,12 +23,13 @@ from dpsql.postprocess import describe_accuracy
 from dpsql.server import codec
 from dpsql.server.codec import Column, Notice
 from dpsql.server.protocol import Description, Outcome, StatementError
-from dpsql.server.routing import route
+from dpsql.server.routing import Route, route
 from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError
-from dpsql.server.statements import Statement
+from dpsql.server.statements import CACHED_TEXT, Statement
 from dpsql.session import Options, SessionCommand, show_value
 
 DESCRIBED_CACHE_SIZE = 256
+ROUTES_CACHE_SIZE = 1024
 NOTICE_ROWS = 10  # rows whose confidence intervals the NOTICE after an answer lists
 _PLACEHOLDERS = {codec.INT2: 0, codec.INT4: 0, codec.INT8: 0, codec.OID: 0, codec.FLOAT4: 0.0, codec.FLOAT8: 0.0,
                  codec.NUMERIC: decimal.Decimal(0), codec.BOOL: False, codec.DATE: datetime.date(2000, 1, 1),
@@ -41,6 +43,8 @@ class Gateway:
     def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None):
         self.engine, self.shadow_url, self.shadow_role = engine, shadow_url, shadow_role
         self.declared = frozenset(engine.schema.tables)
+        self._routes: OrderedDict[str, Route] = OrderedDict()
+        self._routes_lock = threading.Lock()
         probe = ShadowConnection(shadow_url, shadow_role)
         try:
             self.server_parameters = {name: value for name in REPORTED_PARAMETERS
@@ -53,6 +57,21 @@ class Gateway:
 
     def open_session(self, user: str, database: str, parameters: dict[str, str]) -> ClientSession:
         return ClientSession(self, user, parameters.get("application_name", ""))
+
+    def route(self, statement: Statement) -> Route:
+        """`routing.route`, remembered for recently seen statements (it depends on the text alone)."""
+        with self._routes_lock:
+            if statement.sql in self._routes:
+                self._routes.move_to_end(statement.sql)
+                return self._routes[statement.sql]
+        where = route(statement, self.declared)  # a refusal raises and is not remembered
+        if len(statement.sql) > CACHED_TEXT:
+            return where
+        with self._routes_lock:
+            self._routes[statement.sql] = where
+            if len(self._routes) > ROUTES_CACHE_SIZE:
+                self._routes.popitem(last=False)
+        return where
 
 
 class ClientSession:
@@ -102,7 +121,7 @@ class ClientSession:
     # --- describing --------------------------------------------------------------------------------------
 
     def _describe(self, statement: Statement, param_types: list[int]) -> Description:
-        where = route(statement, self.gateway.declared)
+        where = self.gateway.route(statement)
         if where.kind == "option":
             columns = [Column(f"dpsql.{where.command.name}", codec.TEXT)] if where.command.action == "show" else None
             return Description(param_types, columns)
@@ -129,7 +148,7 @@ class ClientSession:
     # --- executing ---------------------------------------------------------------------------------------
 
     def _execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
-        where = route(statement, self.gateway.declared)
+        where = self.gateway.route(statement)
         if where.kind == "option":
             return self._option(where.command)
         if where.kind == "noop":

@@ -265,7 +265,7 @@ class Conversation:
         except StatementSyntaxError as exc:
             statements = None
             self._error(error("42601", f"syntax error: {exc}").notice)
-        if statements == []:
+        if statements == ():
             self._send(codec.empty_query_message())
         for statement in statements or []:
             try:

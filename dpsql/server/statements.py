@@ -6,6 +6,7 @@ the client sent.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sqlglot
@@ -55,8 +56,21 @@ def tokenize(sql: str) -> list[Token]:
         raise StatementSyntaxError(str(exc).splitlines()[0]) from None
 
 
-def split_statements(sql: str) -> list[Statement]:
-    """The statements of a simple-query string, in order; empty ones (`;;`, comments only) are dropped."""
+CACHED_TEXT = 8192  # longer strings are split afresh each time rather than kept in memory
+
+
+def split_statements(sql: str) -> tuple[Statement, ...]:
+    """The statements of a simple-query string, in order; empty ones (`;;`, comments only) are dropped.
+    Remembered for recent short strings: clients send the same few queries again and again."""
+    return _split_cached(sql) if len(sql) <= CACHED_TEXT else _split(sql)
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_cached(sql: str) -> tuple[Statement, ...]:
+    return _split(sql)
+
+
+def _split(sql: str) -> tuple[Statement, ...]:
     statements, start, current = [], 0, []
     for token in tokenize(sql):
         if token.token_type == TokenType.SEMICOLON:
@@ -69,7 +83,7 @@ def split_statements(sql: str) -> list[Statement]:
             current.append(token)
     if current:
         statements.append(Statement(sql[start:].strip(), tuple(current)))
-    return statements
+    return tuple(statements)
 
 
 def single_statement(sql: str) -> Statement:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -61,9 +62,10 @@ class CheckedQuery:
     tree: exp.Select
     output_names: tuple[str, ...]  # the column names PostgreSQL would give the result
 
-    @property
+    @functools.cached_property
     def canonical(self) -> str:
-        """Normalised SQL of the checked tree: the answer cache's key (with ε and the analyst)."""
+        """Normalised SQL of the checked tree: the answer cache's key (with ε and the analyst). Computed once:
+        the engine keeps checked queries in its plan cache and asks again for every answer."""
         return self.tree.sql(dialect=DIALECT, normalize=True, comments=False)
 
 
