@@ -224,6 +224,8 @@ def test_budget_exhausted_is_53400(served: Running):
 
 def test_catalog_probes_and_comments_go_to_the_data_free_shadow(served: Running):
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("dpsql_shadow",)  # unprivileged in the shadow
+        assert conn.execute("SELECT current_database()").fetchone()[0].endswith("_dpsql_shadow")
         cur = conn.execute("SELECT TRUE FROM people WHERE 1 <> 1 LIMIT 0")  # Metabase's probe
         assert cur.fetchall() == [] and [d.name for d in cur.description] == ["?column?"]
         cur = conn.execute('SELECT "person_id", "age" FROM "public"."people" WHERE (1 = 0)')  # Tableau's

@@ -280,6 +280,9 @@ class Conversation:
         self._send(codec.ready_message(self.status))
 
     def _send_rows(self, rows: Sequence[Sequence[Any]], columns: list[Column], formats: list[int]) -> None:
+        if rows and len(rows[0]) != len(columns):
+            raise error("XX000", f"the answer has {len(rows[0])} columns but {len(columns)} were described",
+                        "run the query without preparing it (the simple protocol)")
         try:
             encoded = [codec.data_row_message([codec.encode_value(v, c.type_oid, f == 1)
                                                for v, c, f in zip(row, columns, formats, strict=True)])

@@ -31,19 +31,23 @@ REPORTED_PARAMETERS = ("server_version", "server_encoding", "client_encoding", "
 
 
 def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | None = None) -> tuple[str, str | None]:
-    """Create (or re-create) the shadow database; return its URL and the role to read it as (None: the
-    backend user itself, when it may not create roles)."""
+    """Create (or re-create) the shadow database; return its URL and the role to read it as: `dpsql_shadow`,
+    created if the backend user is a superuser, or made by the operator and granted to the backend user;
+    None (the backend user itself) otherwise."""
     try:
         with psycopg.connect(backend_url, autocommit=True) as conn:
-            superuser = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]
+            superuser, member = conn.execute(
+                "SELECT rolsuper, EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s) "
+                "AND pg_has_role(current_user, %s, 'MEMBER') FROM pg_roles WHERE rolname = current_user",
+                (SHADOW_ROLE, SHADOW_ROLE)).fetchone()
             if shadow_url is None:
                 name = f"{conn.info.dbname}_dpsql_shadow"
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
                 conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
                     sql.Identifier(name)))
                 shadow_url = psycopg.conninfo.make_conninfo(backend_url, dbname=name)
-            role = SHADOW_ROLE if superuser else None
-            if role:
+            role = SHADOW_ROLE if superuser or member else None
+            if superuser:
                 conn.execute(sql.SQL("DO $$ BEGIN CREATE ROLE {} NOLOGIN; EXCEPTION WHEN duplicate_object "
                                      "THEN NULL; END $$").format(sql.Identifier(role)))
         with psycopg.connect(shadow_url, autocommit=True) as conn:
@@ -59,7 +63,8 @@ def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | Non
                           "the backend user needs CREATEDB, or set shadow_database to an existing empty database "
                           "that dpsql may create tables in") from None
     if role is None:
-        log.warning("the backend user is not a superuser: catalog queries run as that user in the shadow database")
+        log.warning("catalog queries run as the backend user in the shadow database; to confine them, "
+                    "CREATE ROLE %s NOLOGIN and GRANT it to the backend user", SHADOW_ROLE)
     return shadow_url, role
 
 
@@ -88,8 +93,10 @@ class ShadowConnection:
         self._conn.add_notice_handler(self._on_notice)
         self._lock = threading.Lock()
         self._timeout = int(statement_timeout_ms)
-        if role:
-            self._conn.execute(sql.SQL("SET SESSION AUTHORIZATION {}").format(sql.Identifier(role)))
+        if role:  # a superuser becomes the role for good; a member of it takes it on (SET ROLE is refused later)
+            superuser = self.parameter("is_superuser") == "on"
+            command = "SET SESSION AUTHORIZATION {}" if superuser else "SET ROLE {}"
+            self._conn.execute(sql.SQL(command).format(sql.Identifier(role)))
         self._restrict()
 
     def _restrict(self) -> None:
