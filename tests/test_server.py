@@ -225,6 +225,9 @@ def test_budget_exhausted_is_53400(served: Running):
 def test_catalog_probes_and_comments_go_to_the_data_free_shadow(served: Running):
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         assert conn.execute("SELECT current_user").fetchone() == ("dpsql_shadow",)  # unprivileged in the shadow
+        with psycopg.connect(served.engine.settings.database) as direct:
+            states = direct.execute("SELECT code, name FROM states ORDER BY code").fetchall()
+        assert conn.execute("SELECT code, name FROM states ORDER BY code").fetchall() == states  # public rows
         assert conn.execute("SELECT current_database()").fetchone()[0].endswith("_dpsql_shadow")
         cur = conn.execute("SELECT TRUE FROM people WHERE 1 <> 1 LIMIT 0")  # Metabase's probe
         assert cur.fetchall() == [] and [d.name for d in cur.description] == ["?column?"]

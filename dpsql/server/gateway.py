@@ -42,7 +42,7 @@ class Gateway:
 
     def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None):
         self.engine, self.shadow_url, self.shadow_role = engine, shadow_url, shadow_role
-        self.declared = frozenset(engine.schema.tables)
+        self.private = frozenset(name for name, table in engine.schema.tables.items() if not table.public)
         self._routes: OrderedDict[str, Route] = OrderedDict()
         self._routes_lock = threading.Lock()
         probe = ShadowConnection(shadow_url, shadow_role)
@@ -64,7 +64,7 @@ class Gateway:
             if statement.sql in self._routes:
                 self._routes.move_to_end(statement.sql)
                 return self._routes[statement.sql]
-        where = route(statement, self.declared)  # a refusal raises and is not remembered
+        where = route(statement, self.private)  # a refusal raises and is not remembered
         if len(statement.sql) > CACHED_TEXT:
             return where
         with self._routes_lock:

@@ -2,9 +2,9 @@
 
     SET/SHOW/RESET dpsql.*                       -> the session's DP options
     other SET/SHOW/RESET                         -> the shadow (settings of the client's own session)
-    queries reading no declared table, or rows
-    that cannot exist (WHERE 1 <> 1, LIMIT 0)    -> the shadow (same tables and columns, no rows)
-    queries reading declared tables              -> the engine (noisy aggregates, or a refusal)
+    queries reading no private table, or rows
+    that cannot exist (WHERE 1 <> 1, LIMIT 0)    -> the shadow (same tables and columns, no private rows)
+    queries reading private tables               -> the engine (noisy aggregates, or a refusal)
     anything else (writes, EXPLAIN, COPY, ...)   -> refused
 
 Even without rows, some catalog views and functions describe the server rather than the schema: statistics,
@@ -50,7 +50,7 @@ class Route:
     tag: str = ""  # for noop
 
 
-def route(statement: Statement, declared: frozenset[str]) -> Route:
+def route(statement: Statement, private: frozenset[str]) -> Route:
     """Where `statement` goes; raises a dpsql error for what is refused."""
     word = statement.first_word
     if word in ("SET", "RESET", "SHOW"):
@@ -61,7 +61,7 @@ def route(statement: Statement, declared: frozenset[str]) -> Route:
             raise PrivacyRefusal("dpsql does not let a session change its role or read-only mode")
         return Route("setting")
     if word in QUERY_WORDS:
-        if _reads_data(statement, declared):
+        if _reads_data(statement, private):
             return Route("private")
         _refuse_server_state(statement)
         return Route("catalog")
@@ -77,16 +77,16 @@ def route(statement: Statement, declared: frozenset[str]) -> Route:
                          "send SELECT queries with aggregates (COUNT, SUM, AVG, ...); dpsql never writes")
 
 
-def _reads_data(statement: Statement, declared: frozenset[str]) -> bool:
-    """Whether the query reads a declared table in a way that could return its rows."""
+def _reads_data(statement: Statement, private: frozenset[str]) -> bool:
+    """Whether the query reads a private table in a way that could return its rows."""
     try:
         tree = sqlglot.parse_one(statement.sql, read="postgres")
     except ParseError:  # let whoever answers report the syntax error; be conservative about which one
-        return any(t.token_type in IDENTIFIER_TOKENS and t.text.lower() in declared for t in statement.tokens)
+        return any(t.token_type in IDENTIFIER_TOKENS and t.text.lower() in private for t in statement.tokens)
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     tables = {t.name.lower() for t in tree.find_all(exp.Table)
               if t.db.lower() in ("", "public") and t.name.lower() not in ctes}
-    return bool(tables & declared) and not _returns_no_rows(tree)
+    return bool(tables & private) and not _returns_no_rows(tree)
 
 
 def _returns_no_rows(tree: exp.Expression) -> bool:

@@ -1,5 +1,8 @@
 """The data-free shadow database: the declared tables and columns with no rows, for catalog questions.
 
+Public tables (reference data the schema declares public) are the exception: their rows are copied in at
+start-up, so that a client can read them as it would in PostgreSQL.
+
 Drivers and BI tools introspect (psql's \\d, JDBC metadata, SQLAlchemy's inspect, Metabase's sync). dpsql sends
 those queries to a database that holds only what the privacy schema declares, created empty when the server
 starts, so that row counts, sizes and statistics of the real data cannot leak. Where the backend user may, the
@@ -50,10 +53,12 @@ def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | Non
             if superuser:
                 conn.execute(sql.SQL("DO $$ BEGIN CREATE ROLE {} NOLOGIN; EXCEPTION WHEN duplicate_object "
                                      "THEN NULL; END $$").format(sql.Identifier(role)))
-        with psycopg.connect(shadow_url, autocommit=True) as conn:
+        with psycopg.connect(shadow_url, autocommit=True) as conn, psycopg.connect(backend_url) as source:
             for table in schema.tables.values():
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table.name)))
                 conn.execute(_create_table(table))
+                if table.public:
+                    _copy_rows(source, conn, table)
             if role:
                 conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {0}; GRANT SELECT ON ALL TABLES IN SCHEMA "
                                      "public TO {0}").format(sql.Identifier(role)))
@@ -66,6 +71,16 @@ def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | Non
         log.warning("catalog queries run as the backend user in the shadow database; to confine them, "
                     "CREATE ROLE %s NOLOGIN and GRANT it to the backend user", SHADOW_ROLE)
     return shadow_url, role
+
+
+def _copy_rows(source: psycopg.Connection, target: psycopg.Connection, table) -> None:
+    """A public table's rows (public by the schema's declaration), declared columns only."""
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in table.columns)
+    name = sql.Identifier(table.name)
+    with source.cursor().copy(sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(columns, name)) as rows, \
+            target.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(name, columns)) as sink:
+        for chunk in rows:
+            sink.write(chunk)
 
 
 def _create_table(table) -> sql.Composed:
