@@ -99,8 +99,7 @@ class ClientSession:
         self._described.move_to_end(key)
         return self._described[key]
 
-    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
-                columns: list[Column] | None) -> Outcome:
+    def execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
         return self._guarded(self._execute, statement, params, param_types)
 
     def discard(self) -> dict[str, str]:
@@ -237,7 +236,7 @@ def _answer_notice(answer: Answer) -> Notice:
     if answer.budget is not None:
         message += f"; left ε = {answer.budget.epsilon_left:.4g}, δ = {answer.budget.delta_left:.3g}"
     lines = []
-    for number, (accuracy) in enumerate(answer.accuracy[:NOTICE_ROWS], start=1):
+    for number, accuracy in enumerate(answer.accuracy[:NOTICE_ROWS], start=1):
         described = [f"{name} {describe_accuracy(acc)}" for name, acc in zip(answer.names, accuracy, strict=True)
                      if acc is not None]
         if described:

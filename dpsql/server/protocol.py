@@ -56,8 +56,7 @@ class HostSession(Protocol):
 
     def describe(self, statement: Statement, param_types: list[int]) -> Description: ...
 
-    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
-                columns: list[Column] | None) -> Outcome: ...
+    def execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome: ...
 
     def discard(self) -> dict[str, str]: ...
 
@@ -269,7 +268,7 @@ class Conversation:
             self._send(codec.empty_query_message())
         for statement in statements or []:
             try:
-                outcome = self._run(statement, [], [], None)
+                outcome = self._run(statement, [], [])
             except StatementError as exc:
                 self._error(exc.notice)
                 break
@@ -305,8 +304,7 @@ class Conversation:
 
     # --- statements, transaction control ---------------------------------------------------------------
 
-    def _run(self, statement: Statement, params: list[Any], param_types: list[int],
-             columns: list[Column] | None) -> Outcome:
+    def _run(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
         kind = statement.kind
         if self.status == "E" and kind not in ("commit", "rollback", "rollback_to"):
             raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block",
@@ -321,7 +319,7 @@ class Conversation:
                 self._statements.clear()
                 self._portals.clear()
             return Outcome(f"DISCARD {statement.word(1)}".strip(), parameter_changes=changes)
-        return self.session.execute(statement, params, param_types, columns)
+        return self.session.execute(statement, params, param_types)
 
     def _transaction(self, statement: Statement, kind: str) -> Outcome:
         """Transaction blocks as PostgreSQL reports them; dpsql only reads, so nothing is undone or kept."""
@@ -465,7 +463,7 @@ class Conversation:
         if prepared.statement.empty:
             return self._send(codec.empty_query_message())
         if portal.outcome is None:
-            portal.outcome = self._run(prepared.statement, portal.params, prepared.param_types, prepared.columns)
+            portal.outcome = self._run(prepared.statement, portal.params, prepared.param_types)
         outcome = portal.outcome
         columns = prepared.columns if prepared.columns is not None else outcome.columns
         if columns is not None and outcome.columns is not None:
