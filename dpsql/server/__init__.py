@@ -29,6 +29,7 @@ from dpsql.server.shadow import create_shadow
 log = logging.getLogger("dpsql.server")
 READ_SIZE = 256 * 1024
 WORKERS = 64
+LOGIN_TIMEOUT = 60.0  # seconds a connection may take to log in (PostgreSQL's authentication_timeout)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class Server:
         self._conversations[process_id] = conversation
         try:
             while True:
-                data = await reader.read(READ_SIZE)
+                logging_in = conversation.session is None
+                data = await asyncio.wait_for(reader.read(READ_SIZE), LOGIN_TIMEOUT if logging_in else None)
                 if not data:
                     break
                 output = await loop.run_in_executor(self._executor, conversation.receive, data)
@@ -111,7 +113,7 @@ class Server:
                     conversation.tls_started()
                 if output.close:
                     break
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError) as exc:
             log.info("client %d: connection lost: %s", process_id, exc)
         finally:
             self._conversations.pop(process_id, None)
