@@ -274,6 +274,8 @@ def _schema_check(args: argparse.Namespace) -> int:
           f"at most {schema.max_groups_per_unit} groups per unit.")
     for table in schema.tables.values():
         kind = "public" if table.public else f"private, at most {table.max_rows_per_unit} rows per unit"
+        if table.parent is not None:
+            kind += f", reaching the unit through {table.parent}"
         print(f"  {table.name} ({kind})")
         for column in table.columns.values():
             facts = [column.type]

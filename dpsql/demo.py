@@ -31,13 +31,17 @@ STATES = [
 ]
 CATEGORIES = ["checkup", "dental", "emergency", "lab", "pharmacy", "physio", "specialist", "vaccination"]
 CATEGORY_WEIGHTS = [0.25, 0.12, 0.05, 0.15, 0.2, 0.08, 0.1, 0.05]
+DRUGS = ["amoxicillin", "atorvastatin", "ibuprofen", "insulin", "lisinopril", "metformin", "omeprazole",
+         "salbutamol"]
 
 DDL = """
-DROP TABLE IF EXISTS visits, people, states;
+DROP TABLE IF EXISTS prescriptions, visits, people, states;
 CREATE TABLE states (code text PRIMARY KEY, name text NOT NULL, region text NOT NULL);
 CREATE TABLE people (person_id bigint PRIMARY KEY, age integer, sex text, state text, income double precision);
 CREATE TABLE visits (visit_id bigint PRIMARY KEY, person_id bigint NOT NULL REFERENCES people(person_id),
                      day date NOT NULL, category text NOT NULL, amount double precision);
+CREATE TABLE prescriptions (prescription_id bigint PRIMARY KEY, visit_id bigint NOT NULL REFERENCES visits(visit_id),
+                            drug text NOT NULL, cost double precision);
 """
 CHUNK = 50_000
 
@@ -52,6 +56,8 @@ DEMO_QUERIES = [
      "SELECT width_bucket(age, 0, 100, 5) AS band, COUNT(*) FROM people GROUP BY band ORDER BY band"),
     ("States with the most people (private keys: DP partition selection)",
      "SELECT state, COUNT(*) AS people FROM people GROUP BY state ORDER BY people DESC LIMIT 5"),
+    ("Prescription costs per drug (prescriptions reach a person through their visit)",
+     "SELECT drug, COUNT(*) AS prescriptions, AVG(cost) AS avg_cost FROM prescriptions GROUP BY drug ORDER BY drug"),
     ("Emergency visits by region (join to a public table)",
      "SELECT s.region, COUNT(*) AS visits FROM visits v JOIN people p ON v.person_id = p.person_id "
      "JOIN states s ON s.code = p.state WHERE v.category = 'emergency' GROUP BY s.region ORDER BY s.region"),
@@ -91,8 +97,31 @@ def load_demo_data(url: str, people: int = 100_000, seed: int = 7,
                                        amount[start:end], strict=True)])
             if progress:
                 progress("visits", end, total_visits)
-        conn.execute("CREATE INDEX visits_person ON visits (person_id); ANALYZE people; ANALYZE visits")
-    return {"people": people, "visits": total_visits, "states": len(STATES)}
+        prescriptions = _load_prescriptions(conn, category, np.random.default_rng(seed + 1), progress)
+        conn.execute("CREATE INDEX visits_person ON visits (person_id); "
+                     "CREATE INDEX prescriptions_visit ON prescriptions (visit_id); "
+                     "ANALYZE people; ANALYZE visits; ANALYZE prescriptions")
+    return {"people": people, "visits": total_visits, "prescriptions": prescriptions, "states": len(STATES)}
+
+
+def _load_prescriptions(conn: psycopg.Connection, category: np.ndarray, rng: np.random.Generator,
+                        progress: Callable[[str, int, int], None] | None) -> int:
+    """Prescriptions of the visits (their own random stream, so people and visits stay as they were): about one
+    per pharmacy or specialist visit, fewer for the rest."""
+    rate = np.where(np.isin(category, ["pharmacy", "specialist"]), 1.2, 0.2)
+    per_visit = np.minimum(rng.poisson(rate), 4)
+    visit = np.repeat(np.arange(1, len(category) + 1), per_visit)
+    total = len(visit)
+    drug = rng.choice(DRUGS, total)
+    cost = np.round(rng.lognormal(3.0, 1.0, total), 2)
+    for start in range(0, total, CHUNK):
+        end = min(start + CHUNK, total)
+        _copy(conn, "prescriptions", [f"{i + 1}\t{v}\t{d}\t{c}\n" for i, v, d, c in
+                                      zip(range(start, end), visit[start:end], drug[start:end], cost[start:end],
+                                          strict=True)])
+        if progress:
+            progress("prescriptions", end, total)
+    return total
 
 
 def _copy(conn: psycopg.Connection, table: str, lines: list[str]) -> None:
@@ -111,7 +140,7 @@ def progress_bar(label: str, done: int, total: int, stream=sys.stderr) -> None:
     _last_drawn[0] = now
     width = 30
     filled = int(width * done / max(total, 1))
-    stream.write(f"\r  loading {label:<7} [{'#' * filled}{'.' * (width - filled)}] {done:>9,}/{total:,}")
+    stream.write(f"\r  loading {label:<13} [{'#' * filled}{'.' * (width - filled)}] {done:>9,}/{total:,}")
     if done >= total:
         stream.write("\n")
     stream.flush()

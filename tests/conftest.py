@@ -70,6 +70,12 @@ def neighbour_url(server: EmbeddedPostgres, template: str) -> str:
                  categories[i % len(categories)], amounts[i % len(amounts)]) for i in range(5000)]
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO visits VALUES (%s, %s, %s, %s, %s::double precision)", rows)
+            # three prescriptions on each of 3000 of its visits: drugs beyond the domain, costs out of bounds
+            drugs = ["insulin", "ibuprofen", "undeclared"]
+            costs = ["1e308", "-1e308", "NaN", None, "7e4", "499.5"]
+            prescriptions = [(EXTREME_ID * 100 + i, EXTREME_ID * 10 + i // 3, drugs[i % 3], costs[i % len(costs)])
+                             for i in range(9000)]
+            cur.executemany("INSERT INTO prescriptions VALUES (%s, %s, %s, %s::double precision)", prescriptions)
     return url
 
 

@@ -74,3 +74,61 @@ def test_group_key_domains(demo_schema):
     assert plan("SELECT CASE WHEN age < 18 THEN 'minor' END b, COUNT(*) FROM people GROUP BY b",
                 demo_schema).domain == [("minor",), (None,)]
     assert plan("SELECT state, COUNT(*) FROM people GROUP BY state", demo_schema).domain is None
+
+
+PARENT_UNIQUE = UNIQUE | {("visits", "visit_id")}
+
+
+def test_tables_reach_the_unit_through_declared_parent_keys(demo_schema):
+    p = analyze(check_query("SELECT COUNT(*), SUM(cost) FROM prescriptions", demo_schema), demo_schema,
+                PARENT_UNIQUE)
+    assert p.rows_per_unit == 20 and [m.sensitivity for m in p.measures] == [20, 20 * 500]
+    sql = rewrite(p).sql
+    assert "LEFT JOIN visits AS dpsql_parent_1 ON dpsql_parent_1.visit_id = prescriptions.visit_id" in sql
+    assert "dpsql_parent_1.person_id AS dpsql_unit" in sql
+    # a prescription fixes its visit (unique key), so only the prescriptions' bound counts
+    p = analyze(check_query("SELECT v.category, COUNT(*) FROM prescriptions r JOIN visits v ON r.visit_id = "
+                            "v.visit_id GROUP BY v.category", demo_schema), demo_schema, PARENT_UNIQUE)
+    assert p.rows_per_unit == 20 and "dpsql_parent" not in rewrite(p).sql
+    # the other way round a visit's row does not fix its prescriptions: both bounds multiply
+    p = analyze(check_query("SELECT COUNT(*) FROM visits v JOIN prescriptions r ON r.visit_id = v.visit_id "
+                            "JOIN prescriptions r2 ON r2.visit_id = v.visit_id", demo_schema), demo_schema,
+                PARENT_UNIQUE)
+    assert p.rows_per_unit == 20 * 20
+
+
+@pytest.mark.parametrize(("sql", "unique", "message"), [
+    ("SELECT COUNT(*) FROM prescriptions", UNIQUE, "add a PRIMARY KEY or UNIQUE constraint on visits(visit_id)"),
+    ("SELECT COUNT(*) FROM prescriptions r JOIN visits v ON r.prescription_id = v.visit_id", PARENT_UNIQUE,
+     "private tables must be joined on their unit columns or along their declared parent keys"),
+    ("SELECT COUNT(*) FROM prescriptions r JOIN people p ON r.visit_id = p.person_id", PARENT_UNIQUE,
+     "r.visit_id = visits.visit_id"),
+])
+def test_joins_off_the_parent_keys_are_refused(demo_schema, sql, unique, message):
+    with pytest.raises(errors.UnsupportedQuery) as caught:
+        analyze(check_query(sql, demo_schema), demo_schema, unique)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("tables", "problem"), [
+    ({"items": {"parent": "visit_id visits.visit_id", "max_rows_per_unit": 2,
+                "columns": {"visit_id": "bigint"}}}, 'must look like "column -> table.key"'),
+    ({"items": {"parent": "visit_id -> nowhere.id", "max_rows_per_unit": 2, "columns": {"visit_id": "bigint"}}},
+     "nowhere must be a declared private table"),
+    ({"items": {"parent": "visit_id -> visits.nope", "max_rows_per_unit": 2, "columns": {"visit_id": "bigint"}}},
+     "visits declares no column nope"),
+    ({"items": {"parent": "visit_id -> visits.visit_id", "unit_column": "visit_id", "max_rows_per_unit": 2,
+                "columns": {"visit_id": "bigint"}}}, "declares both unit_column and parent"),
+    ({"a": {"parent": "b_id -> b.id", "max_rows_per_unit": 1, "columns": {"id": "bigint", "b_id": "bigint"}},
+      "b": {"parent": "a_id -> a.id", "max_rows_per_unit": 1, "columns": {"id": "bigint", "a_id": "bigint"}}},
+     "form a cycle"),
+])
+def test_parent_declarations_are_checked(tables, problem):
+    from dpsql.schema import parse_schema
+    raw = {"privacy": {"unit": "people.person_id"},
+           "tables": {"people": {"columns": {"person_id": "bigint"}},
+                      "visits": {"unit_column": "person_id", "max_rows_per_unit": 3,
+                                 "columns": {"visit_id": "bigint", "person_id": "bigint"}}, **tables}}
+    with pytest.raises(errors.SchemaError) as caught:
+        parse_schema(raw)
+    assert problem in str(caught.value)

@@ -312,3 +312,11 @@ def test_a_cancelled_query_stops_in_postgresql(engine):
     assert time.monotonic() - started < 10 and caught.value.sqlstate == "57014"
     with pytest.raises(errors.QueryCancelled):  # once cancelled, nothing more starts
         engine.backend.execute("SELECT 1", cancellation)
+
+
+def test_a_table_reaches_the_unit_through_its_parent(engine, analyst):
+    answer = engine.query("SELECT drug, COUNT(*) FROM prescriptions GROUP BY drug", analyst=analyst, epsilon=2.0)
+    assert len(answer.rows) == 8  # the declared domain
+    assert 0.5 * PEOPLE < sum(row[1] for row in answer.rows) < 3 * PEOPLE
+    notes = engine.prepare("SELECT COUNT(*) FROM prescriptions").plan.notes
+    assert "dpsql joins visits AS dpsql_parent_1 to reach the unit" in notes

@@ -47,6 +47,18 @@ QUERIES = [
     "SELECT p.sex, COUNT(*), SUM(p.income) FROM people p RIGHT JOIN states s ON s.code = p.state GROUP BY p.sex",
     "SELECT s.region, COUNT(*) FROM states s LEFT JOIN people p ON p.state = s.code GROUP BY s.region",
     "SELECT COUNT(*), SUM(sqrt(amount)), SUM(ln(amount + 1)), SUM(round(amount)) FROM visits",
+    # prescriptions reach the unit through their visit (parent = "visit_id -> visits.visit_id")
+    "SELECT COUNT(*), SUM(cost), AVG(cost) FROM prescriptions",
+    "SELECT drug, COUNT(*), SUM(cost) FROM prescriptions GROUP BY drug",
+    "SELECT v.category, COUNT(*), SUM(r.cost) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id "
+    "GROUP BY v.category",
+    "SELECT p.sex, COUNT(*), SUM(r.cost) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id "
+    "JOIN people p ON p.person_id = v.person_id GROUP BY p.sex",
+    "SELECT s.region, COUNT(*) FROM prescriptions r JOIN visits v ON v.visit_id = r.visit_id "
+    "JOIN people p ON p.person_id = v.person_id JOIN states s ON s.code = p.state GROUP BY s.region",
+    "SELECT COUNT(*), SUM(r.cost) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id",
+    "SELECT COUNT(*) FROM prescriptions r, visits v WHERE r.visit_id = v.visit_id AND v.category = 'pharmacy'",
+    "SELECT drug, COUNT(*) FROM prescriptions WHERE cost > 20 GROUP BY drug ORDER BY COUNT(*) DESC LIMIT 2",
 ]
 
 ROW_LEVEL = {
@@ -105,6 +117,9 @@ def test_extreme_unit_saturates_its_bounds(engine, base_url, neighbour_url):
     assert changes == [10.0]  # max_rows_per_unit of visits
     changes = _assert_within_sensitivity(engine, "SELECT SUM(income) FROM people", base_url, neighbour_url)
     assert changes == [250000.0]  # the declared upper bound, not 1e300
+    changes = _assert_within_sensitivity(engine, "SELECT COUNT(*), SUM(cost) FROM prescriptions", base_url,
+                                         neighbour_url)
+    assert changes == pytest.approx([20.0, 10000.0])  # 9000 prescriptions via its visits: k = 20, 20 × 500
 
 
 @pytest.fixture(scope="module")

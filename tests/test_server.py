@@ -121,7 +121,7 @@ def test_psycopg(served: Running, prepare: bool):
             assert isinstance(count, int) and isinstance(total, float)
         tables = conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
                               "ORDER BY 1").fetchall()
-        assert tables == [("people",), ("states",), ("visits",)]
+        assert tables == [("people",), ("prescriptions",), ("states",), ("visits",)]
         with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
             conn.execute("SELECT * FROM people LIMIT 200")
         assert refused.value.diag.message_hint
@@ -354,7 +354,7 @@ def test_sqlalchemy_inspect_and_pandas(served: Running):
                                       f"{served.port}/demo")
     try:
         inspector = sqlalchemy.inspect(engine)
-        assert set(inspector.get_table_names()) == {"people", "visits", "states"}
+        assert set(inspector.get_table_names()) == {"people", "visits", "prescriptions", "states"}
         columns = {c["name"]: str(c["type"]) for c in inspector.get_columns("people")}
         assert columns == {"person_id": "BIGINT", "age": "INTEGER", "sex": "TEXT", "state": "TEXT",
                            "income": "DOUBLE PRECISION"}
@@ -504,7 +504,7 @@ def test_node_postgres(served: Running, node_pg: Path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "one=1" in lines and any(line.startswith("count=") for line in lines)
-    assert "tables=people,states,visits" in lines and "error=42501" in lines
+    assert "tables=people,prescriptions,states,visits" in lines and "error=42501" in lines
     assert "cancel=57014" in lines and "after=2" in lines
 
 

@@ -215,7 +215,8 @@ class _Analyzer:
             if node is not None:
                 self.exprs.check(node)
         fanout, determined, verified = self._public_joins(equalities, private)
-        unit, k_private = self._unit(private, equalities)
+        unit, k_private, parent_joins = self._unit(private, equalities)
+        joins += parent_joins
         k = k_private * fanout
         # an outer join can add rows that belong to no unit, or give one unit's rows different group keys,
         # so it always takes the per-unit path (which drops rows without a unit) and the group cap
@@ -287,30 +288,95 @@ class _Analyzer:
                     pairs.append((conjunct.this, conjunct.expression))
         return pairs
 
-    def _unit(self, private: list[str], equalities) -> tuple[exp.Expression | None, int]:
-        """The unit id of each joined row and the bound on one unit's rows across the private tables."""
+    def _unit(self, private: list[str], equalities) -> tuple[exp.Expression | None, int, list[exp.Join]]:
+        """The unit id of each joined row, the bound on one unit's rows across the private tables, and the joins
+        dpsql adds to reach the unit from tables that hold it only through a parent (`parent = "col -> t.key"`).
+
+        Private tables must be joined on their unit columns or along parent keys, so that every joined row
+        belongs to one unit. A row reached through a unique parent key is fixed by its child's row, so only the
+        other tables' row bounds multiply."""
         if self.schema.row_level:
             if len(private) > 1:
                 raise UnsupportedQuery("joins between private tables under row-level privacy are not supported yet")
-            return None, 1
-        parent = {a: a for a in private}
+            return None, 1, []
+        component = {a: a for a in private}
 
         def root(a: str) -> str:
-            while parent[a] != a:
-                a = parent[a]
+            while component[a] != a:
+                a = component[a]
             return a
 
+        links: list[tuple[str, str]] = []  # (child alias, parent alias): the child's row fixes the parent's
         for left, right in equalities:
             if self._is_unit(left) and self._is_unit(right):
-                parent[root(left.table)] = root(right.table)
-        if len({root(a) for a in private}) > 1:
+                component[root(left.table)] = root(right.table)
+            for child, parent in ((left, right), (right, left)):
+                if self._is_parent_link(child, parent):
+                    component[root(child.table)] = root(parent.table)
+                    links.append((child.table, parent.table))
+        added: list[exp.Join] = []
+        pending = list(private)
+        while pending:
+            alias = pending.pop()
+            table = self.aliases[alias]
+            if table.unit_column is not None or any(child == alias for child, _ in links):
+                continue
+            join, parent_alias = self._parent_join(alias, table, len(added) + 1)
+            added.append(join)
+            component[parent_alias] = root(alias)
+            links.append((alias, parent_alias))
+            pending.append(parent_alias)
+        aliases = list(component)
+        if len({root(a) for a in aliases}) > 1:
             raise UnsupportedQuery(
-                "private tables must be joined on their unit columns ("
-                + ", ".join(f"{a}.{self.aliases[a].unit_column}" for a in private) + ")",
+                "private tables must be joined on their unit columns or along their declared parent keys ("
+                + ", ".join(self._link_text(a) for a in private) + ")",
                 "joins on other keys between private tables come with general equijoin support")
-        columns = [exp.column(self.aliases[a].unit_column, table=a) for a in private]
+        free = set(aliases)
+        for child, parent in links:
+            if child in free and parent != child:
+                free.discard(parent)
+        columns = [exp.column(self.aliases[a].unit_column, table=a) for a in aliases
+                   if self.aliases[a].unit_column is not None]
         unit = columns[0] if len(columns) == 1 else exp.Coalesce(this=columns[0], expressions=columns[1:])
-        return unit, math.prod(self.aliases[a].max_rows_per_unit for a in private)
+        for join in added:
+            self.notes.append(f"dpsql joins {join.this.name} AS {join.this.alias} to reach the unit")
+        return unit, math.prod(self.aliases[a].max_rows_per_unit for a in aliases if a in free), added
+
+    def _is_parent_link(self, child: exp.Column, parent: exp.Column) -> bool:
+        """`child = parent` follows the child table's declared parent key (verified unique)."""
+        table, other = self.aliases.get(child.table), self.aliases.get(parent.table)
+        link = table.parent if table is not None and not table.public else None
+        if link is None or other is None or other.public or child.name != link.column:
+            return False
+        if other.name != link.table or parent.name != link.key:
+            return False
+        self._require_unique_parent(table.name, link)
+        return True
+
+    def _parent_join(self, alias: str, table: Table, number: int) -> tuple[exp.Join, str]:
+        """A LEFT JOIN of the parent table that gives `alias`'s rows their unit (rows without one are dropped
+        by the per-unit stage)."""
+        link = table.parent
+        self._require_unique_parent(table.name, link)
+        parent_alias = f"dpsql_parent_{number}"
+        self.aliases[parent_alias] = self.schema.tables[link.table]
+        on = exp.EQ(this=exp.column(link.key, table=parent_alias), expression=exp.column(link.column, table=alias))
+        source = exp.Table(this=exp.to_identifier(link.table),
+                           alias=exp.TableAlias(this=exp.to_identifier(parent_alias)))
+        return exp.Join(this=source, on=on, side="LEFT"), parent_alias
+
+    def _require_unique_parent(self, name: str, link) -> None:
+        if (link.table, link.key) not in self.unique:
+            raise UnsupportedQuery(f"{name} reaches the unit through {link.table}.{link.key}, which no primary key "
+                                   "or unique constraint guarantees to be unique",
+                                   f"add a PRIMARY KEY or UNIQUE constraint on {link.table}({link.key})")
+
+    def _link_text(self, alias: str) -> str:
+        table = self.aliases[alias]
+        if table.unit_column is not None:
+            return f"{alias}.{table.unit_column}"
+        return f"{alias}.{table.parent.column} = {table.parent.table}.{table.parent.key}"
 
     def _is_unit(self, column: exp.Column) -> bool:
         table = self.aliases.get(column.table)

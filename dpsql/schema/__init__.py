@@ -54,12 +54,26 @@ class Column:
 
 
 @dataclass(frozen=True)
+class ParentKey:
+    """A private table without the unit column reaches the unit through a parent: each row belongs to the unit
+    of the one parent row whose `key` equals its `column` (the key must be unique in the database)."""
+
+    column: str
+    table: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.column} -> {self.table}.{self.key}"
+
+
+@dataclass(frozen=True)
 class Table:
     name: str
     columns: dict[str, Column]
     public: bool = False
     unit_column: str | None = None  # the column holding the privacy unit's id (None: row-level or public)
     max_rows_per_unit: int = 1
+    parent: ParentKey | None = None  # for a private table without unit_column: the link towards the unit
 
 
 @dataclass(frozen=True)
@@ -132,6 +146,7 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
 
     if unit_table is not None and unit_table not in tables:
         problems.append(f'[privacy] unit names table "{unit_table}", which no [tables.{unit_table}] declares')
+    _check_parents(tables, problems)
     if unit_table is None and unit == ROW_LEVEL and not any(not t.public for t in tables.values()):
         problems.append("row-level privacy needs at least one private table")
     if problems:
@@ -148,7 +163,7 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     if not isinstance(spec, dict):
         problems.append(f"{where} must be a table of settings")
         return None
-    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns"}
+    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent"}
     if unknown:
         problems.append(f"{where} has unknown settings: {', '.join(sorted(unknown))}")
     public = spec.get("public", False)
@@ -167,13 +182,14 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
 
     table_unit_column = spec.get("unit_column")
     max_rows = spec.get("max_rows_per_unit", 1 if name == unit_table else None)
+    parent = _parse_parent(where, spec["parent"], columns, problems) if "parent" in spec else None
     if public:
-        if table_unit_column is not None or "max_rows_per_unit" in spec:
-            problems.append(f"{where} is public: unit_column and max_rows_per_unit do not apply")
+        if table_unit_column is not None or "max_rows_per_unit" in spec or parent is not None:
+            problems.append(f"{where} is public: unit_column, parent and max_rows_per_unit do not apply")
         return Table(name, columns, public=True)
     if unit_table is None:  # row-level privacy
-        if table_unit_column is not None:
-            problems.append(f"{where} unit_column does not apply under row-level privacy")
+        if table_unit_column is not None or parent is not None:
+            problems.append(f"{where} unit_column and parent do not apply under row-level privacy")
         if max_rows not in (None, 1):
             problems.append(f"{where} max_rows_per_unit must be 1 under row-level privacy")
         return Table(name, columns, unit_column=None, max_rows_per_unit=1)
@@ -181,16 +197,53 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
         table_unit_column = table_unit_column or unit_column
         if table_unit_column != unit_column:
             problems.append(f"{where} is the unit table: its unit_column must be {unit_column}")
-    if table_unit_column is None:
+    if table_unit_column is not None and parent is not None:
+        problems.append(f"{where} declares both unit_column and parent: a table reaches the unit one way")
+    if table_unit_column is None and parent is None:
         problems.append(f"{where} is private but has no unit_column: name the column that references "
-                        f"{unit_table}.{unit_column}, or mark the table public = true")
-    elif table_unit_column not in columns:
+                        f"{unit_table}.{unit_column}, give a parent = \"column -> table.key\" through which "
+                        "its rows reach the unit, or mark the table public = true")
+    elif table_unit_column is not None and table_unit_column not in columns:
         problems.append(f"{where} unit_column {table_unit_column} is not among its declared columns")
     if not _positive_int(max_rows):
         problems.append(f"{where} max_rows_per_unit = {max_rows!r}: a private table needs a whole number >= 1 "
                         "(the most rows one unit may have; rows beyond it are bounded away by the rewrite)")
         max_rows = 1
-    return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows))
+    return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows), parent=parent)
+
+
+def _parse_parent(where: str, spec: Any, columns: dict[str, Column], problems: list[str]) -> ParentKey | None:
+    text = spec if isinstance(spec, str) else ""
+    left, _, right = text.partition("->")
+    table, _, key = right.strip().partition(".")
+    column = left.strip().lower()
+    if not (column and table and key):
+        problems.append(f'{where} parent = {spec!r} must look like "column -> table.key"')
+        return None
+    if column not in columns:
+        problems.append(f"{where} parent column {column} is not among its declared columns")
+    return ParentKey(column, table.strip().lower(), key.strip().lower())
+
+
+def _check_parents(tables: dict[str, Table], problems: list[str]) -> None:
+    """Every parent is a declared private table with the key column, and each chain ends at a unit column."""
+    for table in tables.values():
+        seen, current = {table.name}, table
+        while current.parent is not None:
+            link = current.parent
+            parent = tables.get(link.table)
+            where = f"[tables.{current.name}] parent = \"{link}\""
+            if parent is None or parent.public:
+                problems.append(f"{where}: {link.table} must be a declared private table")
+                break
+            if link.key not in parent.columns:
+                problems.append(f"{where}: {link.table} declares no column {link.key}")
+                break
+            if parent.name in seen:
+                problems.append(f"{where}: the parents of {table.name} form a cycle")
+                break
+            seen.add(parent.name)
+            current = parent
 
 
 def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Column | None:
