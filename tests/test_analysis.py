@@ -132,3 +132,33 @@ def test_parent_declarations_are_checked(tables, problem):
     with pytest.raises(errors.SchemaError) as caught:
         parse_schema(raw)
     assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT COUNT(*) FROM visits v WHERE NOT EXISTS (SELECT 1 FROM prescriptions WHERE drug = 'x')",
+     "without tying it to the outer row's unit"),
+    ("SELECT COUNT(*) FROM people p WHERE p.person_id IN (SELECT v.visit_id FROM visits v)",
+     "without tying it to the outer row's unit"),
+    ("SELECT COUNT(*) FROM visits v WHERE v.amount > 5 OR EXISTS (SELECT 1 FROM prescriptions r "
+     "WHERE r.visit_id = v.visit_id)", "joined to the rest of WHERE by AND"),
+    ("SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM prescriptions r WHERE r.visit_id = v.visit_id "
+     "AND EXISTS (SELECT 1 FROM people))", "cannot be merged"),
+    ("SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits v2 WHERE v2.person_id = visits.person_id "
+     "GROUP BY v2.person_id)", "may not aggregate, group"),
+    ("SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM visits v WHERE v.amount > 3)",
+     "used both outside a subquery and inside it"),
+    ("SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM prescriptions r LEFT JOIN people p "
+     "ON p.person_id = v.person_id WHERE r.visit_id = v.visit_id)", "inner joins only"),
+])
+def test_subqueries_that_could_read_other_units_are_refused(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery) as caught:
+        analyze(check_query(sql, demo_schema), demo_schema, PARENT_UNIQUE)
+    assert message in str(caught.value)
+
+
+def test_not_in_reads_only_the_subquerys_non_null_values(demo_schema):
+    query = check_query("SELECT COUNT(*) FROM visits v WHERE v.visit_id NOT IN (SELECT visit_id FROM prescriptions)",
+                        demo_schema)
+    assert "NOT prescriptions.visit_id IS NULL" in query.canonical
+    p = analyze(query, demo_schema, PARENT_UNIQUE)
+    assert p.rows_per_unit == 10 and [m.sensitivity for m in p.measures] == [10]  # the semijoin adds nothing

@@ -12,6 +12,7 @@ import math
 import psycopg
 import pytest
 
+from dpsql import errors
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.schema import parse_schema
@@ -59,6 +60,20 @@ QUERIES = [
     "SELECT COUNT(*), SUM(r.cost) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id",
     "SELECT COUNT(*) FROM prescriptions r, visits v WHERE r.visit_id = v.visit_id AND v.category = 'pharmacy'",
     "SELECT drug, COUNT(*) FROM prescriptions WHERE cost > 20 GROUP BY drug ORDER BY COUNT(*) DESC LIMIT 2",
+    # semijoins and antijoins that read only the outer row's own unit, or only public tables
+    "SELECT COUNT(*), SUM(amount) FROM visits v WHERE EXISTS (SELECT 1 FROM prescriptions r "
+    "WHERE r.visit_id = v.visit_id AND r.drug = 'insulin')",
+    "SELECT category, COUNT(*) FROM visits v WHERE NOT EXISTS (SELECT 1 FROM prescriptions r "
+    "WHERE r.visit_id = v.visit_id) GROUP BY category",
+    "SELECT COUNT(*) FROM visits v WHERE v.visit_id IN (SELECT visit_id FROM prescriptions WHERE cost > 100)",
+    "SELECT COUNT(*), SUM(amount) FROM visits v WHERE v.visit_id NOT IN (SELECT visit_id FROM prescriptions "
+    "WHERE cost > 100)",
+    "SELECT COUNT(*) FROM prescriptions r1 WHERE EXISTS (SELECT 1 FROM prescriptions r2 "
+    "WHERE r2.visit_id = r1.visit_id AND r2.drug <> r1.drug)",
+    "SELECT sex, COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
+    "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits w JOIN prescriptions r ON r.visit_id = w.visit_id "
+    "WHERE w.person_id = p.person_id) GROUP BY sex",
+    "SELECT COUNT(*), SUM(income) FROM people p WHERE p.state IN (SELECT code FROM states WHERE region = 'West')",
 ]
 
 ROW_LEVEL = {
@@ -231,3 +246,14 @@ def test_neighbour_moves_top_k_scores_by_at_most_the_sensitivity(engine, base_ur
     moves = [after.get(k, zero)[index] - before.get(k, zero)[index] for k in before.keys() | after.keys()]
     assert min(moves) >= 0 and plan.top_k.monotone, sql
     assert 0 < max(moves) <= plan.top_k.sensitivity, (sql, max(moves))
+
+
+def test_a_subquery_not_tied_to_the_unit_would_let_one_person_move_everyone(engine, base_url, neighbour_url):
+    """Why dpsql refuses uncorrelated private subqueries: the extreme unit's one undeclared drug flips the
+    condition for every visit in the database."""
+    sql = "SELECT COUNT(*) FROM visits v WHERE NOT EXISTS (SELECT 1 FROM prescriptions WHERE drug = 'undeclared')"
+    with psycopg.connect(base_url) as before, psycopg.connect(neighbour_url) as after:
+        moved = before.execute(sql).fetchone()[0] - after.execute(sql).fetchone()[0]
+    assert moved > 1000
+    with pytest.raises(errors.UnsupportedQuery, match="without tying it to the outer row's unit"):
+        engine.prepare(sql)

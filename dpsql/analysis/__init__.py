@@ -19,6 +19,7 @@ Nothing here reads the data: every number comes from the declared schema and fro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import product
@@ -29,7 +30,7 @@ from sqlglot import exp
 from dpsql.analysis.expressions import Expressions, Range, clamp_to
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import PrivacySchema, Table
-from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery
+from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery, semijoin_selects
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
@@ -192,6 +193,7 @@ class _Analyzer:
         self.query, self.schema, self.unique = query, schema, unique
         self.tree = query.tree
         self.aliases: dict[str, Table] = {}
+        self.outer: list[str] = []
         self.exprs = Expressions(self._declared_column)
         self.notes: list[str] = []
 
@@ -206,8 +208,10 @@ class _Analyzer:
             if not isinstance(source, exp.Table):
                 raise UnsupportedQuery("only tables may appear in FROM and JOIN")
             self.aliases[source.alias_or_name] = self.schema.tables[source.name]
-        equalities = self._equalities(joins)
         private = [a for a, t in self.aliases.items() if not t.public]
+        self.outer = list(self.aliases)  # the query's own tables; subqueries' and dpsql's joins come later
+        semijoins = self._semijoins()
+        equalities = self._equalities(joins)
         if not private:
             raise PrivacyRefusal("the query reads only public tables",
                                  "query public tables directly; dpsql answers questions about private data")
@@ -217,6 +221,7 @@ class _Analyzer:
         fanout, determined, verified = self._public_joins(equalities, private)
         unit, k_private, parent_joins = self._unit(private, equalities)
         joins += parent_joins
+        self._check_semijoins(semijoins, private, equalities)
         k = k_private * fanout
         # an outer join can add rows that belong to no unit, or give one unit's rows different group keys,
         # so it always takes the per-unit path (which drops rows without a unit) and the group cap
@@ -278,15 +283,104 @@ class _Analyzer:
                 raise UnsupportedQuery("JOIN ... USING is not supported", "write JOIN ... ON a.x = b.x")
             if join.args.get("on") is not None:
                 conditions.append(join.args["on"])
-        pairs = []
-        for condition in conditions:
-            for conjunct in condition.flatten() if isinstance(condition, exp.And) else [condition]:
-                conjunct = conjunct.unnest()
-                if (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)
-                        and isinstance(conjunct.expression, exp.Column)
-                        and conjunct.this.table != conjunct.expression.table):
-                    pairs.append((conjunct.this, conjunct.expression))
-        return pairs
+        return _column_equalities(conditions)
+
+    # --- semijoins: EXISTS / IN (SELECT ...) in WHERE ----------------------------------------------------
+
+    def _semijoins(self) -> list[_Semijoin]:
+        """The WHERE clause's EXISTS and IN subqueries, their tables registered under their own aliases."""
+        where = self.tree.args.get("where")
+        selects = semijoin_selects(self.tree)
+        if not selects:
+            return []
+        conjuncts = {id(c.unnest()) for c in _conjuncts(where.this)}
+        found = []
+        for select in selects:
+            condition = select.parent.parent if isinstance(select.parent, exp.Subquery) else select.parent
+            top = condition.parent if isinstance(condition.parent, exp.Not) else condition
+            while isinstance(top.parent, exp.Paren):
+                top = top.parent
+            if id(top.unnest()) not in conjuncts and id(top) not in conjuncts:
+                raise UnsupportedQuery("EXISTS and IN (SELECT ...) must each be a condition of their own, joined "
+                                       "to the rest of WHERE by AND", "move OR-ed subqueries into separate queries")
+            aliases = []
+            sub_joins = list(select.args.get("joins") or [])
+            if select.args.get("from_") is None:
+                raise UnsupportedQuery("a subquery in WHERE needs a FROM clause")
+            for source in [select.args["from_"].this, *(j.this for j in sub_joins)]:
+                if not isinstance(source, exp.Table):
+                    raise UnsupportedQuery("only tables may appear in a subquery's FROM and JOIN")
+                alias = source.alias_or_name
+                if alias in self.aliases:
+                    raise UnsupportedQuery(f'the name "{alias}" is used both outside a subquery and inside it',
+                                           "give the subquery's tables aliases of their own, e.g. EXISTS (SELECT 1 "
+                                           f"FROM {source.name} {source.name[0]}2 WHERE ...)")
+                self.aliases[alias] = self.schema.tables[source.name]
+                aliases.append(alias)
+            if any(j.side or j.kind.upper() not in ("", "INNER") for j in sub_joins):
+                raise UnsupportedQuery("a subquery in WHERE may use inner joins only")
+            conditions = [select.args["where"].this] if select.args.get("where") else []
+            equalities = _column_equalities(conditions + [j.args["on"] for j in sub_joins if j.args.get("on")])
+            if isinstance(condition, exp.In):
+                value = select.expressions[0].unalias()
+                if isinstance(condition.this, exp.Column) and isinstance(value, exp.Column):
+                    equalities.append((condition.this, value))
+            found.append(_Semijoin(aliases, equalities))
+        return found
+
+    def _check_semijoins(self, semijoins: list[_Semijoin], private: list[str], equalities) -> None:
+        """A subquery over private tables may only read the outer row's own unit: each of its private tables
+        is joined to the outer query along unit columns or parent keys. Then adding or removing a unit flips
+        the condition only for that unit's rows, which its own bounds already cover. Subqueries over public
+        tables depend on no unit at all."""
+        for semijoin in semijoins:
+            sub_private = [a for a in semijoin.aliases if not self.aliases[a].public]
+            if not sub_private:
+                self.notes.append("a subquery in WHERE reads only public tables: no extra sensitivity")
+                continue
+            if self.schema.row_level:
+                raise UnsupportedQuery("EXISTS / IN over private tables under row-level privacy is not supported yet",
+                                       "it needs stability through joins (general equijoin support)")
+            _, root = self._components([*private, *semijoin.aliases], equalities + semijoin.equalities)
+            outer_roots = {root(a) for a in private}
+            stray = [a for a in sub_private if root(a) not in outer_roots]
+            if stray:
+                table = self.aliases[stray[0]]
+                raise UnsupportedQuery(
+                    f"the subquery reads {table.name} ({stray[0]}) without tying it to the outer row's unit, so one "
+                    "person's rows could change the condition for everyone",
+                    f"join it on {self._link_text(stray[0])} to a table of the outer query inside the subquery's "
+                    "WHERE")
+            self.notes.append("a subquery in WHERE reads only the outer row's own unit: no extra sensitivity")
+
+    def _components(self, aliases: list[str], equalities) -> tuple[dict[str, str], Callable[[str], str]]:
+        """Union-find of the aliases whose rows belong to one unit: joined on unit columns, along a parent key,
+        or as two children of one parent row."""
+        component = {a: a for a in aliases}
+
+        def root(a: str) -> str:
+            while component[a] != a:
+                a = component[a]
+            return a
+
+        for left, right in equalities:
+            if left.table in component and right.table in component and self._same_unit(left, right):
+                component[root(left.table)] = root(right.table)
+        return component, root
+
+    def _same_unit(self, left: exp.Column, right: exp.Column) -> bool:
+        if self._is_unit(left) and self._is_unit(right):
+            return True
+        if self._is_parent_link(left, right) or self._is_parent_link(right, left):
+            return True
+        a, b = self.aliases.get(left.table), self.aliases.get(right.table)
+        if a is None or b is None or a.public or b.public or a.parent is None or b.parent is None:
+            return False
+        siblings = ((a.parent.table, a.parent.key) == (b.parent.table, b.parent.key)
+                    and left.name == a.parent.column and right.name == b.parent.column)
+        if siblings:
+            self._require_unique_parent(a.name, a.parent)
+        return siblings
 
     def _unit(self, private: list[str], equalities) -> tuple[exp.Expression | None, int, list[exp.Join]]:
         """The unit id of each joined row, the bound on one unit's rows across the private tables, and the joins
@@ -299,21 +393,10 @@ class _Analyzer:
             if len(private) > 1:
                 raise UnsupportedQuery("joins between private tables under row-level privacy are not supported yet")
             return None, 1, []
-        component = {a: a for a in private}
-
-        def root(a: str) -> str:
-            while component[a] != a:
-                a = component[a]
-            return a
-
-        links: list[tuple[str, str]] = []  # (child alias, parent alias): the child's row fixes the parent's
-        for left, right in equalities:
-            if self._is_unit(left) and self._is_unit(right):
-                component[root(left.table)] = root(right.table)
-            for child, parent in ((left, right), (right, left)):
-                if self._is_parent_link(child, parent):
-                    component[root(child.table)] = root(parent.table)
-                    links.append((child.table, parent.table))
+        component, root = self._components(private, equalities)
+        links = [(child.table, parent.table)  # (child alias, parent alias): the child's row fixes the parent's
+                 for left, right in equalities for child, parent in ((left, right), (right, left))
+                 if child.table in component and parent.table in component and self._is_parent_link(child, parent)]
         added: list[exp.Join] = []
         pending = list(private)
         while pending:
@@ -393,7 +476,8 @@ class _Analyzer:
         determines, and whether the catalog guarantees every public join matches at most one row."""
         determined = {a for a in private if self._row_is_unit(a)}
         fanout, verified = 1, True
-        for alias, table in self.aliases.items():
+        for alias in self.outer:
+            table = self.aliases[alias]
             if not table.public:
                 continue
             keys = [(mine, other) for left, right in equalities
@@ -690,6 +774,29 @@ class _Analyzer:
                 raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant")
             return int(value.this)
         return integer("limit"), integer("offset") or 0
+
+
+@dataclass(frozen=True)
+class _Semijoin:
+    aliases: list[str]  # the subquery's tables
+    equalities: list[tuple[exp.Column, exp.Column]]  # its column = column conditions, correlations included
+
+
+def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
+    return list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
+
+
+def _column_equalities(conditions: list[exp.Expression]) -> list[tuple[exp.Column, exp.Column]]:
+    """The column = column conjuncts of `conditions` between two different tables."""
+    pairs = []
+    for condition in conditions:
+        for conjunct in _conjuncts(condition):
+            conjunct = conjunct.unnest()
+            if (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)
+                    and isinstance(conjunct.expression, exp.Column)
+                    and conjunct.this.table != conjunct.expression.table):
+                pairs.append((conjunct.this, conjunct.expression))
+    return pairs
 
 
 def _domain(keys: list[GroupKey]) -> list[tuple] | None:

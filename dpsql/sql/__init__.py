@@ -51,7 +51,8 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
-    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, *AGGREGATES,
+    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists,
+    *AGGREGATES,
 )
 
 
@@ -86,6 +87,7 @@ def check_query(sql: str, schema: PrivacySchema,
                             ) from None
     tree = merge_subqueries(tree)
     _require_flat(tree)
+    _drop_nulls_under_not_in(tree)
     return CheckedQuery(tree, names)
 
 
@@ -151,11 +153,61 @@ def _check_tables(tree: exp.Select, schema: PrivacySchema) -> None:
 
 
 def _require_flat(tree: exp.Select) -> None:
+    """After merging, the only subqueries left may be semijoins in WHERE: EXISTS (SELECT ...) and
+    x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
+    semijoins = semijoin_selects(tree)
+    allowed = {id(s) for s in semijoins} | {id(s.parent) for s in semijoins if isinstance(s.parent, exp.Subquery)}
     for node in tree.walk():
-        if node is not tree and isinstance(node, exp.Select | exp.Subquery | exp.CTE):
+        if node is tree or id(node) in allowed:
+            continue
+        if isinstance(node, exp.Select | exp.Subquery | exp.CTE):
             raise UnsupportedQuery("this subquery cannot be merged into the outer query "
                                    "(aggregating, grouped or nested subqueries are not supported yet)",
-                                   "write the query as one SELECT over joined tables")
+                                   "write the query as one SELECT over joined tables, or as EXISTS / IN "
+                                   "(SELECT ...) in WHERE")
+    for select in semijoins:
+        if any(select.args.get(k) for k in ("group", "having", "order", "limit", "offset", "with")) \
+                or select.find(*AGGREGATES):
+            raise UnsupportedQuery("an EXISTS or IN subquery may not aggregate, group, order or limit",
+                                   "filter its rows with WHERE only")
+
+
+def _drop_nulls_under_not_in(tree: exp.Select) -> None:
+    """`x NOT IN (SELECT c ...)` is NULL for every x once one c is NULL, so one unit's NULL could empty the whole
+    answer. dpsql reads it as NOT IN the subquery's non-NULL values (which differs from PostgreSQL only when
+    the subquery yields a NULL)."""
+    for select in semijoin_selects(tree):
+        in_node = select.parent.parent if isinstance(select.parent, exp.Subquery) else None
+        if not isinstance(in_node, exp.In) or not isinstance(_unparenthesised_parent(in_node), exp.Not):
+            continue
+        value = select.expressions[0].unalias() if len(select.expressions) == 1 else None
+        if value is None:
+            raise UnsupportedQuery("an IN subquery must select exactly one value")
+        select.where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())), copy=False)
+
+
+def _unparenthesised_parent(node: exp.Expression) -> exp.Expression | None:
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    return parent
+
+
+def semijoin_selects(tree: exp.Select) -> list[exp.Select]:
+    """The SELECTs of the EXISTS / IN (SELECT ...) conditions in `tree`'s WHERE clause."""
+    where = tree.args.get("where")
+    if where is None:
+        return []
+    found = []
+    for node in where.walk():
+        if node.find_ancestor(exp.Select) is not tree:  # one level only: not a subquery's own subqueries
+            continue
+        if isinstance(node, exp.Exists) and isinstance(node.this, exp.Select):
+            found.append(node.this)
+        elif isinstance(node, exp.In) and isinstance(node.args.get("query"), exp.Subquery) \
+                and isinstance(node.args["query"].this, exp.Select):
+            found.append(node.args["query"].this)
+    return found
 
 
 def _bind_parameters(tree: exp.Select, params: Sequence[Any] | Mapping[str, Any] | None) -> exp.Select:
