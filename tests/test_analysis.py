@@ -162,3 +162,31 @@ def test_not_in_reads_only_the_subquerys_non_null_values(demo_schema):
     assert "NOT prescriptions.visit_id IS NULL" in query.canonical
     p = analyze(query, demo_schema, PARENT_UNIQUE)
     assert p.rows_per_unit == 10 and [m.sensitivity for m in p.measures] == [10]  # the semijoin adds nothing
+
+
+def test_per_unit_subqueries_earn_the_sensitivity_of_one_row_per_unit(demo_schema):
+    p = plan("SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t "
+             "GROUP BY n", demo_schema)
+    assert p.unit is None and p.max_groups == 1 and [m.sensitivity for m in p.measures] == [1]
+    assert p.domain is not None and len(p.domain) == 11  # n in 0..10: every key released
+    sql = rewrite(p).sql
+    assert "LEAST(GREATEST(COUNT(*), 0), 10)" in sql and "GROUP BY visits.person_id" in sql
+    p = plan("SELECT SUM(total) FROM (SELECT v.person_id, SUM(v.amount) AS total FROM visits v "
+             "GROUP BY v.person_id) t", demo_schema)
+    assert [m.sensitivity for m in p.measures] == [10 * 1000]
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT n, COUNT(*) FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t GROUP BY n",
+     "must GROUP BY the privacy unit alone"),
+    ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id HAVING COUNT(*) > 1) t",
+     "may not have HAVING"),
+    ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
+     "JOIN people p ON p.person_id = t.person_id", "cannot be joined"),
+    ("SELECT AVG(v) FROM (SELECT person_id, VARIANCE(amount) AS v FROM visits GROUP BY person_id) t",
+     "use COUNT, SUM, AVG, MIN or MAX"),
+])
+def test_per_unit_subqueries_must_group_by_the_unit(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery) as caught:
+        plan(sql, demo_schema)
+    assert message in str(caught.value)

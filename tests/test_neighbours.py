@@ -74,6 +74,17 @@ QUERIES = [
     "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits w JOIN prescriptions r ON r.visit_id = w.visit_id "
     "WHERE w.person_id = p.person_id) GROUP BY sex",
     "SELECT COUNT(*), SUM(income) FROM people p WHERE p.state IN (SELECT code FROM states WHERE region = 'West')",
+    # aggregates of per-unit aggregates: each subquery row is one whole unit, its values clamped to k rows' worth
+    "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t GROUP BY n",
+    "WITH per AS (SELECT v.person_id, SUM(amount) AS total FROM visits v GROUP BY 1) "
+    "SELECT AVG(total), COUNT(*), SUM(total) FROM per",
+    "SELECT c_count, COUNT(*) AS custdist FROM (SELECT p.person_id, COUNT(v.visit_id) AS c_count FROM people p "
+    "LEFT JOIN visits v ON v.person_id = p.person_id AND v.category <> 'lab' GROUP BY p.person_id) AS c "
+    "GROUP BY c_count ORDER BY custdist DESC",
+    "SELECT COUNT(*), AVG(n) FROM (SELECT visits.person_id, COUNT(*) AS n FROM prescriptions r JOIN visits "
+    "ON r.visit_id = visits.visit_id GROUP BY visits.person_id) t WHERE n > 2",
+    "SELECT width_bucket(top, 0, 1000, 10) AS b, COUNT(*) FROM (SELECT person_id, MAX(amount) AS top "
+    "FROM visits GROUP BY person_id) t GROUP BY b",
 ]
 
 ROW_LEVEL = {
@@ -161,6 +172,8 @@ QUANTILE_QUERIES = [
     "JOIN people p ON v.person_id = p.person_id",
     "SELECT category, percentile_cont(0.25) WITHIN GROUP (ORDER BY amount) FROM visits GROUP BY category",
     "SELECT day, MAX(amount) FROM visits GROUP BY day",
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY n) FROM (SELECT person_id, COUNT(*) AS n FROM visits "
+    "GROUP BY person_id) t",
 ]
 
 

@@ -29,8 +29,8 @@ from sqlglot import exp
 
 from dpsql.analysis.expressions import Expressions, Range, clamp_to
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.schema import PrivacySchema, Table
-from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery, semijoin_selects
+from dpsql.schema import Column, PrivacySchema, Table
+from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery, derived_select, semijoin_selects
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
@@ -203,21 +203,11 @@ class _Analyzer:
         tree = self.tree
         if tree.args.get("from_") is None:
             raise PrivacyRefusal("a query without FROM reads no private data", "dpsql answers aggregates over tables")
-        joins = list(tree.args.get("joins") or [])
-        for source in [tree.args["from_"].this, *(j.this for j in joins)]:
-            if not isinstance(source, exp.Table):
-                raise UnsupportedQuery("only tables may appear in FROM and JOIN")
-            self.aliases[source.alias_or_name] = self.schema.tables[source.name]
-        private = [a for a, t in self.aliases.items() if not t.public]
-        self.outer = list(self.aliases)  # the query's own tables; subqueries' and dpsql's joins come later
-        semijoins = self._semijoins()
-        equalities = self._equalities(joins)
-        if not private:
-            raise PrivacyRefusal("the query reads only public tables",
-                                 "query public tables directly; dpsql answers questions about private data")
-        for node in [tree.args.get("where"), *(j.args.get("on") for j in joins)]:
-            if node is not None:
-                self.exprs.check(node)
+        from_ = tree.args["from_"]
+        derived = derived_select(tree)
+        if derived is not None:
+            from_ = self._derive(derived, tree.args["from_"].this.alias_or_name)
+        joins, private, equalities, semijoins = self._relation(derived is not None)
         fanout, determined, verified = self._public_joins(equalities, private)
         unit, k_private, parent_joins = self._unit(private, equalities)
         joins += parent_joins
@@ -259,7 +249,7 @@ class _Analyzer:
         limit, offset = self._limit()
         top_k = self._top_k(keys, aggregates, measures, order, having, limit, offset)
         return Plan(
-            from_=_guarded(tree.args["from_"], self.exprs),
+            from_=_guarded(from_, self.exprs),
             joins=[_guarded(j, self.exprs) for j in joins],
             where=self.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None,
             unit=None if fast else unit, rows_per_unit=k, group_keys=keys, max_groups=groups,
@@ -267,6 +257,110 @@ class _Analyzer:
             histograms=list(histograms.values()), aggregates=aggregates,
             outputs=outputs, having=having, order=order, limit=limit, offset=offset,
             neighbouring=self.schema.neighbouring, top_k=top_k, notes=self.notes)
+
+    def _relation(self, derived: bool) -> tuple[list[exp.Join], list[str], list, list[_Semijoin]]:
+        """The query's tables and joins: (joins, private aliases, join equalities, WHERE subqueries)."""
+        tree = self.tree
+        joins = list(tree.args.get("joins") or [])
+        if derived and joins:
+            raise UnsupportedQuery("a per-unit subquery cannot be joined to other tables here",
+                                   "join the tables inside the subquery")
+        for source in [tree.args["from_"].this, *(j.this for j in joins)]:
+            if derived:
+                break
+            if not isinstance(source, exp.Table):
+                raise UnsupportedQuery("only tables may appear in FROM and JOIN")
+            self.aliases[source.alias_or_name] = self.schema.tables[source.name]
+        private = [a for a, t in self.aliases.items() if not t.public]
+        self.outer = list(self.aliases)  # the query's own tables; subqueries' and dpsql's joins come later
+        semijoins = self._semijoins()
+        equalities = self._equalities(joins)
+        if not private:
+            raise PrivacyRefusal("the query reads only public tables",
+                                 "query public tables directly; dpsql answers questions about private data")
+        for node in [tree.args.get("where"), *(j.args.get("on") for j in joins)]:
+            if node is not None:
+                self.exprs.check(node)
+        return joins, private, equalities, semijoins
+
+    # --- per-unit subqueries: FROM (SELECT unit, aggregates ... GROUP BY unit) ---------------------------
+
+    def _derive(self, select: exp.Select, alias: str) -> exp.From:
+        """Analyse the grouped subquery the query reads from. It must group by the unit, so each of its rows is
+        one whole unit; its aggregates are clamped to what the unit's k rows could give, and the outer query
+        sees them as a private table with those bounds and one row per unit. Returns the FROM clause that
+        runs the bounded subquery."""
+        inner = _Analyzer(CheckedQuery(select, ()), self.schema, self.unique)
+        table, bounded = inner.per_unit_table(alias)
+        self.aliases[alias] = table
+        self.unique = self.unique | {(alias, table.unit_column)}  # GROUP BY the unit: one row per unit
+        self.notes += [f"subquery {alias}: {note}" for note in inner.notes]
+        return exp.From(this=exp.Subquery(this=bounded, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+
+    def per_unit_table(self, alias: str) -> tuple[Table, exp.Select]:
+        """This query (a subquery grouped by the unit) as a table of one row per unit, and its bounded SQL."""
+        if self.schema.row_level:
+            raise UnsupportedQuery("grouped subqueries need a privacy unit to group by",
+                                   "under row-level privacy, write the query as one SELECT")
+        tree = self.tree
+        joins, private, equalities, semijoins = self._relation(False)
+        unit, k, parent_joins = self._unit(private, equalities)
+        joins += parent_joins
+        self._check_semijoins(semijoins, private, equalities)
+        fanout = self._public_joins(equalities, private)[0]
+        k *= fanout
+        group = tree.args["group"].expressions
+        if len(group) != 1 or not isinstance(group[0], exp.Column) or not self._is_unit(group[0]):
+            raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
+                                   + ", ".join(self._link_text(a) for a in private if self.aliases[a].unit_column)
+                                   + ")", "group by the unit inside, then aggregate or group its results outside")
+        if tree.args.get("having") or tree.args.get("order") or tree.args.get("limit"):
+            raise UnsupportedQuery(f"subquery {alias} may not have HAVING, ORDER BY or LIMIT",
+                                   "filter and order in the outer query")
+        unit_sql = group[0].sql(dialect=DIALECT)
+        columns: dict[str, Column] = {}
+        outputs = []
+        unit_name = None
+        for item in tree.expressions:
+            name, node = item.alias_or_name, item.unalias()
+            if node.sql(dialect=DIALECT) == unit_sql:
+                declared = self._declared_column(node)
+                columns[name] = Column(name, declared.type if declared else "bigint")
+                unit_name = name
+                outputs.append(exp.alias_(group[0].copy(), name))
+                continue
+            expr, column = self._per_unit_aggregate(name, node, k)
+            columns[name] = column
+            outputs.append(exp.alias_(expr, name))
+        if unit_name is None:  # the outer query needs the unit even if the subquery does not name it
+            unit_name = "dpsql_unit"
+            columns[unit_name] = Column(unit_name, "bigint")
+            outputs.append(exp.alias_(group[0].copy(), unit_name))
+        where = self.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None
+        present = exp.Not(this=exp.Is(this=group[0].copy(), expression=exp.Null()))
+        bounded = exp.select(*outputs).from_(_guarded(tree.args["from_"], self.exprs))
+        for join in joins:
+            bounded = bounded.join(_guarded(join, self.exprs))
+        bounded = bounded.where(present if where is None else exp.and_(exp.paren(where), present))
+        bounded = bounded.group_by(group[0].copy())
+        self.notes.append(f"one row per unit; each unit's aggregates bounded by what {k} rows can give")
+        return Table(alias, columns, unit_column=unit_name, max_rows_per_unit=1), bounded
+
+    def _per_unit_aggregate(self, name: str, node: exp.Expression, k: int) -> tuple[exp.Expression, Column]:
+        """One unit's aggregate, clamped to what k of its rows could give, and its declared range outside."""
+        kind = AGGREGATES.get(type(node))
+        if kind not in ("count", "sum", "avg", "min", "max"):
+            raise UnsupportedQuery(f"{node.sql(dialect=DIALECT)} in a per-unit subquery: use COUNT, SUM, AVG, "
+                                   "MIN or MAX of a column or bounded expression, or the unit column itself")
+        if kind == "count":
+            return _clamped(node, 0, k), Column(name, "bigint", 0.0, float(k))
+        argument = node.this.this if isinstance(node.this, exp.Distinct) else node.this
+        row = self.exprs.numeric(argument, kind)
+        lo, hi = (min(0.0, k * row.lo), max(0.0, k * row.hi)) if kind == "sum" else (row.lo, row.hi)
+        guarded = node.copy()
+        guarded.set("this", self.exprs.guard(node.this))
+        integer = row.integer and kind != "avg"
+        return _clamped(guarded, lo, hi), Column(name, "bigint" if integer else "double precision", lo, hi)
 
     def _declared_column(self, column: exp.Column):
         table = self.aliases.get(column.table)
@@ -780,6 +874,13 @@ class _Analyzer:
 class _Semijoin:
     aliases: list[str]  # the subquery's tables
     equalities: list[tuple[exp.Column, exp.Column]]  # its column = column conditions, correlations included
+
+
+def _clamped(value: exp.Expression, lo: float, hi: float) -> exp.Expression:
+    """`value` clamped to [lo, hi], NULL staying NULL (PostgreSQL's LEAST/GREATEST would turn it into a bound)."""
+    bounded = exp.Least(this=exp.Greatest(this=value.copy(), expressions=[_literal(lo)]), expressions=[_literal(hi)])
+    missing = exp.Is(this=value.copy(), expression=exp.Null())
+    return exp.Case(ifs=[exp.If(this=missing, true=exp.Null())], default=bounded)
 
 
 def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:

@@ -157,6 +157,11 @@ def _require_flat(tree: exp.Select) -> None:
     x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
     semijoins = semijoin_selects(tree)
     allowed = {id(s) for s in semijoins} | {id(s.parent) for s in semijoins if isinstance(s.parent, exp.Subquery)}
+    derived = derived_select(tree)
+    if derived is not None:
+        allowed |= {id(derived), id(derived.parent), id(tree.args.get("with_"))}
+        if any(isinstance(n, exp.Select | exp.Subquery | exp.CTE) for n in derived.walk() if n is not derived):
+            raise UnsupportedQuery("a per-unit subquery may not hold subqueries of its own")
     for node in tree.walk():
         if node is tree or id(node) in allowed:
             continue
@@ -166,7 +171,7 @@ def _require_flat(tree: exp.Select) -> None:
                                    "write the query as one SELECT over joined tables, or as EXISTS / IN "
                                    "(SELECT ...) in WHERE")
     for select in semijoins:
-        if any(select.args.get(k) for k in ("group", "having", "order", "limit", "offset", "with")) \
+        if any(select.args.get(k) for k in ("group", "having", "order", "limit", "offset", "with_")) \
                 or select.find(*AGGREGATES):
             raise UnsupportedQuery("an EXISTS or IN subquery may not aggregate, group, order or limit",
                                    "filter its rows with WHERE only")
@@ -191,6 +196,19 @@ def _unparenthesised_parent(node: exp.Expression) -> exp.Expression | None:
     while isinstance(parent, exp.Paren):
         parent = parent.parent
     return parent
+
+
+def derived_select(tree: exp.Select) -> exp.Select | None:
+    """The grouped SELECT that `tree` reads FROM, as a subquery or a WITH query (None if it reads tables)."""
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select) and source.this.args.get("group"):
+        return source.this
+    if isinstance(source, exp.Table) and not source.db and tree.args.get("with_"):
+        ctes = tree.args["with_"].expressions
+        if len(ctes) == 1 and ctes[0].alias_or_name == source.name and isinstance(ctes[0].this, exp.Select) \
+                and ctes[0].this.args.get("group"):
+            return ctes[0].this
+    return None
 
 
 def semijoin_selects(tree: exp.Select) -> list[exp.Select]:
