@@ -190,3 +190,19 @@ def test_per_unit_subqueries_must_group_by_the_unit(demo_schema, sql, message):
     with pytest.raises(errors.UnsupportedQuery) as caught:
         plan(sql, demo_schema)
     assert message in str(caught.value)
+
+
+def test_public_tables_may_join_through_other_public_tables():
+    from dpsql.schema import parse_schema
+    schema = parse_schema({
+        "privacy": {"unit": "people.person_id"},
+        "tables": {"people": {"columns": {"person_id": "bigint", "state": "text"}},
+                   "states": {"public": True, "columns": {"code": {"type": "text", "unique": True},
+                                                          "region": "text"}},
+                   "regions": {"public": True, "columns": {"name": {"type": "text", "max_frequency": 3},
+                                                           "zone": "text"}}}})
+    p = plan("SELECT r.zone, COUNT(*) FROM people p JOIN states s ON s.code = p.state "
+             "JOIN regions r ON r.name = s.region GROUP BY r.zone", schema)
+    assert p.rows_per_unit == 3  # one state per person, up to 3 rows of regions per name
+    with pytest.raises(errors.UnsupportedQuery, match="regions must be joined"):
+        plan("SELECT COUNT(*) FROM people p, states s, regions r WHERE s.code = p.state", schema)

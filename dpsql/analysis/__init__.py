@@ -567,24 +567,37 @@ class _Analyzer:
 
     def _public_joins(self, equalities, private: list[str]) -> tuple[int, set[str], bool]:
         """How many public rows one private row can match (declared), which aliases one unit's row
-        determines, and whether the catalog guarantees every public join matches at most one row."""
+        determines, and whether the catalog guarantees every public join matches at most one row.
+
+        A public table joins on an equality with a table already reached: a private one, or a public one
+        joined before it (nation through supplier), so each joined row meets at most the key's declared
+        frequency of its rows."""
         determined = {a for a in private if self._row_is_unit(a)}
+        reached = set(private)
+        waiting = [a for a in self.outer if self.aliases[a].public]
         fanout, verified = 1, True
-        for alias in self.outer:
-            table = self.aliases[alias]
-            if not table.public:
-                continue
-            keys = [(mine, other) for left, right in equalities
-                    for mine, other in ((left, right), (right, left)) if mine.table == alias
-                    and not self.aliases[other.table].public]
-            if not keys:
+        while waiting:
+            progress = False
+            for alias in list(waiting):
+                table = self.aliases[alias]
+                keys = [(mine, other) for left, right in equalities
+                        for mine, other in ((left, right), (right, left))
+                        if mine.table == alias and other.table in reached]
+                if not keys:
+                    continue
+                fanout *= min(self._frequency(table, mine) for mine, _ in keys)
+                unique_keys = [(m, o) for m, o in keys if (table.name, m.name) in self.unique]
+                verified = verified and bool(unique_keys)
+                if any(o.table in determined for _, o in unique_keys):
+                    determined.add(alias)
+                reached.add(alias)
+                waiting.remove(alias)
+                progress = True
+            if not progress:
+                table = self.aliases[waiting[0]]
                 raise UnsupportedQuery(f"public table {table.name} must be joined on an equality with a private "
-                                       "table's column", f"e.g. JOIN {table.name} ON {table.name}.key = t.column")
-            fanout *= min(self._frequency(table, mine) for mine, _ in keys)
-            unique_keys = [(m, o) for m, o in keys if (table.name, m.name) in self.unique]
-            verified = verified and bool(unique_keys)
-            if any(o.table in determined for _, o in unique_keys):
-                determined.add(alias)
+                                       "table's column (or with a public table joined to one)",
+                                       f"e.g. JOIN {table.name} ON {table.name}.key = t.column")
         return fanout, determined, verified
 
     def _frequency(self, table: Table, column: exp.Column) -> int:
