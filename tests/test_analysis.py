@@ -90,6 +90,9 @@ def test_tables_reach_the_unit_through_declared_parent_keys(demo_schema):
     p = analyze(check_query("SELECT v.category, COUNT(*) FROM prescriptions r JOIN visits v ON r.visit_id = "
                             "v.visit_id GROUP BY v.category", demo_schema), demo_schema, PARENT_UNIQUE)
     assert p.rows_per_unit == 20 and "dpsql_parent" not in rewrite(p).sql
+    assert "relation v (visits): fixed by r's row (unique key); unit column person_id" in p.notes  # explain shows
+    assert ("relation r (prescriptions): at most 20 rows per unit (declared); reaches the unit through "
+            "visit_id -> visits.visit_id") in p.notes
     # the other way round a visit's row does not fix its prescriptions: both bounds multiply
     p = analyze(check_query("SELECT COUNT(*) FROM visits v JOIN prescriptions r ON r.visit_id = v.visit_id "
                             "JOIN prescriptions r2 ON r2.visit_id = v.visit_id", demo_schema), demo_schema,

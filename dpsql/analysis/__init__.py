@@ -518,6 +518,14 @@ class _Analyzer:
         unit = columns[0] if len(columns) == 1 else exp.Coalesce(this=columns[0], expressions=columns[1:])
         for join in added:
             self.notes.append(f"dpsql joins {join.this.name} AS {join.this.alias} to reach the unit")
+        for alias in aliases:
+            table = self.aliases[alias]
+            fixed_by = next((child for child, parent in links if parent == alias and child in free), None)
+            how = (f"fixed by {fixed_by}'s row (unique key)" if alias not in free and fixed_by
+                   else f"at most {table.max_rows_per_unit} rows per unit (declared)")
+            reach = (f"unit column {table.unit_column}" if table.unit_column
+                     else f"reaches the unit through {table.parent}")
+            self.notes.append(f"relation {alias} ({table.name}): {how}; {reach}")
         return unit, math.prod(self.aliases[a].max_rows_per_unit for a in aliases if a in free), added
 
     def _is_parent_link(self, child: exp.Column, parent: exp.Column) -> bool:
@@ -585,7 +593,10 @@ class _Analyzer:
                         if mine.table == alias and other.table in reached]
                 if not keys:
                     continue
-                fanout *= min(self._frequency(table, mine) for mine, _ in keys)
+                frequency = min(self._frequency(table, mine) for mine, _ in keys)
+                fanout *= frequency
+                self.notes.append(f"relation {alias} ({table.name}): public, at most {frequency} row(s) per "
+                                  f"joined row (key {', '.join(sorted({m.name for m, _ in keys}))})")
                 unique_keys = [(m, o) for m, o in keys if (table.name, m.name) in self.unique]
                 verified = verified and bool(unique_keys)
                 if any(o.table in determined for _, o in unique_keys):
