@@ -145,7 +145,7 @@ def test_extreme_unit_saturates_its_bounds(engine, base_url, neighbour_url):
     assert changes == [250000.0]  # the declared upper bound, not 1e300
     changes = _assert_within_sensitivity(engine, "SELECT COUNT(*), SUM(cost) FROM prescriptions", base_url,
                                          neighbour_url)
-    assert changes == pytest.approx([20.0, 10000.0])  # 9000 prescriptions via its visits: k = 20, 20 × 500
+    assert changes == pytest.approx([20.0, 4000.0])  # 9000 prescriptions via its visits: k = 20, 20 × 200
 
 
 @pytest.fixture(scope="module")
