@@ -209,3 +209,18 @@ def test_public_tables_may_join_through_other_public_tables():
     assert p.rows_per_unit == 3  # one state per person, up to 3 rows of regions per name
     with pytest.raises(errors.UnsupportedQuery, match="regions must be joined"):
         plan("SELECT COUNT(*) FROM people p, states s, regions r WHERE s.code = p.state", schema)
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT COUNT(*) FROM visits v CROSS JOIN people p", "CROSS JOIN is not supported"),
+    ("SELECT COUNT(*) FROM visits v, people p", "must be joined on their unit columns"),
+    ("SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id > p.person_id", "must be joined on their unit"),
+    ("SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.age * 2", "must be joined on their unit"),
+    ("SELECT COUNT(*) FROM visits v JOIN states s ON s.name = v.category", "has no declared max_frequency"),
+    ("SELECT COUNT(*) FROM people p JOIN states s ON s.code = p.state OR s.name = p.state",
+     "must be joined on an equality"),
+])
+def test_joins_dpsql_cannot_bound_are_refused_with_the_reason(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery) as caught:
+        plan(sql, demo_schema)
+    assert message in str(caught.value) and caught.value.hint
