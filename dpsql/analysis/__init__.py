@@ -334,6 +334,9 @@ class _Analyzer:
             outputs.append(exp.alias_(expr, name))
         if unit_name is None:  # the outer query needs the unit even if the subquery does not name it
             unit_name = "dpsql_unit"
+            if unit_name in columns:
+                raise UnsupportedQuery(f"subquery {alias} must select the unit column if it names a column "
+                                       "dpsql_unit", f"add {unit_sql} to its SELECT list")
             columns[unit_name] = Column(unit_name, "bigint")
             outputs.append(exp.alias_(group[0].copy(), unit_name))
         where = self.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None
@@ -545,6 +548,8 @@ class _Analyzer:
         link = table.parent
         self._require_unique_parent(table.name, link)
         parent_alias = f"dpsql_parent_{number}"
+        while parent_alias in self.aliases:  # never shadow a name the query uses itself
+            parent_alias += "_"
         self.aliases[parent_alias] = self.schema.tables[link.table]
         on = exp.EQ(this=exp.column(link.key, table=parent_alias), expression=exp.column(link.column, table=alias))
         source = exp.Table(this=exp.to_identifier(link.table),
