@@ -249,7 +249,7 @@ class _Analyzer:
         limit, offset = self._limit()
         top_k = self._top_k(keys, aggregates, measures, order, having, limit, offset)
         return Plan(
-            from_=_guarded(from_, self.exprs),
+            from_=from_ if derived is not None else _guarded(from_, self.exprs),  # a subquery comes bounded
             joins=[_guarded(j, self.exprs) for j in joins],
             where=self.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None,
             unit=None if fast else unit, rows_per_unit=k, group_keys=keys, max_groups=groups,
