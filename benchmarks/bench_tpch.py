@@ -41,13 +41,8 @@ from dpsql.postprocess import finish
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "benchmarks" / "schemas" / "tpch_customer.toml"
 QUERIES = {
-    "Q1": """
-        SELECT l_returnflag, l_linestatus, SUM(l_quantity) AS sum_qty, SUM(l_extendedprice) AS sum_base_price,
-               SUM(l_extendedprice * (1 - l_discount)) AS sum_disc_price,
-               SUM(l_extendedprice * (1 - l_discount) * (1 + l_tax)) AS sum_charge, AVG(l_quantity) AS avg_qty,
-               AVG(l_extendedprice) AS avg_price, AVG(l_discount) AS avg_disc, COUNT(*) AS count_order
-        FROM lineitem WHERE l_shipdate <= DATE '1998-09-02'
-        GROUP BY l_returnflag, l_linestatus ORDER BY l_returnflag, l_linestatus""",
+    # the date arithmetic folded into a constant (INTERVAL is not on dpsql's allowlist)
+    "Q1": EXACT_QUERIES["Q1"].replace("DATE '1998-12-01' - INTERVAL '90 days'", "DATE '1998-09-02'"),
     "Q4": EXACT_QUERIES["Q4"],  # as written: EXISTS over the order's own line items
     "Q13": EXACT_QUERIES["Q13"],  # as written: a histogram of per-customer order counts
     "Q21": """
