@@ -94,7 +94,8 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
         steps = 2 if plan.neighbouring == "replace" else 1
         step_epsilon = selection_epsilon / steps
         step_delta = selection_delta if steps == 1 else selection_delta / (1 + math.exp(step_epsilon))
-        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta)
+        rows = plan.stability or 1  # joined rows per group and in all, under row-level joins; else 1 unit
+        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta, rows, plan.stability)
         cost = Cost(selection_epsilon, selection_delta, selection_epsilon**2 / 2, selection_delta)
     chosen = [a for a in plan.aggregates if a.chosen]
     share = (epsilon - selection_epsilon) / (len(plan.measures) + len(chosen) + (plan.top_k is not None))

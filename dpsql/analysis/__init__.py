@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.analysis import stability
 from dpsql.analysis.expressions import Expressions, Range, clamp_to
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, PrivacySchema, Table
@@ -46,6 +47,7 @@ class Measure:
     name: str
     label: str
     kind: str  # sum: SUM(expr) | count: COUNT(expr), COUNT(*) if expr is None | units: distinct units
+    #          | distinct: COUNT(DISTINCT expr), row-level privacy only
     expr: exp.Expression | None  # guarded per-row value
     row_range: Range  # every row's value lies here (the rewrite clamps to it)
     unit_range: tuple[float, float]  # one unit's total lies here (the rewrite clamps to it)
@@ -151,6 +153,9 @@ class Plan:
     neighbouring: str
     top_k: TopK | None = None
     notes: list[str] = field(default_factory=list)
+    # row-level privacy with joins: how many joined rows one neighbour changes, over all groups (None: per unit)
+    stability: int | None = None
+    truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> keys, frequencies
 
     @cached_property
     def aggregate(self) -> dict[str, Aggregate]:
@@ -196,6 +201,9 @@ class _Analyzer:
         self.outer: list[str] = []
         self.exprs = Expressions(self._declared_column)
         self.notes: list[str] = []
+        self.stability: int | None = None  # row-level joins: joined rows one neighbour changes, in all groups
+        self.truncate: dict[str, tuple[tuple[str, int], ...]] = {}  # table -> (key column, max frequency)
+        self.direct = False  # whether the rewrite aggregates the joined rows directly (no per-unit stage)
 
     # --- the relation: tables, joins, the unit of each row --------------------------------------------------
 
@@ -208,22 +216,31 @@ class _Analyzer:
         if derived is not None:
             from_ = self._derive(derived, tree.args["from_"].this.alias_or_name)
         joins, private, equalities, semijoins = self._relation(derived is not None)
-        fanout, determined, verified = self._public_joins(equalities, private)
-        unit, k_private, parent_joins = self._unit(private, equalities)
-        joins += parent_joins
-        self._check_semijoins(semijoins, private, equalities)
-        k = k_private * fanout
-        # an outer join can add rows that belong to no unit, or give one unit's rows different group keys,
-        # so it always takes the per-unit path (which drops rows without a unit) and the group cap
-        outer = any(j.side for j in joins)
-        fast = not outer and k == 1 and verified and all(self._row_is_unit(a) for a in private)
-        if not fast and unit is None:
-            unit = exp.column("ctid", table=private[0])
-        self.notes.append(f"rows per unit in the joined relation: at most {k}"
-                          + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
+        if self.stability is not None:  # row-level privacy, reading a grouped subquery
+            k, unit, fast, outer, determined = self.stability, None, True, False, set()
+        elif self._rows_of_several_units(private, semijoins):
+            k = self._join_stability(joins, equalities, semijoins).stability
+            unit, fast, outer, determined = None, True, False, set()
+        else:
+            fanout, determined, verified = self._public_joins(equalities, private)
+            unit, k_private, parent_joins = self._unit(private, equalities)
+            joins += parent_joins
+            self._check_semijoins(semijoins, private, equalities)
+            k = k_private * fanout
+            # an outer join can add rows that belong to no unit, or give one unit's rows different group keys,
+            # so it always takes the per-unit path (which drops rows without a unit) and the group cap
+            outer = any(j.side for j in joins)
+            fast = not outer and k == 1 and verified and all(self._row_is_unit(a) for a in private)
+            if not fast and unit is None:
+                unit = exp.column("ctid", table=private[0])
+            self.notes.append(f"rows per unit in the joined relation: at most {k}"
+                              + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
 
         keys = self._group_keys()
-        if keys:
+        if keys and self.stability is not None:  # the changed joined rows may each fall in another group
+            groups, cap = k, False
+            self.notes.append(f"the {k} changed joined row(s) may fall in as many groups")
+        elif keys:
             natural = not outer and all(self._determined_by_unit(k_.expr, determined) for k_ in keys)
             groups = 1 if natural else max(1, min(max_groups_setting, k))
             cap = not natural and not fast
@@ -240,6 +257,7 @@ class _Analyzer:
 
         measures: dict[str, Measure] = {}
         histograms: dict[str, Histogram] = {}
+        self.direct = fast  # no per-unit stage: aggregates run on the joined rows themselves
         aggregates = self._aggregates(measures, histograms, k, groups)
         if not aggregates:
             raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
@@ -256,7 +274,8 @@ class _Analyzer:
             cap_groups=cap, domain=domain, measures=list(measures.values()),
             histograms=list(histograms.values()), aggregates=aggregates,
             outputs=outputs, having=having, order=order, limit=limit, offset=offset,
-            neighbouring=self.schema.neighbouring, top_k=top_k, notes=self.notes)
+            neighbouring=self.schema.neighbouring, top_k=top_k, notes=self.notes, stability=self.stability,
+            truncate=self.truncate)
 
     def _relation(self, derived: bool) -> tuple[list[exp.Join], list[str], list, list[_Semijoin]]:
         """The query's tables and joins: (joins, private aliases, join equalities, WHERE subqueries)."""
@@ -293,30 +312,32 @@ class _Analyzer:
         inner = _Analyzer(CheckedQuery(select, ()), self.schema, self.unique)
         table, bounded = inner.per_unit_table(alias)
         self.aliases[alias] = table
-        self.unique = self.unique | {(alias, table.unit_column)}  # GROUP BY the unit: one row per unit
+        if table.unit_column is not None:
+            self.unique = self.unique | {(alias, table.unit_column)}  # GROUP BY the unit: one row per unit
+        self.stability, self.truncate = inner.stability, inner.truncate
         self.notes += [f"subquery {alias}: {note}" for note in inner.notes]
         return exp.From(this=exp.Subquery(this=bounded, alias=exp.TableAlias(this=exp.to_identifier(alias))))
 
     def per_unit_table(self, alias: str) -> tuple[Table, exp.Select]:
-        """This query (a subquery grouped by the unit) as a table of one row per unit, and its bounded SQL."""
-        if self.schema.row_level:
-            raise UnsupportedQuery("grouped subqueries need a privacy unit to group by",
-                                   "under row-level privacy, write the query as one SELECT")
+        """This query (a subquery grouped by the unit, or under row-level privacy by a column whose frequency is
+        declared) as a table of one row per group, and its bounded SQL."""
         tree = self.tree
-        joins, private, equalities, semijoins = self._relation(False)
-        unit, k, parent_joins = self._unit(private, equalities)
-        joins += parent_joins
-        self._check_semijoins(semijoins, private, equalities)
-        fanout = self._public_joins(equalities, private)[0]
-        k *= fanout
         group = tree.args["group"].expressions
-        if len(group) != 1 or not isinstance(group[0], exp.Column) or not self._is_unit(group[0]):
-            raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
-                                   + ", ".join(self._link_text(a) for a in private if self.aliases[a].unit_column)
-                                   + ")", "group by the unit inside, then aggregate or group its results outside")
         if tree.args.get("having") or tree.args.get("order") or tree.args.get("limit"):
             raise UnsupportedQuery(f"subquery {alias} may not have HAVING, ORDER BY or LIMIT",
                                    "filter and order in the outer query")
+        if self.schema.row_level:
+            joins, k = self._row_level_groups(alias, group)
+        else:
+            joins, private, equalities, semijoins = self._relation(False)
+            unit, k, parent_joins = self._unit(private, equalities)
+            joins += parent_joins
+            self._check_semijoins(semijoins, private, equalities)
+            k *= self._public_joins(equalities, private)[0]
+            if len(group) != 1 or not isinstance(group[0], exp.Column) or not self._is_unit(group[0]):
+                raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
+                                       + ", ".join(self._link_text(a) for a in private if self.aliases[a].unit_column)
+                                       + ")", "group by the unit inside, then aggregate or group its results outside")
         unit_sql = group[0].sql(dialect=DIALECT)
         columns: dict[str, Column] = {}
         outputs = []
@@ -346,8 +367,52 @@ class _Analyzer:
             bounded = bounded.join(_guarded(join, self.exprs))
         bounded = bounded.where(present if where is None else exp.and_(exp.paren(where), present))
         bounded = bounded.group_by(group[0].copy())
-        self.notes.append(f"one row per unit; each unit's aggregates bounded by what {k} rows can give")
-        return Table(alias, columns, unit_column=unit_name, max_rows_per_unit=1), bounded
+        self.notes.append(f"one row per group; each group's aggregates bounded by what {k} rows can give")
+        unit_column = None if self.schema.row_level else unit_name
+        return Table(alias, columns, unit_column=unit_column, max_rows_per_unit=1), bounded
+
+    def _row_level_groups(self, alias: str, group: list[exp.Expression]) -> tuple[list[exp.Join], int]:
+        """Under row-level privacy, a subquery grouped by one column: its joins, and how many joined rows one group
+        holds (the column's frequency in the joined relation, enforced). Sets the stability of the table of
+        groups: a change rewrites the groups its changed joined rows fall in, each a removal and an addition."""
+        joins, _, equalities, semijoins = self._relation(False)
+        if len(group) != 1 or not isinstance(group[0], exp.Column) or group[0].table not in self.outer:
+            raise UnsupportedQuery(f"subquery {alias} must GROUP BY one column of its tables",
+                                   "group by a key, e.g. GROUP BY c.c_custkey, then aggregate its results outside")
+        if semijoins:
+            raise UnsupportedQuery(f"subquery {alias} may not contain subqueries", "move them to the outer query")
+        key = group[0]
+        joined = self._join_stability(joins, equalities, [], key)
+        rows = joined.frequencies.get(f"{key.table}.{key.name}")
+        if rows is None:
+            self._frequency(self.aliases[key.table], key)  # raises: how many rows share a group is undeclared
+        touched = self._groups_touched(key, equalities)
+        grouped = stability.grouped(joined, touched)
+        self.notes.append(f"at most {rows} joined row(s) per group; one neighbour rewrites at most "
+                          f"{grouped.stability // 2} group(s): stability {grouped.stability}")
+        self.stability = grouped.stability
+        return joins, rows
+
+    def _groups_touched(self, key: exp.Column, equalities) -> int | None:
+        """How many groups of `key` one changed row can touch, when each table's changed rows fix the group: the
+        grouped table's own changed rows (1 + its truncated keys), or a table joined directly on the group key and
+        truncated on that key alone (an added row pushes out only rows with the same key). None if unknown."""
+        per_table: dict[str, int] = {}
+        for alias in self.outer:
+            table = self.aliases[alias]
+            if table.public:
+                continue
+            truncated = {c for c, _ in self.truncate.get(table.name, ())}
+            on_key = {mine.name for left, right in equalities for mine, other in ((left, right), (right, left))
+                      if mine.table == alias and (other.table, other.name) == (key.table, key.name)}
+            if alias == key.table:  # rows pushed out by truncation on the group key are in the same group
+                touched = 1 if truncated <= {key.name} else 1 + len(truncated)
+            elif on_key and len(truncated) <= 1 and truncated <= on_key:
+                touched = 1
+            else:
+                return None
+            per_table[table.name] = per_table.get(table.name, 0) + touched
+        return max(per_table.values())
 
     def _per_unit_aggregate(self, name: str, node: exp.Expression, k: int) -> tuple[exp.Expression, Column]:
         """One unit's aggregate, clamped to what k of its rows could give, and its declared range outside."""
@@ -435,9 +500,6 @@ class _Analyzer:
             if not sub_private:
                 self.notes.append("a subquery in WHERE reads only public tables: no extra sensitivity")
                 continue
-            if self.schema.row_level:
-                raise UnsupportedQuery("EXISTS / IN over private tables under row-level privacy is not supported yet",
-                                       "it needs stability through joins (general equijoin support)")
             _, root = self._components([*private, *semijoin.aliases], equalities + semijoin.equalities)
             outer_roots = {root(a) for a in private}
             stray = [a for a in sub_private if root(a) not in outer_roots]
@@ -486,9 +548,7 @@ class _Analyzer:
         Private tables must be joined on their unit columns or along parent keys, so that every joined row
         belongs to one unit. A row reached through a unique parent key is fixed by its child's row, so only the
         other tables' row bounds multiply."""
-        if self.schema.row_level:
-            if len(private) > 1:
-                raise UnsupportedQuery("joins between private tables under row-level privacy are not supported yet")
+        if self.schema.row_level:  # one private table (several take the stability path)
             return None, 1, []
         component, root = self._components(private, equalities)
         links = [(child.table, parent.table)  # (child alias, parent alias): the child's row fixes the parent's
@@ -617,13 +677,120 @@ class _Analyzer:
         return fanout, determined, verified
 
     def _frequency(self, table: Table, column: exp.Column) -> int:
-        declared = table.columns[column.name]
-        if declared.unique or (table.name, column.name) in self.unique:
-            return 1
-        if declared.max_frequency is None:
+        frequency = self._declared_frequency(table, column.name)
+        if frequency is None:
             raise UnsupportedQuery(f"join key {table.name}.{column.name} has no declared max_frequency",
                                    "declare unique = true or max_frequency = N for it in the privacy schema")
+        return frequency
+
+    def _declared_frequency(self, table: Table, name: str) -> int | None:
+        """How many rows may share one value of the column: 1 if unique (by a constraint, or declared and then
+        enforced), its declared max_frequency, or None if undeclared."""
+        declared = table.columns[name]
+        if declared.unique or (table.name, name) in self.unique:
+            return 1
         return declared.max_frequency
+
+    # --- row-level privacy: stability through joins -------------------------------------------------------
+
+    def _rows_of_several_units(self, private: list[str], semijoins: list[_Semijoin]) -> bool:
+        """Whether joined rows can combine rows of several units: row-level privacy with more than one private
+        table read, in the joins or in a subquery."""
+        subqueries = [a for s in semijoins for a in s.aliases if not self.aliases[a].public]
+        return self.schema.row_level and len(private) + len(subqueries) > 1
+
+    def _join_stability(self, joins: list[exp.Join], equalities, semijoins: list[_Semijoin],
+                        group_key: exp.Column | None = None) -> stability.Relation:
+        """How many joined rows one added or removed row can change (FLEX's stability, see `stability`), with every
+        join key's frequency enforced: each table is read truncated to max_frequency rows per value of each of its
+        join keys (a keyed hash picks them), unless a unique constraint guarantees the key. One added row can then
+        push out one kept row per truncated key, so a table's own stability is 1 + its truncated keys."""
+        correlations = [(outer, inner) for s in semijoins for left, right in s.equalities
+                        for outer, inner in ((left, right), (right, left))
+                        if outer.table in self.outer and inner.table in s.aliases]
+        keys: dict[str, set[str]] = {}
+        if group_key is not None:  # a grouped subquery's key: how many rows share it is bounded like a join key's
+            keys[group_key.table] = {group_key.name}
+        for left, right in [*equalities, *correlations]:
+            for column in (left, right):
+                if column.table in self.outer:
+                    keys.setdefault(column.table, set()).add(column.name)
+        truncate: dict[str, dict[str, int]] = {}
+        for alias, names in keys.items():
+            table = self.aliases[alias]
+            for name in names:
+                frequency = self._declared_frequency(table, name)
+                if frequency is not None and (table.name, name) not in self.unique:
+                    truncate.setdefault(table.name, {})[name] = frequency
+        self.truncate = {t: tuple(sorted(c.items())) for t, c in truncate.items()}
+        for name, columns in self.truncate.items():
+            self.notes.append(f"{name} is read truncated to " + ", ".join(f"{f} row(s) per {c}" for c, f in columns)
+                              + " (keyed hash)")
+
+        def relation(alias: str) -> stability.Relation:
+            table = self.aliases[alias]
+            changed = 0 if table.public else 1 + len(truncate.get(table.name, {}))
+            frequencies = {n: f for n in keys.get(alias, ()) if (f := self._declared_frequency(table, n)) is not None}
+            return stability.base(table.name, alias, changed, frequencies)
+
+        sides = {j.this.alias_or_name: j.side.upper() for j in joins}
+        joined, pending = [self.outer[0]], self.outer[1:]
+        current = relation(joined[0])
+
+        def keys_to_joined(alias: str) -> list[tuple[exp.Column, exp.Column]]:
+            return [(mine, other) for left, right in equalities for mine, other in ((left, right), (right, left))
+                    if mine.table == alias and other.table in joined]
+
+        while pending:
+            alias = next((a for a in pending if keys_to_joined(a)), None)
+            if alias is None:
+                raise UnsupportedQuery(f"{self.aliases[pending[0]].name} ({pending[0]}) is not joined on an equality "
+                                       "of columns: a cross join multiplies every row by the whole other table",
+                                       "join it on a declared key, e.g. JOIN t ON t.key = other.key")
+            if sides.get(alias) and alias != pending[0]:
+                raise UnsupportedQuery(f"outer join of {alias} must follow the tables its ON clause names")
+            new = relation(alias)
+            pairs = [(f"{o.table}.{o.name}", f"{m.table}.{m.name}") for m, o in keys_to_joined(alias)]
+            options = [stability.join(current, new, o, m, sides.get(alias, "")) for o, m in pairs
+                       if o in current.frequencies and m in new.frequencies]
+            if not options:
+                mine, other = keys_to_joined(alias)[0]
+                missing = mine if f"{mine.table}.{mine.name}" not in new.frequencies else other
+                self._frequency(self.aliases[missing.table], missing)  # raises: the key's frequency is undeclared
+            current = min(options, key=lambda r: r.stability)
+            joined.append(alias)
+            pending.remove(alias)
+            self.notes.append(f"join {self.aliases[alias].name} ({alias}): stability {current.stability}")
+        for semijoin in semijoins:
+            current = self._semijoin_stability(current, semijoin, relation)
+        self.stability = current.stability
+        self.notes.append(f"one neighbour changes at most {current.stability} joined row(s) (row-level stability)")
+        return current
+
+    def _semijoin_stability(self, outer: stability.Relation, semijoin: _Semijoin,
+                            relation: Callable[[str], stability.Relation]) -> stability.Relation:
+        """A WHERE subquery over one table, correlated on an equality: each changed row of it flips the condition
+        for at most the outer key's frequency of joined rows."""
+        if all(self.aliases[a].public for a in semijoin.aliases):
+            self.notes.append("a subquery in WHERE reads only public tables: no extra sensitivity")
+            return outer
+        if len(semijoin.aliases) != 1:
+            raise UnsupportedQuery("under row-level privacy a subquery in WHERE may read one table",
+                                   "write joins inside the subquery as separate conditions of the outer query")
+        inner_alias = semijoin.aliases[0]
+        table = self.aliases[inner_alias]
+        inner = relation(inner_alias)
+        options = [stability.semijoin(outer, inner, f"{o.table}.{o.name}")
+                   for left, right in semijoin.equalities for o, i in ((left, right), (right, left))
+                   if i.table == inner_alias and f"{o.table}.{o.name}" in outer.frequencies]
+        if not options:
+            raise UnsupportedQuery(f"the subquery over {table.name} is not tied to the outer row by an equality on a "
+                                   "key with a declared frequency, so one of its rows could change the condition for "
+                                   "every row", f"correlate it, e.g. WHERE {inner_alias}.key = outer.key, and declare "
+                                   "max_frequency for the outer key")
+        best = min(options, key=lambda r: r.stability)
+        self.notes.append(f"subquery over {table.name} ({inner_alias}): stability {best.stability}")
+        return best
 
     def _determined_by_unit(self, expr: exp.Expression, determined: set[str]) -> bool:
         return all(c.table in determined for c in expr.find_all(exp.Column))
@@ -767,7 +934,7 @@ class _Analyzer:
         """The histogram named `label`, created once per query: one unit moves at most k counts in each of at
         most `groups` groups, so any candidate's score over all groups moves by at most k·groups."""
         if label not in histograms:
-            sensitivity = k * groups * (2 if self.schema.neighbouring == "replace" else 1)
+            sensitivity = k * self._spread(groups) * (2 if self.schema.neighbouring == "replace" else 1)
             histograms[label] = Histogram(f"h{len(histograms)}", label, cell, cells, lower, width, integer,
                                           k, groups, sensitivity, values)
             self.notes.append(f"{label}: {note} sensitivity {sensitivity:g} (at most {k} row(s) per unit and group)")
@@ -786,12 +953,18 @@ class _Analyzer:
 
         if kind == "count":
             if isinstance(arg, exp.Distinct):
-                if len(arg.expressions) != 1 or not isinstance(arg.expressions[0], exp.Column) \
-                        or not self._is_unit(arg.expressions[0]):
-                    raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
-                                           f"({self.schema.describe_unit()})",
-                                           "count distinct units, or count rows with COUNT(*)")
-                return Aggregate(name, "count_units", (measure("distinct units", "units", None, ONE),), None, sql)
+                value = arg.expressions[0] if len(arg.expressions) == 1 else None
+                if isinstance(value, exp.Column) and self._is_unit(value):
+                    return Aggregate(name, "count_units", (measure("distinct units", "units", None, ONE),), None, sql)
+                if value is not None and self.schema.row_level and self.direct:
+                    # each changed row adds or removes at most one distinct value of its group
+                    self.exprs.check(value)
+                    label = f"COUNT(DISTINCT {value.sql(dialect=DIALECT)})"
+                    return Aggregate(name, "count", (measure(label, "distinct", self.exprs.guard(value), BIT),),
+                                     None, sql)
+                raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
+                                       f"({self.schema.describe_unit()}), or for one expression under row-level "
+                                       "privacy", "count distinct units, or count rows with COUNT(*)")
             if arg is None or isinstance(arg, exp.Star):
                 return Aggregate(name, "count", (measure("COUNT(*)", "count", None, ONE),), None, sql)
             self.exprs.check(arg)
@@ -825,12 +998,18 @@ class _Analyzer:
         per_group = max(abs(unit_range[0]), abs(unit_range[1]))
         # under "replace" a neighbour removes one unit's contribution and adds another's
         steps = 2 if self.schema.neighbouring == "replace" else 1
-        sensitivity = steps * groups * per_group
-        l2_sensitivity = steps * math.sqrt(groups) * per_group
+        spread = self._spread(groups)
+        sensitivity = steps * spread * per_group
+        l2_sensitivity = steps * math.sqrt(spread) * per_group
         self.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "
                           f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}, "
                           f"L2 {l2_sensitivity:.6g}")
         return Measure(name, label, kind, expr, row_range, unit_range, sensitivity, l2_sensitivity, steps * groups)
+
+    def _spread(self, groups: int) -> int:
+        """Over how many groups one unit's k rows per group add up: G, or 1 under row-level joins, where k already
+        counts the changed joined rows of all groups together (they touch at most k groups, `coordinates`)."""
+        return groups if self.stability is None else 1
 
     # --- what runs after noise ----------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Each group's count of distinct units gets discrete Laplace noise, and the group is released only when the
 noisy count reaches a threshold. A unit touches at most `max_groups` groups, each by one, so the counts have
 L1 sensitivity `max_groups` (pure ε part). A group that exists only because of one unit has count 1; the
-threshold is set so that the chance that any of that unit's groups gets released is at most δ.
+threshold is set so that the chance that any of that unit's groups gets released is at most δ. Under row-level
+privacy with joins the counts are of joined rows: one neighbour moves a group's count by up to `per_group` and
+all counts by up to `total`, and a group that exists only because of it has count at most `per_group`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive,
 
 @dataclass(frozen=True)
 class PartitionSelection:
-    max_groups: int  # groups one unit may touch (its counts move by 1 in each)
+    max_groups: int  # groups one unit may touch
     epsilon: float
     delta: float
+    per_group: int = 1  # how far one unit moves one group's count (1: counts of distinct units)
+    total: int | None = None  # how far it moves all counts together (default max_groups · per_group)
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -28,18 +32,19 @@ class PartitionSelection:
 
     @property
     def scale(self) -> Fraction:
-        return Fraction(self.max_groups) / Fraction(self.epsilon)
+        total = self.max_groups * self.per_group if self.total is None else self.total
+        return Fraction(total) / Fraction(self.epsilon)
 
     @property
     def threshold(self) -> int:
-        """Smallest T with max_groups · P(1 + Z >= T) <= δ; a group is released when count + Z >= T.
+        """Smallest T with max_groups · P(per_group + Z >= T) <= δ; a group is released when count + Z >= T.
 
         For discrete Laplace of scale t and q = exp(-1/t): P(Z >= m) = q^m / (1 + q) for m >= 1.
         """
         t = float(self.scale)
         q = math.exp(-1 / t)
         m = math.ceil(t * math.log(self.max_groups / (self.delta * (1 + q))))
-        return 1 + max(m, 1)
+        return self.per_group + max(m, 1)
 
     def keep(self, distinct_units: int, rng: Randomness = SYSTEM_RANDOM) -> bool:
         """Whether to release a group that `distinct_units` units contributed to."""

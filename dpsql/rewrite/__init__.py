@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sqlglot
 from sqlglot import exp
 
 from dpsql.analysis import Histogram, Plan
@@ -33,7 +34,7 @@ class Rewritten:
 
 def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
     """The bounded, exact aggregation queries for `plan`."""
-    sql = _direct(plan) if plan.unit is None else _per_unit(plan, hash_seed)
+    sql = _direct(plan, hash_seed) if plan.unit is None else _per_unit(plan, hash_seed)
     return Rewritten(sql, {h.name: _histogram(plan, h, hash_seed) for h in plan.histograms})
 
 
@@ -41,24 +42,47 @@ def _sql(node: exp.Expression) -> str:
     return node.sql(dialect=DIALECT)
 
 
-def _from_where(plan: Plan, extra: exp.Expression | None = None) -> str:
-    parts = [_sql(plan.from_)] + [_sql(j) for j in plan.joins]
-    conditions = [c for c in (plan.where, extra) if c is not None]
+def _from_where(plan: Plan, extra: exp.Expression | None = None, hash_seed: int = 0) -> str:
+    def read(node: exp.Expression) -> str:
+        return _sql(_truncated(node, plan, hash_seed) if plan.truncate else node)
+
+    parts = [read(plan.from_)] + [read(j) for j in plan.joins]
+    conditions = [read(c) for c in (plan.where, extra) if c is not None]
     if conditions:
-        parts.append("WHERE " + " AND ".join(f"({_sql(c)})" for c in conditions))
+        parts.append("WHERE " + " AND ".join(f"({c})" for c in conditions))
     return " ".join(parts)
+
+
+def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expression:
+    """`node` with every read of a table in `plan.truncate` replaced by that table cut to at most max_frequency rows
+    per value of each join key: a row is kept when a keyed hash of the whole row ranks it within the limit for
+    every key (ties, which only identical rows can have, are broken by the row's text)."""
+    def swap(table: exp.Expression) -> exp.Expression:
+        if not isinstance(table, exp.Table) or table.name not in plan.truncate:
+            return table
+        keys = plan.truncate[table.name]
+        order = f"{_keyed_hash(['dpsql_t::text'], hash_seed)}, dpsql_t::text"
+        ranks = ", ".join(f"ROW_NUMBER() OVER (PARTITION BY dpsql_t.{exp.to_identifier(c).sql(dialect=DIALECT)} "
+                          f"ORDER BY {order}) AS dpsql_rank_{i}" for i, (c, _) in enumerate(keys))
+        keep = " AND ".join(f"dpsql_rank_{i} <= {f}" for i, (_, f) in enumerate(keys))
+        name = exp.to_identifier(table.name).sql(dialect=DIALECT)
+        select = sqlglot.parse_one(f"SELECT * FROM (SELECT dpsql_t.*, {ranks} FROM {name} AS dpsql_t) AS dpsql_t "
+                                   f"WHERE {keep}", dialect=DIALECT)
+        return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
+    return node.copy().transform(swap, copy=False)
 
 
 def _group_by(names: list[str]) -> str:
     return f" GROUP BY {', '.join(names)}" if names else ""
 
 
-def _direct(plan: Plan) -> str:
+def _direct(plan: Plan, hash_seed: int) -> str:
     """Each row is one whole unit: aggregate directly (the per-row clamps already bound each unit)."""
     keys = [f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys]
     sums = [f"{_aggregate(m.kind, None if m.expr is None else _sql(m.expr))} AS {m.name}" for m in plan.measures]
     select = ", ".join([*keys, *sums, f"COUNT(*) AS {UNITS}"])
-    return f"SELECT {select} {_from_where(plan)}{_group_by([str(i + 1) for i in range(len(keys))])}"
+    group_by = _group_by([str(i + 1) for i in range(len(keys))])
+    return f"SELECT {select} {_from_where(plan, hash_seed=hash_seed)}{group_by}"
 
 
 def _per_unit(plan: Plan, hash_seed: int) -> str:
@@ -73,7 +97,7 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
             lo, hi = (_number(v) for v in m.unit_range)
             total = _aggregate(m.kind, None if m.expr is None else m.name)
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
-    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, _present(plan.unit))})",
+    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, _present(plan.unit), hash_seed)})",
             f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
             f"{_group_by(['dpsql_unit', *keys])})"]
     source, where = "dpsql_per_unit", ""
@@ -95,7 +119,7 @@ def _histogram(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
     if plan.unit is None:  # each row is a whole unit: nothing to bound
         select = ", ".join([*(f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys),
                             f"{_sql(histogram.cell)} AS dpsql_cell", "COUNT(*) AS dpsql_count"])
-        return f"SELECT {select} {_from_where(plan, cell_present)}{group_by}"
+        return f"SELECT {select} {_from_where(plan, cell_present, hash_seed)}{group_by}"
     rows = [*_unit_and_keys(plan), f"{_sql(histogram.cell)} AS dpsql_cell"]
     unit_and_keys = ", ".join(["dpsql_unit", *keys])
     ranks = [f"ROW_NUMBER() OVER (PARTITION BY {unit_and_keys} ORDER BY "
@@ -107,7 +131,7 @@ def _histogram(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
                      "AS dpsql_group")
         keep.append(f"dpsql_group <= {plan.max_groups}")
     both = exp.and_(_present(plan.unit), cell_present)
-    return (f"WITH dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, both)}), "
+    return (f"WITH dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, both, hash_seed)}), "
             f"dpsql_ranked AS (SELECT *, {', '.join(ranks)} FROM dpsql_rows) "
             f"SELECT {', '.join([*keys, 'dpsql_cell', 'COUNT(*) AS dpsql_count'])} FROM dpsql_ranked "
             f"WHERE {' AND '.join(keep)}{group_by}")
@@ -130,6 +154,8 @@ def _present(node: exp.Expression) -> exp.Expression:
 def _aggregate(kind: str, column: str | None) -> str:
     if kind == "sum":
         return f"SUM({column})"
+    if kind == "distinct":
+        return f"COUNT(DISTINCT {column})"
     return f"COUNT({column or '*'})"
 
 
