@@ -224,3 +224,95 @@ def test_joins_dpsql_cannot_bound_are_refused_with_the_reason(demo_schema, sql, 
     with pytest.raises(errors.UnsupportedQuery) as caught:
         plan(sql, demo_schema)
     assert message in str(caught.value) and caught.value.hint
+
+
+# --- row-level privacy: FLEX's stability on declared, enforced frequencies ---------------------------------
+
+def test_flex_worked_numbers():
+    """FLEX's definitions at distance 0 (each table's own stability 1)."""
+    from dpsql.analysis.stability import base, join
+    a = base("a", "a", 1, {"k": 100, "c": 100})
+    b = base("b", "b", 1, {"k": 250})
+    assert join(a, b, "a.k", "b.k").stability == 250
+    # two nested joins: frequencies 100 (a.k) and 5 (b.k) give a relation of stability 100 whose column a.c
+    # (frequency 100) now repeats 100·5 times; joining that on a key of frequency 250 gives 250 · 100
+    inner = join(a, base("b", "b", 1, {"k": 5}), "a.k", "b.k")
+    assert inner.stability == 100 and inner.frequency("a.c") == 500
+    assert join(inner, base("c", "c", 1, {"k": 250}), "a.c", "c.k").stability == 25000
+    # a self-join on a key of frequency 1: mf·S + mf·S + S·S
+    assert join(base("t", "t1", 1, {"id": 1}), base("t", "t2", 1, {"id": 1}), "t1.id", "t2.id").stability == 3
+    # a public table changes nothing itself; a private row meets at most its key frequency of public rows
+    assert join(a, base("p", "p", 0, {"k": 7}), "a.k", "p.k").stability == 7
+
+
+ROW_LEVEL_SCHEMA = {
+    "privacy": {"unit": "row"},
+    "tables": {
+        "a": {"columns": {"id": "bigint", "k": {"type": "bigint", "max_frequency": 100},
+                          "c": {"type": "bigint", "max_frequency": 100}, "x": "bigint",
+                          "v": {"type": "double precision", "lower": 0, "upper": 10}}},
+        "b": {"columns": {"id": "bigint", "k": {"type": "bigint", "max_frequency": 250}, "x": "bigint"}},
+        "c": {"columns": {"k": {"type": "bigint", "max_frequency": 250}}},
+        "d": {"columns": {"k": {"type": "bigint", "max_frequency": 5}}},
+    },
+}
+ROW_UNIQUE = frozenset({("a", "id"), ("b", "id")})
+
+
+@pytest.fixture(scope="module")
+def row_schema():
+    from dpsql.schema import parse_schema
+    return parse_schema(ROW_LEVEL_SCHEMA)
+
+
+def row_plan(sql: str, schema):
+    return analyze(check_query(sql, schema), schema, ROW_UNIQUE)
+
+
+def test_row_level_join_stability_end_to_end(row_schema):
+    """The same numbers through the analyzer. A self-join on a key a unique constraint guarantees needs no
+    truncation: 3. Truncated keys cost a factor of 2 over FLEX's figures: an added row can push out one kept row
+    of its key, and the rows it displaced join too."""
+    p = row_plan("SELECT COUNT(*) FROM a a1 JOIN a a2 ON a1.id = a2.id", row_schema)
+    assert p.stability == 3 and p.truncate == {} and p.measures[0].sensitivity == 3
+    p = row_plan("SELECT COUNT(*), SUM(a.v) FROM a JOIN b ON a.k = b.k", row_schema)
+    assert p.stability == 2 * 250 and p.truncate == {"a": (("k", 100),), "b": (("k", 250),)}
+    assert [m.sensitivity for m in p.measures] == [500, 5000]
+    p = row_plan("SELECT COUNT(*) FROM a JOIN d ON a.k = d.k JOIN c ON a.c = c.k", row_schema)
+    assert p.stability == 250 * (2 * 100)  # a's own stability is 1 + 2 truncated keys = 3; d's is 2
+    assert any("stability" in n for n in p.notes)
+    # of several equalities, the one giving the smallest bound is used
+    p = row_plan("SELECT COUNT(*) FROM a JOIN b ON a.id = b.id AND a.k = b.k", row_schema)
+    assert p.stability == 2  # a.id = b.id: both unique; 2, not 1, because a and b are truncated on k too
+
+
+def test_row_level_semijoins_and_grouped_subqueries(row_schema):
+    p = row_plan("SELECT COUNT(*) FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.id = a.id)", row_schema)
+    assert p.stability == 1
+    p = row_plan("SELECT COUNT(*) FROM a WHERE a.k IN (SELECT k FROM b)", row_schema)
+    assert p.stability == 100  # one b row flips the condition of up to 100 a rows (b itself is not truncated)
+    # TPC-H Q13's shape: a changed b row changes one group's count (rows it displaces share its key, the group
+    # key); the table of groups loses that row and gains it with the new count: stability 2, 251 public bins
+    p = row_plan("SELECT n, COUNT(*) FROM (SELECT a.id, COUNT(b.id) AS n FROM a LEFT JOIN b ON b.k = a.id "
+                 "GROUP BY a.id) t GROUP BY n", row_schema)
+    assert p.stability == 2 and len(p.domain) == 251
+    p = row_plan("SELECT COUNT(DISTINCT b.x) FROM a JOIN b ON a.id = b.id", row_schema)
+    assert p.measures[0].kind == "distinct" and p.measures[0].sensitivity == 1
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("SELECT COUNT(*) FROM a CROSS JOIN b", "CROSS JOIN is not supported"),
+    ("SELECT COUNT(*) FROM a, b", "not joined on an equality of columns: a cross join"),
+    ("SELECT COUNT(*) FROM a JOIN b ON a.v < b.k", "not joined on an equality"),
+    ("SELECT COUNT(*) FROM a JOIN b ON a.v + 1 = b.k", "not joined on an equality"),
+    ("SELECT COUNT(*) FROM a JOIN b ON a.x = b.x", "has no declared max_frequency"),
+    ("SELECT COUNT(*) FROM a JOIN b ON a.k = b.k OR a.id = b.id", "not joined on an equality"),
+    ("SELECT COUNT(*) FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k > 3)", "not tied to the outer row"),
+    ("SELECT COUNT(*) FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.x = a.x)", "not tied to the outer row"),
+    ("SELECT COUNT(*) FROM a WHERE EXISTS (SELECT 1 FROM b JOIN c ON c.k = b.k WHERE b.id = a.id)", "one table"),
+    ("SELECT AVG(n) FROM (SELECT a.x, COUNT(*) AS n FROM a GROUP BY a.x) t", "max_frequency"),
+])
+def test_row_level_joins_dpsql_cannot_bound_are_refused(row_schema, sql, message):
+    with pytest.raises((errors.UnsupportedQuery, errors.PrivacyRefusal), match=message) as refused:
+        row_plan(sql, row_schema)
+    assert refused.value.hint or "not supported" in str(refused.value)
