@@ -702,9 +702,10 @@ class _Analyzer:
     def _join_stability(self, joins: list[exp.Join], equalities, semijoins: list[_Semijoin],
                         group_key: exp.Column | None = None) -> stability.Relation:
         """How many joined rows one added or removed row can change (FLEX's stability, see `stability`), with every
-        join key's frequency enforced: each table is read truncated to max_frequency rows per value of each of its
-        join keys (a keyed hash picks them), unless a unique constraint guarantees the key. One added row can then
-        push out one kept row per truncated key, so a table's own stability is 1 + its truncated keys."""
+        join key's frequency enforced: each table of the join is read truncated to max_frequency rows per value of
+        each of its join keys (a keyed hash picks them), unless a unique constraint guarantees the key. One added
+        row can then push out one kept row per truncated key, so a table's own stability is 1 + its truncated keys.
+        Subqueries in WHERE read their table whole (only the outer key's frequency matters there)."""
         correlations = [(outer, inner) for s in semijoins for left, right in s.equalities
                         for outer, inner in ((left, right), (right, left))
                         if outer.table in self.outer and inner.table in s.aliases]
@@ -762,13 +763,12 @@ class _Analyzer:
             pending.remove(alias)
             self.notes.append(f"join {self.aliases[alias].name} ({alias}): stability {current.stability}")
         for semijoin in semijoins:
-            current = self._semijoin_stability(current, semijoin, relation)
+            current = self._semijoin_stability(current, semijoin)
         self.stability = current.stability
         self.notes.append(f"one neighbour changes at most {current.stability} joined row(s) (row-level stability)")
         return current
 
-    def _semijoin_stability(self, outer: stability.Relation, semijoin: _Semijoin,
-                            relation: Callable[[str], stability.Relation]) -> stability.Relation:
+    def _semijoin_stability(self, outer: stability.Relation, semijoin: _Semijoin) -> stability.Relation:
         """A WHERE subquery over one table, correlated on an equality: each changed row of it flips the condition
         for at most the outer key's frequency of joined rows."""
         if all(self.aliases[a].public for a in semijoin.aliases):
@@ -779,7 +779,7 @@ class _Analyzer:
                                    "write joins inside the subquery as separate conditions of the outer query")
         inner_alias = semijoin.aliases[0]
         table = self.aliases[inner_alias]
-        inner = relation(inner_alias)
+        inner = stability.base(table.name, inner_alias, 1, {})  # read whole: one changed row is one changed row
         options = [stability.semijoin(outer, inner, f"{o.table}.{o.name}")
                    for left, right in semijoin.equalities for o, i in ((left, right), (right, left))
                    if i.table == inner_alias and f"{o.table}.{o.name}" in outer.frequencies]

@@ -47,27 +47,31 @@ def _from_where(plan: Plan, extra: exp.Expression | None = None, hash_seed: int 
         return _sql(_truncated(node, plan, hash_seed) if plan.truncate else node)
 
     parts = [read(plan.from_)] + [read(j) for j in plan.joins]
-    conditions = [read(c) for c in (plan.where, extra) if c is not None]
+    conditions = [c for c in (plan.where, extra) if c is not None]  # subqueries in WHERE read their tables whole
     if conditions:
-        parts.append("WHERE " + " AND ".join(f"({c})" for c in conditions))
+        parts.append("WHERE " + " AND ".join(f"({_sql(c)})" for c in conditions))
     return " ".join(parts)
 
 
 def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expression:
-    """`node` with every read of a table in `plan.truncate` replaced by that table cut to at most max_frequency rows
-    per value of each join key: a row is kept when a keyed hash of the whole row ranks it within the limit for
-    every key (ties, which only identical rows can have, are broken by the row's text)."""
+    """`node` with every table in `plan.truncate` replaced by that table cut to at most max_frequency rows per value
+    of each join key: a row is dropped when, within the rows sharing one of its keys, a keyed hash of the whole row
+    ranks it past that key's limit (ties, which only identical rows can have, are broken by the row's text). Only
+    the rows of over-full keys are ranked, so data within its bounds costs one grouping per key."""
     def swap(table: exp.Expression) -> exp.Expression:
         if not isinstance(table, exp.Table) or table.name not in plan.truncate:
             return table
-        keys = plan.truncate[table.name]
-        order = f"{_keyed_hash(['dpsql_t::text'], hash_seed)}, dpsql_t::text"
-        ranks = ", ".join(f"ROW_NUMBER() OVER (PARTITION BY dpsql_t.{exp.to_identifier(c).sql(dialect=DIALECT)} "
-                          f"ORDER BY {order}) AS dpsql_rank_{i}" for i, (c, _) in enumerate(keys))
-        keep = " AND ".join(f"dpsql_rank_{i} <= {f}" for i, (_, f) in enumerate(keys))
         name = exp.to_identifier(table.name).sql(dialect=DIALECT)
-        select = sqlglot.parse_one(f"SELECT * FROM (SELECT dpsql_t.*, {ranks} FROM {name} AS dpsql_t) AS dpsql_t "
-                                   f"WHERE {keep}", dialect=DIALECT)
+        order = f"{_keyed_hash(['dpsql_r::text'], hash_seed)}, dpsql_r::text"
+        excess = []
+        for column, frequency in plan.truncate[table.name]:
+            key = exp.to_identifier(column).sql(dialect=DIALECT)
+            excess.append(f"SELECT ctid FROM (SELECT dpsql_r.ctid, ROW_NUMBER() OVER (PARTITION BY dpsql_r.{key} "
+                          f"ORDER BY {order}) AS dpsql_rank FROM {name} AS dpsql_r WHERE dpsql_r.{key} IN "
+                          f"(SELECT {key} FROM {name} GROUP BY {key} HAVING COUNT(*) > {frequency})) AS dpsql_x "
+                          f"WHERE dpsql_rank > {frequency}")
+        select = sqlglot.parse_one(f"SELECT * FROM {name} AS dpsql_t WHERE dpsql_t.ctid NOT IN "
+                                   f"({' UNION ALL '.join(excess)})", dialect=DIALECT)
         return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
     return node.copy().transform(swap, copy=False)
 
