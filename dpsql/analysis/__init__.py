@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import product
 from typing import Any
@@ -54,6 +54,7 @@ class Measure:
     sensitivity: float  # L1 over all groups for neighbouring databases
     l2_sensitivity: float  # L2 over all groups
     coordinates: int  # how many groups one neighbour can change
+    centre: float = 0.0  # sum only: the statistic is SUM(expr - centre), computed as SUM(expr) - centre·COUNT(expr)
 
     @property
     def integer_valued(self) -> bool:
@@ -421,14 +422,19 @@ class _Analyzer:
             raise UnsupportedQuery(f"{node.sql(dialect=DIALECT)} in a per-unit subquery: use COUNT, SUM, AVG, "
                                    "MIN or MAX of a column or bounded expression, or the unit column itself")
         if kind == "count":
-            return _clamped(node, 0, k), Column(name, "bigint", 0.0, float(k))
+            return clamp_to(node, 0, k, "integer"), Column(name, "bigint", 0.0, float(k))
         argument = node.this.this if isinstance(node.this, exp.Distinct) else node.this
         row = self.exprs.numeric(argument, kind)
         lo, hi = (min(0.0, k * row.lo), max(0.0, k * row.hi)) if kind == "sum" else (row.lo, row.hi)
         guarded = node.copy()
         guarded.set("this", self.exprs.guard(node.this))
         integer = row.integer and kind != "avg"
-        return _clamped(guarded, lo, hi), Column(name, "bigint" if integer else "double precision", lo, hi)
+        # SUM and AVG of integers are numeric in PostgreSQL (SUM of integer is bigint, which widens to numeric)
+        result_kind = self.exprs.kind(argument)
+        if kind in ("sum", "avg") and result_kind == "integer":
+            result_kind = "numeric"
+        return (clamp_to(guarded, lo, hi, result_kind),
+                Column(name, "bigint" if integer else "double precision", lo, hi))
 
     def _declared_column(self, column: exp.Column):
         table = self.aliases.get(column.table)
@@ -876,7 +882,7 @@ class _Analyzer:
         value_range = self.exprs.numeric(arg, f"{AGGREGATES[type(node)].upper()} argument")
         value = self.exprs.guard(arg)
         if not isinstance(arg, exp.Column):
-            value = clamp_to(value, value_range.lo, value_range.hi)
+            value = clamp_to(value, value_range.lo, value_range.hi, self.exprs.kind(arg))
         span = value_range.hi - value_range.lo
         if value_range.integer and span < HISTOGRAM_CELLS:
             cells, width, integer = int(span) + 1, 1.0, True
@@ -916,7 +922,7 @@ class _Analyzer:
               and value_range.hi - value_range.lo < HISTOGRAM_CELLS):
             value = self.exprs.guard(arg)
             if column is None:
-                value = clamp_to(value, value_range.lo, value_range.hi)
+                value = clamp_to(value, value_range.lo, value_range.hi, self.exprs.kind(arg))
             cells = int(value_range.hi - value_range.lo) + 1
             histogram = self._histogram(histograms, label, exp.Sub(this=value, expression=_literal(value_range.lo)),
                                         cells, value_range.lo, 1.0, True, k, groups,
@@ -945,10 +951,12 @@ class _Analyzer:
         kind = AGGREGATES[type(node)]
         arg = node.this
 
-        def measure(label: str, measure_kind: str, expr: exp.Expression | None, row_range: Range) -> str:
-            key = f"{measure_kind}:{label if expr is None else expr.sql(dialect=DIALECT)}"
+        def measure(label: str, measure_kind: str, expr: exp.Expression | None, row_range: Range,
+                    centre: float = 0.0) -> str:
+            key = f"{measure_kind}:{label if expr is None else expr.sql(dialect=DIALECT)}:{centre!r}"
             if key not in measures:
-                measures[key] = self._measure(f"m{len(measures)}", label, measure_kind, expr, row_range, k, groups)
+                measures[key] = replace(self._measure(f"m{len(measures)}", label, measure_kind, expr, row_range,
+                                                      k, groups), centre=centre)
             return measures[key].name
 
         if kind == "count":
@@ -975,7 +983,7 @@ class _Analyzer:
         value_range = self.exprs.numeric(arg, f"{kind.upper()} argument")
         value = self.exprs.guard(arg)
         if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
-            value = clamp_to(value, value_range.lo, value_range.hi)
+            value = clamp_to(value, value_range.lo, value_range.hi, self.exprs.kind(arg))
         label = arg.sql(dialect=DIALECT)
         if kind == "sum":
             return Aggregate(name, kind, (measure(f"SUM({label})", "sum", value, value_range),), value_range, sql)
@@ -984,8 +992,12 @@ class _Analyzer:
         half = (value_range.hi - value_range.lo) / 2
         centred = exp.Sub(this=value.copy(), expression=_literal(mid))
         integral = value_range.integer and float(mid).is_integer()
+        # in exact arithmetic the centred sum is SUM(value) - mid·COUNT(value), which shares PostgreSQL's
+        # aggregate states with the other measures; a float sum would round differently, so it is summed centred
+        exact = self.exprs.kind(arg) != "float"
         parts = [measure(f"COUNT({label})", "count", value, BIT),
-                 measure(f"SUM({label} - {mid:g})", "sum", centred, Range(-half, half, integral))]
+                 measure(f"SUM({label} - {mid:g})", "sum", value if exact else centred, Range(-half, half, integral),
+                         mid if exact else 0.0)]
         if kind != "avg":
             square = exp.Mul(this=exp.Paren(this=centred.copy()), expression=exp.Paren(this=centred.copy()))
             parts.append(measure(f"SUM(({label} - {mid:g})^2)", "sum", square, Range(0, half * half, integral)))
@@ -1082,13 +1094,6 @@ class _Analyzer:
 class _Semijoin:
     aliases: list[str]  # the subquery's tables
     equalities: list[tuple[exp.Column, exp.Column]]  # its column = column conditions, correlations included
-
-
-def _clamped(value: exp.Expression, lo: float, hi: float) -> exp.Expression:
-    """`value` clamped to [lo, hi], NULL staying NULL (PostgreSQL's LEAST/GREATEST would turn it into a bound)."""
-    bounded = exp.Least(this=exp.Greatest(this=value.copy(), expressions=[_literal(lo)]), expressions=[_literal(hi)])
-    missing = exp.Is(this=value.copy(), expression=exp.Null())
-    return exp.Case(ifs=[exp.If(this=missing, true=exp.Null())], default=bounded)
 
 
 def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:

@@ -80,6 +80,44 @@ class Expressions:
             node.set("this", exp.Case(ifs=[exp.If(this=positive, true=node.this)]))
         return node
 
+    # --- SQL types --------------------------------------------------------------------------------------
+
+    def kind(self, node: exp.Expression) -> str:
+        """The family of PostgreSQL's type for numeric `node`: "integer", "numeric" (exact) or "float", following
+        PostgreSQL's resolution (integers widen to numeric, anything with a float is a float; floor, round, sqrt
+        and ln of an integer resolve to their double precision versions). When unsure it says "float", which
+        every number converts to implicitly."""
+        if isinstance(node, exp.Paren | exp.Neg | exp.Abs | exp.Nullif | exp.Mod):
+            return self._widest([node.this, node.expression] if isinstance(node, exp.Mod) else [node.this])
+        if isinstance(node, exp.Literal) and not node.is_string:
+            return "numeric" if any(c in node.this.lower() for c in ".e") else "integer"
+        if isinstance(node, exp.Column):
+            column = self.column(node)
+            return _type_kind(column.type) if column is not None else "float"
+        if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+            return self._widest([node.this, node.expression])
+        if isinstance(node, exp.Greatest | exp.Least | exp.Coalesce):
+            return self._widest([node.this, *node.expressions])
+        if isinstance(node, exp.Case | exp.If):
+            branches = [b.args["true"] for b in node.args.get("ifs", [])] if isinstance(node, exp.Case) else \
+                [node.args["true"]]
+            default = node.args.get("default") or node.args.get("false")
+            return self._widest([b for b in [*branches, default] if b is not None and not isinstance(b, exp.Null)])
+        if isinstance(node, exp.Cast):
+            return _type_kind(node.to.sql(dialect="postgres").lower())
+        if isinstance(node, exp.Round) and node.args.get("decimals") is not None or isinstance(node, exp.Extract):
+            return "numeric"
+        if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sqrt | exp.Ln):
+            inner = self.kind(node.this)
+            return "float" if inner == "integer" else inner
+        if isinstance(node, exp.WidthBucket | exp.Length):
+            return "integer"
+        return "float"
+
+    def _widest(self, nodes: list[exp.Expression]) -> str:
+        kinds = {self.kind(n) for n in nodes}
+        return next((k for k in ("float", "numeric", "integer") if k in kinds), "float")
+
     # --- ranges -----------------------------------------------------------------------------------------
 
     def check(self, node: exp.Expression) -> None:
@@ -323,21 +361,39 @@ def _cast_limit(to: exp.DataType) -> float:
 
 
 def clamp(node: exp.Expression, column: Column) -> exp.Expression:
-    """`node` limited to the column's declared range; NaN becomes NULL first (NaN sorts above every number)."""
-    value: exp.Expression = node.copy()
-    if column.type not in INTEGER_TYPES:
-        nan = exp.Cast(this=exp.Literal.string("NaN"), to=exp.DataType.build(column.type))
-        value = exp.func("NULLIF", value, nan)
-    clamped = exp.Least(this=exp.Greatest(this=value, expressions=[_number(column.lower)]),
-                        expressions=[_number(column.upper)])
+    """`node` limited to the column's declared range, NULL and NaN becoming NULL (NaN sorts above every number).
+    A CASE, not LEAST/GREATEST: those ignore NULL arguments, so a NULL would come out as the lower bound, and a
+    value inside the range costs two comparisons here."""
+    lo, hi = column.lower, column.upper
+    if column.type in INTEGER_TYPES:  # the integers in [lo, hi]: a cast would round a fractional bound outward
+        lo, hi = (math.ceil(lo), math.floor(hi)) if math.ceil(lo) <= math.floor(hi) else (lo, hi)
+    low, high = _number(lo), _number(hi)
+    below = exp.If(this=exp.LT(this=node.copy(), expression=low), true=low.copy())
     if column.type in INTEGER_TYPES:
-        return exp.Cast(this=clamped, to=exp.DataType.build("BIGINT"))
-    return clamped
+        above = exp.If(this=exp.GT(this=node.copy(), expression=high), true=high.copy())
+        return exp.Cast(this=exp.Case(ifs=[below, above], default=node.copy()), to=exp.DataType.build("BIGINT"))
+    inside = exp.If(this=exp.LTE(this=node.copy(), expression=high), true=node.copy())
+    nan = exp.Cast(this=exp.Literal.string("NaN"), to=exp.DataType.build(column.type))
+    above = exp.If(this=exp.NEQ(this=node.copy(), expression=nan), true=high.copy())
+    return exp.Case(ifs=[below, inside, above])
 
 
-def clamp_to(node: exp.Expression, lo: float, hi: float) -> exp.Expression:
-    """LEAST(GREATEST(node, lo), hi): enforces a range the analysis relies on."""
-    return exp.Least(this=exp.Greatest(this=node, expressions=[_number(lo)]), expressions=[_number(hi)])
+STRICT_BOUNDS = {"integer": ("int8larger", "int8smaller"), "numeric": ("numeric_larger", "numeric_smaller"),
+                 "float": ("float8larger", "float8smaller")}
+
+
+def clamp_to(node: exp.Expression, lo: float, hi: float, kind: str) -> exp.Expression:
+    """`node`, of SQL kind `kind` (see `Expressions.kind`), limited to [lo, hi]: enforces a range the analysis
+    relies on. PostgreSQL's strict larger/smaller functions of that type evaluate `node` once and keep NULL
+    NULL (LEAST/GREATEST would turn it into a bound)."""
+    if kind == "integer":
+        if math.ceil(lo) > math.floor(hi):
+            kind = "numeric"
+        else:
+            lo, hi = math.ceil(lo), math.floor(hi)
+    larger, smaller = STRICT_BOUNDS[kind]
+    return exp.Anonymous(this=smaller, expressions=[
+        exp.Anonymous(this=larger, expressions=[node, _number(lo)]), _number(hi)])
 
 
 def _number(value: float) -> exp.Expression:
@@ -358,3 +414,12 @@ def _constant_range(node: exp.Expression) -> Range | None:
         value = -float(node.this.to_py())
         return Range(value, value, value.is_integer() and "." not in node.this.this)
     return None
+
+
+def _type_kind(sql_type: str) -> str:
+    """The kind (see `Expressions.kind`) of a declared or cast-to PostgreSQL type."""
+    if sql_type in INTEGER_TYPES or sql_type in ("int", "int2", "int4", "int8"):
+        return "integer"
+    if sql_type.startswith(("numeric", "decimal")):
+        return "numeric"
+    return "float"

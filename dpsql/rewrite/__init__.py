@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
-from dpsql.analysis import Histogram, Plan
+from dpsql.analysis import Histogram, Measure, Plan
 from dpsql.sql import DIALECT
 
 UNITS = "dpsql_units"
@@ -83,7 +83,7 @@ def _group_by(names: list[str]) -> str:
 def _direct(plan: Plan, hash_seed: int) -> str:
     """Each row is one whole unit: aggregate directly (the per-row clamps already bound each unit)."""
     keys = [f"{_sql(k.expr)} AS {k.name}" for k in plan.group_keys]
-    sums = [f"{_aggregate(m.kind, None if m.expr is None else _sql(m.expr))} AS {m.name}" for m in plan.measures]
+    sums = [f"{_aggregate(m, None if m.expr is None else _sql(m.expr))} AS {m.name}" for m in plan.measures]
     select = ", ".join([*keys, *sums, f"COUNT(*) AS {UNITS}"])
     group_by = _group_by([str(i + 1) for i in range(len(keys))])
     return f"SELECT {select} {_from_where(plan, hash_seed=hash_seed)}{group_by}"
@@ -99,7 +99,7 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
             per_unit.append(f"1 AS {m.name}")
         else:  # the unit's total, clamped to what k rows could give
             lo, hi = (_number(v) for v in m.unit_range)
-            total = _aggregate(m.kind, None if m.expr is None else m.name)
+            total = _aggregate(m, None if m.expr is None else m.name)
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
     ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {_from_where(plan, _present(plan.unit), hash_seed)})",
             f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
@@ -155,8 +155,13 @@ def _present(node: exp.Expression) -> exp.Expression:
     return exp.Not(this=exp.Is(this=node.copy(), expression=exp.Null()))
 
 
-def _aggregate(kind: str, column: str | None) -> str:
+def _aggregate(measure: Measure, column: str | None) -> str:
+    """The SQL aggregate of `measure` over `column`. A centred sum is taken as SUM(x) - c·COUNT(x): the same value
+    in exact arithmetic, and both aggregates share their state with the query's other SUM(x) and COUNT(x)."""
+    kind = measure.kind
     if kind == "sum":
+        if measure.centre:
+            return f"(SUM({column}) - {_number(measure.centre)} * COUNT({column}))"
         return f"SUM({column})"
     if kind == "distinct":
         return f"COUNT(DISTINCT {column})"

@@ -1,0 +1,102 @@
+"""The rewritten SQL computes exactly the statistics the analysis describes, on a real PostgreSQL: clamped values,
+NULL and NaN left out as PostgreSQL's aggregates leave NULL out, and SQL types the clamps were chosen for."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import psycopg
+import pytest
+import sqlglot
+
+from dpsql.analysis.expressions import Expressions
+from dpsql.config import Settings
+from dpsql.engine import Engine
+from dpsql.schema import parse_schema
+from dpsql.sql import DIALECT
+from tests.conftest import copy_database
+
+SCHEMA = {
+    "privacy": {"unit": "row"},
+    "tables": {"readings": {"columns": {
+        "id": {"type": "bigint"},
+        "x": {"type": "numeric", "lower": 1, "upper": 50},
+        "y": {"type": "double precision", "lower": -1, "upper": 1},
+        "n": {"type": "integer", "lower": 0.5, "upper": 10.5},  # the integers in it are 1 to 10
+        "s": {"type": "smallint", "lower": 0, "upper": 5},
+    }}},
+}
+NAN, INF = float("nan"), float("inf")
+ROWS = [  # x, y, n, s
+    (Decimal("10"), 0.5, 3, 1), (None, None, None, None), (Decimal("NaN"), NAN, 7, 2), (Decimal("99"), INF, 11, 9),
+    (Decimal("-4"), -INF, 0, 0), (Decimal("2.5"), 0.25, None, 4), (Decimal("50"), -0.75, 10, None),
+]
+
+
+def clamped(value, lo: float, hi: float, integer: bool = False):
+    """What a stored value counts as: NULL and NaN are left out, others limited to [lo, hi] (for an integer
+    column, to the integers in it)."""
+    if value is None or value != value:
+        return None
+    if integer:
+        lo, hi = math.ceil(lo), math.floor(hi)
+    return min(max(float(value), lo), hi)
+
+
+@pytest.fixture(scope="module")
+def readings(server, template) -> Engine:
+    url = copy_database(server, template, "dpsql_readings")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE readings (id bigint PRIMARY KEY, x numeric(6, 2), y double precision, "
+                     "n integer, s smallint)")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO readings VALUES (%s, %s, %s, %s, %s)",
+                            [(i, *row) for i, row in enumerate(ROWS)])
+    eng = Engine(Settings(database=url), parse_schema(SCHEMA))
+    yield eng
+    eng.close()
+
+
+def _measures(engine: Engine, sql: str) -> dict[str, float | None]:
+    prepared = engine.prepare(sql)
+    (row,) = engine.backend.execute(prepared.rewritten.sql)
+    return {m.label.replace("readings.", ""): None if v is None else float(v)
+            for m, v in zip(prepared.plan.measures, row, strict=False)}
+
+
+def test_null_and_nan_are_left_out_and_other_values_clamped(readings):
+    x = [clamped(r[0], 1, 50) for r in ROWS]
+    y = [clamped(r[1], -1, 1) for r in ROWS]
+    n = [clamped(r[2], 0.5, 10.5, integer=True) for r in ROWS]
+    products = [a * b for a, b in zip(x, n, strict=True) if a is not None and b is not None]
+    got = _measures(readings, "SELECT COUNT(x), SUM(x), AVG(x), COUNT(y), SUM(y), AVG(n), SUM(x * n), "
+                              "AVG(x * n), COUNT(s) FROM readings")
+    present = [v for v in x if v is not None]
+    assert got["COUNT(x)"] == len(present) == 5
+    assert got["SUM(x)"] == pytest.approx(sum(present))
+    assert got["SUM(x - 25.5)"] == pytest.approx(sum(v - 25.5 for v in present))
+    assert got["COUNT(y)"] == 5 and got["SUM(y)"] == pytest.approx(sum(v for v in y if v is not None))
+    assert got["COUNT(n)"] == 5 and got["SUM(n - 5.5)"] == pytest.approx(sum(v - 5.5 for v in n if v is not None))
+    assert got["SUM(x * n)"] == pytest.approx(sum(min(max(p, 1), 500) for p in products))
+    assert got["COUNT(x * n)"] == len(products) == 4
+    assert got["COUNT(s)"] == 5
+
+
+@pytest.mark.parametrize("expression", [
+    "x", "y", "n", "s", "x * n", "n + s", "n / 2", "n % 3", "x % 3", "y * n", "-n", "abs(n)", "abs(x)", "1.5",
+    "2", "1e3", "n * 1.5", "floor(n)", "floor(x)", "ceil(y)", "round(n)", "round(x, 1)", "sqrt(n)", "sqrt(x)",
+    "ln(x + 1)", "greatest(n, 2)", "greatest(n, 2.5)", "least(x, y)", "coalesce(n, 0)", "nullif(n, 3)",
+    "CASE WHEN n > 3 THEN n ELSE 0 END", "CASE WHEN n > 3 THEN x END", "CAST(y AS integer)",
+    "CAST(n AS numeric)", "CAST(x AS double precision)", "width_bucket(x, 0, 50, 5)", "EXTRACT(year FROM NOW())",
+])
+def test_inferred_sql_kinds_match_postgresql(readings, expression):
+    """The clamps call PostgreSQL's type-specific larger/smaller functions, chosen by the inferred kind; a wrong
+    guess would make the query fail."""
+    columns = parse_schema(SCHEMA).tables["readings"].columns
+    kinds = Expressions(lambda column: columns.get(column.name))
+    node = sqlglot.parse_one(f"SELECT {expression} FROM readings", dialect=DIALECT).expressions[0]
+    ((actual,),) = readings.backend.execute(f"SELECT pg_typeof({expression})::text FROM readings LIMIT 1")
+    family = {"smallint": "integer", "integer": "integer", "bigint": "integer", "numeric": "numeric",
+              "double precision": "float", "real": "float"}[actual]
+    assert kinds.kind(node) == family, (expression, actual)
