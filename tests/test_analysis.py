@@ -282,8 +282,12 @@ def test_row_level_join_stability_end_to_end(row_schema):
     assert p.stability == 250 * (2 * 100)  # a's own stability is 1 + 2 truncated keys = 3; d's is 2
     assert any("stability" in n for n in p.notes)
     # of several equalities, the one giving the smallest bound is used
+    # and only the keys the chosen bounds rely on are truncated: a.k = b.k still filters rows, unenforced
     p = row_plan("SELECT COUNT(*) FROM a JOIN b ON a.id = b.id AND a.k = b.k", row_schema)
-    assert p.stability == 2  # a.id = b.id: both unique; 2, not 1, because a and b are truncated on k too
+    assert p.stability == 1 and p.truncate == {}
+    assert any("on a.id = b.id" in n for n in p.notes)
+    p = row_plan("SELECT COUNT(*) FROM a JOIN b ON a.k = b.k AND a.c = b.x", row_schema)  # b.x: no frequency
+    assert p.stability == 2 * 250 and p.truncate == {"a": (("k", 100),), "b": (("k", 250),)}
 
 
 def test_row_level_semijoins_and_grouped_subqueries(row_schema):

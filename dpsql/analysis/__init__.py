@@ -708,9 +708,9 @@ class _Analyzer:
     def _join_stability(self, joins: list[exp.Join], equalities, semijoins: list[_Semijoin],
                         group_key: exp.Column | None = None) -> stability.Relation:
         """How many joined rows one added or removed row can change (FLEX's stability, see `stability`), with every
-        join key's frequency enforced: each table of the join is read truncated to max_frequency rows per value of
-        each of its join keys (a keyed hash picks them), unless a unique constraint guarantees the key. One added
-        row can then push out one kept row per truncated key, so a table's own stability is 1 + its truncated keys.
+        join key's frequency that a bound relies on enforced: its table is read truncated to max_frequency rows per
+        value of the key (a keyed hash picks them), unless a unique constraint guarantees the key. One added row
+        can then push out one kept row per truncated key, so a table's own stability is 1 + its truncated keys.
         Subqueries in WHERE read their table whole (only the outer key's frequency matters there)."""
         correlations = [(outer, inner) for s in semijoins for left, right in s.equalities
                         for outer, inner in ((left, right), (right, left))
@@ -722,6 +722,23 @@ class _Analyzer:
             for column in (left, right):
                 if column.table in self.outer:
                     keys.setdefault(column.table, set()).add(column.name)
+        plan = self._join_plan(joins, equalities, semijoins, keys, group_key)
+        if plan.used != keys:  # an equality no bound relies on still filters rows, it needs no truncation
+            plan = self._join_plan(joins, equalities, semijoins, plan.used, group_key)
+        self.truncate = plan.truncate
+        for name, columns in self.truncate.items():
+            self.notes.append(f"{name} is read truncated to " + ", ".join(f"{f} row(s) per {c}" for c, f in columns)
+                              + " (keyed hash)")
+        self.notes.extend(plan.notes)
+        self.stability = plan.relation.stability
+        self.notes.append(f"one neighbour changes at most {self.stability} joined row(s) (row-level stability)")
+        return plan.relation
+
+    def _join_plan(self, joins: list[exp.Join], equalities, semijoins: list[_Semijoin], keys: dict[str, set[str]],
+                   group_key: exp.Column | None) -> _JoinPlan:
+        """The join tree's stability when the tables are truncated on `keys` (those with a declared frequency and
+        no unique constraint): a left-deep tree in FROM order, each step on the equality giving the smallest
+        bound. Also says which keys the chosen bounds used."""
         truncate: dict[str, dict[str, int]] = {}
         for alias, names in keys.items():
             table = self.aliases[alias]
@@ -729,10 +746,8 @@ class _Analyzer:
                 frequency = self._declared_frequency(table, name)
                 if frequency is not None and (table.name, name) not in self.unique:
                     truncate.setdefault(table.name, {})[name] = frequency
-        self.truncate = {t: tuple(sorted(c.items())) for t, c in truncate.items()}
-        for name, columns in self.truncate.items():
-            self.notes.append(f"{name} is read truncated to " + ", ".join(f"{f} row(s) per {c}" for c, f in columns)
-                              + " (keyed hash)")
+        used: dict[str, set[str]] = {group_key.table: {group_key.name}} if group_key is not None else {}
+        notes: list[str] = []
 
         def relation(alias: str) -> stability.Relation:
             table = self.aliases[alias]
@@ -757,36 +772,41 @@ class _Analyzer:
             if sides.get(alias) and alias != pending[0]:
                 raise UnsupportedQuery(f"outer join of {alias} must follow the tables its ON clause names")
             new = relation(alias)
-            pairs = [(f"{o.table}.{o.name}", f"{m.table}.{m.name}") for m, o in keys_to_joined(alias)]
-            options = [stability.join(current, new, o, m, sides.get(alias, "")) for o, m in pairs
-                       if o in current.frequencies and m in new.frequencies]
-            if not options:
+            pairs = [(o, m) for m, o in keys_to_joined(alias)
+                     if f"{o.table}.{o.name}" in current.frequencies and f"{m.table}.{m.name}" in new.frequencies]
+            if not pairs:
                 mine, other = keys_to_joined(alias)[0]
                 missing = mine if f"{mine.table}.{mine.name}" not in new.frequencies else other
                 self._frequency(self.aliases[missing.table], missing)  # raises: the key's frequency is undeclared
-            current = min(options, key=lambda r: r.stability)
+            options = [(stability.join(current, new, f"{o.table}.{o.name}", f"{m.table}.{m.name}",
+                                       sides.get(alias, "")), o, m) for o, m in pairs]
+            current, o, m = min(options, key=lambda option: option[0].stability)
+            for column in (o, m):
+                used.setdefault(column.table, set()).add(column.name)
             joined.append(alias)
             pending.remove(alias)
-            self.notes.append(f"join {self.aliases[alias].name} ({alias}): stability {current.stability}")
+            notes.append(f"join {self.aliases[alias].name} ({alias}) on {o.sql(dialect=DIALECT)} = "
+                         f"{m.sql(dialect=DIALECT)}: stability {current.stability}")
         for semijoin in semijoins:
-            current = self._semijoin_stability(current, semijoin)
-        self.stability = current.stability
-        self.notes.append(f"one neighbour changes at most {current.stability} joined row(s) (row-level stability)")
-        return current
+            current, key = self._semijoin_stability(current, semijoin, notes)
+            if key is not None:
+                used.setdefault(key.table, set()).add(key.name)
+        return _JoinPlan(current, {t: tuple(sorted(c.items())) for t, c in truncate.items()}, used, notes)
 
-    def _semijoin_stability(self, outer: stability.Relation, semijoin: _Semijoin) -> stability.Relation:
+    def _semijoin_stability(self, outer: stability.Relation, semijoin: _Semijoin,
+                            notes: list[str]) -> tuple[stability.Relation, exp.Column | None]:
         """A WHERE subquery over one table, correlated on an equality: each changed row of it flips the condition
-        for at most the outer key's frequency of joined rows."""
+        for at most the outer key's frequency of joined rows. Also returns that outer key."""
         if all(self.aliases[a].public for a in semijoin.aliases):
-            self.notes.append("a subquery in WHERE reads only public tables: no extra sensitivity")
-            return outer
+            notes.append("a subquery in WHERE reads only public tables: no extra sensitivity")
+            return outer, None
         if len(semijoin.aliases) != 1:
             raise UnsupportedQuery("under row-level privacy a subquery in WHERE may read one table",
                                    "write joins inside the subquery as separate conditions of the outer query")
         inner_alias = semijoin.aliases[0]
         table = self.aliases[inner_alias]
         inner = stability.base(table.name, inner_alias, 1, {})  # read whole: one changed row is one changed row
-        options = [stability.semijoin(outer, inner, f"{o.table}.{o.name}")
+        options = [(stability.semijoin(outer, inner, f"{o.table}.{o.name}"), o)
                    for left, right in semijoin.equalities for o, i in ((left, right), (right, left))
                    if i.table == inner_alias and f"{o.table}.{o.name}" in outer.frequencies]
         if not options:
@@ -794,9 +814,10 @@ class _Analyzer:
                                    "key with a declared frequency, so one of its rows could change the condition for "
                                    "every row", f"correlate it, e.g. WHERE {inner_alias}.key = outer.key, and declare "
                                    "max_frequency for the outer key")
-        best = min(options, key=lambda r: r.stability)
-        self.notes.append(f"subquery over {table.name} ({inner_alias}): stability {best.stability}")
-        return best
+        best, key = min(options, key=lambda option: option[0].stability)
+        notes.append(f"subquery over {table.name} ({inner_alias}) on {key.sql(dialect=DIALECT)}: stability "
+                     f"{best.stability}")
+        return best, key
 
     def _determined_by_unit(self, expr: exp.Expression, determined: set[str]) -> bool:
         return all(c.table in determined for c in expr.find_all(exp.Column))
@@ -1088,6 +1109,14 @@ class _Analyzer:
                 raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant")
             return int(value.this)
         return integer("limit"), integer("offset") or 0
+
+
+@dataclass(frozen=True)
+class _JoinPlan:
+    relation: stability.Relation  # the joined relation: its stability and column frequencies
+    truncate: dict[str, tuple[tuple[str, int], ...]]  # table -> (key, max rows per value) it is read cut to
+    used: dict[str, set[str]]  # alias -> the keys whose frequencies the chosen bounds rely on
+    notes: list[str]
 
 
 @dataclass(frozen=True)
