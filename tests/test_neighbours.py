@@ -191,6 +191,9 @@ ROW_JOIN_QUERIES = [
     "SELECT v.category, COUNT(*), SUM(r.cost) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id "
     "JOIN people p ON p.person_id = v.person_id GROUP BY v.category",
     "SELECT COUNT(*), SUM(v1.amount) FROM visits v1 JOIN visits v2 ON v1.person_id = v2.person_id",
+    # the bound rests on the unique visit_id; person_id only filters, so visits are not truncated on it
+    "SELECT COUNT(*), SUM(v1.amount) FROM visits v1 JOIN visits v2 ON v1.visit_id = v2.visit_id "
+    "AND v1.person_id = v2.person_id",
     "SELECT COUNT(*), COUNT(v.visit_id) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id",
     "SELECT COUNT(*), SUM(r.cost) FROM visits v RIGHT JOIN prescriptions r ON r.visit_id = v.visit_id",
     "SELECT COUNT(*) FROM visits v, prescriptions r WHERE r.visit_id = v.visit_id AND r.cost > 50",
