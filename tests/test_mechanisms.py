@@ -104,16 +104,22 @@ def test_confidence_interval_covers() -> None:
     assert misses / 20_000 <= 0.05
 
 
-@pytest.mark.parametrize("epsilon,delta,groups", [(1.0, 1e-6, 1), (0.5, 1e-5, 4), (0.1, 1e-9, 10)])
-def test_partition_threshold_bounds_delta_and_is_minimal(epsilon: float, delta: float, groups: int) -> None:
-    sel = PartitionSelection(max_groups=groups, epsilon=epsilon, delta=delta)
+@pytest.mark.parametrize("epsilon,delta,groups,per_group,total", [
+    (1.0, 1e-6, 1, 1, None), (0.5, 1e-5, 4, 1, None), (0.1, 1e-9, 10, 1, None),
+    # row-level joins: one neighbour moves up to `per_group` joined rows of a group, `total` in all
+    (1.0, 1e-6, 4, 4, 4), (0.1, 1e-8, 80, 80, 80), (0.5, 1e-5, 3, 7, 12),
+])
+def test_partition_threshold_bounds_delta_and_is_minimal(epsilon: float, delta: float, groups: int,
+                                                        per_group: int, total: int | None) -> None:
+    sel = PartitionSelection(max_groups=groups, epsilon=epsilon, delta=delta, per_group=per_group, total=total)
+    assert sel.scale == Fraction(groups * per_group if total is None else total) / Fraction(epsilon)
     q = math.exp(-1 / float(sel.scale))
 
-    def leak(threshold: int) -> float:  # P(a group of count 1 is released) summed over the unit's groups
-        return groups * q ** (threshold - 1) / (1 + q)
+    def leak(threshold: int) -> float:  # P(a group the neighbour alone makes is released), over its groups
+        return groups * q ** (threshold - per_group) / (1 + q)
 
     assert leak(sel.threshold) <= delta
-    assert sel.threshold == 2 or leak(sel.threshold - 1) > delta
+    assert sel.threshold == per_group + 1 or leak(sel.threshold - 1) > delta
 
 
 def test_partition_keep_probability() -> None:
