@@ -25,6 +25,7 @@ SCHEMA = {
         "y": {"type": "double precision", "lower": -1, "upper": 1},
         "n": {"type": "integer", "lower": 0.5, "upper": 10.5},  # the integers in it are 1 to 10
         "s": {"type": "smallint", "lower": 0, "upper": 5},
+        "w": {"type": "numeric", "lower": 0, "upper": 10},  # stored as double precision: a schema slip
     }}},
 }
 NAN, INF = float("nan"), float("inf")
@@ -49,10 +50,10 @@ def readings(server, template) -> Engine:
     url = copy_database(server, template, "dpsql_readings")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE readings (id bigint PRIMARY KEY, x numeric(6, 2), y double precision, "
-                     "n integer, s smallint)")
+                     "n integer, s smallint, w double precision)")
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO readings VALUES (%s, %s, %s, %s, %s)",
-                            [(i, *row) for i, row in enumerate(ROWS)])
+            cur.executemany("INSERT INTO readings VALUES (%s, %s, %s, %s, %s, %s)",
+                            [(i, *row, row[1]) for i, row in enumerate(ROWS)])
     eng = Engine(Settings(database=url), parse_schema(SCHEMA))
     yield eng
     eng.close()
@@ -81,6 +82,15 @@ def test_null_and_nan_are_left_out_and_other_values_clamped(readings):
     assert got["SUM(x * n)"] == pytest.approx(sum(min(max(p, 1), 500) for p in products))
     assert got["COUNT(x * n)"] == len(products) == 4
     assert got["COUNT(s)"] == 5
+
+
+def test_a_numeric_declaration_over_a_float_column_still_runs(readings):
+    """Computed values are clamped with the functions of their declared type; a float stored where the schema
+    says numeric is converted rather than failing."""
+    w = [clamped(r[1], 0, 10) for r in ROWS]
+    got = _measures(readings, "SELECT SUM(w * 2), AVG(w + 1) FROM readings")
+    assert got["SUM(w * 2)"] == pytest.approx(sum(2 * v for v in w if v is not None))
+    assert got["COUNT(w + 1)"] == sum(v is not None for v in w)
 
 
 @pytest.mark.parametrize("expression", [

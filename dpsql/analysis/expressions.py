@@ -392,6 +392,8 @@ def clamp_to(node: exp.Expression, lo: float, hi: float, kind: str) -> exp.Expre
         else:
             lo, hi = math.ceil(lo), math.floor(hi)
     larger, smaller = STRICT_BOUNDS[kind]
+    if kind == "numeric":  # a no-op on numeric; a column declared numeric but stored as a float still works
+        node = exp.Cast(this=node, to=exp.DataType.build("DECIMAL"))
     return exp.Anonymous(this=smaller, expressions=[
         exp.Anonymous(this=larger, expressions=[node, _number(lo)]), _number(hi)])
 
