@@ -76,7 +76,11 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
         rows.append((tuple(values), tuple(accuracy), order_keys))
     for index in reversed(range(len(plan.order))):
         _, descending, nulls_first = plan.order[index]
-        rows.sort(key=lambda r, i=index: _sort_key(r[2][i], descending, nulls_first), reverse=descending)
+        try:
+            rows.sort(key=lambda r, i=index: _sort_key(r[2][i], descending, nulls_first), reverse=descending)
+        except TypeError:  # a date Python cannot hold came as PostgreSQL's text ('infinity'): order by the text
+            rows.sort(key=lambda r, i=index: _sort_key(_text_or_none(r[2][i]), descending, nulls_first),
+                      reverse=descending)
     end = None if plan.limit is None else plan.offset + plan.limit
     rows = rows[plan.offset:end]
     return Result([o.name for o in plan.outputs], [o.type_name for o in plan.outputs],
@@ -192,6 +196,10 @@ def _typed(value: Any, type_name: str) -> Any:
 
 def _truthy(value: Any) -> bool:
     return value is not None and bool(value)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _sort_key(value: Any, descending: bool, nulls_first: bool) -> tuple:

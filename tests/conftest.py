@@ -97,3 +97,17 @@ def analyst(engine: Engine) -> str:
     name = f"analyst_{next(_names)}"
     engine.ledger.add_analyst(name, 100.0, 1e-3)
     return name
+
+
+@pytest.fixture(scope="session")
+def fuzz_world(server: EmbeddedPostgres):
+    """The neighbour fuzzer's worlds (tests/fuzzing.py), each built once: name -> (base URL, neighbour URLs)."""
+    from tests import fuzzing
+
+    built: dict[str, tuple[str, dict[str, str]]] = {}
+
+    def get(name: str) -> tuple[str, dict[str, str]]:
+        if name not in built:
+            built[name] = fuzzing.build_world(server.url, lambda db: database_url(server, db), name)
+        return built[name]
+    return get

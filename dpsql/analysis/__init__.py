@@ -218,6 +218,7 @@ class _Analyzer:
             from_ = self._derive(derived, tree.args["from_"].this.alias_or_name)
         joins, private, equalities, semijoins = self._relation(derived is not None)
         if self.stability is not None:  # row-level privacy, reading a grouped subquery
+            self._refuse_private_semijoins(semijoins)
             k, unit, fast, outer, determined = self.stability, None, True, False, set()
         elif self._rows_of_several_units(private, semijoins):
             k = self._join_stability(joins, equalities, semijoins).stability
@@ -232,8 +233,9 @@ class _Analyzer:
             # so it always takes the per-unit path (which drops rows without a unit) and the group cap
             outer = any(j.side for j in joins)
             fast = not outer and k == 1 and verified and all(self._row_is_unit(a) for a in private)
-            if not fast and unit is None:
-                unit = exp.column("ctid", table=private[0])
+            if not fast and unit is None:  # each row is its own unit; ctid alone repeats across partitions
+                unit = exp.Tuple(expressions=[exp.column("tableoid", table=private[0]),
+                                              exp.column("ctid", table=private[0])])
             self.notes.append(f"rows per unit in the joined relation: at most {k}"
                               + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
 
@@ -495,6 +497,17 @@ class _Analyzer:
                     equalities.append((condition.this, value))
             found.append(_Semijoin(aliases, equalities))
         return found
+
+    def _refuse_private_semijoins(self, semijoins: list[_Semijoin]) -> None:
+        """Under row-level privacy, the table of groups a subquery in FROM yields has a stability of its own, which
+        no rule here extends to subqueries in the outer WHERE: a private one there could flip every row at once
+        (an uncorrelated NOT EXISTS over a table one row can make non-empty), so it is refused."""
+        for semijoin in semijoins:
+            private = [a for a in semijoin.aliases if not self.aliases[a].public]
+            if private:
+                raise UnsupportedQuery(f"a subquery in WHERE over {self.aliases[private[0]].name} cannot be bounded "
+                                       "next to a grouped subquery in FROM under row-level privacy",
+                                       "filter inside the grouped subquery, or use a subquery over public tables")
 
     def _check_semijoins(self, semijoins: list[_Semijoin], private: list[str], equalities) -> None:
         """A subquery over private tables may only read the outer row's own unit: each of its private tables
@@ -1029,6 +1042,9 @@ class _Analyzer:
         # a unit contributes 1 to "distinct units", else between 0 and k rows' worth of values
         unit_range = (1.0, 1.0) if kind == "units" else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
         per_group = max(abs(unit_range[0]), abs(unit_range[1]))
+        if per_group == 0:  # no mechanism is calibrated to sensitivity 0, and the value needs no data
+            raise UnsupportedQuery(f"{label} is the same on every database: given the declared bounds every row "
+                                   f"contributes {row_range.lo:g}", "aggregate an expression that varies")
         # under "replace" a neighbour removes one unit's contribution and adds another's
         steps = 2 if self.schema.neighbouring == "replace" else 1
         spread = self._spread(groups)

@@ -3,11 +3,15 @@
 Two promises keep errors and unbounded values from depending on the data:
 - `guard` rewrites an expression so that it cannot fail on any value: bounded numeric columns used in a
   computation are clamped to their declared range (NaN becomes NULL first), divisors go through
-  NULLIF(y, 0), sqrt and ln get only valid arguments.
+  NULLIF(y, 0), sqrt and ln get only valid arguments, width_bucket never sees NaN, and dates and timestamps
+  reach date_trunc, EXTRACT and casts to timestamp only inside the range where those cannot overflow.
 - `value_range` computes, for the guarded expression, an interval that holds on every database. It refuses
   (UnsupportedQuery) arithmetic on numeric columns without declared bounds, intervals beyond ±1e15 (where
   float or integer overflow could raise an error), casts that could overflow, and partial functions whose
-  arguments it cannot make total.
+  arguments it cannot make total. Constant arguments are validated here, in Python, not just required to be
+  constant: a negative substring length, a LIKE pattern ending in its escape character or an unknown
+  date_trunc unit fails only on the rows that reach it, so PostgreSQL's error would tell whether such a row
+  exists (one person's data could decide it).
 Comparisons read stored values as they are: they cannot fail, and clamping them would change which rows match.
 """
 
@@ -31,6 +35,17 @@ EXTRACT_RANGES = {
 INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT: 2**31 - 1,
                    exp.DataType.Type.BIGINT: 2**63 - 1}
 FLOAT_CASTS = {exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT}
+TIMESTAMP_CASTS = {exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ}
+TEMPORAL_TYPES = ("date", "timestamp", "timestamptz")
+# Dates and timestamps inside this range survive a cast to timestamp(tz) in any time zone and date_trunc to
+# any unit (date_trunc('millennium', 4001 BC) and dates past 294276 AD overflow; PostgreSQL's dates reach 5874897 AD)
+SAFE_TEMPORAL = ("4000-01-01 BC", "294276-12-01")
+TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week", "month", "quarter",
+               "year", "decade", "century", "millennium")
+TIME_FIELDS = ("HOUR", "MINUTE")  # EXTRACT of these fails on a date (PostgreSQL 14+)
+MAX_BUCKETS = 100_000
+MAX_TEXT_POSITION = 2**30  # substring positions and lengths, like the longest text PostgreSQL stores
+MAX_ROUND_DIGITS = 30
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,15 @@ class Expressions:
             if column is not None and column.bounded and not isinstance(node.parent, PREDICATES):
                 return clamp(node, column)
             return node
+        if isinstance(node, exp.Extract):
+            node.set("expression", _temporal_guard(node.expression, keep_infinite=False))
+        elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+            node.set("this", _temporal_guard(node.this, keep_infinite=False))
+        elif isinstance(node, exp.Cast) and node.to.this in TIMESTAMP_CASTS:
+            node.set("this", _temporal_guard(node.this, keep_infinite=True))
+        elif isinstance(node, exp.WidthBucket) and self.kind(node.this) != "integer":
+            nan = exp.Literal.string("NaN")  # width_bucket raises on a NaN operand
+            node.set("this", exp.Nullif(this=node.this, expression=nan))
         if isinstance(node, exp.Div | exp.Mod):
             node.set("expression", exp.func("NULLIF", node.expression, exp.Literal.number(0)))
         elif isinstance(node, exp.Sqrt):
@@ -137,11 +161,11 @@ class Expressions:
                                        "scale the expression down or narrow the declared bounds")
             return result
         if isinstance(node, exp.Substring):
-            self._require_constant(node, ("start", "length"), "substring positions")
+            _check_substring(node)
         elif isinstance(node, exp.Like | exp.ILike):
-            self._require_constant(node, ("expression",), "LIKE patterns")
+            _check_like_pattern(node)
         elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
-            self._require_constant(node, ("unit",), "date_trunc units")
+            _check_trunc(node)
         for child in node.iter_expressions():
             if not isinstance(child, exp.DataType | exp.Var | exp.Identifier):
                 self.value_range(child)
@@ -170,7 +194,9 @@ class Expressions:
             return None
         if not column.bounded or isinstance(node.parent, PREDICATES):
             return Range(-math.inf, math.inf, column.type in INTEGER_TYPES)
-        return Range(column.lower, column.upper, column.type in INTEGER_TYPES)
+        if column.type in INTEGER_TYPES:  # the clamp keeps the integers inside the bounds (the schema has some)
+            return Range(math.ceil(column.lower), math.floor(column.upper), True)
+        return Range(column.lower, column.upper)
 
     def _operands(self, node: exp.Expression, *args: str) -> list[Range]:
         ranges = []
@@ -206,7 +232,9 @@ class Expressions:
 
     def _range_div(self, node: exp.Div) -> Range:
         a, b = self._operands(node, "this", "expression")
-        if b.integer and a.integer:  # integer division truncates toward zero: |a / b| <= |a|
+        # PostgreSQL truncates only when both operands have integer *types* (|a / b| <= |a|); integer-valued
+        # floats and numerics (floor(x), round(x), casts) divide exactly, so their quotient is fractional
+        if self.kind(node.this) == "integer" and self.kind(node.expression) == "integer":
             return Range(-a.magnitude, a.magnitude, True)
         if b.lo <= 0 <= b.hi:
             if b.integer:  # a nonzero integer divisor has |b| >= 1
@@ -237,6 +265,9 @@ class Expressions:
         if digits is not None and not (isinstance(digits, exp.Literal) and not digits.is_string):
             raise UnsupportedQuery("round()'s number of digits must be a constant")
         places = int(digits.to_py()) if digits is not None else 0
+        if abs(places) > MAX_ROUND_DIGITS:  # a huge scale fails only on non-NULL values
+            raise UnsupportedQuery(f"round()'s number of digits must be between -{MAX_ROUND_DIGITS} and "
+                                   f"{MAX_ROUND_DIGITS}")
         slack = 0.5 * 10 ** max(0, -places)
         return Range(a.lo - slack, a.hi + slack, a.integer or places <= 0)
 
@@ -296,9 +327,13 @@ class Expressions:
             if inner is None and not _constant(node.this):
                 raise UnsupportedQuery(f"cast of non-numeric {node.this.sql(dialect='postgres')} to a number "
                                        "could fail on some values")
-            if inner is not None and not inner.integer and inner.magnitude > _cast_limit(node.to):
+            if node.to.expressions:  # numeric(p, s) overflows on values with more digits than p - s
+                raise UnsupportedQuery(f"cast to {node.to.sql(dialect='postgres')} could overflow on some values",
+                                       "cast to numeric without precision, or round() the value")
+            source = self.kind(node.this)
+            if inner is not None and source != "integer" and inner.magnitude > _cast_limit(node.to, source):
                 raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could overflow on some stored values",
-                                       "declare bounds for the column, or cast to double precision")
+                                       "declare bounds for the column")
             return inner if inner is not None else Range(-math.inf, math.inf)
         if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return None  # every value has a text form
@@ -310,6 +345,15 @@ class Expressions:
         raise UnsupportedQuery(f"cast to {node.to.sql(dialect='postgres')} is not supported",
                                "casts to integer, bigint, double precision, numeric, text and date are")
 
+    def _is_timestamp(self, node: exp.Expression) -> bool:
+        """Whether `node` is certainly a timestamp (with or without time zone), not a date."""
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+            return True
+        if isinstance(node, exp.Cast):
+            return node.to.this in TIMESTAMP_CASTS
+        column = self.column(node) if isinstance(node, exp.Column) else None
+        return column is not None and column.type in ("timestamp", "timestamptz")
+
     def _is_temporal(self, node: exp.Expression) -> bool:
         if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
             return True
@@ -319,9 +363,13 @@ class Expressions:
     def _range_widthbucket(self, node: exp.WidthBucket) -> Range:
         self._require_constant(node, ("min_value", "max_value", "num_buckets"), "width_bucket's bounds and count")
         self.numeric_or_unbounded(node.this)
-        buckets = int(node.args["num_buckets"].to_py())
-        if buckets < 1 or node.args["min_value"].to_py() == node.args["max_value"].to_py():
-            raise UnsupportedQuery("width_bucket needs a bucket count >= 1 and distinct bounds")
+        bounds = [_constant_range(node.args[arg]) for arg in ("min_value", "max_value")]
+        buckets = _integer_constant(node.args["num_buckets"])
+        if None in bounds or any(b.magnitude > LIMIT for b in bounds) or buckets is None \
+                or not 1 <= buckets <= MAX_BUCKETS or bounds[0].lo == bounds[1].lo:
+            # an infinite operand lands in bucket count + 1, which must not overflow an integer
+            raise UnsupportedQuery(f"width_bucket needs distinct numeric bounds within ±{LIMIT:.0e} and a "
+                                   f"whole-number bucket count from 1 to {MAX_BUCKETS}")
         return Range(0, buckets + 1, True)
 
     def numeric_or_unbounded(self, node: exp.Expression) -> Range:
@@ -346,6 +394,10 @@ class Expressions:
         if field not in EXTRACT_RANGES:
             raise UnsupportedQuery(f"EXTRACT({field} ...) is not supported",
                                    "supported fields: " + ", ".join(EXTRACT_RANGES))
+        if field in TIME_FIELDS and not self._is_timestamp(node.expression):
+            raise UnsupportedQuery(f"EXTRACT({field} ...) needs a timestamp, and "
+                                   f"{node.expression.sql(dialect='postgres')} may be a date",
+                                   f"cast it: EXTRACT({field} FROM CAST(x AS timestamp))")
         self.value_range(node.expression)
         lo, hi = EXTRACT_RANGES[field]
         return Range(lo, hi, True)
@@ -355,9 +407,75 @@ class Expressions:
         return Range(0, 2**30, True)
 
 
-def _cast_limit(to: exp.DataType) -> float:
-    """Largest magnitude a cast accepts without an overflow error (numeric(p, s) is refused outright)."""
-    return 3.4e38 if to.this == exp.DataType.Type.FLOAT else math.inf  # FLOAT is PostgreSQL's real
+def _cast_limit(to: exp.DataType, source: str) -> float:
+    """Largest magnitude a cast from a value of kind `source` accepts without an overflow error (numeric(p, s) is
+    refused outright): real holds 3.4e38, double precision 1.7e308 (only a numeric can be larger), numeric any
+    float including ±Infinity and NaN."""
+    if to.this == exp.DataType.Type.FLOAT:  # FLOAT is PostgreSQL's real
+        return 3.4e38
+    if to.this == exp.DataType.Type.DOUBLE and source == "numeric":
+        return 1.7e308
+    return math.inf
+
+
+def _temporal_guard(node: exp.Expression, keep_infinite: bool) -> exp.Expression:
+    """`node` (a date or timestamp) as NULL outside SAFE_TEMPORAL, where a cast to timestamp or date_trunc could
+    overflow; ±infinity is kept where the consumer takes it (casts) and NULL where it would yield an infinite
+    number (EXTRACT(year FROM 'infinity') is Infinity, which no integer cast accepts). Constants are left alone:
+    they fail, if at all, on every database."""
+    if _constant(node):
+        return node
+    low, high = (exp.Literal.string(v) for v in SAFE_TEMPORAL)
+    inside = exp.Between(this=node.copy(), low=low, high=high)
+    if keep_infinite:
+        finite = exp.Anonymous(this="isfinite", expressions=[node.copy()])
+        inside = exp.Or(this=inside, expression=exp.Not(this=finite))
+    return exp.Case(ifs=[exp.If(this=inside, true=node.copy())])
+
+
+def _integer_constant(node: exp.Expression | None) -> int | None:
+    """The value of an integer literal (or its negation), else None."""
+    negative = isinstance(node, exp.Neg)
+    literal = node.this if negative else node
+    if not (isinstance(literal, exp.Literal) and not literal.is_string and literal.this.isdigit()):
+        return None
+    return -int(literal.this) if negative else int(literal.this)
+
+
+def _check_substring(node: exp.Substring) -> None:
+    start, length = node.args.get("start"), node.args.get("length")
+    if isinstance(start, exp.Literal) and start.is_string:
+        raise UnsupportedQuery("substring with a regular expression is not supported",
+                               "use substring(text, start, length) or LIKE")
+    for name, value, low in (("start", start, -MAX_TEXT_POSITION), ("length", length, 0)):
+        if value is None:
+            continue
+        number = _integer_constant(value)
+        if number is None or not low <= number <= MAX_TEXT_POSITION:
+            raise UnsupportedQuery(f"substring's {name} must be a whole-number constant between {low} and "
+                                   f"{MAX_TEXT_POSITION}, not {value.sql(dialect='postgres')}")
+
+
+def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
+    pattern = node.expression
+    if isinstance(pattern, exp.Null):
+        return
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+        raise UnsupportedQuery(f"LIKE patterns must be string constants, not {pattern.sql(dialect='postgres')}")
+    trailing = len(pattern.this) - len(pattern.this.rstrip("\\"))
+    if trailing % 2:
+        raise UnsupportedQuery(f"the LIKE pattern {pattern.sql(dialect='postgres')} ends with its escape "
+                               "character \\", "escape it (\\\\) or remove it")
+
+
+def _check_trunc(node: exp.Expression) -> None:
+    unit = node.args.get("unit")
+    if node.args.get("zone") is not None:
+        raise UnsupportedQuery("date_trunc with a time zone is not supported")
+    if not isinstance(unit, exp.Var | exp.Literal) or unit.name.lower() not in TRUNC_UNITS:
+        shown = unit.sql(dialect="postgres") if unit is not None else "none"
+        raise UnsupportedQuery(f"date_trunc unit {shown} is not one PostgreSQL knows",
+                               "use one of " + ", ".join(TRUNC_UNITS))
 
 
 def clamp(node: exp.Expression, column: Column) -> exp.Expression:

@@ -56,22 +56,26 @@ def _from_where(plan: Plan, extra: exp.Expression | None = None, hash_seed: int 
 def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expression:
     """`node` with every table in `plan.truncate` replaced by that table cut to at most max_frequency rows per value
     of each join key: a row is dropped when, within the rows sharing one of its keys, a keyed hash of the whole row
-    ranks it past that key's limit (ties, which only identical rows can have, are broken by the row's text). Only
-    the rows of over-full keys are ranked, so data within its bounds costs one grouping per key."""
+    ranks it past that key's limit. Ties, which only identical rows can have, are broken by the row's text and then
+    its physical identity, so every key's ranking follows one total order and two keys never drop two different
+    copies of a row where one would do. A row is identified by (tableoid, ctid): ctid alone repeats across the
+    partitions of a partitioned table. Only the rows of over-full keys are ranked, so data within its bounds costs
+    one grouping per key."""
     def swap(table: exp.Expression) -> exp.Expression:
         if not isinstance(table, exp.Table) or table.name not in plan.truncate:
             return table
         name = exp.to_identifier(table.name).sql(dialect=DIALECT)
-        order = f"{_keyed_hash(['dpsql_r::text'], hash_seed)}, dpsql_r::text"
+        order = f"{_keyed_hash(['dpsql_r'], hash_seed)}, dpsql_r::text, dpsql_r.tableoid, dpsql_r.ctid"
         excess = []
         for column, frequency in plan.truncate[table.name]:
             key = exp.to_identifier(column).sql(dialect=DIALECT)
-            excess.append(f"SELECT ctid FROM (SELECT dpsql_r.ctid, ROW_NUMBER() OVER (PARTITION BY dpsql_r.{key} "
-                          f"ORDER BY {order}) AS dpsql_rank FROM {name} AS dpsql_r WHERE dpsql_r.{key} IN "
+            excess.append(f"SELECT tableoid, ctid FROM (SELECT dpsql_r.tableoid, dpsql_r.ctid, ROW_NUMBER() OVER "
+                          f"(PARTITION BY dpsql_r.{key} ORDER BY {order}) AS dpsql_rank FROM {name} AS dpsql_r "
+                          f"WHERE dpsql_r.{key} IN "
                           f"(SELECT {key} FROM {name} GROUP BY {key} HAVING COUNT(*) > {frequency})) AS dpsql_x "
                           f"WHERE dpsql_rank > {frequency}")
-        select = sqlglot.parse_one(f"SELECT * FROM {name} AS dpsql_t WHERE dpsql_t.ctid NOT IN "
-                                   f"({' UNION ALL '.join(excess)})", dialect=DIALECT)
+        select = sqlglot.parse_one(f"SELECT * FROM {name} AS dpsql_t WHERE (dpsql_t.tableoid, dpsql_t.ctid) "
+                                   f"NOT IN ({' UNION ALL '.join(excess)})", dialect=DIALECT)
         return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
     return node.copy().transform(swap, copy=False)
 
@@ -107,7 +111,8 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
     source, where = "dpsql_per_unit", ""
     if plan.cap_groups:
         hashed = _keyed_hash(["dpsql_unit", *keys], hash_seed)
-        ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}) "
+        ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}, "
+                    f"{_row_text(keys)}) "
                     "AS dpsql_rank FROM dpsql_per_unit)")
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
@@ -131,7 +136,7 @@ def _histogram(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
     keep = [f"dpsql_row <= {histogram.rows}"]
     if plan.cap_groups:
         ranks.append(f"DENSE_RANK() OVER (PARTITION BY dpsql_unit ORDER BY "
-                     f"{_keyed_hash(['dpsql_unit', *keys], hash_seed)}, {', '.join(keys)}) "
+                     f"{_keyed_hash(['dpsql_unit', *keys], hash_seed)}, {_row_text(keys)}) "
                      "AS dpsql_group")
         keep.append(f"dpsql_group <= {plan.max_groups}")
     both = exp.and_(_present(plan.unit), cell_present)
@@ -147,8 +152,15 @@ def _unit_and_keys(plan: Plan) -> list[str]:
 
 
 def _keyed_hash(columns: list[str], seed: int) -> str:
-    """A deterministic, seeded hash of some columns: picks which rows or groups a unit keeps."""
-    return f"hashtextextended(concat_ws('|', {', '.join(columns)}), {int(seed)})"
+    """A deterministic, seeded hash of some columns: picks which rows or groups a unit keeps. It hashes the row
+    value's text, which tells NULL from '' and quotes separators, so distinct tuples hash alike only by a 64-bit
+    collision (concat_ws skipped NULLs: ('lab', NULL) and (NULL, 'lab') tied, and the plan broke the tie)."""
+    return f"hashtextextended({_row_text(columns)}, {int(seed)})"
+
+
+def _row_text(columns: list[str]) -> str:
+    """The text of the row value of `columns`: distinct tuples have distinct texts (a tie-breaker after a hash)."""
+    return f"ROW({', '.join(columns)})::text" if columns else "''"
 
 
 def _present(node: exp.Expression) -> exp.Expression:

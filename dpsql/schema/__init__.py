@@ -275,6 +275,9 @@ def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Colu
             problems.append(f"column {where} has lower {lower} > upper {upper}")
         elif max(abs(lower), abs(upper)) > 1e12:
             problems.append(f"column {where} bounds beyond ±1e12 are not supported (noise would swamp any answer)")
+        elif col_type in INTEGER_TYPES and math.ceil(lower) > math.floor(upper):
+            # the clamp keeps integers inside [lower, upper]; with none there it could only leave the range
+            problems.append(f"column {where} is an integer column whose bounds [{lower}, {upper}] hold no integer")
     domain = spec.get("domain")
     if domain is not None:
         if not isinstance(domain, list) or not domain:

@@ -178,9 +178,10 @@ def _require_flat(tree: exp.Select) -> None:
 
 
 def _drop_nulls_under_not_in(tree: exp.Select) -> None:
-    """`x NOT IN (SELECT c ...)` is NULL for every x once one c is NULL, so one unit's NULL could empty the whole
-    answer. dpsql reads it as NOT IN the subquery's non-NULL values (which differs from PostgreSQL only when
-    the subquery yields a NULL)."""
+    """`x NOT IN (SELECT c ...)` depends on the subquery as a whole wherever NULLs meet it, so one unit could flip
+    every row: it is NULL for every x once one c is NULL, and for a NULL x it is TRUE when the subquery is empty
+    and NULL otherwise. dpsql reads it as `x IS NOT NULL AND x NOT IN (the subquery's non-NULL values)`, which
+    differs from PostgreSQL only when the subquery yields a NULL or nothing at all."""
     for select in semijoin_selects(tree):
         in_node = select.parent.parent if isinstance(select.parent, exp.Subquery) else None
         if not isinstance(in_node, exp.In) or not isinstance(_unparenthesised_parent(in_node), exp.Not):
@@ -189,6 +190,8 @@ def _drop_nulls_under_not_in(tree: exp.Select) -> None:
         if value is None:
             raise UnsupportedQuery("an IN subquery must select exactly one value")
         select.where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())), copy=False)
+        # a separate conjunct of the outer WHERE (a NOT IN not joined by AND is refused by the analysis)
+        tree.where(exp.Not(this=exp.Is(this=in_node.this.copy(), expression=exp.Null())), copy=False)
 
 
 def _unparenthesised_parent(node: exp.Expression) -> exp.Expression | None:

@@ -1,0 +1,507 @@
+"""A neighbour fuzzer, in the spirit of SQLancer: random queries from a grammar of what dpsql accepts, each run
+before noise on a database and on neighbours that differ by one unit (or, under row-level privacy, one row) with
+extreme values. For every pair it asserts what the privacy argument needs:
+
+- the query is refused before anything runs, or it runs on both databases without an error (an error on one
+  side only is a membership test; an error on both is an accepted query that is not total);
+- every exact pre-noise statistic moves by no more than the analysis claims (L1, L2, groups touched), the count
+  of units per group moves within the group cap, histogram and top-k scores within their sensitivities, and a
+  key released by partition selection appears or disappears only with its count of units.
+
+`tests/test_fuzz.py` runs a few hundred pairs in CI; `benchmarks/fuzz_neighbours.py` runs as many as asked and
+reports what it tried and found. Everything is seeded: a violation is reproduced by its seed and query number.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from dpsql import errors
+from dpsql.backends import PostgresBackend
+from dpsql.engine import Engine, Prepared
+from dpsql.mechanisms import rank_scores
+
+EXTREME = 10**9
+
+# --- the unit-level world: people, their visits, prescriptions through visits, public states -----------------
+
+UNIT_SCHEMA = {
+    "privacy": {"unit": "people.person_id", "max_groups_per_unit": 3},
+    "tables": {
+        "people": {"columns": {
+            "person_id": "bigint", "age": {"type": "integer", "lower": 0, "upper": 100},
+            "income": {"type": "double precision", "lower": 0, "upper": 200000},
+            "score": "double precision", "balance": "numeric", "state": "text",
+            "sex": {"type": "text", "domain": ["F", "M"]}, "born": "date", "seen": "timestamptz"}},
+        "visits": {"unit_column": "person_id", "max_rows_per_unit": 5, "columns": {
+            "visit_id": "bigint", "person_id": "bigint", "day": "date", "category": "text",
+            "amount": {"type": "double precision", "lower": 0, "upper": 1000}, "note": "text"}},
+        "prescriptions": {"parent": "visit_id -> visits.visit_id", "max_rows_per_unit": 8, "columns": {
+            "rx_id": "bigint", "visit_id": "bigint", "drug": "text",
+            "cost": {"type": "double precision", "lower": 0, "upper": 200}}},
+        "states": {"public": True, "columns": {"code": {"type": "text", "unique": True}, "region": "text"}},
+    },
+}
+UNIT_DDL = """
+CREATE TABLE people (person_id bigint PRIMARY KEY, age integer, income double precision, score double precision,
+                     balance numeric, state text, sex text, born date, seen timestamptz);
+CREATE TABLE visits (visit_id bigint PRIMARY KEY, person_id bigint, day date, category text,
+                     amount double precision, note text);
+CREATE TABLE prescriptions (rx_id bigint, visit_id bigint, drug text, cost double precision);
+CREATE TABLE states (code text PRIMARY KEY, region text);
+INSERT INTO states VALUES ('CA', 'West'), ('NY', 'East'), ('TX', 'South'), ('WA', 'West'), ('ZZ', 'Nowhere');
+"""
+STATES = ["CA", "NY", "TX", "WA", None]
+CATEGORIES = ["lab", "dental", "checkup", "", "a|b", None]
+NOTES = ["ok", "", "x|y", "back\\slash", None, "lab"]
+DRUGS = ["insulin", "ibuprofen", "", None]
+
+
+def _maybe(rng: random.Random, value: Any, null_share: float = 0.08) -> Any:
+    return None if rng.random() < null_share else value
+
+
+def load_unit_world(url: str, people: int = 150, seed: int = 5) -> None:
+    """A small base database: NULLs, empty strings and separators in keys, rows without a unit."""
+    rng = random.Random(seed)
+    person_rows, visit_rows, rx_rows = [], [], []
+    for pid in range(1, people + 1):
+        person_rows.append((pid, _maybe(rng, rng.randint(0, 100)), _maybe(rng, rng.uniform(0, 150000)),
+                            _maybe(rng, rng.uniform(-5, 15)), _maybe(rng, round(rng.uniform(-100, 1000), 2)),
+                            rng.choice(STATES), _maybe(rng, rng.choice("FM")),
+                            _maybe(rng, f"{rng.randint(1930, 2020)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}"),
+                            _maybe(rng, f"2024-0{rng.randint(1, 9)}-1{rng.randint(0, 9)} {rng.randint(10, 23)}:00+00")))
+        for _ in range(rng.randint(0, 4)):
+            vid = len(visit_rows) + 1
+            visit_rows.append((vid, pid, _maybe(rng, f"2024-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}"),
+                               rng.choice(CATEGORIES), _maybe(rng, rng.uniform(0, 900)), rng.choice(NOTES)))
+            for _ in range(rng.randint(0, 2)):
+                rx_rows.append((len(rx_rows) + 1, vid, rng.choice(DRUGS), _maybe(rng, rng.uniform(0, 150))))
+    for _ in range(5):  # visits of nobody: no unit, so no neighbour may move them
+        visit_rows.append((len(visit_rows) + 1, None, "2024-05-05", "lab", 100.0, "orphan"))
+        rx_rows.append((len(rx_rows) + 1, None, "insulin", 10.0))
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(UNIT_DDL)
+        cur.executemany("INSERT INTO people VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", person_rows)
+        cur.executemany("INSERT INTO visits VALUES (%s, %s, %s, %s, %s, %s)", visit_rows)
+        cur.executemany("INSERT INTO prescriptions VALUES (%s, %s, %s, %s)", rx_rows)
+        cur.execute("ANALYZE")
+
+
+def _add_person(conn: psycopg.Connection, person: tuple, visits: list[tuple], drugs: list[str],
+                costs: list[str | None]) -> None:
+    """Adds one unit: the person, its visits and three prescriptions on each visit."""
+    pid = person[0]
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO people VALUES (%s, %s, %s::float8, %s::float8, %s::numeric, %s, %s, %s::date, "
+                    "%s::timestamptz)", person)
+        rows = [(pid * 10_000 + i, pid, *visit) for i, visit in enumerate(visits)]
+        cur.executemany("INSERT INTO visits VALUES (%s, %s, %s::date, %s, %s::float8, %s)", rows)
+        rx = [(pid * 100_000 + i, pid * 10_000 + i // 3, drugs[i % len(drugs)], costs[i % len(costs)])
+              for i in range(3 * len(rows))]
+        cur.executemany("INSERT INTO prescriptions VALUES (%s, %s, %s, %s::float8)", rx)
+
+
+def _extreme_numbers(conn: psycopg.Connection) -> None:
+    amounts = ["1e308", "-1e308", "NaN", None, "5e5", "-5", "999.5", "Infinity", "-Infinity"]
+    visits = [(f"2024-0{1 + i % 9}-1{i % 10}", ["lab", "brand-new", "", None][i % 4], amounts[i % len(amounts)],
+               ["x" * 100_000, "", "a|b", None][i % 4]) for i in range(400)]
+    _add_person(conn, (EXTREME, 2147483647, "1e300", "NaN", "1e400", "ZZ", "X", "2024-01-01", "2024-01-01 00:00+00"),
+                visits, ["insulin", "undeclared", None], ["1e308", "-1e308", "NaN", None, "7e4", "Infinity"])
+
+
+def _extreme_dates(conn: psycopg.Connection) -> None:
+    days = ["infinity", "-infinity", "1000000-01-01", "4713-01-01 BC", "9999-12-31", "0001-01-01", None]
+    visits = [(days[i % len(days)], ["lab", None, "", "a|b"][i % 4], str(i), ["back\\", "\\", "%_", None][i % 4])
+              for i in range(60)]
+    _add_person(conn, (EXTREME, -2147483648, "-1e300", "Infinity", "-1e400", None, None, "infinity",
+                       "294276-12-31 00:00+00"), visits, ["", None], [None, "-Infinity"])
+
+
+def _heavy_ties(conn: psycopg.Connection) -> None:
+    """Thousands of rows, identical duplicates, and groups that differ only by where a NULL is."""
+    visits = [("2024-03-03", ["lab", None][i % 2], "10", [None, "lab"][i % 2]) for i in range(3000)]
+    _add_person(conn, (EXTREME, 50, "50000", "5", "5", "CA", "F", "1980-01-01", None), visits,
+                ["insulin", "insulin", None], ["10"])
+
+
+def _unit_removed(conn: psycopg.Connection) -> None:
+    """The other direction of add-remove: the base without its heaviest person."""
+    heavy = conn.execute("SELECT person_id FROM visits WHERE person_id IS NOT NULL GROUP BY 1 "
+                         "ORDER BY COUNT(*) DESC, 1 LIMIT 1").fetchone()[0]
+    conn.execute("DELETE FROM prescriptions WHERE visit_id IN (SELECT visit_id FROM visits WHERE person_id = %s)",
+                 (heavy,))
+    conn.execute("DELETE FROM visits WHERE person_id = %s", (heavy,))
+    conn.execute("DELETE FROM people WHERE person_id = %s", (heavy,))
+
+
+UNIT_NEIGHBOURS: dict[str, Callable[[psycopg.Connection], None]] = {
+    "extreme_numbers": _extreme_numbers, "extreme_dates": _extreme_dates, "heavy_ties": _heavy_ties,
+    "unit_removed": _unit_removed,
+}
+
+# --- the row-level world: events in a LIST-partitioned table, accounts without a unique constraint ------------
+
+ROW_SCHEMA = {
+    "privacy": {"unit": "row", "max_groups_per_unit": 1},
+    "tables": {
+        "events": {"columns": {
+            "event_id": {"type": "bigint", "unique": True}, "account_id": {"type": "bigint", "max_frequency": 6},
+            "kind": {"type": "text", "domain": [f"k{i}" for i in range(8)]},
+            "amount": {"type": "double precision", "lower": 0, "upper": 100}, "day": "date"}},
+        "accounts": {"columns": {
+            "account_id": {"type": "bigint", "unique": True}, "tier": "text",
+            "balance": {"type": "double precision", "lower": 0, "upper": 1000}}},
+        "regions": {"public": True, "columns": {"code": {"type": "text", "unique": True}, "area": "text"}},
+    },
+}
+ROW_DDL = """
+CREATE TABLE events (event_id bigint, account_id bigint, kind text, amount double precision, day date)
+    PARTITION BY LIST (kind);
+CREATE TABLE accounts (account_id bigint, tier text, balance double precision);
+CREATE TABLE regions (code text PRIMARY KEY, area text);
+INSERT INTO regions VALUES ('gold', 'A'), ('silver', 'B');
+"""
+
+
+def load_row_world(url: str, seed: int = 7) -> None:
+    """Events spread over eight partitions (so ctids repeat across them), an account over its declared frequency
+    (so truncation ranks rows), and events without an account (NULL keys under NOT IN)."""
+    rng = random.Random(seed)
+    ddl = ROW_DDL + "".join(f"CREATE TABLE events_k{i} PARTITION OF events FOR VALUES IN ('k{i}');\n"
+                            for i in range(8))
+    accounts = [(a, rng.choice(["gold", "silver", None]), rng.uniform(0, 900)) for a in range(1, 61)]
+    events = []
+    for e in range(1, 401):
+        account = 1 if e <= 12 else (None if e % 25 == 0 else rng.randint(2, 60))
+        events.append((e if e != 7 else 8, account, f"k{e % 8}", _maybe(rng, rng.uniform(0, 90)),
+                       f"2024-0{1 + e % 9}-1{e % 10}"))
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(ddl)
+        cur.executemany("INSERT INTO accounts VALUES (%s, %s, %s)", accounts)
+        cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, %s)", events)
+        cur.execute("ANALYZE")
+
+
+ROW_NEIGHBOURS: dict[str, Callable[[psycopg.Connection], None]] = {
+    "event_in_full_account": lambda c: c.execute(
+        "INSERT INTO events VALUES (8, 1, 'k3', 'NaN', 'infinity')"),
+    "account_duplicated": lambda c: c.execute("INSERT INTO accounts VALUES (1, 'gold', 1e308)"),
+    "event_without_account": lambda c: c.execute(
+        "INSERT INTO events VALUES (999999, NULL, 'k5', 1e308, '1000000-01-01')"),
+    "account_removed": lambda c: c.execute("DELETE FROM accounts WHERE account_id = 2"),
+}
+
+
+# --- the grammar --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    sql: str
+    aliases: tuple[str, ...]
+
+
+UNIT_SOURCES = [
+    Source("people p", ("p",)), Source("visits v", ("v",)), Source("prescriptions r", ("r",)),
+    Source("visits v JOIN people p ON v.person_id = p.person_id", ("v", "p")),
+    Source("people p LEFT JOIN visits v ON v.person_id = p.person_id", ("p", "v")),
+    Source("prescriptions r JOIN visits v ON r.visit_id = v.visit_id", ("r", "v")),
+    Source("people p JOIN states s ON s.code = p.state", ("p", "s")),
+    Source("visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id", ("v", "r")),
+]
+BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"]}
+UNBOUNDED = {"p": ["p.score", "p.balance"]}
+TEXT = {"p": ["p.state", "p.sex"], "v": ["v.category", "v.note"], "r": ["r.drug"], "s": ["s.region"]}
+DATES = {"p": ["p.born", "p.seen"], "v": ["v.day"]}
+UNIT_OF = {"p": "p.person_id", "v": "v.person_id"}
+
+
+def _pick(rng: random.Random, pools: dict[str, list[str]], aliases: tuple[str, ...]) -> str | None:
+    options = [c for a in aliases for c in pools.get(a, [])]
+    return rng.choice(options) if options else None
+
+
+def _predicate(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
+    number, text = _pick(rng, BOUNDED, aliases), _pick(rng, TEXT, aliases)
+    date, loose = _pick(rng, DATES, aliases), _pick(rng, UNBOUNDED, aliases)
+    unit = next((UNIT_OF[a] for a in aliases if a in UNIT_OF), None)
+    choices: list[str | None] = [
+        number and f"{number} > {rng.choice([0, 10, 500, 1e6])}",
+        number and f"{number} BETWEEN 10 AND 100",
+        number and f"{number} IS NULL",
+        number and f"{number} / (floor({number} / 50) + 1) > 1",
+        text and f"{text} IN ('lab', '', 'CA', 'a|b')",
+        text and f"{text} LIKE '{rng.choice(['a%', '%|%', '%', 'Z%', 'back%'])}'",
+        text and f"{text} LIKE '{rng.choice(['Z', 'back', 'lab'])}\\'",  # ends in its escape: refused
+        text and f"{text} ILIKE '%\\\\%'",
+        text and f"substring({text}, {rng.choice([1, -3, 2])}, {rng.choice([2, 0, -1])}) = 'la'",
+        text and f"substring({text} FROM '(') = 'x'",
+        text and f"length({text}) > {rng.choice([0, 3, 1000])}",
+        text and f"lower({text}) || 'x' = 'labx'",
+        date and f"EXTRACT({rng.choice(['YEAR', 'MONTH', 'DOW', 'HOUR'])} FROM {date}) > 3",
+        date and f"date_trunc('{rng.choice(['month', 'millennium', 'week', 'fortnight'])}', {date}) IS NULL",
+        date and f"CAST({date} AS timestamp) > '2024-01-01'",
+        date and f"{date} >= '2024-06-01'",
+        loose and f"width_bucket({loose}, 0, 10, 5) = 1",
+        loose and f"CAST({loose} AS double precision) > 0",
+        loose and f"CAST({loose} AS real) > 0",
+        loose and f"{loose} > 0",
+        unit and f"EXISTS (SELECT 1 FROM visits w WHERE w.person_id = {unit} AND w.amount > 500)",
+        unit and f"{unit} NOT IN (SELECT w.person_id FROM visits w WHERE w.amount > 999)",
+        unit and f"{unit} IN (SELECT w.person_id FROM visits w WHERE w.category = 'lab')",
+        "v" in aliases and "NOT EXISTS (SELECT 1 FROM prescriptions q WHERE q.visit_id = v.visit_id AND q.cost > 100)",
+        "p" in aliases and "p.state IN (SELECT code FROM states WHERE region = 'West')",
+        "p" in aliases and "p.state NOT IN (SELECT code FROM states WHERE region = 'Nowhere')",
+        "NOT EXISTS (SELECT 1 FROM visits w WHERE w.amount > 999)",  # not tied to the unit: refused
+    ]
+    return rng.choice([c for c in choices if c])
+
+
+def _group_key(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
+    pools = {
+        "p": ["p.sex", "p.state", "width_bucket(p.age, 0, 100, 5)", "floor(p.income / 50000)",
+              "CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END", "p.born", "date_trunc('year', p.born)",
+              "EXTRACT(YEAR FROM p.born)", "p.seen", "date_trunc('month', p.seen)", "width_bucket(p.score, 0, 10, 5)",
+              "CAST(p.born AS timestamp)"],
+        "v": ["v.category", "v.day", "date_trunc('month', v.day)", "EXTRACT(MONTH FROM v.day)", "v.note",
+              "substring(v.note, 1, 2)", "lower(v.category)"],
+        "r": ["r.drug"], "s": ["s.region"],
+    }
+    return _pick(rng, pools, aliases)
+
+
+def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
+    number, text, date = _pick(rng, BOUNDED, aliases), _pick(rng, TEXT, aliases), _pick(rng, DATES, aliases)
+    unit = next((UNIT_OF[a] for a in aliases if a in UNIT_OF), None)
+    choices: list[str | None] = [
+        "COUNT(*)", text and f"COUNT({text})", unit and f"COUNT(DISTINCT {unit})",
+        number and f"{rng.choice(['SUM', 'AVG', 'VAR_POP', 'STDDEV'])}({number})",
+        number and f"SUM({number} * 2 + 1)", number and f"AVG(COALESCE({number}, 0))",
+        number and f"SUM(GREATEST({number} - 100, 0))", number and f"SUM(sqrt({number}))",
+        number and f"SUM(ln({number} + 1))", number and f"SUM(round({number}))",
+        number and f"SUM(floor({number} / 250) / (floor({number} / 50) + 1))",
+        number and f"SUM(CASE WHEN {number} > 50 THEN 1 ELSE 0 END)",
+        number and f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {number})",
+        number and f"{rng.choice(['MIN', 'MAX'])}({number})",
+        date and f"SUM(EXTRACT(MONTH FROM {date}))",
+        date and f"SUM(CAST(EXTRACT(YEAR FROM {date}) AS integer) - 2000)",
+        "p" in aliases and "mode() WITHIN GROUP (ORDER BY p.sex)",
+        "p" in aliases and "SUM(width_bucket(p.score, 0, 10, 5))",
+    ]
+    return rng.choice([c for c in choices if c])
+
+
+DERIVED = [
+    "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t GROUP BY n",
+    "SELECT COUNT(*), AVG(total) FROM (SELECT v.person_id, SUM(v.amount) AS total FROM visits v "
+    "GROUP BY v.person_id) t",
+    "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
+    "WHERE EXISTS (SELECT 1 FROM visits w WHERE w.person_id = t.person_id AND w.amount > 500)",
+]
+
+
+def unit_query(rng: random.Random) -> str:
+    """A random query over the unit-level world."""
+    if rng.random() < 0.06:
+        return rng.choice(DERIVED)
+    source = rng.choice(UNIT_SOURCES)
+    measures = list(dict.fromkeys(_measure(rng, source.aliases) for _ in range(rng.randint(1, 3))))
+    keys = list(dict.fromkeys(k for _ in range(rng.choice([0, 1, 1, 2])) if (k := _group_key(rng, source.aliases))))
+    conditions = [c for _ in range(rng.choice([0, 1, 1, 2])) if (c := _predicate(rng, source.aliases))]
+    sql = f"SELECT {', '.join([*keys, *measures])} FROM {source.sql}"
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
+    if keys:
+        sql += " GROUP BY " + ", ".join(keys)
+        if "COUNT(*)" in measures and rng.random() < 0.3:
+            sql += " ORDER BY COUNT(*) DESC LIMIT 2"
+    return sql
+
+
+ROW_SOURCES = [
+    Source("events e", ("e",)), Source("events e JOIN accounts a ON a.account_id = e.account_id", ("e", "a")),
+    Source("accounts a LEFT JOIN events e ON e.account_id = a.account_id", ("a", "e")),
+    Source("events e JOIN accounts a ON a.account_id = e.account_id JOIN regions g ON g.code = a.tier",
+           ("e", "a", "g")),
+]
+ROW_CONDITIONS = [
+    "e.amount > 50", "e.kind IN ('k1', 'k3')", "e.day >= '2024-05-01'",
+    "EXISTS (SELECT 1 FROM accounts b WHERE b.account_id = e.account_id AND b.tier = 'gold')",
+    "e.account_id NOT IN (SELECT b.account_id FROM accounts b WHERE b.balance > 999)",
+    "e.account_id IN (SELECT b.account_id FROM accounts b WHERE b.balance > 500)",
+    "NOT EXISTS (SELECT 1 FROM accounts b WHERE b.balance > 999)",
+]
+ROW_DERIVED = [
+    "SELECT COUNT(*), SUM(n) FROM (SELECT e.account_id, COUNT(*) AS n FROM events e GROUP BY e.account_id) t",
+    "SELECT COUNT(*), SUM(n) FROM (SELECT e.account_id, COUNT(*) AS n FROM events e GROUP BY e.account_id) t "
+    "WHERE NOT EXISTS (SELECT 1 FROM accounts b WHERE b.balance > 999)",
+    "SELECT n, COUNT(*) FROM (SELECT e.account_id, COUNT(*) AS n FROM events e GROUP BY e.account_id) t GROUP BY n",
+]
+
+
+def row_query(rng: random.Random) -> str:
+    """A random query over the row-level world."""
+    if rng.random() < 0.15:
+        return rng.choice(ROW_DERIVED)
+    source = rng.choice(ROW_SOURCES)
+    aggregates = ["COUNT(*)", "SUM(e.amount)", "AVG(e.amount)", "COUNT(DISTINCT e.account_id)",
+                  "percentile_cont(0.5) WITHIN GROUP (ORDER BY e.amount)"]
+    keys = [k for k in ("e.kind", "e.day", "a.tier", "g.area") if k[0] in source.aliases and rng.random() < 0.3][:1]
+    conditions = [c for c in ROW_CONDITIONS if rng.random() < 0.15]
+    sql = f"SELECT {', '.join([*keys, *rng.sample(aggregates, rng.randint(1, 2))])} FROM {source.sql}"
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
+    if keys:
+        sql += " GROUP BY " + ", ".join(keys)
+    return sql
+
+
+# --- the databases -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class World:
+    schema: dict
+    load: Callable[[str], None]
+    neighbours: dict[str, Callable[[psycopg.Connection], None]]
+    generate: Callable[[random.Random], str]
+
+
+WORLDS = {"unit": World(UNIT_SCHEMA, load_unit_world, UNIT_NEIGHBOURS, unit_query),
+          "row": World(ROW_SCHEMA, load_row_world, ROW_NEIGHBOURS, row_query)}
+
+
+def build_world(admin_url: str, url_for: Callable[[str], str], name: str) -> tuple[str, dict[str, str]]:
+    """Creates the world's base database and one copy per neighbour; returns their URLs."""
+    world = WORLDS[name]
+    template = f"dpsql_fuzz_{name}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for db in [template, f"{template}_base", *(f"{template}_{n}" for n in world.neighbours)]:
+            conn.execute(f"DROP DATABASE IF EXISTS {db}")
+        conn.execute(f"CREATE DATABASE {template}")
+        world.load(url_for(template))
+        conn.execute(f"CREATE DATABASE {template}_base TEMPLATE {template}")
+        for neighbour in world.neighbours:
+            conn.execute(f"CREATE DATABASE {template}_{neighbour} TEMPLATE {template}")
+    for neighbour, change in world.neighbours.items():
+        with psycopg.connect(url_for(f"{template}_{neighbour}"), autocommit=True) as conn:
+            change(conn)
+    return url_for(f"{template}_base"), {n: url_for(f"{template}_{n}") for n in world.neighbours}
+
+
+# --- the check ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Exact:
+    """Pre-noise results of one prepared query on one database: rows by group key and histograms."""
+
+    rows: dict[tuple, list[float]]
+    histograms: dict[str, dict[tuple, list[int]]]
+
+
+def run_exact(prepared: Prepared, backend: PostgresBackend) -> Exact:
+    """The rewritten SQL on one database, read the way the engine reads it (its backend, its loaders)."""
+    plan = prepared.plan
+    n_keys = len(plan.group_keys)
+    rows = {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]]
+            for r in backend.execute(prepared.rewritten.sql)}
+    histograms = {}
+    for histogram in plan.histograms:
+        cells: dict[tuple, list[int]] = {}
+        for r in backend.execute(prepared.rewritten.histograms[histogram.name]):
+            cells.setdefault(tuple(r[:n_keys]), [0] * histogram.cells)[int(r[n_keys])] += int(r[n_keys + 1])
+        histograms[histogram.name] = cells
+    return Exact(rows, histograms)
+
+
+def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[str]:
+    """Every way the exact answers on two neighbouring databases move more than the analysis claims."""
+    plan = prepared.plan
+    found = []
+    width = len(plan.measures) + 1
+    zero = [0.0] * width
+    keys = before.rows.keys() | after.rows.keys()
+    for i, measure in enumerate(plan.measures):
+        moves = [abs(after.rows.get(k, zero)[i] - before.rows.get(k, zero)[i]) for k in keys]
+        l1, l2 = sum(moves), math.sqrt(sum(m * m for m in moves))
+        if l1 > measure.sensitivity * (1 + 1e-9) + 1e-9:
+            found.append(f"{measure.label}: L1 move {l1:g} > sensitivity {measure.sensitivity:g}")
+        if l2 > measure.l2_sensitivity * (1 + 1e-9) + 1e-9:
+            found.append(f"{measure.label}: L2 move {l2:g} > {measure.l2_sensitivity:g}")
+        if sum(m > 1e-6 for m in moves) > measure.coordinates:
+            found.append(f"{measure.label}: {sum(m > 1e-6 for m in moves)} groups moved > {measure.coordinates}")
+        if plan.top_k is not None and plan.top_k.measure == measure.name and moves \
+                and max(moves) > plan.top_k.sensitivity + 1e-9:
+            found.append(f"top-k count moved {max(moves):g} > {plan.top_k.sensitivity:g}")
+    units = [abs(after.rows.get(k, zero)[-1] - before.rows.get(k, zero)[-1]) for k in keys]
+    if plan.stability is None:
+        if any(m > 1 for m in units) or sum(units) > plan.max_groups:
+            found.append(f"units per group moved {units} (each at most 1, in at most {plan.max_groups} groups)")
+    elif sum(units) > plan.stability:
+        found.append(f"joined rows per group moved {sum(units):g} > stability {plan.stability}")
+    for agg in plan.aggregates:
+        if agg.kind not in ("quantile", "mode"):
+            continue
+        histogram = plan.histogram[agg.measures[0]]
+        old_cells, new_cells = before.histograms[histogram.name], after.histograms[histogram.name]
+        empty = [0] * histogram.cells
+        moves = []
+        for k in old_cells.keys() | new_cells.keys():
+            old, new = old_cells.get(k, empty), new_cells.get(k, empty)
+            if agg.kind == "quantile":
+                old, new = rank_scores(old, agg.quantile), rank_scores(new, agg.quantile)
+            moves.append(max(abs(a - b) for a, b in zip(old, new, strict=True)))
+        if moves and (max(moves) > histogram.rows or sum(moves) > histogram.sensitivity):
+            found.append(f"{agg.sql}: scores moved {max(moves)} in a group, {sum(moves)} in all "
+                         f"(claims {histogram.rows}, {histogram.sensitivity:g})")
+    return found
+
+
+@dataclass
+class Report:
+    pairs: int = 0  # query and neighbour pairs compared
+    queries: int = 0
+    refused: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{self.queries} queries ({self.refused} refused before execution), {self.pairs} neighbour pairs "
+                f"compared, {len(self.violations)} violations")
+
+
+def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: PostgresBackend,
+         neighbours: dict[str, PostgresBackend], count: int, seed: int, report: Report | None = None) -> Report:
+    """Generate `count` queries with `seed` and compare each, run on `base`, with every neighbour."""
+    report = report or Report()
+    rng = random.Random(seed)
+    for number in range(count):
+        sql = generate(rng)
+        report.queries += 1
+        where = f"[seed {seed}, query {number}] {sql}"
+        try:
+            prepared = engine.prepare(sql)
+        except errors.Error:
+            report.refused += 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - a crash in the analysis is a finding, not a test error
+            report.violations.append(f"{where}: prepare crashed: {type(exc).__name__}: {exc}")
+            continue
+        try:
+            before = run_exact(prepared, base)
+        except errors.Error as exc:
+            report.violations.append(f"{where}: fails on the base: {exc}")
+            continue
+        for name, backend in neighbours.items():
+            report.pairs += 1
+            try:
+                after = run_exact(prepared, backend)
+            except errors.Error as exc:
+                report.violations.append(f"{where}: runs on the base but fails on neighbour {name}: {exc}")
+                continue
+            report.violations += [f"{where}: neighbour {name}: {v}" for v in claim_violations(prepared, before, after)]
+    return report
