@@ -110,3 +110,13 @@ def test_inferred_sql_kinds_match_postgresql(readings, expression):
     family = {"smallint": "integer", "integer": "integer", "bigint": "integer", "numeric": "numeric",
               "double precision": "float", "real": "float"}[actual]
     assert kinds.kind(node) == family, (expression, actual)
+
+
+
+def test_sqrt_of_null_stays_null(readings):
+    """sqrt's guard keeps its argument non-negative without turning NULL into 0 (GREATEST(NULL, 0) is 0, so
+    COUNT(sqrt(y)) counted the NULL rows)."""
+    y = [clamped(r[1], -1, 1) for r in ROWS]
+    got = _measures(readings, "SELECT COUNT(sqrt(y)), SUM(sqrt(y)) FROM readings")
+    assert got["COUNT(SQRT(y))"] == sum(v is not None for v in y)
+    assert got["SUM(SQRT(y))"] == pytest.approx(sum(math.sqrt(max(v, 0)) for v in y if v is not None))

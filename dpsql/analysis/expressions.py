@@ -97,8 +97,9 @@ class Expressions:
             node.set("this", exp.Nullif(this=node.this, expression=nan))
         if isinstance(node, exp.Div | exp.Mod):
             node.set("expression", exp.func("NULLIF", node.expression, exp.Literal.number(0)))
-        elif isinstance(node, exp.Sqrt):
-            node.set("this", exp.Greatest(this=node.this, expressions=[exp.Literal.number(0)]))
+        elif isinstance(node, exp.Sqrt):  # not GREATEST(x, 0): it skips NULL, so NULL would become sqrt(0)
+            negative = exp.LT(this=node.this.copy(), expression=exp.Literal.number(0))
+            node.set("this", exp.Case(ifs=[exp.If(this=negative, true=exp.Literal.number(0))], default=node.this))
         elif isinstance(node, exp.Ln):
             positive = exp.GT(this=node.this.copy(), expression=exp.Literal.number(0))
             node.set("this", exp.Case(ifs=[exp.If(this=positive, true=node.this)]))

@@ -1,0 +1,75 @@
+"""The neighbour fuzzer's long run: as many generated queries as asked, each compared on a base database and on
+every extreme neighbour (see tests/fuzzing.py for the grammar, the worlds and what is checked).
+
+    python benchmarks/fuzz_neighbours.py --queries 3000 --seed 1
+
+Prints a table per world (queries, refused before execution, pairs compared, violations, time) and every
+violation with the seed and query number that reproduce it; exits 1 if it found any. CI runs a few hundred
+pairs of the same fuzzer (tests/test_fuzz.py); a violation found here becomes a regression test there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.fuzzing lives with the tests
+
+from dpsql.backends import PostgresBackend  # noqa: E402
+from dpsql.config import Settings  # noqa: E402
+from dpsql.embedded import EmbeddedPostgres  # noqa: E402
+from dpsql.engine import Engine  # noqa: E402
+from dpsql.schema import parse_schema  # noqa: E402
+from tests import fuzzing  # noqa: E402
+
+BATCH = 100  # queries between progress lines
+
+
+def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int) -> tuple[fuzzing.Report, float]:
+    base, neighbours = fuzzing.build_world(server.url, lambda db: server.url.replace("/postgres?", f"/{db}?"), name)
+    engine = Engine(Settings(database=base), parse_schema(fuzzing.WORLDS[name].schema))
+    backends = {n: PostgresBackend(url, max_connections=1) for n, url in neighbours.items()}
+    base_backend = PostgresBackend(base, max_connections=1)
+    report, started = fuzzing.Report(), time.perf_counter()
+    try:
+        for batch, first in enumerate(range(0, queries, BATCH)):
+            fuzzing.fuzz(engine, fuzzing.WORLDS[name].generate, base_backend, backends,
+                         min(BATCH, queries - first), seed=seed * 1_000_003 + batch, report=report)
+            print(f"  {name}: {report.summary()} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    finally:
+        for backend in [base_backend, *backends.values()]:
+            backend.close()
+        engine.close()
+    return report, time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queries", type=int, default=2000, help="queries per world")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--world", choices=[*fuzzing.WORLDS, "all"], default="all")
+    args = parser.parse_args()
+    server = EmbeddedPostgres()
+    server.start()
+    try:
+        results = {name: run_world(server, name, args.queries, args.seed)
+                   for name in (fuzzing.WORLDS if args.world == "all" else [args.world])}
+    finally:
+        server.stop()
+    print(f"\nneighbour fuzz, seed {args.seed} (batch b of a world uses seed {args.seed} * 1000003 + b)\n")
+    print("| world | queries | refused before execution | neighbour pairs | violations | time (s) |")
+    print("|---|---|---|---|---|---|")
+    for name, (report, seconds) in results.items():
+        print(f"| {name} | {report.queries} | {report.refused} | {report.pairs} | {len(report.violations)} | "
+              f"{seconds:.0f} |")
+    violations = [v for report, _ in results.values() for v in report.violations]
+    for violation in violations:
+        print(violation)
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
