@@ -234,8 +234,9 @@ class _Analyzer:
             outer = any(j.side for j in joins)
             fast = not outer and k == 1 and verified and all(self._row_is_unit(a) for a in private)
             if not fast and unit is None:  # each row is its own unit; ctid alone repeats across partitions
-                unit = exp.Tuple(expressions=[exp.column("tableoid", table=private[0]),
-                                              exp.column("ctid", table=private[0])])
+                unit = exp.DPipe(this=exp.DPipe(this=exp.cast(exp.column("tableoid", table=private[0]), "text"),
+                                                expression=exp.Literal.string(":")),
+                                 expression=exp.cast(exp.column("ctid", table=private[0]), "text"))
             self.notes.append(f"rows per unit in the joined relation: at most {k}"
                               + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
 

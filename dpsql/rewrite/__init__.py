@@ -65,7 +65,8 @@ def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expressi
         if not isinstance(table, exp.Table) or table.name not in plan.truncate:
             return table
         name = exp.to_identifier(table.name).sql(dialect=DIALECT)
-        order = f"{_keyed_hash(['dpsql_r'], hash_seed)}, dpsql_r::text, dpsql_r.tableoid, dpsql_r.ctid"
+        # the row's text, not hash_record_extended: a table may hold types without a hash function (json)
+        order = f"hashtextextended(dpsql_r::text, {int(hash_seed)}), dpsql_r::text, dpsql_r.tableoid, dpsql_r.ctid"
         excess = []
         for column, frequency in plan.truncate[table.name]:
             key = exp.to_identifier(column).sql(dialect=DIALECT)
@@ -112,7 +113,7 @@ def _per_unit(plan: Plan, hash_seed: int) -> str:
     if plan.cap_groups:
         hashed = _keyed_hash(["dpsql_unit", *keys], hash_seed)
         ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}, "
-                    f"{_row_text(keys)}) "
+                    f"{', '.join(keys)}) "
                     "AS dpsql_rank FROM dpsql_per_unit)")
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
@@ -132,11 +133,11 @@ def _histogram(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
     rows = [*_unit_and_keys(plan), f"{_sql(histogram.cell)} AS dpsql_cell"]
     unit_and_keys = ", ".join(["dpsql_unit", *keys])
     ranks = [f"ROW_NUMBER() OVER (PARTITION BY {unit_and_keys} ORDER BY "
-             f"{_keyed_hash(['dpsql_unit', *keys, 'dpsql_cell'], hash_seed)}) AS dpsql_row"]
+             f"{_keyed_hash(['dpsql_unit', *keys, 'dpsql_cell'], hash_seed)}, dpsql_cell) AS dpsql_row"]
     keep = [f"dpsql_row <= {histogram.rows}"]
     if plan.cap_groups:
         ranks.append(f"DENSE_RANK() OVER (PARTITION BY dpsql_unit ORDER BY "
-                     f"{_keyed_hash(['dpsql_unit', *keys], hash_seed)}, {_row_text(keys)}) "
+                     f"{_keyed_hash(['dpsql_unit', *keys], hash_seed)}, {', '.join(keys)}) "
                      "AS dpsql_group")
         keep.append(f"dpsql_group <= {plan.max_groups}")
     both = exp.and_(_present(plan.unit), cell_present)
@@ -153,14 +154,10 @@ def _unit_and_keys(plan: Plan) -> list[str]:
 
 def _keyed_hash(columns: list[str], seed: int) -> str:
     """A deterministic, seeded hash of some columns: picks which rows or groups a unit keeps. It hashes the row
-    value's text, which tells NULL from '' and quotes separators, so distinct tuples hash alike only by a 64-bit
-    collision (concat_ws skipped NULLs: ('lab', NULL) and (NULL, 'lab') tied, and the plan broke the tie)."""
-    return f"hashtextextended({_row_text(columns)}, {int(seed)})"
-
-
-def _row_text(columns: list[str]) -> str:
-    """The text of the row value of `columns`: distinct tuples have distinct texts (a tie-breaker after a hash)."""
-    return f"ROW({', '.join(columns)})::text" if columns else "''"
+    value field by field, by position, with NULL apart from '', so distinct tuples hash alike only by a 64-bit
+    collision, after which callers order by the values themselves (concat_ws skipped NULLs: ('lab', NULL) and
+    (NULL, 'lab') tied, and the plan broke the tie). Every type a schema declares has a hash function."""
+    return f"hash_record_extended(ROW({', '.join(columns)}), {int(seed)})"
 
 
 def _present(node: exp.Expression) -> exp.Expression:
