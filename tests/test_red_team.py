@@ -19,28 +19,26 @@ from tests import fuzzing
 from tests.conftest import copy_database
 
 
-@pytest.fixture(scope="module")
-def unit(fuzz_world):
-    base, neighbours = fuzz_world("unit")
-    engine = Engine(Settings(database=base), parse_schema(fuzzing.UNIT_SCHEMA))
+def _world(fuzz_world, name: str):
+    """An engine over the fuzzer's world `name` and a backend for its base and each neighbour."""
+    base, neighbours = fuzz_world(name)
+    engine = Engine(Settings(database=base), parse_schema(fuzzing.WORLDS[name].schema))
     backends = {"base": PostgresBackend(base, max_connections=1),
                 **{n: PostgresBackend(u, max_connections=1) for n, u in neighbours.items()}}
     yield engine, backends
     for backend in backends.values():
         backend.close()
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def unit(fuzz_world):
+    yield from _world(fuzz_world, "unit")
 
 
 @pytest.fixture(scope="module")
 def row(fuzz_world):
-    base, neighbours = fuzz_world("row")
-    engine = Engine(Settings(database=base), parse_schema(fuzzing.ROW_SCHEMA))
-    backends = {"base": PostgresBackend(base, max_connections=1),
-                **{n: PostgresBackend(u, max_connections=1) for n, u in neighbours.items()}}
-    yield engine, backends
-    for backend in backends.values():
-        backend.close()
-    engine.close()
+    yield from _world(fuzz_world, "row")
 
 
 def _within_claims_everywhere(engine: Engine, backends: dict[str, PostgresBackend], sql: str) -> fuzzing.Exact:
