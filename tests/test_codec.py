@@ -218,3 +218,14 @@ def test_unknown_binary_parameters_pass_through_raw():
         codec.decode_value(b"12x", codec.INT4, binary=False)
     with pytest.raises(ValueError):
         codec.encode_value(object(), 600, binary=True)  # a point: binary not supported
+
+
+def test_infinite_dates_encode_as_postgresql_does():
+    """A key at ±infinity reaches the codec as PostgreSQL's text (Python has no such date): text passes through,
+    binary is PostgreSQL's own extreme value."""
+    from dpsql.server.codec import DATE, TIMESTAMPTZ, encode_value
+
+    assert encode_value("infinity", DATE, binary=False) == b"infinity"
+    assert encode_value("infinity", DATE, binary=True) == struct.pack("!i", 2**31 - 1)
+    assert encode_value("-infinity", DATE, binary=True) == struct.pack("!i", -(2**31))
+    assert encode_value("-infinity", TIMESTAMPTZ, binary=True) == struct.pack("!q", -(2**63))

@@ -467,6 +467,9 @@ def _float_text(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
+INFINITE = {DATE: ("!i", 2**31 - 1), TIMESTAMP: ("!q", 2**63 - 1), TIMESTAMPTZ: ("!q", 2**63 - 1)}
+
+
 def _binary(value: Any, type_oid: int) -> bytes:
     try:
         if type_oid == BOOL:
@@ -478,6 +481,10 @@ def _binary(value: Any, type_oid: int) -> bytes:
             return struct.pack("!f" if type_oid == FLOAT4 else "!d", float(value))
         if type_oid == NUMERIC:
             return _numeric_binary(value)
+        if isinstance(value, str) and type_oid in INFINITE and value in ("infinity", "-infinity"):
+            # a date Python cannot hold arrives as PostgreSQL's text; its binary infinities are the extremes
+            form, top = INFINITE[type_oid]
+            return struct.pack(form, top if value == "infinity" else -top - 1)
         if type_oid == DATE:
             return struct.pack("!i", (value - POSTGRES_EPOCH).days)
         if type_oid in (TIMESTAMP, TIMESTAMPTZ):
