@@ -18,11 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.fuzzing lives with the tests
 
-from dpsql.backends import PostgresBackend  # noqa: E402
-from dpsql.config import Settings  # noqa: E402
 from dpsql.embedded import EmbeddedPostgres  # noqa: E402
-from dpsql.engine import Engine  # noqa: E402
-from dpsql.schema import parse_schema  # noqa: E402
 from tests import fuzzing  # noqa: E402
 
 BATCH = 100  # queries between progress lines
@@ -30,19 +26,13 @@ BATCH = 100  # queries between progress lines
 
 def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int) -> tuple[fuzzing.Report, float]:
     base, neighbours = fuzzing.build_world(server.url, lambda db: server.url.replace("/postgres?", f"/{db}?"), name)
-    engine = Engine(Settings(database=base), parse_schema(fuzzing.WORLDS[name].schema))
-    backends = {n: PostgresBackend(url, max_connections=1) for n, url in neighbours.items()}
-    base_backend = PostgresBackend(base, max_connections=1)
     report, started = fuzzing.Report(), time.perf_counter()
-    try:
+    with fuzzing.open_world(name, base, neighbours) as (engine, backends):
+        others = {n: b for n, b in backends.items() if n != "base"}
         for batch, first in enumerate(range(0, queries, BATCH)):
-            fuzzing.fuzz(engine, fuzzing.WORLDS[name].generate, base_backend, backends,
+            fuzzing.fuzz(engine, fuzzing.WORLDS[name].generate, backends["base"], others,
                          min(BATCH, queries - first), seed=seed * 1_000_003 + batch, report=report)
             print(f"  {name}: {report.summary()} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    finally:
-        for backend in [base_backend, *backends.values()]:
-            backend.close()
-        engine.close()
     return report, time.perf_counter() - started
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +25,10 @@ import psycopg
 
 from dpsql import errors
 from dpsql.backends import PostgresBackend
+from dpsql.config import Settings
 from dpsql.engine import Engine, Prepared
 from dpsql.mechanisms import rank_scores
+from dpsql.schema import parse_schema
 
 EXTREME = 10**9
 
@@ -392,6 +395,19 @@ def build_world(admin_url: str, url_for: Callable[[str], str], name: str) -> tup
         with psycopg.connect(url_for(f"{template}_{neighbour}"), autocommit=True) as conn:
             change(conn)
     return url_for(f"{template}_base"), {n: url_for(f"{template}_{n}") for n in world.neighbours}
+
+
+@contextmanager
+def open_world(name: str, base: str, neighbours: dict[str, str]) -> Iterator[tuple[Engine, dict[str, PostgresBackend]]]:
+    """An engine over world `name`'s base database, and a backend for the base ("base") and each neighbour."""
+    engine = Engine(Settings(database=base), parse_schema(WORLDS[name].schema))
+    backends = {n: PostgresBackend(url, max_connections=1) for n, url in {"base": base, **neighbours}.items()}
+    try:
+        yield engine, backends
+    finally:
+        for backend in backends.values():
+            backend.close()
+        engine.close()
 
 
 # --- the check ----------------------------------------------------------------------------------------------

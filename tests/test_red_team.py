@@ -20,15 +20,8 @@ from tests.conftest import copy_database
 
 
 def _world(fuzz_world, name: str):
-    """An engine over the fuzzer's world `name` and a backend for its base and each neighbour."""
-    base, neighbours = fuzz_world(name)
-    engine = Engine(Settings(database=base), parse_schema(fuzzing.WORLDS[name].schema))
-    backends = {"base": PostgresBackend(base, max_connections=1),
-                **{n: PostgresBackend(u, max_connections=1) for n, u in neighbours.items()}}
-    yield engine, backends
-    for backend in backends.values():
-        backend.close()
-    engine.close()
+    with fuzzing.open_world(name, *fuzz_world(name)) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="module")

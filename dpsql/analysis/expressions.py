@@ -36,7 +36,6 @@ INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT:
                    exp.DataType.Type.BIGINT: 2**63 - 1}
 FLOAT_CASTS = {exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT}
 TIMESTAMP_CASTS = {exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ}
-TEMPORAL_TYPES = ("date", "timestamp", "timestamptz")
 # Dates and timestamps inside this range survive a cast to timestamp(tz) in any time zone and date_trunc to
 # any unit (date_trunc('millennium', 4001 BC) and dates past 294276 AD overflow; PostgreSQL's dates reach 5874897 AD)
 SAFE_TEMPORAL = ("4000-01-01 BC", "294276-12-01")
@@ -436,11 +435,8 @@ def _temporal_guard(node: exp.Expression, keep_infinite: bool) -> exp.Expression
 
 def _integer_constant(node: exp.Expression | None) -> int | None:
     """The value of an integer literal (or its negation), else None."""
-    negative = isinstance(node, exp.Neg)
-    literal = node.this if negative else node
-    if not (isinstance(literal, exp.Literal) and not literal.is_string and literal.this.isdigit()):
-        return None
-    return -int(literal.this) if negative else int(literal.this)
+    value = _constant_range(node) if node is not None else None
+    return int(value.lo) if value is not None and value.integer else None
 
 
 def _check_substring(node: exp.Substring) -> None:
