@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from dpsql.demo import load_demo_data
 from dpsql.embedded import EmbeddedPostgres
 from dpsql.engine import Engine
 from dpsql.schema import load_schema
+from tests import golden
+
+if golden.RECORD_ENV in os.environ:  # `python -m tests.golden` collects the queries of one test run
+    golden.install_recorder(os.environ[golden.RECORD_ENV])
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SCHEMA = ROOT / "schemas" / "demo.toml"

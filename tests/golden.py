@@ -1,0 +1,235 @@
+"""The golden corpus: every query the tests and the README send, with what dpsql makes of it.
+
+Each entry holds a query's inputs (SQL, parameters, privacy schema, the catalog's unique columns, the
+groups-per-unit setting) and the outputs of the stages that decide privacy: the checked query's canonical
+form, the plan (units, group bounds, measures with their ranges and sensitivities, histograms, notes), the
+rewritten SQL and the calibrated mechanisms with their costs, or the error the query gets. `test_golden.py`
+replays every entry and requires the outputs to stay byte-identical: a refactor of the analysis or the
+rewrite that changes any of them changes behaviour, and must say so by re-recording.
+
+Re-record (after a deliberate change, and review the diff of the file):
+
+    python -m tests.golden            # runs the test suite once to collect the queries, then replays them
+
+Collecting works by wrapping `check_query` and `analyze` for one pytest run (DPSQL_GOLDEN_RECORD names a
+file the wrappers append to); nothing is wrapped in ordinary runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sqlglot import exp
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(__file__).resolve().parent / "golden.json.gz"
+RECORD_ENV = "DPSQL_GOLDEN_RECORD"
+HASH_SEED = 20261123
+EPSILON, DELTA, SELECTION_SHARE = 1.0, 1e-6, 0.5
+
+
+# --- schemas as JSON (a tagged form of the model's dataclasses, so `replace`d schemas round-trip too) -----------
+
+
+def encode_schema(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: encode_schema(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"$dataclass": type(value).__name__, **fields}
+    if isinstance(value, tuple):
+        return {"$tuple": [encode_schema(v) for v in value]}
+    if isinstance(value, dict):
+        return {"$dict": [[k, encode_schema(v)] for k, v in value.items()]}
+    if isinstance(value, list):
+        return [encode_schema(v) for v in value]
+    return value
+
+
+def decode_schema(value: Any) -> Any:
+    import dpsql.schema as model
+
+    if isinstance(value, list):
+        return [decode_schema(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$tuple" in value:
+        return tuple(decode_schema(v) for v in value["$tuple"])
+    if "$dict" in value:
+        return {k: decode_schema(v) for k, v in value["$dict"]}
+    fields = {k: decode_schema(v) for k, v in value.items() if k != "$dataclass"}
+    return getattr(model, value["$dataclass"])(**fields)
+
+
+def encode_params(params: Any) -> Any:
+    """Parameters as JSON, or raise TypeError for values JSON cannot hold exactly."""
+    if params is None or isinstance(params, str | int | float | bool):
+        return params
+    if isinstance(params, list | tuple):
+        return {"$list": [encode_params(p) for p in params]}
+    if isinstance(params, dict):
+        return {"$map": {str(k): encode_params(v) for k, v in params.items()}}
+    raise TypeError(type(params).__name__)
+
+
+def decode_params(value: Any) -> Any:
+    if isinstance(value, dict) and "$list" in value:
+        return [decode_params(v) for v in value["$list"]]
+    if isinstance(value, dict) and "$map" in value:
+        return {k: decode_params(v) for k, v in value["$map"].items()}
+    return value
+
+
+# --- replay: one entry's outputs ----------------------------------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """A stage's result as JSON: dataclasses field by field, SQL trees as their SQL, floats by repr."""
+    if isinstance(value, exp.Expression):
+        return value.sql(dialect="postgres")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [plain(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
+    if isinstance(value, float):
+        return repr(value)
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    return repr(value)
+
+
+def replay(entry: dict) -> dict:
+    """What the stages make of one entry's query, or the error they raise."""
+    from dpsql.analysis import analyze
+    from dpsql.noise import calibrate
+    from dpsql.rewrite import rewrite
+    from dpsql.sql import check_query
+
+    schema = decode_schema(entry["schema"])
+    out: dict[str, Any] = {}
+    try:
+        query = check_query(entry["sql"], schema, decode_params(entry["params"]))
+        out["canonical"] = query.canonical
+        out["output_names"] = list(query.output_names)
+        unique = frozenset(tuple(pair) for pair in entry["unique"])
+        plan = analyze(query, schema, unique, entry["max_groups"])
+        out["plan"] = plain(plan)
+        rewritten = rewrite(plan, HASH_SEED)
+        out["sql"], out["histograms"] = rewritten.sql, rewritten.histograms
+        for mechanism in ("laplace", "gaussian"):
+            out[mechanism] = plain(calibrate(plan, EPSILON, DELTA, SELECTION_SHARE, mechanism, "plain"))
+    except Exception as error:  # every error is behaviour to keep
+        out["error"] = f"{type(error).__name__}: {error}"
+    return out
+
+
+# --- collecting the queries of one test run ------------------------------------------------------------------------
+
+
+def install_recorder(path: str) -> None:
+    """Wrap check_query and analyze (in every module that imported them) so that each query checked and each
+    analysis run appends its inputs to `path`. Called from conftest before the test modules are imported."""
+    import dpsql.analysis
+    import dpsql.engine
+    import dpsql.sql
+
+    checked: dict[int, tuple] = {}
+    original_check, original_analyze = dpsql.sql.check_query, dpsql.analysis.analyze
+
+    def write(record: dict) -> None:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def check_query(sql, schema, params=None):
+        try:
+            encoded = encode_params(params)
+        except TypeError:
+            return original_check(sql, schema, params)
+        record = {"sql": sql, "params": encoded, "schema": encode_schema(schema), "unique": [], "max_groups": None}
+        try:
+            query = original_check(sql, schema, params)
+        except Exception:
+            write(record)
+            raise
+        checked[id(query)] = (query, record)  # the query object is kept, so its id stays its own
+        return query
+
+    def analyze(query, schema, unique_columns, max_groups=None):
+        found = checked.get(id(query))
+        if found is not None:
+            write({**found[1], "schema": encode_schema(schema), "unique": sorted(map(list, unique_columns)),
+                   "max_groups": max_groups})
+        return original_analyze(query, schema, unique_columns, max_groups)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith(("dpsql", "tests")):
+            if getattr(module, "check_query", None) is original_check:
+                module.check_query = check_query
+            if getattr(module, "analyze", None) is original_analyze:
+                module.analyze = analyze
+
+
+def readme_queries() -> list[str]:
+    """The SELECT statements the README shows, as written there."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r'"(SELECT [^"]+)"', text) + re.findall(r"=> (SELECT [^;]+);", text)
+    return list(dict.fromkeys(q.replace("%s", "18") for q in found))
+
+
+def record() -> list[dict]:
+    """Run the test suite once with the recorder, add the README's queries, and return the distinct inputs."""
+    with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as handle:
+        path = handle.name
+    env = {**os.environ, RECORD_ENV: path}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                    "--deselect", "tests/test_golden.py"], cwd=ROOT, env=env, check=True)
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    os.unlink(path)
+    records = [json.loads(line) for line in lines]
+    from dpsql.schema import load_schema
+
+    demo = encode_schema(load_schema(ROOT / "schemas" / "demo.toml"))
+    demo_unique = next((r["unique"] for r in records if r["schema"] == demo and r["unique"]), [])
+    records += [{"sql": sql, "params": None, "schema": demo, "unique": demo_unique, "max_groups": None}
+                for sql in readme_queries()]
+    distinct: dict[str, dict] = {}
+    for item in records:
+        distinct.setdefault(json.dumps(item, sort_keys=True), item)
+    return list(distinct.values())
+
+
+def load() -> dict:
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def main() -> None:
+    inputs = record()
+    schemas: dict[str, Any] = {}
+    entries = []
+    for item in inputs:
+        key = json.dumps(item["schema"], sort_keys=True)
+        name = schemas.setdefault(key, f"s{len(schemas)}")
+        entries.append({**item, "schema": name})
+    by_name = {name: json.loads(key) for key, name in schemas.items()}
+    entries.sort(key=lambda e: (e["schema"], e["sql"], json.dumps(e, sort_keys=True)))
+    for entry in entries:
+        entry["expected"] = replay({**entry, "schema": by_name[entry["schema"]]})
+    with gzip.open(CORPUS, "wt", encoding="utf-8", compresslevel=9) as out:
+        json.dump({"schemas": by_name, "entries": entries}, out, indent=1, sort_keys=True)
+    errors = sum("error" in e["expected"] for e in entries)
+    print(f"{len(entries)} queries ({errors} refused) over {len(by_name)} schemas -> {CORPUS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
