@@ -35,6 +35,7 @@ CORPUS = Path(__file__).resolve().parent / "golden.json.gz"
 RECORD_ENV = "DPSQL_GOLDEN_RECORD"
 HASH_SEED = 20261123
 EPSILON, DELTA, SELECTION_SHARE = 1.0, 1e-6, 0.5
+FUZZ_QUERIES = 1000  # per fuzz world, beyond what the tests send
 
 
 # --- schemas as JSON (a tagged form of the model's dataclasses, so `replace`d schemas round-trip too) -----------
@@ -202,10 +203,29 @@ def record() -> list[dict]:
     demo_unique = next((r["unique"] for r in records if r["schema"] == demo and r["unique"]), [])
     records += [{"sql": sql, "params": None, "schema": demo, "unique": demo_unique, "max_groups": None}
                 for sql in readme_queries()]
+    records += fuzz_queries(records)
     distinct: dict[str, dict] = {}
     for item in records:
         distinct.setdefault(json.dumps(item, sort_keys=True), item)
     return list(distinct.values())
+
+
+def fuzz_queries(records: list[dict], per_world: int = FUZZ_QUERIES) -> list[dict]:
+    """More queries from the neighbour fuzzer's grammar, on each fuzz world's schema (with the unique columns its
+    database reported in the test run)."""
+    import random
+
+    from dpsql.schema import parse_schema
+    from tests.fuzzing import WORLDS
+
+    found = []
+    for world in WORLDS.values():
+        schema = encode_schema(parse_schema(world.schema))
+        unique = next(r["unique"] for r in records if r["schema"] == schema and r["unique"])
+        rng = random.Random(f"golden {len(found)}")
+        found += [{"sql": world.generate(rng), "params": None, "schema": schema, "unique": unique,
+                   "max_groups": None} for _ in range(per_world)]
+    return found
 
 
 def load() -> dict:
