@@ -482,7 +482,7 @@ def clamp(node: exp.Expression, column: Column) -> exp.Expression:
     lo, hi = column.lower, column.upper
     if column.type in INTEGER_TYPES:  # the integers in [lo, hi]: a cast would round a fractional bound outward
         lo, hi = (math.ceil(lo), math.floor(hi)) if math.ceil(lo) <= math.floor(hi) else (lo, hi)
-    low, high = _number(lo), _number(hi)
+    low, high = number(lo), number(hi)
     below = exp.If(this=exp.LT(this=node.copy(), expression=low), true=low.copy())
     if column.type in INTEGER_TYPES:
         above = exp.If(this=exp.GT(this=node.copy(), expression=high), true=high.copy())
@@ -510,10 +510,10 @@ def clamp_to(node: exp.Expression, lo: float, hi: float, kind: str) -> exp.Expre
     if kind == "numeric":  # a no-op on numeric; a column declared numeric but stored as a float still works
         node = exp.Cast(this=node, to=exp.DataType.build("DECIMAL"))
     return exp.Anonymous(this=smaller, expressions=[
-        exp.Anonymous(this=larger, expressions=[node, _number(lo)]), _number(hi)])
+        exp.Anonymous(this=larger, expressions=[node, number(lo)]), number(hi)])
 
 
-def _number(value: float) -> exp.Expression:
+def number(value: float) -> exp.Expression:
     if float(value).is_integer():
         return exp.Literal.number(str(int(value)))
     return exp.Literal.number(repr(float(value)))

@@ -1,0 +1,134 @@
+"""Pass: each aggregate as sums of bounded per-row expressions ("measures") with their sensitivities.
+
+Rules:
+- COUNT is a sum of 1s (COUNT(*)) or of 0/1 (COUNT(expr)); COUNT(DISTINCT unit) counts units, 1 per unit;
+  COUNT(DISTINCT expr) is answered only under row-level privacy on directly aggregated rows, where a changed
+  row adds or removes at most one distinct value of its group;
+- SUM(expr) sums a value that the rewrite clamps to its declared range [lo, hi]; AVG is a centred sum over a
+  count, and the variances add a centred sum of squares, each clamped to its own range;
+- one unit's total of a measure in one group lies in [k·min(lo, 0), k·max(hi, 0)] (the rewrite clamps it
+  there), so its L1 sensitivity is G times the larger magnitude (times 2 under "replace"), and its L2
+  sensitivity √G times it; under row-level joins k already counts all groups (`Scope.spread`);
+- a measure whose every row contributes the same constant has sensitivity 0 and is refused: no mechanism is
+  calibrated to it, and its value needs no data.
+MIN, MAX, percentiles and mode() are chosen from histograms (`quantiles`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from sqlglot import exp
+
+from dpsql.analysis import quantiles
+from dpsql.analysis.expressions import Range, clamp_to, number
+from dpsql.analysis.plan import Aggregate, Measure
+from dpsql.analysis.scope import Scope
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.sql import AGGREGATES, DIALECT
+
+ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
+
+
+def measure(scope: Scope) -> None:
+    """Set the scope's aggregates (in the order they first appear in SELECT, HAVING and ORDER BY), with the
+    measures and histograms that answer them."""
+    found: dict[str, Aggregate] = {}
+    nodes = [*scope.tree.expressions]
+    if scope.tree.args.get("having"):
+        nodes.append(scope.tree.args["having"])
+    if scope.tree.args.get("order"):
+        nodes.append(scope.tree.args["order"])
+    for top in nodes:
+        for node in top.find_all(*AGGREGATES):
+            sql = node.sql(dialect=DIALECT)
+            if sql in found:
+                continue
+            if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
+                raise UnsupportedQuery("nested aggregates are not supported")
+            name = f"a{len(found)}"
+            if isinstance(node, exp.Min | exp.Max | exp.WithinGroup):
+                found[sql] = quantiles.chosen(scope, name, node, sql)
+            else:
+                found[sql] = _aggregate(scope, name, node, sql)
+    if not found:
+        raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
+                             "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
+                             "SELECT state, COUNT(*) FROM people GROUP BY state")
+    scope.aggregates = list(found.values())
+
+
+def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggregate:
+    kind = AGGREGATES[type(node)]
+    arg = node.this
+
+    def measure_of(label: str, measure_kind: str, expr: exp.Expression | None, row_range: Range,
+                   centre: float = 0.0) -> str:
+        key = f"{measure_kind}:{label if expr is None else expr.sql(dialect=DIALECT)}:{centre!r}"
+        if key not in scope.measures:
+            scope.measures[key] = replace(_measure(scope, f"m{len(scope.measures)}", label, measure_kind, expr,
+                                                   row_range), centre=centre)
+        return scope.measures[key].name
+
+    if kind == "count":
+        if isinstance(arg, exp.Distinct):
+            value = arg.expressions[0] if len(arg.expressions) == 1 else None
+            if isinstance(value, exp.Column) and scope.is_unit(value):
+                return Aggregate(name, "count_units", (measure_of("distinct units", "units", None, ONE),), None, sql)
+            if value is not None and scope.schema.row_level and scope.direct:
+                # each changed row adds or removes at most one distinct value of its group
+                scope.exprs.check(value)
+                label = f"COUNT(DISTINCT {value.sql(dialect=DIALECT)})"
+                return Aggregate(name, "count", (measure_of(label, "distinct", scope.exprs.guard(value), BIT),),
+                                 None, sql)
+            raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
+                                   f"({scope.schema.describe_unit()}), or for one expression under row-level "
+                                   "privacy", "count distinct units, or count rows with COUNT(*)")
+        if arg is None or isinstance(arg, exp.Star):
+            return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
+        scope.exprs.check(arg)
+        label = f"COUNT({arg.sql(dialect=DIALECT)})"
+        return Aggregate(name, "count", (measure_of(label, "count", scope.exprs.guard(arg), BIT),), None, sql)
+    if isinstance(arg, exp.Distinct):
+        raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
+    value_range = scope.exprs.numeric(arg, f"{kind.upper()} argument")
+    value = scope.exprs.guard(arg)
+    if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
+        value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
+    label = arg.sql(dialect=DIALECT)
+    if kind == "sum":
+        return Aggregate(name, kind, (measure_of(f"SUM({label})", "sum", value, value_range),), value_range, sql)
+    # averages and variances: a count and sums centred on the midpoint of the range
+    mid = (value_range.lo + value_range.hi) / 2
+    half = (value_range.hi - value_range.lo) / 2
+    centred = exp.Sub(this=value.copy(), expression=number(mid))
+    integral = value_range.integer and float(mid).is_integer()
+    # in exact arithmetic the centred sum is SUM(value) - mid·COUNT(value), which shares PostgreSQL's
+    # aggregate states with the other measures; a float sum would round differently, so it is summed centred
+    exact = scope.exprs.kind(arg) != "float"
+    parts = [measure_of(f"COUNT({label})", "count", value, BIT),
+             measure_of(f"SUM({label} - {mid:g})", "sum", value if exact else centred, Range(-half, half, integral),
+                        mid if exact else 0.0)]
+    if kind != "avg":
+        square = exp.Mul(this=exp.Paren(this=centred.copy()), expression=exp.Paren(this=centred.copy()))
+        parts.append(measure_of(f"SUM(({label} - {mid:g})^2)", "sum", square, Range(0, half * half, integral)))
+    return Aggregate(name, kind, tuple(parts), value_range, sql)
+
+
+def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expression | None,
+             row_range: Range) -> Measure:
+    k, groups = scope.rows_per_unit, scope.max_groups
+    # a unit contributes 1 to "distinct units", else between 0 and k rows' worth of values
+    unit_range = (1.0, 1.0) if kind == "units" else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
+    per_group = max(abs(unit_range[0]), abs(unit_range[1]))
+    if per_group == 0:  # no mechanism is calibrated to sensitivity 0, and the value needs no data
+        raise UnsupportedQuery(f"{label} is the same on every database: given the declared bounds every row "
+                               f"contributes {row_range.lo:g}", "aggregate an expression that varies")
+    steps, spread = scope.steps, scope.spread(groups)
+    sensitivity = steps * spread * per_group
+    l2_sensitivity = steps * math.sqrt(spread) * per_group
+    scope.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "
+                       f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}, "
+                       f"L2 {l2_sensitivity:.6g}")
+    return Measure(name, label, kind, expr, row_range, unit_range, sensitivity, l2_sensitivity, steps * groups)

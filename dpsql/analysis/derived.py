@@ -1,0 +1,168 @@
+"""Pass: what the query reads FROM. A query must read a table; a grouped subquery in FROM becomes a private
+table of one row per group, with declared bounds the rewrite enforces.
+
+Rules:
+- unit-level privacy: the subquery must GROUP BY the unit alone, so each of its rows is one whole unit. Its
+  aggregates are clamped to what that unit's k rows could give (COUNT to [0, k], SUM to k times its row
+  range, AVG, MIN and MAX to the row range), and the outer query sees a table with one row per unit and
+  those bounds;
+- row-level privacy: the subquery groups by one column of its tables whose frequency in the joined relation
+  is declared and enforced (k rows per group). A change rewrites each group its changed joined rows fall in
+  (a removal and an addition), so the table of groups has stability 2 · (groups one change touches), and
+  the outer query is bounded by that stability.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.analysis import joins as join_rules
+from dpsql.analysis import public_joins, relations, semijoins, stability, units
+from dpsql.analysis.expressions import clamp_to
+from dpsql.analysis.scope import Equality, Scope
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.schema import Column, Table
+from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery, derived_select
+
+
+def bound_subquery(scope: Scope) -> None:
+    """Refuse a query without FROM; for a grouped subquery in FROM, register it as a per-unit table and set
+    the scope's FROM clause to the bounded subquery (and, under row-level privacy, its stability)."""
+    tree = scope.tree
+    if tree.args.get("from_") is None:
+        raise PrivacyRefusal("a query without FROM reads no private data", "dpsql answers aggregates over tables")
+    select = derived_select(tree)
+    if select is None:
+        return
+    alias = tree.args["from_"].this.alias_or_name
+    inner = Scope(CheckedQuery(select, ()), scope.schema, scope.unique)
+    table, bounded = _per_unit_table(inner, alias)
+    scope.aliases[alias] = table
+    if table.unit_column is not None:
+        scope.unique = scope.unique | {(alias, table.unit_column)}  # GROUP BY the unit: one row per unit
+    scope.stability, scope.truncate = inner.stability, inner.truncate
+    scope.notes += [f"subquery {alias}: {note}" for note in inner.notes]
+    scope.from_ = exp.From(this=exp.Subquery(this=bounded, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+
+
+def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
+    """The subquery `scope` (grouped by the unit, or under row-level privacy by a column whose frequency is
+    declared) as a table of one row per group, and its bounded SQL."""
+    tree = scope.tree
+    group = tree.args["group"].expressions
+    if tree.args.get("having") or tree.args.get("order") or tree.args.get("limit"):
+        raise UnsupportedQuery(f"subquery {alias} may not have HAVING, ORDER BY or LIMIT",
+                               "filter and order in the outer query")
+    if scope.schema.row_level:
+        k = _row_level_groups(scope, alias, group)
+    else:
+        relations.read(scope)
+        unit, k, parent_joins = units.find_unit(scope, scope.private, scope.equalities)
+        scope.joins += parent_joins
+        semijoins.check(scope)
+        k *= public_joins.fanout(scope, scope.equalities, scope.private)[0]
+        if len(group) != 1 or not isinstance(group[0], exp.Column) or not scope.is_unit(group[0]):
+            raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
+                                   + ", ".join(scope.link_text(a) for a in scope.private
+                                               if scope.aliases[a].unit_column)
+                                   + ")", "group by the unit inside, then aggregate or group its results outside")
+    unit_sql = group[0].sql(dialect=DIALECT)
+    columns: dict[str, Column] = {}
+    outputs = []
+    unit_name = None
+    for item in tree.expressions:
+        name, node = item.alias_or_name, item.unalias()
+        if node.sql(dialect=DIALECT) == unit_sql:
+            declared = scope.declared_column(node)
+            columns[name] = Column(name, declared.type if declared else "bigint")
+            unit_name = name
+            outputs.append(exp.alias_(group[0].copy(), name))
+            continue
+        expr, column = _per_unit_aggregate(scope, name, node, k)
+        columns[name] = column
+        outputs.append(exp.alias_(expr, name))
+    if unit_name is None:  # the outer query needs the unit even if the subquery does not name it
+        unit_name = "dpsql_unit"
+        if unit_name in columns:
+            raise UnsupportedQuery(f"subquery {alias} must select the unit column if it names a column "
+                                   "dpsql_unit", f"add {unit_sql} to its SELECT list")
+        columns[unit_name] = Column(unit_name, "bigint")
+        outputs.append(exp.alias_(group[0].copy(), unit_name))
+    where = scope.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None
+    present = exp.Not(this=exp.Is(this=group[0].copy(), expression=exp.Null()))
+    bounded = exp.select(*outputs).from_(scope.guarded(tree.args["from_"]))
+    for join in scope.joins:
+        bounded = bounded.join(scope.guarded(join))
+    bounded = bounded.where(present if where is None else exp.and_(exp.paren(where), present))
+    bounded = bounded.group_by(group[0].copy())
+    scope.notes.append(f"one row per group; each group's aggregates bounded by what {k} rows can give")
+    unit_column = None if scope.schema.row_level else unit_name
+    return Table(alias, columns, unit_column=unit_column, max_rows_per_unit=1), bounded
+
+
+def _row_level_groups(scope: Scope, alias: str, group: list[exp.Expression]) -> int:
+    """Under row-level privacy, a subquery grouped by one column: reads its relation, and returns how many
+    joined rows one group holds (the column's frequency in the joined relation, enforced). Sets the stability
+    of the table of groups: a change rewrites the groups its changed joined rows fall in, each a removal and
+    an addition."""
+    relations.read(scope)
+    if len(group) != 1 or not isinstance(group[0], exp.Column) or group[0].table not in scope.outer:
+        raise UnsupportedQuery(f"subquery {alias} must GROUP BY one column of its tables",
+                               "group by a key, e.g. GROUP BY c.c_custkey, then aggregate its results outside")
+    if scope.semijoins:
+        raise UnsupportedQuery(f"subquery {alias} may not contain subqueries", "move them to the outer query")
+    key = group[0]
+    joined = join_rules.join_stability(scope, scope.joins, scope.equalities, [], key)
+    rows = joined.frequencies.get(f"{key.table}.{key.name}")
+    if rows is None:
+        scope.frequency(scope.aliases[key.table], key)  # raises: how many rows share a group is undeclared
+    touched = _groups_touched(scope, key, scope.equalities)
+    grouped = stability.grouped(joined, touched)
+    scope.notes.append(f"at most {rows} joined row(s) per group; one neighbour rewrites at most "
+                       f"{grouped.stability // 2} group(s): stability {grouped.stability}")
+    scope.stability = grouped.stability
+    return rows
+
+
+def _groups_touched(scope: Scope, key: exp.Column, equalities: list[Equality]) -> int | None:
+    """How many groups of `key` one changed row can touch, when each table's changed rows fix the group: the
+    grouped table's own changed rows (1 + its truncated keys), or a table joined directly on the group key and
+    truncated on that key alone (an added row pushes out only rows with the same key). None if unknown."""
+    per_table: dict[str, int] = {}
+    for alias in scope.outer:
+        table = scope.aliases[alias]
+        if table.public:
+            continue
+        truncated = {c for c, _ in scope.truncate.get(table.name, ())}
+        on_key = {mine.name for left, right in equalities for mine, other in ((left, right), (right, left))
+                  if mine.table == alias and (other.table, other.name) == (key.table, key.name)}
+        if alias == key.table:  # rows pushed out by truncation on the group key are in the same group
+            touched = 1 if truncated <= {key.name} else 1 + len(truncated)
+        elif on_key and len(truncated) <= 1 and truncated <= on_key:
+            touched = 1
+        else:
+            return None
+        per_table[table.name] = per_table.get(table.name, 0) + touched
+    return max(per_table.values())
+
+
+def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -> tuple[exp.Expression, Column]:
+    """One unit's aggregate, clamped to what k of its rows could give, and its declared range outside."""
+    kind = AGGREGATES.get(type(node))
+    if kind not in ("count", "sum", "avg", "min", "max"):
+        raise UnsupportedQuery(f"{node.sql(dialect=DIALECT)} in a per-unit subquery: use COUNT, SUM, AVG, "
+                               "MIN or MAX of a column or bounded expression, or the unit column itself")
+    if kind == "count":
+        return clamp_to(node, 0, k, "integer"), Column(name, "bigint", 0.0, float(k))
+    argument = node.this.this if isinstance(node.this, exp.Distinct) else node.this
+    row = scope.exprs.numeric(argument, kind)
+    lo, hi = (min(0.0, k * row.lo), max(0.0, k * row.hi)) if kind == "sum" else (row.lo, row.hi)
+    guarded = node.copy()
+    guarded.set("this", scope.exprs.guard(node.this))
+    integer = row.integer and kind != "avg"
+    # SUM and AVG of integers are numeric in PostgreSQL (SUM of integer is bigint, which widens to numeric)
+    result_kind = scope.exprs.kind(argument)
+    if kind in ("sum", "avg") and result_kind == "integer":
+        result_kind = "numeric"
+    return (clamp_to(guarded, lo, hi, result_kind),
+            Column(name, "bigint" if integer else "double precision", lo, hi))

@@ -1,0 +1,89 @@
+"""Pass: what runs after noise. The SELECT list, HAVING and ORDER BY become expressions over the noisy
+aggregates and the group keys, evaluated in Python on released values only (post-processing costs nothing).
+
+Rule: any column outside an aggregate must be a group key (PostgreSQL's own rule), so nothing computed after
+noise reads a raw value; LIMIT and OFFSET must be whole-number constants.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.analysis.expressions import Expressions
+from dpsql.analysis.groups import key_type
+from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output
+from dpsql.analysis.scope import Scope
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.sql import AGGREGATES, DIALECT
+
+
+def post_process(scope: Scope) -> None:
+    """Set the scope's outputs (with their types), HAVING, ORDER BY, LIMIT and OFFSET."""
+    keys, aggregates, tree = scope.group_keys, scope.aggregates, scope.tree
+    by_sql = {a.sql: a for a in aggregates}
+    key_sql = {k.sql: k for k in keys}
+
+    def substitute(node: exp.Expression) -> exp.Expression:
+        def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, tuple(AGGREGATES)):
+                return exp.column(by_sql[n.sql(dialect=DIALECT)].name)
+            if n.sql(dialect=DIALECT) in key_sql:
+                return exp.column(key_sql[n.sql(dialect=DIALECT)].name)
+            if isinstance(n, exp.Column):
+                raise PrivacyRefusal(f'column "{n.sql(dialect=DIALECT)}" must appear in GROUP BY or be used '
+                                     "in an aggregate", "dpsql never releases raw values")
+            return n
+        return node.copy().transform(swap, copy=False)
+
+    outputs, by_alias = [], {}
+    aggregate_names = {agg.name for agg in aggregates}
+    for name, item in zip(scope.query.output_names, tree.expressions, strict=True):
+        expr = substitute(item.unalias())
+        noisy = any(c.name in aggregate_names for c in expr.find_all(exp.Column))
+        outputs.append(Output(name, expr, _output_type(expr, aggregates, keys, scope.exprs, item.unalias()), noisy))
+        by_alias[item.alias_or_name] = expr
+    having = substitute(tree.args["having"].this) if tree.args.get("having") else None
+    order = []
+    for ordered in (tree.args["order"].expressions if tree.args.get("order") else []):
+        target = ordered.this
+        if isinstance(target, exp.Column) and not target.table and target.name in by_alias:
+            expr = by_alias[target.name]
+        else:
+            expr = substitute(target)
+        descending = bool(ordered.args.get("desc"))
+        nulls_first = ordered.args.get("nulls_first")
+        order.append((expr, descending, descending if nulls_first is None else bool(nulls_first)))
+    scope.outputs, scope.having, scope.order = outputs, having, order
+    scope.limit, scope.offset = _constant(tree, "limit"), _constant(tree, "offset") or 0
+
+
+def _constant(tree: exp.Select, clause: str) -> int | None:
+    node = tree.args.get(clause)
+    if node is None:
+        return None
+    value = node.expression
+    if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
+        raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant")
+    return int(value.this)
+
+
+def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[GroupKey], exprs: Expressions,
+                 original: exp.Expression) -> str:
+    if isinstance(expr, exp.Column):
+        for agg in aggregates:
+            if agg.name == expr.name:
+                if agg.kind == "mode":
+                    return agg.arg_type
+                integral = agg.kind == "quantile" and agg.arg_range.integer
+                return "int8" if agg.kind in COUNTS or integral else "float8"
+        for key in keys:
+            if key.name == expr.name:
+                return key_type(original, exprs)
+    if isinstance(expr, exp.Literal):
+        return "text" if expr.is_string else ("int8" if expr.is_int else "float8")
+    if isinstance(expr, exp.Cast):
+        if expr.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
+            return "int8"
+        if expr.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
+            return "text"
+    return "float8"

@@ -1,0 +1,165 @@
+"""The plan the analysis builds: the noisy statistics a query needs, with their bounds and sensitivities.
+
+The rewrite turns a plan into SQL, `noise` calibrates its mechanisms, `postprocess` finishes its answers;
+nothing here reads data or knows how a plan was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.analysis.expressions import Range
+
+COUNTS = ("count", "count_units")
+CHOSEN = ("quantile", "mode")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A per-group sum of a bounded per-row expression; one noisy statistic per group."""
+
+    name: str
+    label: str
+    kind: str  # sum: SUM(expr) | count: COUNT(expr), COUNT(*) if expr is None | units: distinct units
+    #          | distinct: COUNT(DISTINCT expr), row-level privacy only
+    expr: exp.Expression | None  # guarded per-row value
+    row_range: Range  # every row's value lies here (the rewrite clamps to it)
+    unit_range: tuple[float, float]  # one unit's total lies here (the rewrite clamps to it)
+    sensitivity: float  # L1 over all groups for neighbouring databases
+    l2_sensitivity: float  # L2 over all groups
+    coordinates: int  # how many groups one neighbour can change
+    centre: float = 0.0  # sum only: the statistic is SUM(expr - centre), computed as SUM(expr) - centre·COUNT(expr)
+
+    @property
+    def integer_valued(self) -> bool:
+        return self.row_range.integer
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Exact counts of a bounded value per cell of a fixed grid over its declared range, per group. The
+    exponential mechanism chooses a cell from them (quantiles, MIN, MAX); one unit moves at most `rows`
+    counts of each group's histogram, in at most `groups` groups."""
+
+    name: str
+    label: str
+    cell: exp.Expression  # guarded per-row cell index in 0 .. cells - 1 (NULL when the value is NULL)
+    cells: int
+    lower: float  # cell j covers [lower + j·width, lower + (j+1)·width); integer grids hold one value each
+    width: float
+    integer: bool
+    rows: int  # the most rows one unit keeps per group (the rewrite keeps at most this many)
+    groups: int  # the most groups one unit touches
+    sensitivity: float  # how far one unit moves any candidate's rank score, over all groups
+
+    values: tuple | None = None  # categorical cells (mode over a declared domain): cell j holds values[j]
+
+    def value(self, cell: int) -> Any:
+        """The value reported for a chosen cell: the domain value, the integer itself, or the cell's midpoint."""
+        if self.values is not None:
+            return self.values[cell]
+        return self.lower + cell * self.width + (0 if self.integer else self.width / 2)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """An aggregate call of the query, finished from its measures after noise."""
+
+    name: str
+    kind: str  # count | count_units | sum | avg | var_pop | var_samp | stddev_pop | stddev_samp | quantile | mode
+    measures: tuple[str, ...]  # measure names; for quantile and mode, the histogram's name
+    arg_range: Range | None  # the argument's range, for clamping finished averages and variances
+    sql: str
+    quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
+    arg_type: str | None = None  # for mode: the type of the value it returns
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the exponential mechanism picks this aggregate's value from a histogram."""
+        return self.kind in CHOSEN
+
+
+@dataclass(frozen=True)
+class TopK:
+    """GROUP BY ... ORDER BY <count> DESC LIMIT k: the k keys with the largest counts, picked by the
+    exponential mechanism (peeling) on the exact counts of `measure`."""
+
+    measure: str
+    k: int
+    sensitivity: float  # the most one unit moves any one key's count
+    monotone: bool  # counts under add-remove only grow when a unit is added
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    name: str
+    expr: exp.Expression  # guarded
+    domain: tuple | None  # public values of the key, or None
+    sql: str
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    expr: exp.Expression  # over aggregate and group-key names, evaluated after noise
+    type_name: str  # int8 | float8 | text | ...
+    noisy: bool = False  # computed from noisy aggregates (False for group keys and constants)
+
+
+@dataclass
+class Plan:
+    from_: exp.From
+    joins: list[exp.Join]
+    where: exp.Expression | None
+    unit: exp.Expression | None  # None: each row already is one whole unit (no per-unit stage needed)
+    rows_per_unit: int
+    group_keys: list[GroupKey]
+    max_groups: int  # groups one unit may touch (1 for ungrouped queries)
+    cap_groups: bool  # whether the rewrite must enforce max_groups
+    domain: list[tuple] | None  # every public key combination, or None: partition selection
+    measures: list[Measure]
+    histograms: list[Histogram]
+    aggregates: list[Aggregate]
+    outputs: list[Output]
+    having: exp.Expression | None
+    order: list[tuple[exp.Expression, bool, bool]]  # (expression, descending, nulls first)
+    limit: int | None
+    offset: int
+    neighbouring: str
+    top_k: TopK | None = None
+    notes: list[str] = field(default_factory=list)
+    # row-level privacy with joins: how many joined rows one neighbour changes, over all groups (None: per unit)
+    stability: int | None = None
+    truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> keys, frequencies
+
+    @cached_property
+    def aggregate(self) -> dict[str, Aggregate]:
+        """Aggregates by name."""
+        return {a.name: a for a in self.aggregates}
+
+    @cached_property
+    def histogram(self) -> dict[str, Histogram]:
+        """Histograms by name."""
+        return {h.name: h for h in self.histograms}
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.group_keys)
+
+    @property
+    def partition_selection(self) -> bool:
+        return self.grouped and self.domain is None
+
+    @property
+    def ordered_bins(self) -> bool:
+        """Whether the groups are ordered histogram bins: one key over a run of consecutive integers (a bounded
+        integer column or width_bucket), where NoiseFirst and StructureFirst apply."""
+        if len(self.group_keys) != 1 or self.domain is None or len(self.domain) < 2:
+            return False
+        values = [key[0] for key in self.domain]
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
+            and values == list(range(values[0], values[0] + len(values)))

@@ -1,0 +1,124 @@
+"""Rule: MIN, MAX, percentiles and mode() are chosen by the exponential mechanism from histograms.
+
+A histogram counts a bounded value per cell of a fixed grid over its declared range (one cell per value for
+integer ranges below HISTOGRAM_CELLS), or per value of a declared domain for mode(). The grid depends only
+on the schema, so which cells exist reveals nothing. One unit moves at most k counts of each group's
+histogram, in at most G groups (the rewrite keeps at most k rows per unit and group), so any candidate's
+score over all groups moves by at most k·G (2k·G under "replace"): the rank score -distance(q·n, ranks the
+cell spans) for quantiles, MIN (q = 0) and MAX (q = 1), and the count for mode().
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.analysis.expressions import clamp_to, number
+from dpsql.analysis.groups import key_domain, key_type
+from dpsql.analysis.plan import Aggregate, Histogram
+from dpsql.analysis.scope import Scope
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.sql import AGGREGATES, DIALECT
+
+HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
+
+
+def chosen(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggregate:
+    """The aggregate MIN, MAX, percentile_cont/percentile_disc or mode() as a choice from a histogram (created
+    once per query and argument, in `scope.histograms`)."""
+    if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.Mode):
+        return _mode(scope, name, node, sql)
+    return _quantile(scope, name, node, sql)
+
+
+def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggregate:
+    """A cell of a histogram, chosen with the rank score -distance(q·n, ranks the cell spans)."""
+    if isinstance(node, exp.WithinGroup):
+        fraction = node.this.this
+        ordered = node.expression.expressions
+        if not (isinstance(fraction, exp.Literal) and not fraction.is_string and 0 <= float(fraction.this) <= 1):
+            raise UnsupportedQuery(f"{sql}: the percentile must be a constant between 0 and 1")
+        if len(ordered) != 1:
+            raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression")
+        q, arg = float(fraction.this), ordered[0].this
+        if ordered[0].args.get("desc"):
+            q = 1 - q
+    else:
+        q, arg = (0.0 if isinstance(node, exp.Min) else 1.0), node.this
+    value_range = scope.exprs.numeric(arg, f"{AGGREGATES[type(node)].upper()} argument")
+    value = scope.exprs.guard(arg)
+    if not isinstance(arg, exp.Column):
+        value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
+    span = value_range.hi - value_range.lo
+    if value_range.integer and span < HISTOGRAM_CELLS:
+        cells, width, integer = int(span) + 1, 1.0, True
+        cell = exp.Sub(this=value, expression=number(value_range.lo))
+    else:
+        cells, width, integer = HISTOGRAM_CELLS, span / HISTOGRAM_CELLS if span else 1.0, False
+        bucket = exp.WidthBucket(this=value, min_value=number(value_range.lo),
+                                 max_value=number(value_range.lo + cells * width),
+                                 num_buckets=exp.Literal.number(cells))
+        cell = exp.Sub(this=exp.Least(this=bucket, expressions=[exp.Literal.number(cells)]),
+                       expression=exp.Literal.number(1))
+    label = f"histogram of {arg.sql(dialect=DIALECT)}"
+    histogram = _histogram(scope, label, cell, cells, value_range.lo, width, integer,
+                           f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
+    return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q)
+
+
+def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate:
+    """mode() WITHIN GROUP (ORDER BY c): the value of c's declared domain with the largest count, chosen with
+    the count as score."""
+    ordered = node.expression.expressions
+    if len(ordered) != 1:
+        raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression")
+    arg = ordered[0].this
+    scope.exprs.check(arg)
+    value_range = scope.exprs.value_range(arg)
+    column = scope.declared_column(arg) if isinstance(arg, exp.Column) else None
+    label = f"counts of {arg.sql(dialect=DIALECT)}"
+    arg_type = key_type(arg, scope.exprs)
+    if column is not None and (column.domain is not None or column.type == "boolean"):
+        values = tuple(v for v in key_domain(scope, arg, value_range) if v is not None)
+        cell = exp.Case(this=scope.exprs.guard(arg), ifs=[
+            exp.If(this=_value_literal(v), true=exp.Literal.number(i)) for i, v in enumerate(values)])
+        histogram = _histogram(scope, label, cell, len(values), 0.0, 1.0, True,
+                               f"{len(values)} declared values, count-score", values)
+    elif (value_range is not None and value_range.integer and value_range.bounded
+          and value_range.hi - value_range.lo < HISTOGRAM_CELLS):
+        value = scope.exprs.guard(arg)
+        if column is None:
+            value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
+        cells = int(value_range.hi - value_range.lo) + 1
+        histogram = _histogram(scope, label, exp.Sub(this=value, expression=number(value_range.lo)),
+                               cells, value_range.lo, 1.0, True,
+                               f"{cells} values in [{value_range.lo:g}, {value_range.hi:g}], count-score")
+    else:
+        raise PrivacyRefusal(f"{sql}: the mode is chosen among declared values, and "
+                             f"{arg.sql(dialect=DIALECT)} has no declared domain or small integer range",
+                             "declare domain = [...] for the column in the privacy schema, or use "
+                             "GROUP BY c ORDER BY COUNT(*) DESC LIMIT 1 (keys by partition selection)")
+    return Aggregate(name, "mode", (histogram.name,), None, sql, arg_type=arg_type)
+
+
+def _histogram(scope: Scope, label: str, cell: exp.Expression, cells: int, lower: float, width: float,
+               integer: bool, note: str, values: tuple | None = None) -> Histogram:
+    """The histogram named `label`, created once per query: one unit moves at most k counts in each of at
+    most G groups, so any candidate's score over all groups moves by at most k·G."""
+    if label not in scope.histograms:
+        k, groups = scope.rows_per_unit, scope.max_groups
+        sensitivity = k * scope.spread(groups) * scope.steps
+        scope.histograms[label] = Histogram(f"h{len(scope.histograms)}", label, cell, cells, lower, width,
+                                            integer, k, groups, sensitivity, values)
+        scope.notes.append(f"{label}: {note} sensitivity {sensitivity:g} (at most {k} row(s) per unit and group)")
+    return scope.histograms[label]
+
+
+def _value_literal(value: Any) -> exp.Expression:
+    """A domain value as a SQL literal."""
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float):
+        return number(value)
+    return exp.Literal.string(str(value))

@@ -1,0 +1,193 @@
+"""What one analysis knows so far, and the lookups on the declared schema that every pass shares.
+
+The passes in `analysis/__init__.py` fill a `Scope` in order: the relation (tables, joins, subqueries), the
+rows one unit holds in it, the group keys, the aggregates and their measures, what runs after noise. Each
+pass reads what the passes before it found and writes its own fields; `analyze` turns the finished scope
+into a `Plan`. The lookups here only read the privacy schema and the catalog's unique columns: whether a
+column is the unit, how many rows may share a key's value, which tables' rows belong to one unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from dpsql.analysis.expressions import Expressions
+from dpsql.analysis.plan import Aggregate, GroupKey, Histogram, Measure, Output, TopK
+from dpsql.errors import UnsupportedQuery
+from dpsql.schema import Column, ParentKey, PrivacySchema, Table
+from dpsql.sql import CheckedQuery
+
+Equality = tuple[exp.Column, exp.Column]  # a column = column condition between two tables
+
+
+@dataclass(frozen=True)
+class Semijoin:
+    """An EXISTS or IN (SELECT ...) condition of WHERE."""
+
+    aliases: list[str]  # the subquery's tables
+    equalities: list[Equality]  # its column = column conditions, correlations included
+
+
+@dataclass(eq=False)
+class Scope:
+    query: CheckedQuery
+    schema: PrivacySchema
+    unique: frozenset[tuple[str, str]]  # (table, column) pairs a primary key or unique constraint guarantees
+    max_groups_setting: int = 1  # the configured bound on groups per unit
+    notes: list[str] = field(default_factory=list)  # what `dpsql explain` shows, in the order it was found
+
+    # the relation (derived, relations, units)
+    aliases: dict[str, Table] = field(default_factory=dict)
+    outer: list[str] = field(default_factory=list)  # the query's own tables; subqueries' and dpsql's joins later
+    from_: exp.From | None = None  # a subquery in FROM, bounded; None when the query reads tables
+    joins: list[exp.Join] = field(default_factory=list)
+    private: list[str] = field(default_factory=list)  # aliases of private tables in FROM and JOIN
+    equalities: list[Equality] = field(default_factory=list)  # the join conditions
+    semijoins: list[Semijoin] = field(default_factory=list)
+
+    # the rows of one unit (units)
+    stability: int | None = None  # row-level joins: joined rows one neighbour changes, in all groups
+    truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> (key, frequency)
+    rows_per_unit: int = 1
+    unit: exp.Expression | None = None  # the unit of each joined row; None when each row is a whole unit
+    direct: bool = False  # whether the rewrite aggregates the joined rows directly (no per-unit stage)
+    outer_join: bool = False
+    determined: set[str] = field(default_factory=set)  # aliases whose row one unit's row determines
+
+    # the groups (groups)
+    group_keys: list[GroupKey] = field(default_factory=list)
+    max_groups: int = 1
+    cap_groups: bool = False
+    domain: list[tuple] | None = None
+
+    # the statistics (aggregates, quantiles)
+    measures: dict[str, Measure] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    aggregates: list[Aggregate] = field(default_factory=list)
+
+    # after noise (outputs, top_k)
+    outputs: list[Output] = field(default_factory=list)
+    having: exp.Expression | None = None
+    order: list[tuple[exp.Expression, bool, bool]] = field(default_factory=list)
+    limit: int | None = None
+    offset: int = 0
+    top_k: TopK | None = None
+
+    def __post_init__(self) -> None:
+        self.exprs = Expressions(self.declared_column)
+
+    @property
+    def tree(self) -> exp.Select:
+        return self.query.tree
+
+    # --- columns and tables ----------------------------------------------------------------------------------
+
+    def declared_column(self, column: exp.Column) -> Column | None:
+        table = self.aliases.get(column.table)
+        return table.columns.get(column.name) if table else None
+
+    def is_unit(self, column: exp.Column) -> bool:
+        table = self.aliases.get(column.table)
+        return table is not None and not table.public and column.name == table.unit_column
+
+    def row_is_unit(self, alias: str) -> bool:
+        """Each row of this private table is one whole unit: row-level privacy, or a unique unit column."""
+        table = self.aliases[alias]
+        return self.schema.row_level or (table.max_rows_per_unit == 1
+                                         and (table.name, table.unit_column) in self.unique)
+
+    def link_text(self, alias: str) -> str:
+        """How the table reaches its unit, as the user would write the join."""
+        table = self.aliases[alias]
+        if table.unit_column is not None:
+            return f"{alias}.{table.unit_column}"
+        return f"{alias}.{table.parent.column} = {table.parent.table}.{table.parent.key}"
+
+    def guarded(self, node: exp.Expression) -> exp.Expression:
+        """A copy of a FROM or JOIN clause whose ON condition cannot fail on any value."""
+        copy = node.copy()
+        if isinstance(copy, exp.Join) and copy.args.get("on") is not None:
+            copy.set("on", self.exprs.guard(copy.args["on"]))
+        return copy
+
+    # --- how many rows share a value -------------------------------------------------------------------------
+
+    def frequency(self, table: Table, column: exp.Column) -> int:
+        """The declared frequency of a join key; refuses the query when there is none."""
+        frequency = self.declared_frequency(table, column.name)
+        if frequency is None:
+            raise UnsupportedQuery(f"join key {table.name}.{column.name} has no declared max_frequency",
+                                   "declare unique = true or max_frequency = N for it in the privacy schema")
+        return frequency
+
+    def declared_frequency(self, table: Table, name: str) -> int | None:
+        """How many rows may share one value of the column: 1 if unique (by a constraint, or declared and then
+        enforced), its declared max_frequency, or None if undeclared."""
+        declared = table.columns[name]
+        if declared.unique or (table.name, name) in self.unique:
+            return 1
+        return declared.max_frequency
+
+    # --- which rows belong to one unit -----------------------------------------------------------------------
+
+    def unit_components(self, aliases: list[str], equalities: list[Equality]) \
+            -> tuple[dict[str, str], Callable[[str], str]]:
+        """Union-find of the aliases whose rows belong to one unit: joined on unit columns, along a parent key,
+        or as two children of one parent row."""
+        component = {a: a for a in aliases}
+
+        def root(a: str) -> str:
+            while component[a] != a:
+                a = component[a]
+            return a
+
+        for left, right in equalities:
+            if left.table in component and right.table in component and self._same_unit(left, right):
+                component[root(left.table)] = root(right.table)
+        return component, root
+
+    def _same_unit(self, left: exp.Column, right: exp.Column) -> bool:
+        if self.is_unit(left) and self.is_unit(right):
+            return True
+        if self.is_parent_link(left, right) or self.is_parent_link(right, left):
+            return True
+        a, b = self.aliases.get(left.table), self.aliases.get(right.table)
+        if a is None or b is None or a.public or b.public or a.parent is None or b.parent is None:
+            return False
+        siblings = ((a.parent.table, a.parent.key) == (b.parent.table, b.parent.key)
+                    and left.name == a.parent.column and right.name == b.parent.column)
+        if siblings:
+            self.require_unique_parent(a.name, a.parent)
+        return siblings
+
+    def is_parent_link(self, child: exp.Column, parent: exp.Column) -> bool:
+        """`child = parent` follows the child table's declared parent key (verified unique)."""
+        table, other = self.aliases.get(child.table), self.aliases.get(parent.table)
+        link = table.parent if table is not None and not table.public else None
+        if link is None or other is None or other.public or child.name != link.column:
+            return False
+        if other.name != link.table or parent.name != link.key:
+            return False
+        self.require_unique_parent(table.name, link)
+        return True
+
+    def require_unique_parent(self, name: str, link: ParentKey) -> None:
+        if (link.table, link.key) not in self.unique:
+            raise UnsupportedQuery(f"{name} reaches the unit through {link.table}.{link.key}, which no primary key "
+                                   "or unique constraint guarantees to be unique",
+                                   f"add a PRIMARY KEY or UNIQUE constraint on {link.table}({link.key})")
+
+    # --- the shape of a neighbour ----------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """Under "replace" a neighbour removes one unit's contribution and adds another's: two steps."""
+        return 2 if self.schema.neighbouring == "replace" else 1
+
+    def spread(self, groups: int) -> int:
+        """Over how many groups one unit's k rows per group add up: G, or 1 under row-level joins, where k already
+        counts the changed joined rows of all groups together (they touch at most k groups, `coordinates`)."""
+        return groups if self.stability is None else 1

@@ -1,0 +1,129 @@
+"""Pass: the unit of every joined row, and k, the most joined rows one unit can hold.
+
+Rules, by privacy model:
+- unit-level privacy: private tables are joined on their unit columns or along declared parent keys (a
+  child's unique parent key fixes the parent's row), so every joined row belongs to one unit, whose id is
+  that row's unit column (dpsql joins a table's parents itself when the unit is only reached through them).
+  k is the product of the declared rows per unit of the tables whose rows are not fixed by another's,
+  times the public joins' fan-out (`public_joins`). The rewrite enforces k per unit, unless each joined row
+  is provably a whole unit (unique constraints), when it aggregates the rows directly;
+- row-level privacy over several private tables (in joins or WHERE subqueries): joined rows mix units, and
+  k is the join's stability, how many joined rows one added or removed row changes (`joins`);
+- a subquery in FROM grouped by a key under row-level privacy (`derived`) has its stability already.
+An outer join can add rows that belong to no unit or give one unit's rows different group keys, so it
+always takes the per-unit path.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sqlglot import exp
+
+from dpsql.analysis import joins as join_rules
+from dpsql.analysis import public_joins, semijoins
+from dpsql.analysis.scope import Equality, Scope
+from dpsql.errors import UnsupportedQuery
+from dpsql.schema import Table
+
+
+def bound_rows(scope: Scope) -> None:
+    """Set the unit expression, k, whether the rewrite may aggregate joined rows directly, whether there is an
+    outer join, and which aliases one unit's row determines; add the joins that reach the unit."""
+    if scope.stability is not None:  # row-level privacy, reading a grouped subquery
+        semijoins.check(scope)
+        k, unit, fast, outer, determined = scope.stability, None, True, False, set()
+    elif _rows_of_several_units(scope):
+        k = join_rules.join_stability(scope, scope.joins, scope.equalities, scope.semijoins).stability
+        unit, fast, outer, determined = None, True, False, set()
+    else:
+        fanout, determined, verified = public_joins.fanout(scope, scope.equalities, scope.private)
+        unit, k_private, parent_joins = find_unit(scope, scope.private, scope.equalities)
+        scope.joins += parent_joins
+        semijoins.check(scope)
+        k = k_private * fanout
+        outer = any(j.side for j in scope.joins)
+        fast = not outer and k == 1 and verified and all(scope.row_is_unit(a) for a in scope.private)
+        if not fast and unit is None:  # each row is its own unit; ctid alone repeats across partitions
+            table = scope.private[0]
+            unit = exp.DPipe(this=exp.DPipe(this=exp.cast(exp.column("tableoid", table=table), "text"),
+                                            expression=exp.Literal.string(":")),
+                             expression=exp.cast(exp.column("ctid", table=table), "text"))
+        scope.notes.append(f"rows per unit in the joined relation: at most {k}"
+                           + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
+    scope.rows_per_unit, scope.unit, scope.direct = k, None if fast else unit, fast
+    scope.outer_join, scope.determined = outer, determined
+
+
+def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
+        -> tuple[exp.Expression | None, int, list[exp.Join]]:
+    """The unit id of each joined row, the bound on one unit's rows across the private tables, and the joins
+    dpsql adds to reach the unit from tables that hold it only through a parent (`parent = "col -> t.key"`).
+
+    Private tables must be joined on their unit columns or along parent keys, so that every joined row
+    belongs to one unit. A row reached through a unique parent key is fixed by its child's row, so only the
+    other tables' row bounds multiply."""
+    if scope.schema.row_level:  # one private table (several take the stability path)
+        return None, 1, []
+    component, root = scope.unit_components(private, equalities)
+    links = [(child.table, parent.table)  # (child alias, parent alias): the child's row fixes the parent's
+             for left, right in equalities for child, parent in ((left, right), (right, left))
+             if child.table in component and parent.table in component and scope.is_parent_link(child, parent)]
+    added: list[exp.Join] = []
+    pending = list(private)
+    while pending:
+        alias = pending.pop()
+        table = scope.aliases[alias]
+        if table.unit_column is not None or any(child == alias for child, _ in links):
+            continue
+        join, parent_alias = _parent_join(scope, alias, table, len(added) + 1)
+        added.append(join)
+        component[parent_alias] = root(alias)
+        links.append((alias, parent_alias))
+        pending.append(parent_alias)
+    aliases = list(component)
+    if len({root(a) for a in aliases}) > 1:
+        raise UnsupportedQuery(
+            "private tables must be joined on their unit columns or along their declared parent keys ("
+            + ", ".join(scope.link_text(a) for a in private) + ")",
+            "joins on other keys between private tables come with general equijoin support")
+    free = set(aliases)
+    for child, parent in links:
+        if child in free and parent != child:
+            free.discard(parent)
+    columns = [exp.column(scope.aliases[a].unit_column, table=a) for a in aliases
+               if scope.aliases[a].unit_column is not None]
+    unit = columns[0] if len(columns) == 1 else exp.Coalesce(this=columns[0], expressions=columns[1:])
+    for join in added:
+        scope.notes.append(f"dpsql joins {join.this.name} AS {join.this.alias} to reach the unit")
+    for alias in aliases:
+        table = scope.aliases[alias]
+        fixed_by = next((child for child, parent in links if parent == alias and child in free), None)
+        how = (f"fixed by {fixed_by}'s row (unique key)" if alias not in free and fixed_by
+               else f"at most {table.max_rows_per_unit} rows per unit (declared)")
+        reach = (f"unit column {table.unit_column}" if table.unit_column
+                 else f"reaches the unit through {table.parent}")
+        scope.notes.append(f"relation {alias} ({table.name}): {how}; {reach}")
+    return unit, math.prod(scope.aliases[a].max_rows_per_unit for a in aliases if a in free), added
+
+
+def _parent_join(scope: Scope, alias: str, table: Table, number: int) -> tuple[exp.Join, str]:
+    """A LEFT JOIN of the parent table that gives `alias`'s rows their unit (rows without one are dropped
+    by the per-unit stage)."""
+    link = table.parent
+    scope.require_unique_parent(table.name, link)
+    parent_alias = f"dpsql_parent_{number}"
+    while parent_alias in scope.aliases:  # never shadow a name the query uses itself
+        parent_alias += "_"
+    scope.aliases[parent_alias] = scope.schema.tables[link.table]
+    on = exp.EQ(this=exp.column(link.key, table=parent_alias), expression=exp.column(link.column, table=alias))
+    source = exp.Table(this=exp.to_identifier(link.table),
+                       alias=exp.TableAlias(this=exp.to_identifier(parent_alias)))
+    return exp.Join(this=source, on=on, side="LEFT"), parent_alias
+
+
+def _rows_of_several_units(scope: Scope) -> bool:
+    """Whether joined rows can combine rows of several units: row-level privacy with more than one private
+    table read, in the joins or in a subquery."""
+    subqueries = [a for s in scope.semijoins for a in s.aliases if not scope.aliases[a].public]
+    return scope.schema.row_level and len(scope.private) + len(subqueries) > 1
