@@ -1,0 +1,55 @@
+"""SQL pieces every rewrite strategy uses: the keyed hash, the per-unit select items, a measure's aggregate."""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.analysis import Measure, Plan
+from dpsql.analysis.expressions import number
+from dpsql.sql import DIALECT
+
+UNITS = "dpsql_units"  # the column counting distinct units (or rows) per group
+
+
+def sql(node: exp.Expression) -> str:
+    return node.sql(dialect=DIALECT)
+
+
+def group_by(names: list[str]) -> str:
+    return f" GROUP BY {', '.join(names)}" if names else ""
+
+
+def unit_and_keys(plan: Plan) -> list[str]:
+    """The select items every per-unit query starts with: the unit's id and the group keys."""
+    return [f"{sql(plan.unit)} AS dpsql_unit", *(f"{sql(k.expr)} AS {k.name}" for k in plan.group_keys)]
+
+
+def keyed_hash(columns: list[str], seed: int) -> str:
+    """A deterministic, seeded hash of some columns: picks which rows or groups a unit keeps. It hashes the row
+    value field by field, by position, with NULL apart from '', so distinct tuples hash alike only by a 64-bit
+    collision, after which callers order by the values themselves (concat_ws skipped NULLs: ('lab', NULL) and
+    (NULL, 'lab') tied, and the plan broke the tie). Every type a schema declares has a hash function."""
+    return f"hash_record_extended(ROW({', '.join(columns)}), {int(seed)})"
+
+
+def present(node: exp.Expression) -> exp.Expression:
+    """`node IS NOT NULL`."""
+    return exp.Not(this=exp.Is(this=node.copy(), expression=exp.Null()))
+
+
+def aggregate(measure: Measure, column: str | None) -> str:
+    """The SQL aggregate of `measure` over `column`. A centred sum is taken as SUM(x) - c·COUNT(x): the same value
+    in exact arithmetic, and both aggregates share their state with the query's other SUM(x) and COUNT(x)."""
+    kind = measure.kind
+    if kind == "sum":
+        if measure.centre:
+            return f"(SUM({column}) - {literal(measure.centre)} * COUNT({column}))"
+        return f"SUM({column})"
+    if kind == "distinct":
+        return f"COUNT(DISTINCT {column})"
+    return f"COUNT({column or '*'})"
+
+
+def literal(value: float) -> str:
+    """A number as SQL: integral values without a decimal point."""
+    return sql(number(value))

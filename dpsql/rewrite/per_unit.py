@@ -1,0 +1,39 @@
+"""Strategy: a unit may hold several joined rows. Sum per (unit, group), clamp each unit's totals to what k
+rows could give, keep at most G groups per unit (by keyed hash) when the plan says so, then sum per group.
+
+Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
+G groups: exactly the sensitivity the analysis computed. Rows without a unit are dropped (an outer join's
+NULL-extended rows, or children whose parent is missing), so no row escapes the bound.
+"""
+
+from __future__ import annotations
+
+from dpsql.analysis import Plan
+from dpsql.rewrite.fragments import UNITS, aggregate, group_by, keyed_hash, literal, present, sql, unit_and_keys
+from dpsql.rewrite.truncation import from_where
+
+
+def statistics(plan: Plan, hash_seed: int) -> str:
+    """Per group: the keys, one exact sum per measure over the bounded per-unit totals, and the unit count."""
+    keys = [k.name for k in plan.group_keys]
+    rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
+    per_unit = ["dpsql_unit", *keys]
+    for m in plan.measures:
+        if m.kind == "units":
+            per_unit.append(f"1 AS {m.name}")
+        else:  # the unit's total, clamped to what k rows could give
+            lo, hi = (literal(v) for v in m.unit_range)
+            total = aggregate(m, None if m.expr is None else m.name)
+            per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
+    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, present(plan.unit), hash_seed)})",
+            f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
+            f"{group_by(['dpsql_unit', *keys])})"]
+    source, where = "dpsql_per_unit", ""
+    if plan.cap_groups:
+        hashed = keyed_hash(["dpsql_unit", *keys], hash_seed)
+        ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}, "
+                    f"{', '.join(keys)}) "
+                    "AS dpsql_rank FROM dpsql_per_unit)")
+        source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
+    select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
+    return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
