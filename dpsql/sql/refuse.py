@@ -1,0 +1,59 @@
+"""Refuse: an allowlist of SQL node types, and the statements and clauses that must never run (SELECT INTO,
+locking, data-modifying CTEs, DISTINCT, windows). Runs before the query is qualified, so nothing outside the
+allowlist reaches the analysis or PostgreSQL."""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.sql.query import AGGREGATES
+
+# Node types a query may contain. Functions that can fail on some value are made total by the rewrite
+# (division, modulo, sqrt, ln) or have their arguments checked by the analysis (casts, substring, ...).
+ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
+    exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered, exp.Limit,
+    exp.Offset, exp.Table, exp.TableAlias, exp.Alias, exp.Column, exp.Identifier, exp.Star, exp.Literal,
+    exp.Null, exp.Boolean, exp.Paren, exp.With, exp.CTE, exp.Subquery, exp.Distinct, exp.DataType, exp.Var,
+    exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In, exp.Between,
+    exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
+    exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
+    exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
+    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists,
+    *AGGREGATES,
+)
+
+
+def refuse_unsafe(tree: exp.Select) -> None:
+    """Raise for the first node of `tree` that dpsql does not answer."""
+    for node in tree.walk():
+        if isinstance(node, exp.Select):
+            if node.args.get("into"):
+                raise PrivacyRefusal("SELECT ... INTO is not allowed", "dpsql only returns noisy answers")
+            if node.args.get("locks"):
+                raise PrivacyRefusal("FOR UPDATE / FOR SHARE is not allowed", "remove the locking clause")
+            if node.args.get("distinct"):
+                raise UnsupportedQuery("SELECT DISTINCT releases raw values and is not supported",
+                                       "use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c")
+        elif isinstance(node, exp.CTE) and not isinstance(node.this, exp.Select):
+            raise PrivacyRefusal(f"a WITH clause may only hold SELECT, not {node.this.key.upper()}",
+                                 "data-modifying CTEs are never run")
+        elif isinstance(node, exp.Join) and node.args.get("kind", "").upper() == "CROSS":
+            raise UnsupportedQuery("CROSS JOIN is not supported",
+                                   "join on the declared key, e.g. JOIN people ON visits.person_id = people.person_id")
+        if isinstance(node, exp.PercentileCont | exp.PercentileDisc | exp.Mode) \
+                and not isinstance(node.parent, exp.WithinGroup):
+            raise UnsupportedQuery(f"{_describe(node)} needs WITHIN GROUP (ORDER BY column)")
+        if not isinstance(node, ALLOWED_NODES):
+            raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
+                                   "see the README for the SQL dpsql answers")
+        if isinstance(node, exp.Window):
+            raise UnsupportedQuery("window functions are not supported")
+
+
+def _describe(node: exp.Expression) -> str:
+    if isinstance(node, exp.Anonymous):
+        return f"function {node.name}()"
+    if isinstance(node, exp.Func):
+        return f"function {node.sql_name()}()"
+    return node.key.upper().replace("_", " ")

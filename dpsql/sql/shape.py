@@ -1,0 +1,90 @@
+"""Shape: after merging, a query is one flat SELECT. It may read FROM one grouped subquery (a per-unit
+table, analysed by `analysis.derived`), and its WHERE may hold EXISTS / IN (SELECT ...) semijoins over plain
+SELECTs; anything else nested is refused. `x NOT IN (SELECT c ...)` is read so that NULLs cannot make one unit
+flip every row."""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpsql.errors import UnsupportedQuery
+from dpsql.sql.query import AGGREGATES
+
+
+def require_flat(tree: exp.Select) -> None:
+    """After merging, the only subqueries left may be semijoins in WHERE: EXISTS (SELECT ...) and
+    x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
+    semijoins = semijoin_selects(tree)
+    allowed = {id(s) for s in semijoins} | {id(s.parent) for s in semijoins if isinstance(s.parent, exp.Subquery)}
+    derived = derived_select(tree)
+    if derived is not None:
+        allowed |= {id(derived), id(derived.parent), id(tree.args.get("with_"))}
+        if any(isinstance(n, exp.Select | exp.Subquery | exp.CTE) for n in derived.walk() if n is not derived):
+            raise UnsupportedQuery("a per-unit subquery may not hold subqueries of its own")
+    for node in tree.walk():
+        if node is tree or id(node) in allowed:
+            continue
+        if isinstance(node, exp.Select | exp.Subquery | exp.CTE):
+            raise UnsupportedQuery("this subquery cannot be merged into the outer query "
+                                   "(aggregating, grouped or nested subqueries are not supported yet)",
+                                   "write the query as one SELECT over joined tables, or as EXISTS / IN "
+                                   "(SELECT ...) in WHERE")
+    for select in semijoins:
+        if any(select.args.get(k) for k in ("group", "having", "order", "limit", "offset", "with_")) \
+                or select.find(*AGGREGATES):
+            raise UnsupportedQuery("an EXISTS or IN subquery may not aggregate, group, order or limit",
+                                   "filter its rows with WHERE only")
+
+
+def drop_nulls_under_not_in(tree: exp.Select) -> None:
+    """`x NOT IN (SELECT c ...)` depends on the subquery as a whole wherever NULLs meet it, so one unit could flip
+    every row: it is NULL for every x once one c is NULL, and for a NULL x it is TRUE when the subquery is empty
+    and NULL otherwise. dpsql reads it as `x IS NOT NULL AND x NOT IN (the subquery's non-NULL values)`, which
+    differs from PostgreSQL only when the subquery yields a NULL or nothing at all."""
+    for select in semijoin_selects(tree):
+        in_node = select.parent.parent if isinstance(select.parent, exp.Subquery) else None
+        if not isinstance(in_node, exp.In) or not isinstance(_unparenthesised_parent(in_node), exp.Not):
+            continue
+        value = select.expressions[0].unalias() if len(select.expressions) == 1 else None
+        if value is None:
+            raise UnsupportedQuery("an IN subquery must select exactly one value")
+        select.where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())), copy=False)
+        # a separate conjunct of the outer WHERE (a NOT IN not joined by AND is refused by the analysis)
+        tree.where(exp.Not(this=exp.Is(this=in_node.this.copy(), expression=exp.Null())), copy=False)
+
+
+def _unparenthesised_parent(node: exp.Expression) -> exp.Expression | None:
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    return parent
+
+
+def derived_select(tree: exp.Select) -> exp.Select | None:
+    """The grouped SELECT that `tree` reads FROM, as a subquery or a WITH query (None if it reads tables)."""
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select) and source.this.args.get("group"):
+        return source.this
+    if isinstance(source, exp.Table) and not source.db and tree.args.get("with_"):
+        ctes = tree.args["with_"].expressions
+        if len(ctes) == 1 and ctes[0].alias_or_name == source.name and isinstance(ctes[0].this, exp.Select) \
+                and ctes[0].this.args.get("group"):
+            return ctes[0].this
+    return None
+
+
+def semijoin_selects(tree: exp.Select) -> list[exp.Select]:
+    """The SELECTs of the EXISTS / IN (SELECT ...) conditions in `tree`'s WHERE clause."""
+    where = tree.args.get("where")
+    if where is None:
+        return []
+    found = []
+    for node in where.walk():
+        if node.find_ancestor(exp.Select) is not tree:  # one level only: not a subquery's own subqueries
+            continue
+        if isinstance(node, exp.Exists) and isinstance(node.this, exp.Select):
+            found.append(node.this)
+        elif isinstance(node, exp.In) and isinstance(node.args.get("query"), exp.Subquery) \
+                and isinstance(node.args["query"].this, exp.Select):
+            found.append(node.args["query"].this)
+    return found
