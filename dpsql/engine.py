@@ -9,8 +9,6 @@ for the same canonical query, parameters and ε is returned from the cache at no
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import hashlib
 import json
 import threading
@@ -19,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsql.accounting import Budget, Ledger, new_hash_seed
+from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.config import Settings
@@ -31,7 +30,6 @@ from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 
 PLAN_CACHE_SIZE = 256
-ANSWER_MEMO_SIZE = 4096  # answers kept in memory; the ledger's dpsql.answers table stays the record
 
 
 @dataclass
@@ -96,7 +94,6 @@ class Engine:
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
         self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
         self._plans_lock = threading.Lock()
-        self._answers: OrderedDict[tuple[str, str], dict] = OrderedDict()  # (analyst, key) -> stored answer
 
     def close(self) -> None:
         self.backend.close()
@@ -140,7 +137,7 @@ class Engine:
         thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
         prepared = self.prepare(sql, params, epsilon, options)
         noisy = [output.noisy for output in prepared.plan.outputs]
-        stored = self._cached(analyst, prepared.key)
+        stored = self.ledger.answers.get(analyst, prepared.key)
         if stored is not None:
             return _decode(stored, cached=True, budget=self.ledger.budget(analyst), noisy=noisy)
         cost = prepared.calibration
@@ -150,25 +147,8 @@ class Engine:
         groups = add_noise(prepared.plan, cost, rows, histograms)
         result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
-        stored = self._remember(analyst, prepared.key, self.ledger.store(analyst, prepared.key, _encode(answer)))
+        stored = self.ledger.answers.keep(analyst, prepared.key, _encode(answer))
         return _decode(stored, cached=False, budget=budget, noisy=noisy)
-
-    def _cached(self, analyst: str, key: str) -> dict | None:
-        """The answer already released to `analyst` for `key`: from memory, else from the ledger. A stored
-        answer never changes (the ledger keeps the first), so remembering it is safe across processes."""
-        with self._plans_lock:
-            if (analyst, key) in self._answers:
-                self._answers.move_to_end((analyst, key))
-                return self._answers[(analyst, key)]
-        stored = self.ledger.cached(analyst, key)
-        return None if stored is None else self._remember(analyst, key, stored)
-
-    def _remember(self, analyst: str, key: str, stored: dict) -> dict:
-        with self._plans_lock:
-            self._answers[(analyst, key)] = stored
-            if len(self._answers) > ANSWER_MEMO_SIZE:
-                self._answers.popitem(last=False)
-        return stored
 
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)
@@ -193,35 +173,17 @@ class Engine:
 def _encode(answer: Answer) -> dict:
     return {
         "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
-        "rows": [[_encode_value(v) for v in row] for row in answer.rows],
+        "rows": [[encode_value(v) for v in row] for row in answer.rows],
         "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high, a.rank_error, a.count_gap] for a in row]
                      for row in answer.accuracy],
     }
 
 
 def _decode(data: dict, cached: bool, budget: Budget | None, noisy: list[bool]) -> Answer:
-    rows = [tuple(_decode_value(v) for v in row) for row in data["rows"]]
+    rows = [tuple(decode_value(v) for v in row) for row in data["rows"]]
     accuracy = [tuple(None if a is None else Accuracy(*a) for a in row) for row in data["accuracy"]]
     return Answer(data["names"], data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
                   0.0 if cached else data["delta"], cached, budget, noisy)
-
-
-def _encode_value(value: Any) -> Any:
-    if isinstance(value, datetime.datetime):
-        return {"$timestamp": value.isoformat()}
-    if isinstance(value, datetime.date):
-        return {"$date": value.isoformat()}
-    if isinstance(value, decimal.Decimal):
-        return {"$decimal": str(value)}
-    return value
-
-
-def _decode_value(value: Any) -> Any:
-    if isinstance(value, dict):
-        (tag, text), = value.items()
-        return {"$timestamp": datetime.datetime.fromisoformat, "$date": datetime.date.fromisoformat,
-                "$decimal": decimal.Decimal}[tag](text)
-    return value
 
 
 __all__ = ["Answer", "Engine", "Prepared", "Result"]

@@ -1,0 +1,77 @@
+"""The answer cache: an answer released to an analyst is kept (the first one wins, in `dpsql.answers`) and
+returned again for the same canonical query, parameters and ε at no cost; asking twice must not average the
+noise away. Recent answers are also kept in memory: a stored answer never changes, so that is safe across
+processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+MEMO_SIZE = 4096  # answers kept in memory; the dpsql.answers table stays the record
+
+
+class AnswerCache:
+    def __init__(self, pool: ConnectionPool):
+        self._pool = pool
+        self._memo: OrderedDict[tuple[str, str], dict] = OrderedDict()  # (analyst, key) -> stored answer
+        self._lock = threading.Lock()
+
+    def get(self, analyst: str, key: str) -> dict | None:
+        """The answer already released to `analyst` for `key`, or None."""
+        with self._lock:
+            if (analyst, key) in self._memo:
+                self._memo.move_to_end((analyst, key))
+                return self._memo[(analyst, key)]
+        with self._pool.connection() as conn:
+            row = conn.execute("SELECT answer FROM dpsql.answers WHERE analyst = %s AND query_key = %s",
+                               (analyst, key)).fetchone()
+        return None if row is None else self._remember(analyst, key, row[0])
+
+    def keep(self, analyst: str, key: str, answer: dict) -> dict:
+        """Keep the first answer released for this query; return whichever answer is stored."""
+        with self._pool.connection() as conn:
+            row = conn.execute("INSERT INTO dpsql.answers (analyst, query_key, answer) VALUES (%s, %s, %s) "
+                               "ON CONFLICT DO NOTHING RETURNING answer",
+                               (analyst, key, Jsonb(answer, dumps=_dumps))).fetchone()
+        if row is None:
+            return self.get(analyst, key)
+        return self._remember(analyst, key, row[0])
+
+    def _remember(self, analyst: str, key: str, stored: dict) -> dict:
+        with self._lock:
+            self._memo[(analyst, key)] = stored
+            if len(self._memo) > MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return stored
+
+
+def encode_value(value: Any) -> Any:
+    """A released value in JSON: dates, timestamps and decimals tagged with their type."""
+    if isinstance(value, datetime.datetime):
+        return {"$timestamp": value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    return value
+
+
+def decode_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        (tag, text), = value.items()
+        return {"$timestamp": datetime.datetime.fromisoformat, "$date": datetime.date.fromisoformat,
+                "$decimal": decimal.Decimal}[tag](text)
+    return value
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,109 @@
+"""Budget arithmetic: what an answer costs in both accounts, and what an analyst has spent and has left.
+
+Every charge records two accounts of the same answer, and the analyst's spending is the better of the two:
+- basic composition: the εs and δs of the answers add up;
+- zCDP: the ρs add up (ε-DP parts count ε²/2, Gaussian noise its own ρ), beside the δs of DP partition
+  selection; the total converts to ε at what is left of the analyst's δ (`zcdp`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dpsql.accounting import zcdp
+from dpsql.errors import InvalidParameter
+
+TOLERANCE = 1e-9  # relative slack for floating-point sums of ε
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one answer costs, in both accounts."""
+
+    epsilon: float  # basic composition: the answer is (epsilon, delta)-DP
+    delta: float
+    rho: float  # zCDP: the answer is approx_delta-approximately rho-zCDP
+    approx_delta: float
+
+    @classmethod
+    def pure(cls, epsilon: float) -> Cost:
+        """An ε-DP part: ε²/2-zCDP."""
+        return cls(epsilon, 0.0, epsilon * epsilon / 2, 0.0)
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.epsilon + other.epsilon, self.delta + other.delta, self.rho + other.rho,
+                    self.approx_delta + other.approx_delta)
+
+
+NO_COST = Cost(0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Budget:
+    analyst: str
+    epsilon_total: float
+    delta_total: float
+    epsilon_basic: float  # basic composition of every charge
+    delta_basic: float
+    rho: float  # zCDP composition of every charge
+    approx_delta: float
+
+    @property
+    def epsilon_zcdp(self) -> float:
+        """ε of the zCDP account, converted at the δ left beside the partition selections' δs."""
+        return zcdp.epsilon_of(self.rho, self.delta_total - self.approx_delta)
+
+    @property
+    def zcdp_is_better(self) -> bool:
+        return self.epsilon_zcdp < self.epsilon_basic or self.delta_basic > self.delta_total * (1 + TOLERANCE)
+
+    @property
+    def epsilon_spent(self) -> float:
+        """ε spent: the better of the two accounts."""
+        return self.epsilon_zcdp if self.zcdp_is_better else self.epsilon_basic
+
+    @property
+    def delta_spent(self) -> float:
+        return self.delta_total if self.zcdp_is_better and self.rho > 0 else self.delta_basic
+
+    @property
+    def epsilon_left(self) -> float:
+        return max(self.epsilon_total - self.epsilon_spent, 0.0)
+
+    @property
+    def delta_left(self) -> float:
+        return max(self.delta_total - self.delta_spent, 0.0)
+
+    @property
+    def within(self) -> bool:
+        """Whether the spending fits the budget (under basic composition first: it needs no conversion)."""
+        if (self.epsilon_basic <= self.epsilon_total * (1 + TOLERANCE)
+                and self.delta_basic <= self.delta_total * (1 + TOLERANCE)):
+            return True
+        return (self.epsilon_spent <= self.epsilon_total * (1 + TOLERANCE)
+                and self.delta_spent <= self.delta_total * (1 + TOLERANCE))
+
+    def plus(self, cost: Cost) -> Budget:
+        return replace(self, epsilon_basic=self.epsilon_basic + cost.epsilon, delta_basic=self.delta_basic + cost.delta,
+                       rho=self.rho + cost.rho, approx_delta=self.approx_delta + cost.approx_delta)
+
+
+def describe_budget(budget: Budget) -> str:
+    """One line for people: spent, left, and which account the spending comes from."""
+    account = (f"zCDP: ρ = {budget.rho:.4g}" + (f" beside δ = {budget.approx_delta:.3g}" if budget.approx_delta else "")
+               if budget.zcdp_is_better else "basic composition")
+    return (f"ε spent {budget.epsilon_spent:.4g} of {budget.epsilon_total:.4g} (left {budget.epsilon_left:.4g}), "
+            f"δ spent {budget.delta_spent:.3g} of {budget.delta_total:.3g}; {account}")
+
+
+def validate_epsilon(epsilon: Any, what: str = "epsilon", allow_zero: bool = False) -> float:
+    """A finite, positive ε (or δ), else InvalidParameter."""
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        raise InvalidParameter(f"{what} must be a number, got {epsilon!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise InvalidParameter(f"{what} must be a finite number {'>=' if allow_zero else '>'} 0, got {epsilon!r}")
+    return value

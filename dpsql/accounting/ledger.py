@@ -1,0 +1,203 @@
+"""The ledger: analysts, their budgets and every charge, kept in the `dpsql` schema of PostgreSQL.
+
+The ledger is written on dpsql's own autocommit connections, never the analyst's: a charge is committed
+before the analysed statement starts, so a failed, cancelled or rolled-back query keeps its charge. A charge
+is written only if the analyst's row is unchanged since it was read and checked (optimistic concurrency), so
+concurrent queries can never spend more than the budget.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from dpsql.accounting.answers import AnswerCache
+from dpsql.accounting.budget import Budget, Cost, validate_epsilon
+from dpsql.errors import BudgetExhausted, InvalidParameter, OperationalError, UnknownAnalyst
+
+DDL = """
+CREATE SCHEMA IF NOT EXISTS dpsql;
+CREATE TABLE IF NOT EXISTS dpsql.analysts (
+    name text PRIMARY KEY,
+    epsilon_total double precision NOT NULL CHECK (epsilon_total >= 0),
+    delta_total double precision NOT NULL CHECK (delta_total >= 0 AND delta_total < 1),
+    epsilon_spent double precision NOT NULL DEFAULT 0,
+    delta_spent double precision NOT NULL DEFAULT 0,
+    password_verifier text,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS dpsql.charges (
+    id bigserial PRIMARY KEY,
+    analyst text NOT NULL REFERENCES dpsql.analysts(name) ON DELETE CASCADE,
+    at timestamptz NOT NULL DEFAULT now(),
+    epsilon double precision NOT NULL,
+    delta double precision NOT NULL,
+    query_key text NOT NULL
+);
+-- The zCDP account (added after the first release). Charges made before it were pure ε_i answers, some with
+-- a partition-selection δ_i: they are δ_i-approximately ε_i²/2-zCDP, so an analyst's earlier spending is
+-- carried over as ρ = (Σε)²/2 >= Σε_i²/2 beside Σδ: never less than what was spent.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'dpsql'
+                   AND table_name = 'analysts' AND column_name = 'rho_spent') THEN
+        ALTER TABLE dpsql.analysts ADD COLUMN rho_spent double precision NOT NULL DEFAULT 0,
+                                   ADD COLUMN approx_delta_spent double precision NOT NULL DEFAULT 0;
+        UPDATE dpsql.analysts SET rho_spent = epsilon_spent * epsilon_spent / 2, approx_delta_spent = delta_spent;
+        ALTER TABLE dpsql.charges ADD COLUMN rho double precision NOT NULL DEFAULT 0,
+                                  ADD COLUMN approx_delta double precision NOT NULL DEFAULT 0;
+        UPDATE dpsql.charges SET rho = epsilon * epsilon / 2, approx_delta = delta;
+    END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS dpsql.answers (
+    analyst text NOT NULL REFERENCES dpsql.analysts(name) ON DELETE CASCADE,
+    query_key text NOT NULL,
+    answer jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (analyst, query_key)
+);
+CREATE TABLE IF NOT EXISTS dpsql.settings (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+"""
+MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race to a concurrent one
+BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
+
+class Ledger:
+    def __init__(self, conninfo: str, max_connections: int = 8):
+        self._pool = ConnectionPool(conninfo, min_size=1, max_size=max_connections, open=True,
+                                    kwargs={"autocommit": True})
+        with self._pool.connection() as conn:
+            conn.add_notice_handler(lambda notice: None)
+            conn.execute("SELECT pg_advisory_lock(712001)")
+            try:
+                conn.execute(DDL)
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(712001)")
+        self.answers = AnswerCache(self._pool)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # --- analysts -------------------------------------------------------------------------------------------
+
+    def add_analyst(self, name: str, epsilon: float, delta: float) -> Budget:
+        epsilon = validate_epsilon(epsilon)
+        delta = _validate_delta(delta)
+        with self._pool.connection() as conn:
+            try:
+                conn.execute("INSERT INTO dpsql.analysts (name, epsilon_total, delta_total) VALUES (%s, %s, %s)",
+                             (name, epsilon, delta))
+            except psycopg.errors.UniqueViolation:
+                raise InvalidParameter(f'analyst "{name}" already exists',
+                                       f"use `dpsql analyst grant {name} --epsilon E` to top up") from None
+        return self.budget(name)
+
+    def grant(self, name: str, epsilon: float, delta: float = 0.0) -> Budget:
+        epsilon = validate_epsilon(epsilon, allow_zero=True)
+        delta = _validate_delta(delta)
+        with self._pool.connection() as conn:
+            cur = conn.execute("UPDATE dpsql.analysts SET epsilon_total = epsilon_total + %s, "
+                               "delta_total = LEAST(delta_total + %s, 0.999999) WHERE name = %s",
+                               (epsilon, delta, name))
+            if cur.rowcount == 0:
+                raise _unknown(name)
+        return self.budget(name)
+
+    def remove(self, name: str) -> None:
+        with self._pool.connection() as conn:
+            if conn.execute("DELETE FROM dpsql.analysts WHERE name = %s", (name,)).rowcount == 0:
+                raise _unknown(name)
+
+    def set_verifier(self, name: str, verifier: str) -> None:
+        """Store an analyst's password verifier (SCRAM or md5 form; never the password)."""
+        with self._pool.connection() as conn:
+            if conn.execute("UPDATE dpsql.analysts SET password_verifier = %s WHERE name = %s",
+                            (verifier, name)).rowcount == 0:
+                raise _unknown(name)
+
+    def verifier(self, name: str) -> str | None:
+        """The analyst's password verifier; None for an unknown analyst or one without a password."""
+        with self._pool.connection() as conn:
+            row = conn.execute("SELECT password_verifier FROM dpsql.analysts WHERE name = %s", (name,)).fetchone()
+        return row[0] if row else None
+
+    def analysts(self) -> list[Budget]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts ORDER BY name").fetchall()
+        return [Budget(*row) for row in rows]
+
+    def budget(self, name: str) -> Budget:
+        with self._pool.connection() as conn:
+            return _budget(conn, name)
+
+    # --- charges and settings ---------------------------------------------------------------------
+
+    def charge(self, name: str, cost: Cost, query_key: str) -> Budget:
+        """Spend `cost` of the analyst's budget, committed before returning; refuse if it would overspend.
+
+        The new totals are checked in Python (the zCDP conversion is not SQL) and written by one statement
+        that applies only if the analyst's row is still what was read, so two concurrent charges can never
+        both pass on the same remaining budget; the loser re-reads and re-checks."""
+        with self._pool.connection() as conn:
+            for _ in range(MAX_CHARGE_ATTEMPTS):
+                before = _budget(conn, name)  # raises UnknownAnalyst
+                after = before.plus(cost)
+                if not after.within:
+                    raise BudgetExhausted(
+                        f"privacy budget exhausted: the query costs ε={cost.epsilon:g}, δ={cost.delta:g} but "
+                        f'analyst "{name}" has ε={before.epsilon_left:g}, δ={before.delta_left:g} left; nothing '
+                        "was run", "ask a smaller ε (SET dpsql.epsilon / --epsilon), or have an administrator run "
+                        f"`dpsql analyst grant {name} --epsilon E`")
+                written = conn.execute(
+                    "WITH spent AS (UPDATE dpsql.analysts SET epsilon_spent = %(e)s, delta_spent = %(d)s, "
+                    "rho_spent = %(r)s, approx_delta_spent = %(a)s WHERE name = %(n)s AND epsilon_spent = %(e0)s "
+                    "AND delta_spent = %(d0)s AND rho_spent = %(r0)s AND approx_delta_spent = %(a0)s "
+                    "AND epsilon_total = %(et)s AND delta_total = %(dt)s RETURNING name), "
+                    "logged AS (INSERT INTO dpsql.charges (analyst, epsilon, delta, rho, approx_delta, query_key) "
+                    "SELECT name, %(ce)s, %(cd)s, %(cr)s, %(ca)s, %(k)s FROM spent) "
+                    "SELECT name FROM spent",
+                    {"e": after.epsilon_basic, "d": after.delta_basic, "r": after.rho, "a": after.approx_delta,
+                     "n": name, "e0": before.epsilon_basic, "d0": before.delta_basic, "r0": before.rho,
+                     "a0": before.approx_delta, "et": before.epsilon_total, "dt": before.delta_total,
+                     "ce": cost.epsilon, "cd": cost.delta, "cr": cost.rho, "ca": cost.approx_delta,
+                     "k": query_key}).fetchone()
+                if written is not None:
+                    return after
+        raise OperationalError(f'could not record a charge for analyst "{name}": too many concurrent charges',
+                               "retry the query")
+
+    def setting(self, key: str, default_factory) -> str:
+        """A persistent dpsql setting, created once (e.g. the keyed-hash seed)."""
+        with self._pool.connection() as conn:
+            conn.execute("INSERT INTO dpsql.settings (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                         (key, str(default_factory())))
+            return conn.execute("SELECT value FROM dpsql.settings WHERE key = %s", (key,)).fetchone()[0]
+
+
+def _budget(conn: psycopg.Connection, name: str, lock: bool = False) -> Budget:
+    row = conn.execute(f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts WHERE name = %s"
+                       + (" FOR UPDATE" if lock else ""), (name,)).fetchone()
+    if row is None:
+        raise _unknown(name)
+    return Budget(*row)
+
+
+def new_hash_seed() -> int:
+    return secrets.randbits(62)
+
+
+def _validate_delta(delta: Any) -> float:
+    value = validate_epsilon(delta, "delta", allow_zero=True)
+    if value >= 1:
+        raise InvalidParameter(f"delta must be below 1, got {delta!r}")
+    return value
+
+
+def _unknown(name: str) -> UnknownAnalyst:
+    return UnknownAnalyst(f'no analyst named "{name}"', f"create one with `dpsql analyst add {name} --epsilon E`")
