@@ -1,0 +1,91 @@
+"""The privacy schema's model: tables, columns and their declared bounds, the unit and how tables reach it.
+
+Every bound here is declared, never read from the data; the rewrite enforces each one, so a sensitivity
+computed from them holds on every neighbouring database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NUMERIC_TYPES = {"smallint", "integer", "bigint", "real", "double precision", "numeric"}
+INTEGER_TYPES = {"smallint", "integer", "bigint"}
+OTHER_TYPES = {"text", "boolean", "date", "timestamp", "timestamptz"}
+TYPE_ALIASES = {
+    "int": "integer", "int4": "integer", "int2": "smallint", "int8": "bigint", "float": "double precision",
+    "float8": "double precision", "float4": "real", "double": "double precision", "decimal": "numeric",
+    "varchar": "text", "character varying": "text", "string": "text", "bool": "boolean",
+    "timestamp without time zone": "timestamp", "timestamp with time zone": "timestamptz",
+}
+NEIGHBOURING = ("add-remove", "replace")
+MECHANISMS = ("laplace", "gaussian")
+ROW_LEVEL = "row"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    lower: float | None = None
+    upper: float | None = None
+    domain: tuple[Any, ...] | None = None
+    max_frequency: int | None = None
+    unique: bool = False
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.type in NUMERIC_TYPES
+
+    @property
+    def is_integer(self) -> bool:
+        return self.type in INTEGER_TYPES
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None
+
+
+@dataclass(frozen=True)
+class ParentKey:
+    """A private table without the unit column reaches the unit through a parent: each row belongs to the unit
+    of the one parent row whose `key` equals its `column` (the key must be unique in the database)."""
+
+    column: str
+    table: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.column} -> {self.table}.{self.key}"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: dict[str, Column]
+    public: bool = False
+    unit_column: str | None = None  # the column holding the privacy unit's id (None: row-level or public)
+    max_rows_per_unit: int = 1
+    parent: ParentKey | None = None  # for a private table without unit_column: the link towards the unit
+
+
+@dataclass(frozen=True)
+class PrivacySchema:
+    tables: dict[str, Table]
+    unit_table: str | None  # None means row-level privacy: each row of a private table is its own unit
+    unit_column: str | None
+    neighbouring: str = "add-remove"
+    max_groups_per_unit: int = 4
+    mechanism: str = "laplace"  # noise for counts and sums unless the session or query picks another
+    path: str | None = field(default=None, compare=False)
+
+    @property
+    def row_level(self) -> bool:
+        return self.unit_table is None
+
+    def describe_unit(self) -> str:
+        return "each row" if self.row_level else f"{self.unit_table}.{self.unit_column}"
+
+    def sqlglot_schema(self) -> dict[str, dict[str, str]]:
+        """The declared tables in the form `sqlglot.optimizer.qualify` takes."""
+        return {t.name: {c.name: c.type for c in t.columns.values()} for t in self.tables.values()}

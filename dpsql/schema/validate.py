@@ -1,0 +1,215 @@
+"""Validate: a schema's raw settings become the model, or SchemaError lists every problem at once, each naming
+the table and column it concerns (a bound the analysis would rely on is never guessed)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dpsql.errors import SchemaError
+from dpsql.schema.model import (
+    INTEGER_TYPES,
+    MECHANISMS,
+    NEIGHBOURING,
+    NUMERIC_TYPES,
+    OTHER_TYPES,
+    ROW_LEVEL,
+    TYPE_ALIASES,
+    Column,
+    ParentKey,
+    PrivacySchema,
+    Table,
+)
+
+
+def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema:
+    """The schema that `raw` (a parsed TOML document) declares; `source` names it in error messages."""
+    problems: list[str] = []
+    privacy = raw.get("privacy", {})
+    unit = privacy.get("unit")
+    unit_table = unit_column = None
+    if not isinstance(unit, str):
+        problems.append('[privacy] unit is missing: give "table.column" (e.g. "people.person_id") or "row"')
+    elif unit != ROW_LEVEL:
+        if unit.count(".") != 1:
+            problems.append(f'[privacy] unit = "{unit}" must be "table.column" or "row"')
+        else:
+            unit_table, unit_column = unit.split(".")
+    neighbouring = privacy.get("neighbouring", "add-remove")
+    if neighbouring not in NEIGHBOURING:
+        problems.append(f'[privacy] neighbouring = "{neighbouring}" must be one of {", ".join(NEIGHBOURING)}')
+    max_groups = privacy.get("max_groups_per_unit", 4)
+    if not _positive_int(max_groups):
+        problems.append(f"[privacy] max_groups_per_unit = {max_groups!r} must be a whole number >= 1")
+
+    mechanism = privacy.get("mechanism", "laplace")
+    if mechanism not in MECHANISMS:
+        problems.append(f'[privacy] mechanism = "{mechanism}" must be one of {", ".join(MECHANISMS)}')
+
+    raw_tables = raw.get("tables")
+    if not isinstance(raw_tables, dict) or not raw_tables:
+        problems.append("no [tables.NAME] sections: declare at least the table that holds the privacy unit")
+        raw_tables = {}
+    tables = {}
+    for name, spec in raw_tables.items():
+        table = _parse_table(name.lower(), spec, unit_table, unit_column, problems)
+        if table is not None:
+            tables[table.name] = table
+
+    if unit_table is not None and unit_table not in tables:
+        problems.append(f'[privacy] unit names table "{unit_table}", which no [tables.{unit_table}] declares')
+    _check_parents(tables, problems)
+    if unit_table is None and unit == ROW_LEVEL and not any(not t.public for t in tables.values()):
+        problems.append("row-level privacy needs at least one private table")
+    if problems:
+        raise SchemaError(f"privacy schema {source} is invalid:\n  - " + "\n  - ".join(problems),
+                          "fix the lines named above; `dpsql schema check FILE` re-checks the file")
+    return PrivacySchema(tables=tables, unit_table=unit_table, unit_column=unit_column,
+                         neighbouring=neighbouring, max_groups_per_unit=int(max_groups), mechanism=mechanism,
+                         path=source)
+
+
+def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str | None,
+                 problems: list[str]) -> Table | None:
+    where = f"[tables.{name}]"
+    if not isinstance(spec, dict):
+        problems.append(f"{where} must be a table of settings")
+        return None
+    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent"}
+    if unknown:
+        problems.append(f"{where} has unknown settings: {', '.join(sorted(unknown))}")
+    public = spec.get("public", False)
+    if not isinstance(public, bool):
+        problems.append(f"{where} public must be true or false")
+        public = False
+    columns = {}
+    raw_columns = spec.get("columns")
+    if not isinstance(raw_columns, dict) or not raw_columns:
+        problems.append(f"{where} declares no columns: add [tables.{name}.columns]")
+        raw_columns = {}
+    for col_name, col_spec in raw_columns.items():
+        column = _parse_column(f"{name}.{col_name.lower()}", col_name.lower(), col_spec, problems)
+        if column is not None:
+            columns[column.name] = column
+
+    table_unit_column = spec.get("unit_column")
+    max_rows = spec.get("max_rows_per_unit", 1 if name == unit_table else None)
+    parent = _parse_parent(where, spec["parent"], columns, problems) if "parent" in spec else None
+    if public:
+        if table_unit_column is not None or "max_rows_per_unit" in spec or parent is not None:
+            problems.append(f"{where} is public: unit_column, parent and max_rows_per_unit do not apply")
+        return Table(name, columns, public=True)
+    if unit_table is None:  # row-level privacy
+        if table_unit_column is not None or parent is not None:
+            problems.append(f"{where} unit_column and parent do not apply under row-level privacy")
+        if max_rows not in (None, 1):
+            problems.append(f"{where} max_rows_per_unit must be 1 under row-level privacy")
+        return Table(name, columns, unit_column=None, max_rows_per_unit=1)
+    if name == unit_table:
+        table_unit_column = table_unit_column or unit_column
+        if table_unit_column != unit_column:
+            problems.append(f"{where} is the unit table: its unit_column must be {unit_column}")
+    if table_unit_column is not None and parent is not None:
+        problems.append(f"{where} declares both unit_column and parent: a table reaches the unit one way")
+    if table_unit_column is None and parent is None:
+        problems.append(f"{where} is private but has no unit_column: name the column that references "
+                        f"{unit_table}.{unit_column}, give a parent = \"column -> table.key\" through which "
+                        "its rows reach the unit, or mark the table public = true")
+    elif table_unit_column is not None and table_unit_column not in columns:
+        problems.append(f"{where} unit_column {table_unit_column} is not among its declared columns")
+    if not _positive_int(max_rows):
+        problems.append(f"{where} max_rows_per_unit = {max_rows!r}: a private table needs a whole number >= 1 "
+                        "(the most rows one unit may have; rows beyond it are bounded away by the rewrite)")
+        max_rows = 1
+    return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows), parent=parent)
+
+
+def _parse_parent(where: str, spec: Any, columns: dict[str, Column], problems: list[str]) -> ParentKey | None:
+    text = spec if isinstance(spec, str) else ""
+    left, _, right = text.partition("->")
+    table, _, key = right.strip().partition(".")
+    column = left.strip().lower()
+    if not (column and table and key):
+        problems.append(f'{where} parent = {spec!r} must look like "column -> table.key"')
+        return None
+    if column not in columns:
+        problems.append(f"{where} parent column {column} is not among its declared columns")
+    return ParentKey(column, table.strip().lower(), key.strip().lower())
+
+
+def _check_parents(tables: dict[str, Table], problems: list[str]) -> None:
+    """Every parent is a declared private table with the key column, and each chain ends at a unit column."""
+    for table in tables.values():
+        seen, current = {table.name}, table
+        while current.parent is not None:
+            link = current.parent
+            parent = tables.get(link.table)
+            where = f"[tables.{current.name}] parent = \"{link}\""
+            if parent is None or parent.public:
+                problems.append(f"{where}: {link.table} must be a declared private table")
+                break
+            if link.key not in parent.columns:
+                problems.append(f"{where}: {link.table} declares no column {link.key}")
+                break
+            if parent.name in seen:
+                problems.append(f"{where}: the parents of {table.name} form a cycle")
+                break
+            seen.add(parent.name)
+            current = parent
+
+
+def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Column | None:
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict):
+        problems.append(f"column {where} must be a type name or a table like {{ type = \"integer\" }}")
+        return None
+    unknown = set(spec) - {"type", "lower", "upper", "domain", "max_frequency", "unique"}
+    if unknown:
+        problems.append(f"column {where} has unknown settings: {', '.join(sorted(unknown))}")
+    raw_type = str(spec.get("type", "")).strip().lower()
+    col_type = TYPE_ALIASES.get(raw_type, raw_type)
+    if col_type not in NUMERIC_TYPES | OTHER_TYPES:
+        problems.append(f"column {where} has type {raw_type!r}; supported: "
+                        + ", ".join(sorted(NUMERIC_TYPES | OTHER_TYPES)))
+        return None
+    lower, upper = spec.get("lower"), spec.get("upper")
+    if (lower is None) != (upper is None):
+        problems.append(f"column {where} declares only one of lower/upper: declare both")
+        lower = upper = None
+    if lower is not None:
+        if col_type not in NUMERIC_TYPES:
+            problems.append(f"column {where} has bounds but type {col_type} is not numeric")
+        elif not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                     for v in (lower, upper)):
+            problems.append(f"column {where} bounds must be finite numbers")
+        elif lower > upper:
+            problems.append(f"column {where} has lower {lower} > upper {upper}")
+        elif max(abs(lower), abs(upper)) > 1e12:
+            problems.append(f"column {where} bounds beyond ±1e12 are not supported (noise would swamp any answer)")
+        elif col_type in INTEGER_TYPES and math.ceil(lower) > math.floor(upper):
+            # the clamp keeps integers inside [lower, upper]; with none there it could only leave the range
+            problems.append(f"column {where} is an integer column whose bounds [{lower}, {upper}] hold no integer")
+    domain = spec.get("domain")
+    if domain is not None:
+        if not isinstance(domain, list) or not domain:
+            problems.append(f"column {where} domain must be a non-empty list of values")
+            domain = None
+        elif len(set(domain)) != len(domain):
+            problems.append(f"column {where} domain lists a value twice")
+        else:
+            domain = tuple(domain)
+    max_frequency = spec.get("max_frequency")
+    if max_frequency is not None and not _positive_int(max_frequency):
+        problems.append(f"column {where} max_frequency must be a whole number >= 1")
+        max_frequency = None
+    unique = spec.get("unique", False)
+    if not isinstance(unique, bool):
+        problems.append(f"column {where} unique must be true or false")
+        unique = False
+    return Column(name, col_type, None if lower is None else float(lower), None if upper is None else float(upper),
+                  domain, max_frequency, unique)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
