@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.analysis import joins as join_rules
 from dpsql.analysis import public_joins, relations, semijoins, stability, units
 from dpsql.analysis.expressions import clamp_to
+from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, Table
@@ -112,7 +112,7 @@ def _row_level_groups(scope: Scope, alias: str, group: list[exp.Expression]) -> 
     if scope.semijoins:
         raise UnsupportedQuery(f"subquery {alias} may not contain subqueries", "move them to the outer query")
     key = group[0]
-    joined = join_rules.join_stability(scope, scope.joins, scope.equalities, [], key)
+    joined = join_stability(scope, scope.joins, scope.equalities, [], key)
     rows = joined.frequencies.get(f"{key.table}.{key.name}")
     if rows is None:
         scope.frequency(scope.aliases[key.table], key)  # raises: how many rows share a group is undeclared

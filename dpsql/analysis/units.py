@@ -20,8 +20,8 @@ import math
 
 from sqlglot import exp
 
-from dpsql.analysis import joins as join_rules
 from dpsql.analysis import public_joins, semijoins
+from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import Table
@@ -34,7 +34,7 @@ def bound_rows(scope: Scope) -> None:
         semijoins.check(scope)
         k, unit, fast, outer, determined = scope.stability, None, True, False, set()
     elif _rows_of_several_units(scope):
-        k = join_rules.join_stability(scope, scope.joins, scope.equalities, scope.semijoins).stability
+        k = join_stability(scope, scope.joins, scope.equalities, scope.semijoins).stability
         unit, fast, outer, determined = None, True, False, set()
     else:
         fanout, determined, verified = public_joins.fanout(scope, scope.equalities, scope.private)
