@@ -245,8 +245,8 @@ def main() -> None:
     entries.sort(key=lambda e: (e["schema"], e["sql"], json.dumps(e, sort_keys=True)))
     for entry in entries:
         entry["expected"] = replay({**entry, "schema": by_name[entry["schema"]]})
-    with gzip.open(CORPUS, "wt", encoding="utf-8", compresslevel=9) as out:
-        json.dump({"schemas": by_name, "entries": entries}, out, indent=1, sort_keys=True)
+    text = json.dumps({"schemas": by_name, "entries": entries}, indent=1, sort_keys=True)
+    CORPUS.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))  # same input, same bytes
     errors = sum("error" in e["expected"] for e in entries)
     print(f"{len(entries)} queries ({errors} refused) over {len(by_name)} schemas -> {CORPUS.relative_to(ROOT)}")
 
