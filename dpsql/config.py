@@ -31,12 +31,17 @@ class Settings:
     delta: float = 1e-6  # δ of one query that needs DP partition selection
     selection_share: float = 0.5  # part of a query's ε spent on partition selection, when it needs it
     statement_timeout_ms: int = 30_000
+    connect_timeout_s: float = 10.0  # wait for a working PostgreSQL connection this long, then fail (08006, no charge)
     max_groups_per_unit: int | None = None  # overrides the schema's bound when set
     # `dpsql serve`
     listen: str = "127.0.0.1:6543"  # HOST:PORT of the wire-protocol port
     auth: str = "scram-sha-256"  # scram-sha-256 | md5 | password (cleartext, only with TLS)
     tls_cert: str | None = None  # PEM certificate; with tls_key, clients may (and with auth=password must) use TLS
     tls_key: str | None = None
+    max_client_connections: int = 100  # clients past it are refused with 53300; size PostgreSQL's max_connections
+    #                                     for this many shadow sessions plus dpsql's own pools (16 per process)
+    idle_session_timeout_s: float = 0.0  # close a client silent this long outside a transaction (0: never)
+    idle_in_transaction_session_timeout_s: float = 0.0  # the same inside a BEGIN block (0: never)
     shadow_database: str | None = None  # postgresql:// URL of the data-free catalog copy; default: created
 
 

@@ -61,12 +61,17 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         if self.keep:
             return
+        self.halt()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def halt(self) -> None:
+        """Stop PostgreSQL (a fast shutdown: sessions are terminated) and keep its data; `start()` brings it back
+        on the same socket, as an operator's restart would."""
         if self._server is not None:
             self._server.cleanup()
         elif self._pg_ctl is not None:
             subprocess.run([self._pg_ctl, "-D", str(self.data_dir / "pgdata"), "-m", "fast", "stop"],
                            check=False, capture_output=True)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> str:
         return self.start()

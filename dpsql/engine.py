@@ -3,8 +3,10 @@
     check (parse, bind, refuse, qualify) -> analyze -> rewrite -> calibrate -> charge -> execute -> noise
     -> post-process
 
-The charge is committed before the rewritten query runs; an answer already released to the same analyst
-for the same canonical query, parameters and ε is returned from the cache at no cost.
+The charge is committed before the rewritten query runs, and only once a working connection to PostgreSQL is
+in hand (if none can be had, nothing is charged). An answer already released to the same analyst for the same
+canonical query, parameters and ε is returned from the cache at no cost; identical queries sent at once wait
+for each other (an advisory lock, across processes too), so they are charged once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dpsql.accounting import Budget, Ledger, new_hash_seed
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
 from dpsql.backends import Cancellation, PostgresBackend
+from dpsql.backends.postgres import BackendSession
 from dpsql.config import Settings
 from dpsql.errors import ConfigError, InvalidParameter
 from dpsql.noise import Calibration, add_noise, calibrate
@@ -87,8 +90,9 @@ class Engine:
                 raise ConfigError("no privacy schema given", "pass --schema FILE or set DPSQL_SCHEMA")
             schema = load_schema(settings.schema)
         self.settings, self.schema = settings, schema
-        self.backend = PostgresBackend(settings.database, settings.statement_timeout_ms)
-        self.ledger = Ledger(settings.database)
+        self.backend = PostgresBackend(settings.database, settings.statement_timeout_ms,
+                                       connect_wait=settings.connect_timeout_s)
+        self.ledger = Ledger(settings.database, connect_wait=settings.connect_timeout_s)
         self._unique = self.backend.unique_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
@@ -138,12 +142,20 @@ class Engine:
         prepared = self.prepare(sql, params, epsilon, options)
         noisy = [output.noisy for output in prepared.plan.outputs]
         stored = self.ledger.answers.get(analyst, prepared.key)
-        if stored is not None:
-            return _decode(stored, cached=True, budget=self.ledger.budget(analyst), noisy=noisy)
+        if stored is None:
+            with self.backend.session(cancel) as backend:  # a working connection before anything is charged
+                backend.hold(f"dpsql answer {analyst} {prepared.key}")  # identical queries run one at a time
+                stored = self.ledger.answers.get(analyst, prepared.key)  # and the later ones find this answer
+                if stored is None:
+                    return self._answer(analyst, prepared, backend, noisy)
+        return _decode(stored, cached=True, budget=self.ledger.budget(analyst), noisy=noisy)
+
+    def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession, noisy: list[bool]) -> Answer:
+        """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key)
-        rows = self.backend.execute(prepared.rewritten.sql, cancel)
-        histograms = {name: self.backend.execute(sql, cancel) for name, sql in prepared.rewritten.histograms.items()}
+        rows = backend.run(prepared.rewritten.sql)
+        histograms = {name: backend.run(sql) for name, sql in prepared.rewritten.histograms.items()}
         groups = add_noise(prepared.plan, cost, rows, histograms)
         result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)

@@ -123,6 +123,14 @@ class BackendError(OperationalError):
     sqlstate = "XX000"
 
 
+class BackendUnavailable(OperationalError):
+    """No working connection to PostgreSQL (a restart, a network fault, pools exhausted): nothing ran and nothing
+    was charged, so the query can simply be retried."""
+
+    code = "DP013"
+    sqlstate = "08006"
+
+
 class QueryTimeout(OperationalError):
     code = "DP009"
     sqlstate = "57014"

@@ -17,14 +17,16 @@ from tests.conftest import DEMO_SCHEMA, PEOPLE
 @pytest.fixture
 def backend_calls(engine, monkeypatch):
     """Counts the statements the engine sends to PostgreSQL (the real backend still runs them)."""
+    from dpsql.backends.postgres import BackendSession
+
     calls: list[str] = []
-    real = engine.backend.execute
+    real = BackendSession.run
 
-    def counting(sql: str, cancel=None):
+    def counting(session, sql: str):
         calls.append(sql)
-        return real(sql, cancel)
+        return real(session, sql)
 
-    monkeypatch.setattr(engine.backend, "execute", counting)
+    monkeypatch.setattr(BackendSession, "run", counting)
     return calls
 
 

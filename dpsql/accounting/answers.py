@@ -16,6 +16,8 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from dpsql.backends.postgres import pooled
+
 MEMO_SIZE = 4096  # answers kept in memory; the dpsql.answers table stays the record
 
 
@@ -31,14 +33,14 @@ class AnswerCache:
             if (analyst, key) in self._memo:
                 self._memo.move_to_end((analyst, key))
                 return self._memo[(analyst, key)]
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             row = conn.execute("SELECT answer FROM dpsql.answers WHERE analyst = %s AND query_key = %s",
                                (analyst, key)).fetchone()
         return None if row is None else self._remember(analyst, key, row[0])
 
     def keep(self, analyst: str, key: str, answer: dict) -> dict:
         """Keep the first answer released for this query; return whichever answer is stored."""
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             row = conn.execute("INSERT INTO dpsql.answers (analyst, query_key, answer) VALUES (%s, %s, %s) "
                                "ON CONFLICT DO NOTHING RETURNING answer",
                                (analyst, key, Jsonb(answer, dumps=_dumps))).fetchone()

@@ -12,10 +12,10 @@ import secrets
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
 from dpsql.accounting.answers import AnswerCache
 from dpsql.accounting.budget import Budget, Cost, validate_epsilon
+from dpsql.backends.postgres import CONNECT_WAIT, checked_pool, pooled
 from dpsql.errors import BudgetExhausted, InvalidParameter, OperationalError, UnknownAnalyst
 
 DDL = """
@@ -69,10 +69,9 @@ MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race t
 BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
 
 class Ledger:
-    def __init__(self, conninfo: str, max_connections: int = 8):
-        self._pool = ConnectionPool(conninfo, min_size=1, max_size=max_connections, open=True,
-                                    kwargs={"autocommit": True})
-        with self._pool.connection() as conn:
+    def __init__(self, conninfo: str, max_connections: int = 8, connect_wait: float = CONNECT_WAIT):
+        self._pool = checked_pool(conninfo, max_connections, wait=connect_wait)
+        with pooled(self._pool) as conn:
             conn.add_notice_handler(lambda notice: None)
             conn.execute("SELECT pg_advisory_lock(712001)")
             try:
@@ -89,7 +88,7 @@ class Ledger:
     def add_analyst(self, name: str, epsilon: float, delta: float) -> Budget:
         epsilon = validate_epsilon(epsilon)
         delta = _validate_delta(delta)
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             try:
                 conn.execute("INSERT INTO dpsql.analysts (name, epsilon_total, delta_total) VALUES (%s, %s, %s)",
                              (name, epsilon, delta))
@@ -101,7 +100,7 @@ class Ledger:
     def grant(self, name: str, epsilon: float, delta: float = 0.0) -> Budget:
         epsilon = validate_epsilon(epsilon, allow_zero=True)
         delta = _validate_delta(delta)
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             cur = conn.execute("UPDATE dpsql.analysts SET epsilon_total = epsilon_total + %s, "
                                "delta_total = LEAST(delta_total + %s, 0.999999) WHERE name = %s",
                                (epsilon, delta, name))
@@ -110,30 +109,30 @@ class Ledger:
         return self.budget(name)
 
     def remove(self, name: str) -> None:
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             if conn.execute("DELETE FROM dpsql.analysts WHERE name = %s", (name,)).rowcount == 0:
                 raise _unknown(name)
 
     def set_verifier(self, name: str, verifier: str) -> None:
         """Store an analyst's password verifier (SCRAM or md5 form; never the password)."""
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             if conn.execute("UPDATE dpsql.analysts SET password_verifier = %s WHERE name = %s",
                             (verifier, name)).rowcount == 0:
                 raise _unknown(name)
 
     def verifier(self, name: str) -> str | None:
         """The analyst's password verifier; None for an unknown analyst or one without a password."""
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             row = conn.execute("SELECT password_verifier FROM dpsql.analysts WHERE name = %s", (name,)).fetchone()
         return row[0] if row else None
 
     def analysts(self) -> list[Budget]:
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             rows = conn.execute(f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts ORDER BY name").fetchall()
         return [Budget(*row) for row in rows]
 
     def budget(self, name: str) -> Budget:
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             return _budget(conn, name)
 
     # --- charges and settings ---------------------------------------------------------------------
@@ -144,7 +143,7 @@ class Ledger:
         The new totals are checked in Python (the zCDP conversion is not SQL) and written by one statement
         that applies only if the analyst's row is still what was read, so two concurrent charges can never
         both pass on the same remaining budget; the loser re-reads and re-checks."""
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             for _ in range(MAX_CHARGE_ATTEMPTS):
                 before = _budget(conn, name)  # raises UnknownAnalyst
                 after = before.plus(cost)
@@ -174,7 +173,7 @@ class Ledger:
 
     def setting(self, key: str, default_factory) -> str:
         """A persistent dpsql setting, created once (e.g. the keyed-hash seed)."""
-        with self._pool.connection() as conn:
+        with pooled(self._pool) as conn:
             conn.execute("INSERT INTO dpsql.settings (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                          (key, str(default_factory())))
             return conn.execute("SELECT value FROM dpsql.settings WHERE key = %s", (key,)).fetchone()[0]

@@ -12,21 +12,27 @@ unit's rows made the query slow or made it fail, the analyst sees one outcome. V
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpsql.errors import BackendError, ConfigError, QueryCancelled
+from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled
 
 log = logging.getLogger("dpsql.backend")
 WORK_MEM = "128MB"
 FAILED = ("PostgreSQL did not finish the query: it failed or ran past the statement timeout (which of the two, and "
           "why, is withheld: either can depend on the data)")
+CONNECT_WAIT = 10.0  # seconds to wait for a working connection (a PostgreSQL restart takes a few)
+UNAVAILABLE = "dpsql cannot reach PostgreSQL right now; the query did not run"
+UNAVAILABLE_HINT = "retry in a moment; if it persists, ask the operator whether the database is up"
 FAILED_HINT = ("check that the privacy schema matches the database's tables and types, simplify the query, or ask "
                "the operator for a longer statement_timeout")
 
@@ -45,6 +51,32 @@ def _text_on_failure(loader: type[Loader]) -> type[Loader]:
 
 SAFE_LOADERS = {"date": _text_on_failure(DateLoader), "timestamp": _text_on_failure(TimestampLoader),
                 "timestamptz": _text_on_failure(TimestamptzLoader)}
+
+
+def checked_pool(conninfo: str, max_size: int, configure: Callable[[psycopg.Connection], None] | None = None,
+                 wait: float = CONNECT_WAIT) -> ConnectionPool:
+    """A pool whose connections are checked (one empty round trip) each time one is handed out, so that after a
+    PostgreSQL restart or a terminated backend the pool replaces dead connections instead of handing them on."""
+    return ConnectionPool(conninfo, min_size=1, max_size=max_size, open=True, configure=configure,
+                          check=ConnectionPool.check_connection, timeout=wait,
+                          kwargs={"autocommit": True})
+
+
+@contextmanager
+def pooled(pool: ConnectionPool) -> Iterator[psycopg.Connection]:
+    """A working connection of `pool`; BackendUnavailable when there is none (PostgreSQL down or restarting)."""
+    try:
+        conn = pool.getconn()
+    except (PoolTimeout, psycopg.OperationalError) as exc:
+        log.warning("no working connection to PostgreSQL: %s", exc)
+        raise BackendUnavailable(UNAVAILABLE, UNAVAILABLE_HINT) from None
+    try:
+        yield conn
+    except psycopg.OperationalError as exc:  # the connection broke while in use (statements raise dpsql errors)
+        log.warning("lost a connection to PostgreSQL: %s", exc)
+        raise BackendUnavailable(UNAVAILABLE, UNAVAILABLE_HINT) from None
+    finally:
+        pool.putconn(conn)
 
 
 class Cancellation:
@@ -73,7 +105,8 @@ class Cancellation:
 
 
 class PostgresBackend:
-    def __init__(self, conninfo: str, statement_timeout_ms: int = 30_000, max_connections: int = 8):
+    def __init__(self, conninfo: str, statement_timeout_ms: int = 30_000, max_connections: int = 8,
+                 connect_wait: float = CONNECT_WAIT):
         self._timeout = int(statement_timeout_ms)
         try:
             with psycopg.connect(conninfo, connect_timeout=10):
@@ -82,8 +115,7 @@ class PostgresBackend:
             raise ConfigError(f"cannot connect to the database: {type(exc).__name__}",
                               "check --database / DPSQL_DATABASE (a postgresql:// URL) and that the server runs"
                               ) from None
-        self._pool = ConnectionPool(conninfo, min_size=1, max_size=max_connections, open=True,
-                                    configure=self._configure, kwargs={"autocommit": True})
+        self._pool = checked_pool(conninfo, max_connections, self._configure, connect_wait)
 
     def _configure(self, conn: psycopg.Connection) -> None:
         # every statement is its own read-only transaction: one round trip per query, nothing can write
@@ -95,23 +127,22 @@ class PostgresBackend:
         conn.execute(f"SET default_transaction_read_only = on; SET statement_timeout = {self._timeout}; "
                      f"SET jit = off; SET work_mem = '{WORK_MEM}'")
 
+    @contextmanager
+    def session(self, cancel: Cancellation | None = None) -> Iterator[BackendSession]:
+        """A working connection, in hand before anything is charged: if PostgreSQL cannot be reached this raises
+        BackendUnavailable and nothing was spent. What then fails while a statement runs keeps its charge (the
+        statement may have read the data) and gives DP008."""
+        with pooled(self._pool) as conn:
+            session = BackendSession(conn, cancel)
+            try:
+                yield session
+            finally:
+                session.release()
+
     def execute(self, sql: str, cancel: Cancellation | None = None) -> list[tuple[Any, ...]]:
         """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
-        try:
-            with self._pool.connection() as conn, conn.cursor() as cur:
-                if cancel is not None:
-                    cancel.attach(conn)
-                try:
-                    cur.execute(sql, prepare=False)
-                    return cur.fetchall()
-                finally:
-                    if cancel is not None:
-                        cancel.attach(None)
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.errors.QueryCanceled) and cancel is not None and cancel.cancelled:
-                raise QueryCancelled("canceling statement due to user request") from None
-            log.warning("backend query failed: %s: %s", type(exc).__name__, exc)
-            raise BackendError(FAILED, FAILED_HINT) from None
+        with self.session(cancel) as session:
+            return session.run(sql)
 
     def unique_columns(self) -> frozenset[tuple[str, str]]:
         """(table, column) pairs that a single-column primary key or unique index guarantees (catalog only). An
@@ -129,3 +160,60 @@ class PostgresBackend:
 
     def close(self) -> None:
         self._pool.close()
+
+
+class BackendSession:
+    """One connection of the backend's pool, held for one answer: its statements, and a lock that makes identical
+    queries wait for each other (see `hold`)."""
+
+    def __init__(self, conn: psycopg.Connection, cancel: Cancellation | None):
+        self._conn, self._cancel, self._locked = conn, cancel, False
+
+    def run(self, sql: str) -> list[tuple[Any, ...]]:
+        """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
+        try:
+            return self._rows(sql)
+        except psycopg.Error as exc:
+            raise self._failure(exc) from None
+
+    def hold(self, name: str) -> None:
+        """Wait until no other session (of this process or another on the same database) holds `name`, then hold it
+        until this session ends: a session-level advisory lock, so two identical queries of one analyst run one
+        after the other and the second finds the first's answer in the cache. Nothing is charged yet, so a
+        connection lost here is BackendUnavailable."""
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        try:
+            self._rows(f"SELECT pg_advisory_lock({key})")
+        except psycopg.Error as exc:
+            if self._conn.broken:
+                log.warning("lost a connection to PostgreSQL: %s", exc)
+                raise BackendUnavailable(UNAVAILABLE, UNAVAILABLE_HINT) from None
+            raise self._failure(exc) from None
+        self._locked = True
+
+    def _rows(self, sql: str) -> list[tuple[Any, ...]]:
+        cancel = self._cancel
+        with self._conn.cursor() as cur:
+            if cancel is not None:
+                cancel.attach(self._conn)
+            try:
+                cur.execute(sql, prepare=False)
+                return cur.fetchall()
+            finally:
+                if cancel is not None:
+                    cancel.attach(None)
+
+    def _failure(self, exc: psycopg.Error) -> Exception:
+        if isinstance(exc, psycopg.errors.QueryCanceled) and self._cancel is not None and self._cancel.cancelled:
+            return QueryCancelled("canceling statement due to user request")
+        log.warning("backend query failed: %s: %s", type(exc).__name__, exc)
+        return BackendError(FAILED, FAILED_HINT)
+
+    def release(self) -> None:
+        if self._locked and not self._conn.broken:
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock_all()")
+            except psycopg.Error:
+                log.warning("could not release an advisory lock; the connection is closed instead")
+                self._conn.close()
+        self._locked = False

@@ -3,6 +3,12 @@
 The protocol is a sans-IO state machine (`protocol.Conversation` over `codec`); this module is the thin
 asyncio layer around it: it reads bytes, hands them to the conversation on a worker thread (the engine and
 the shadow database are blocking), writes the reply, upgrades to TLS and forwards CancelRequests.
+
+Every resource a client can make the server hold is bounded: at most `max_clients` connections (past it a
+login gets PostgreSQL's 53300), the whole login within LOGIN_TIMEOUT, messages before login within
+PostgreSQL's sizes, idle sessions within the configured timeouts. Statements run on a pool of one worker per
+allowed client, and logins, cancels and closes on a pool of their own, so slow statements never hold up
+another client's login or CancelRequest.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from dpsql.server.shadow import create_shadow
 
 log = logging.getLogger("dpsql.server")
 READ_SIZE = 256 * 1024
-WORKERS = 64
-LOGIN_TIMEOUT = 60.0  # seconds a connection may take to log in (PostgreSQL's authentication_timeout)
+LOGIN_WORKERS = 16  # logins, cancels and closes: short, and never behind a statement
+LOGIN_TIMEOUT = 60.0  # seconds a connection may take to log in, in all (PostgreSQL's authentication_timeout)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,8 @@ class Server:
     """One listening socket; `await start()`, then `await serve_forever()` or `await close()`."""
 
     def __init__(self, gateway: Gateway, listen: ListenAddress, *, auth_method: str = "scram-sha-256",
-                 tls: ssl.SSLContext | None = None):
+                 tls: ssl.SSLContext | None = None, max_clients: int = 100, idle_timeout: float = 0.0,
+                 idle_in_transaction_timeout: float = 0.0, login_timeout: float = LOGIN_TIMEOUT):
         if auth_method not in METHODS:
             raise ConfigError(f'unknown auth method "{auth_method}"', f"use one of {', '.join(METHODS)}")
         if auth_method == "password" and tls is None:
@@ -72,7 +79,11 @@ class Server:
         self.gateway, self.listen, self.auth_method, self.tls = gateway, listen, auth_method, tls
         self._ids = itertools.count(1000)
         self._conversations: dict[int, Conversation] = {}
-        self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="dpsql-client")
+        self.max_clients, self.login_timeout = max_clients, login_timeout
+        self.idle_timeout, self.idle_in_transaction_timeout = idle_timeout, idle_in_transaction_timeout
+        # a client runs one statement at a time, so one worker per allowed client means no statement ever waits
+        self._executor = ThreadPoolExecutor(max_clients, thread_name_prefix="dpsql-statement")
+        self._login_executor = ThreadPoolExecutor(LOGIN_WORKERS, thread_name_prefix="dpsql-login")
         self._server: asyncio.base_events.Server | None = None
         self.port = listen.port
 
@@ -89,38 +100,55 @@ class Server:
             self._server.close()
             await self._server.wait_closed()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._login_executor.shutdown(wait=False, cancel_futures=True)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         process_id = next(self._ids)
         conversation = Conversation(self.gateway, process_id=process_id, secret=secrets.token_bytes(4),
-                                    auth_method=self.auth_method, tls_available=self.tls is not None)
-        self._conversations[process_id] = conversation
+                                    auth_method=self.auth_method, tls_available=self.tls is not None,
+                                    admitted=len(self._conversations) < self.max_clients)
+        if conversation.admitted:
+            self._conversations[process_id] = conversation
+        login_deadline = loop.time() + self.login_timeout
         try:
             while True:
                 logging_in = conversation.session is None
-                data = await asyncio.wait_for(reader.read(READ_SIZE), LOGIN_TIMEOUT if logging_in else None)
+                timeout = max(login_deadline - loop.time(), 0.0) if logging_in else self._idle_timeout(conversation)
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_SIZE), timeout)
+                except TimeoutError:
+                    if not logging_in:  # PostgreSQL's idle timeouts end the session with a FATAL
+                        writer.write(conversation.idle_timeout())
+                        await writer.drain()
+                    raise
                 if not data:
                     break
-                output = await loop.run_in_executor(self._executor, conversation.receive, data)
+                executor = self._login_executor if logging_in else self._executor
+                output = await loop.run_in_executor(executor, conversation.receive, data)
                 if output.data:
                     writer.write(output.data)
                     await writer.drain()
                 if output.cancel is not None:
-                    await loop.run_in_executor(self._executor, self._cancel, *output.cancel)
+                    await loop.run_in_executor(self._login_executor, self._cancel, *output.cancel)
                 if output.start_tls:
                     await writer.start_tls(self.tls)
                     conversation.tls_started()
                 if output.close:
                     break
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError) as exc:
-            log.info("client %d: connection lost: %s", process_id, exc)
+            log.info("client %d: connection lost: %s", process_id, exc or type(exc).__name__)
         finally:
             self._conversations.pop(process_id, None)
-            await loop.run_in_executor(self._executor, conversation.close)
+            await loop.run_in_executor(self._login_executor, conversation.close)
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError):
                 await writer.wait_closed()
+
+    def _idle_timeout(self, conversation: Conversation) -> float | None:
+        """How long a logged-in client may stay silent (None: for ever), by its transaction status."""
+        seconds = self.idle_in_transaction_timeout if conversation.status != "I" else self.idle_timeout
+        return seconds or None
 
     def _cancel(self, process_id: int, secret: bytes) -> None:
         """A CancelRequest: stop that connection's running query if the key matches; never reply."""
@@ -139,7 +167,9 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
         shadow_url, role = create_shadow(settings.database, engine.schema, settings.shadow_database)
         gateway = Gateway(engine, shadow_url, role)
         server = Server(gateway, parse_listen(listen or settings.listen), auth_method=settings.auth,
-                        tls=tls_context(settings))
+                        tls=tls_context(settings), max_clients=settings.max_client_connections,
+                        idle_timeout=settings.idle_session_timeout_s,
+                        idle_in_transaction_timeout=settings.idle_in_transaction_session_timeout_s)
     except BaseException:
         engine.close()
         raise

@@ -20,6 +20,8 @@ SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 CANCEL_REQUEST = 80877102
 MAX_MESSAGE = 64 * 1024 * 1024  # a client message longer than this is refused as a protocol violation
+MAX_STARTUP_PACKET = 10_000  # PostgreSQL's MAX_STARTUP_PACKET_LENGTH: the most a client sends before its login
+MAX_AUTH_MESSAGE = 65_535  # PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH: a password or SASL message
 
 # type OIDs dpsql encodes itself; everything else travels as PostgreSQL's own text
 BOOL, BYTEA, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 19, 20, 21, 23, 25, 26
@@ -141,6 +143,7 @@ class FrontendDecoder:
     def __init__(self) -> None:
         self._buffer = bytearray()
         self.expect_startup = True
+        self.max_message = MAX_AUTH_MESSAGE  # until login; then MAX_MESSAGE (the conversation raises it)
 
     def feed(self, data: bytes) -> None:
         self._buffer += data
@@ -156,7 +159,8 @@ class FrontendDecoder:
             return None
         start = header - 4
         (length,) = struct.unpack_from("!i", self._buffer, start)
-        if length < 4 or length > MAX_MESSAGE:
+        limit = MAX_STARTUP_PACKET if self.expect_startup else self.max_message
+        if length < 4 or length > limit:  # refused on the header, before the body is buffered
             raise ProtocolViolation(f"invalid message length {length}")
         end = start + length
         if len(self._buffer) < end:

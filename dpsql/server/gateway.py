@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -24,10 +25,11 @@ from dpsql.server import codec
 from dpsql.server.codec import Column, Notice
 from dpsql.server.protocol import Description, Outcome, StatementError
 from dpsql.server.routing import Route, route
-from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError
+from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError, ShadowLost
 from dpsql.server.statements import CACHED_TEXT, Statement
 from dpsql.session import Options, SessionCommand, show_value
 
+log = logging.getLogger("dpsql.server")
 DESCRIBED_CACHE_SIZE = 256
 ROUTES_CACHE_SIZE = 1024
 NOTICE_ROWS = 10  # rows whose confidence intervals the NOTICE after an answer lists
@@ -53,7 +55,10 @@ class Gateway:
             probe.close()
 
     def verifier(self, user: str) -> str | None:
-        return self.engine.ledger.verifier(user)
+        try:
+            return self.engine.ledger.verifier(user)
+        except Error as exc:  # the ledger is out of reach: the login fails with PostgreSQL's SQLSTATE for it
+            raise StatementError(Notice("FATAL", exc.sqlstate, exc.message, exc.hint)) from None
 
     def open_session(self, user: str, database: str, parameters: dict[str, str]) -> ClientSession:
         return ClientSession(self, user, parameters.get("application_name", ""))
@@ -222,6 +227,14 @@ class ClientSession:
             raise StatementError(Notice("ERROR", exc.sqlstate, exc.message, exc.hint)) from None
         except ShadowError as exc:
             raise StatementError(exc.notice) from None
+        except ShadowLost as exc:  # the next statement opens a new connection; this one did not run
+            self.close()
+            raise StatementError(Notice("ERROR", "08006", f"dpsql: {exc}; the statement did not run",
+                                        "retry; settings changed with SET in this session were reset")) from None
+        except Exception:  # a dpsql bug: this statement fails, the client's session goes on
+            log.exception("internal error in a statement")
+            raise StatementError(Notice("ERROR", "XX000", "internal error in dpsql; the statement did not complete",
+                                        "the server log has the details")) from None
 
 
 def _columns(answer: Answer) -> list[Column]:

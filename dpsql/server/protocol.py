@@ -97,8 +97,9 @@ class _Portal:
 
 class Conversation:
     def __init__(self, host: Host, *, process_id: int, secret: bytes, auth_method: str = "scram-sha-256",
-                 tls_available: bool = False):
+                 tls_available: bool = False, admitted: bool = True):
         self.host, self.process_id, self.secret = host, process_id, secret
+        self.admitted = admitted  # False past the server's connection limit: the login is refused (53300)
         self.auth_method, self.tls_available, self.tls_active = auth_method, tls_available, False
         self.session: HostSession | None = None
         self.user = ""
@@ -135,6 +136,14 @@ class Conversation:
         self._out.clear()
         output.close = output.close or self._phase == "closed"
         return output
+
+    def idle_timeout(self) -> bytes:
+        """The FATAL that PostgreSQL sends when a session stayed idle too long; the conversation ends."""
+        in_transaction = self.status != "I"
+        notice = Notice(FATAL, "25P03" if in_transaction else "57P05",
+                        "terminating connection due to idle-in-transaction timeout" if in_transaction
+                        else "terminating connection due to idle-session timeout")
+        return codec.error_message(notice)
 
     def tls_started(self) -> None:
         self.tls_active = True
@@ -200,11 +209,16 @@ class Conversation:
         if startup.version != codec.PROTOCOL_3_0 or protocol_options:
             self._send(codec.negotiate_version_message(0, protocol_options))
         self.user = startup.parameters.get("user", "")
+        if not self.admitted:
+            return self._fatal("53300", "sorry, too many clients already")
         if not self.user:
             return self._fatal("28000", "no PostgreSQL user name specified in startup packet")
         self._startup = startup
         self._phase = "auth"
-        verifier = self.host.verifier(self.user)
+        try:
+            verifier = self.host.verifier(self.user)
+        except StatementError as exc:  # e.g. the ledger is out of reach
+            return self._fatal(exc.notice.sqlstate, exc.notice.message, exc.notice.hint)
         if self.auth_method == "password":
             if not self.tls_active:
                 return self._fatal("28000", "dpsql accepts cleartext passwords only over TLS",
@@ -239,6 +253,8 @@ class Conversation:
                 raise auth.AuthenticationFailed("wrong password")
         except auth.AuthenticationFailed:
             return self._fatal("28P01", f'password authentication failed for user "{self.user}"')
+        except (ValueError, UnicodeError):  # what PostgreSQL says of a SCRAM message it cannot read
+            return self._fatal("08P01", "malformed SCRAM message")
         self._logged_in()
 
     def _logged_in(self) -> None:
@@ -255,6 +271,7 @@ class Conversation:
         self._send(codec.backend_key_message(self.process_id, self.secret))
         self._send(codec.ready_message("I"))
         self._phase = "ready"
+        self._decoder.max_message = codec.MAX_MESSAGE
 
     # --- simple query ------------------------------------------------------------------------------------
 
@@ -431,6 +448,8 @@ class Conversation:
         for data, fmt, type_oid in zip(message.params, formats, prepared.param_types, strict=True):
             try:
                 params.append(None if data is None else codec.decode_value(data, type_oid, fmt == 1))
+            except OverflowError:  # a binary date or timestamp beyond what dpsql can represent
+                raise error("22008", "date/timestamp parameter out of range") from None
             except ValueError as exc:
                 raise error("22P02", f"invalid parameter value: {exc}") from None
         columns = prepared.columns or []

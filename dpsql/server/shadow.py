@@ -98,12 +98,21 @@ class ShadowError(Exception):
         self.notice = notice
 
 
+class ShadowLost(Exception):
+    """The connection to the shadow database is gone or could not be opened (PostgreSQL restarted, the backend was
+    terminated): the statement did not run; the next one opens a new connection."""
+
+
 class ShadowConnection:
     """One client's session in the shadow database (its SET commands persist in it)."""
 
     def __init__(self, url: str, role: str | None, application_name: str = "", statement_timeout_ms: int = 30_000):
-        self._conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8",
-                                     application_name=application_name[:63])
+        try:
+            self._conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8", connect_timeout=10,
+                                         application_name=application_name[:63])
+        except psycopg.OperationalError as exc:
+            log.warning("cannot connect to the shadow database: %s", exc)
+            raise ShadowLost("cannot connect to the catalog database") from None
         self._notices: list[Notice] = []
         self._conn.add_notice_handler(self._on_notice)
         self._lock = threading.Lock()
@@ -120,8 +129,11 @@ class ShadowConnection:
     def reset(self) -> None:
         """RESET ALL, keeping the session read-only and its timeout (DISCARD ALL would also drop the role)."""
         with self._lock:
-            self._conn.execute("RESET ALL")
-            self._restrict()
+            try:
+                self._conn.execute("RESET ALL")
+                self._restrict()
+            except psycopg.OperationalError:
+                raise ShadowLost("the connection to the catalog database was lost") from None
 
     def _on_notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
         self._notices.append(Notice(diagnostic.severity_nonlocalized or "NOTICE", diagnostic.sqlstate or "00000",
@@ -136,8 +148,8 @@ class ShadowConnection:
         """PostgreSQL's own description of a statement: inferred parameter types and result columns."""
         pgconn = self._conn.pgconn
         with self._lock:
-            _check(pgconn.prepare(b"", text.encode(), param_types or None))
-            result = _check(pgconn.describe_prepared(b""))
+            self._checked(pgconn.prepare(b"", text.encode(), param_types or None))
+            result = self._checked(pgconn.describe_prepared(b""))
         params = [result.param_type(i) for i in range(result.nparams)]
         return params, _columns(result)
 
@@ -149,12 +161,17 @@ class ShadowConnection:
         formats = [1 if isinstance(v, RawValue) else 0 for v in params]
         with self._lock:
             self._notices = []
-            result = _check(self._conn.pgconn.exec_params(text.encode(), values, param_types or None,
+            result = self._checked(self._conn.pgconn.exec_params(text.encode(), values, param_types or None,
                                                           formats or None, result_format=0))
         columns = _columns(result)
         rows = [[result.get_value(r, c) for c in range(result.nfields)] for r in range(result.ntuples)]
         tag = (result.command_status or b"").decode()
         return tag, columns, rows, self._notices
+
+    def _checked(self, result: pq.PGresult) -> pq.PGresult:
+        if self._conn.pgconn.status == pq.ConnStatus.BAD:
+            raise ShadowLost("the connection to the catalog database was lost")
+        return _check(result)
 
     def cancel(self) -> None:
         try:

@@ -1,0 +1,288 @@
+"""`dpsql serve` in front of a PostgreSQL that fails, and against clients that take more than their share.
+
+These tests start a PostgreSQL of their own (so that it can be restarted and its sessions terminated without
+touching the other tests' server), put `dpsql serve` in front of it, and use real clients over real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from dpsql.config import Settings
+from dpsql.demo import load_demo_data
+from dpsql.embedded import EmbeddedPostgres
+from dpsql.engine import Engine
+from dpsql.server import ListenAddress, Server, build_server
+from dpsql.server.auth import scram_verifier
+from tests.conftest import DEMO_SCHEMA
+from tests.test_codec import cstr, frontend, startup
+
+PASSWORD = "ops pass"
+SLOW = "SELECT count(*) FROM generate_series(1, 2000000000)"  # a catalog query that runs until cancelled
+
+
+@dataclass
+class Deployment:
+    postgres: EmbeddedPostgres
+    url: str
+    engine: Engine
+    server: Server
+    loop: asyncio.AbstractEventLoop
+
+    def dsn(self, port: int | None = None, user: str = "ops") -> str:
+        return (f"host=127.0.0.1 port={port or self.server.port} user={user} password='{PASSWORD}' dbname=demo "
+                "sslmode=disable connect_timeout=10")
+
+    def another_server(self, **options) -> Server:
+        server = Server(self.server.gateway, ListenAddress("127.0.0.1", 0), **options)
+        asyncio.run_coroutine_threadsafe(server.start(), self.loop).result()
+        return server
+
+    def stop(self, server: Server) -> None:
+        asyncio.run_coroutine_threadsafe(server.close(), self.loop).result()
+
+    def charges_and_answers(self, analyst: str) -> tuple[int, int]:
+        with psycopg.connect(self.url) as conn:
+            return conn.execute("SELECT (SELECT count(*) FROM dpsql.charges WHERE analyst = %s), "
+                                "(SELECT count(*) FROM dpsql.answers WHERE analyst = %s)", (analyst, analyst)
+                                ).fetchone()
+
+
+@pytest.fixture(scope="module")
+def deployed() -> Iterator[Deployment]:
+    postgres = EmbeddedPostgres()
+    admin = postgres.start()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE ops")
+    url = admin.replace("/postgres?", "/ops?")
+    load_demo_data(url, people=300, seed=3)
+    engine, server = build_server(Settings(database=url, schema=str(DEMO_SCHEMA), listen="127.0.0.1:0",
+                                           connect_timeout_s=2.0))
+    for name in ("ops", "ops2", "flight"):
+        engine.ledger.add_analyst(name, 1000.0, 1e-3)
+        engine.ledger.set_verifier(name, scram_verifier(PASSWORD))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result()
+    yield Deployment(postgres, url, engine, server, loop)
+    asyncio.run_coroutine_threadsafe(server.close(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    engine.close()
+    postgres.stop()
+
+
+def _dp(conn: psycopg.Connection, lower: int) -> int:
+    """A fresh DP query (each `lower` is a new answer, charged once)."""
+    return conn.execute("SELECT COUNT(*) FROM people WHERE age >= %s", (lower,)).fetchone()[0]
+
+
+def _eventually(statement, attempts: int = 3):
+    """Run `statement` until it stops failing with 08006 (the one statement a fault may cost)."""
+    for attempt in range(attempts):
+        try:
+            return statement()
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate != "08006" or attempt == attempts - 1:
+                raise
+
+
+# --- PostgreSQL faults -------------------------------------------------------------------------------------------
+
+
+def test_terminated_backends_cost_clients_nothing(deployed: Deployment):
+    clients = [psycopg.connect(deployed.dsn(), autocommit=True) for _ in range(3)]
+    try:
+        for i, conn in enumerate(clients):
+            assert conn.execute("SELECT 1").fetchone() == (1,)  # opens the client's shadow session
+            assert _dp(conn, 10 + i) > 0
+        with psycopg.connect(deployed.postgres.url, autocommit=True) as admin:  # every other session, dpsql's too
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'")
+        for i, conn in enumerate(clients):
+            assert _dp(conn, 20 + i) > 0  # the pools replace dead connections before anything is charged
+            assert _eventually(lambda conn=conn: conn.execute("SELECT 1").fetchone()) == (1,)
+            assert not conn.closed
+    finally:
+        for conn in clients:
+            conn.close()
+    charges, answers = deployed.charges_and_answers("ops")
+    assert charges == answers == 6
+
+
+def test_restart_drops_no_client_and_charges_nothing_that_did_not_run(deployed: Deployment):
+    clients = [psycopg.connect(deployed.dsn(user="ops2"), autocommit=True) for _ in range(2)]
+    try:
+        for conn in clients:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        deployed.postgres.halt()
+        try:
+            for i, conn in enumerate(clients):
+                with pytest.raises(psycopg.OperationalError) as failed:
+                    _dp(conn, 30 + i)
+                assert failed.value.sqlstate == "08006" and "did not run" in str(failed.value)
+                assert not conn.closed  # an error for the statement, not a FATAL for the session
+        finally:
+            deployed.postgres.start()
+        for i, conn in enumerate(clients):
+            assert _dp(conn, 30 + i) > 0
+            assert _eventually(lambda conn=conn: conn.execute("SELECT 1").fetchone()) == (1,)
+    finally:
+        for conn in clients:
+            conn.close()
+    charges, answers = deployed.charges_and_answers("ops2")
+    assert charges == answers == 2  # the two queries that failed during the restart cost nothing
+
+
+def test_concurrent_identical_queries_are_charged_once(deployed: Deployment):
+    sql = "SELECT sex, COUNT(*) FROM people GROUP BY sex"
+    answers, failures = [], []
+
+    def ask() -> None:
+        try:
+            answers.append(deployed.engine.query(sql, analyst="flight", epsilon=0.5).rows)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures and len(answers) == 50
+    assert all(rows == answers[0] for rows in answers)
+    assert deployed.charges_and_answers("flight") == (1, 1)
+    assert deployed.engine.budget("flight").epsilon_spent == pytest.approx(0.5)
+
+
+# --- clients that take more than their share ---------------------------------------------------------------------
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_oversized_startup_packet_is_refused_on_its_header(deployed: Deployment):
+    with socket.create_connection(("127.0.0.1", deployed.server.port), timeout=10) as sock:
+        sock.sendall(struct.pack("!ii", 20_000, 196608) + b"user\0")  # PostgreSQL allows 10,000 bytes
+        reply = _read_all(sock)
+    assert reply.startswith(b"E") and b"08P01" in reply
+
+
+def test_login_has_one_deadline_for_all_its_reads(deployed: Deployment):
+    server = deployed.another_server(login_timeout=1.0)
+    try:
+        packet = startup(user="ops", database="demo")
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            try:
+                for byte in packet:  # one byte every 0.2 s: each read is quick, the login is not
+                    sock.sendall(bytes([byte]))
+                    time.sleep(0.2)
+                    if time.monotonic() - started > 5:
+                        break
+                closed = sock.recv(1) == b""
+            except (ConnectionError, TimeoutError):
+                closed = True
+        assert closed and time.monotonic() - started < 3
+    finally:
+        deployed.stop(server)
+
+
+def test_connection_limit_refuses_with_53300_and_cancels_still_work(deployed: Deployment):
+    server = deployed.another_server(max_clients=2)
+    try:
+        busy = [psycopg.connect(deployed.dsn(server.port), autocommit=True) for _ in range(2)]
+        errors: list[str] = []
+
+        def slow(conn: psycopg.Connection) -> None:
+            try:
+                conn.execute(SLOW)
+            except psycopg.Error as exc:
+                errors.append(exc.sqlstate)
+
+        threads = [threading.Thread(target=slow, args=(conn,)) for conn in busy]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)  # both statement workers are taken
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError) as refused:
+            psycopg.connect(deployed.dsn(server.port))
+        assert "too many clients already" in str(refused.value) and time.monotonic() - started < 2  # 53300
+        for conn in busy:
+            conn.cancel_safe(timeout=5)  # CancelRequests get through while every statement worker is busy
+        for thread in threads:
+            thread.join(10)
+        assert errors == ["57014", "57014"]
+        busy[0].close()
+        time.sleep(0.2)
+        with psycopg.connect(deployed.dsn(server.port), autocommit=True) as conn:  # room again
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        busy[1].close()
+    finally:
+        deployed.stop(server)
+
+
+def test_idle_session_timeout_ends_the_session_as_postgresql_does(deployed: Deployment):
+    server = deployed.another_server(idle_timeout=0.5)
+    try:
+        with psycopg.connect(deployed.dsn(server.port), autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+            time.sleep(1.0)
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")
+            assert conn.closed or conn.broken
+    finally:
+        deployed.stop(server)
+
+
+def _sasl_first(port: int, client_first: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(startup(user="ops", database="demo"))
+        sock.recv(65536)  # AuthenticationSASL
+        sock.sendall(frontend(b"p", cstr("SCRAM-SHA-256") + struct.pack("!i", len(client_first)) + client_first))
+        return _read_all(sock)
+
+
+@pytest.mark.parametrize("client_first", [b"n,", "n,,n=ops,r=\u00e9\u00e9".encode()], ids=["truncated", "non-ascii"])
+def test_malformed_scram_is_a_protocol_error_not_an_internal_one(deployed: Deployment, client_first: bytes):
+    reply = _sasl_first(deployed.server.port, client_first)
+    assert reply.startswith(b"E") and b"08P01" in reply and b"XX000" not in reply
+
+
+def test_binary_date_parameter_out_of_range_keeps_the_connection(deployed: Deployment):
+    with psycopg.connect(deployed.dsn(), autocommit=True) as conn:
+        conn.adapters.register_dumper(_Days, _DaysDumper)
+        # a binary date of 2**31 - 1 days after 2000-01-01: PostgreSQL answers 22008 and goes on
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute("SELECT %b::date", (_Days(2**31 - 1),))
+        assert failed.value.sqlstate == "22008"
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+class _Days:
+    """A date as a raw number of days since 2000-01-01, sent in binary (a value Python's date cannot hold)."""
+
+    def __init__(self, days: int):
+        self.days = days
+
+
+class _DaysDumper(psycopg.adapt.Dumper):
+    format = psycopg.pq.Format.BINARY
+    oid = 1082  # date
+
+    def dump(self, obj: _Days) -> bytes:
+        return struct.pack("!i", obj.days)
