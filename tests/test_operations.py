@@ -286,3 +286,37 @@ class _DaysDumper(psycopg.adapt.Dumper):
 
     def dump(self, obj: _Days) -> bytes:
         return struct.pack("!i", obj.days)
+
+
+# --- several processes on one database -------------------------------------------------------------------------
+
+
+def test_a_second_instance_shares_the_shadow_and_a_new_schema_version_keeps_the_old_in_use(deployed: Deployment):
+    from dataclasses import replace
+
+    from dpsql.server.shadow import create_shadow
+
+    with psycopg.connect(deployed.dsn(), autocommit=True) as client:
+        first = client.execute("SELECT current_database()").fetchone()[0]
+        again, _ = create_shadow(deployed.url, deployed.engine.schema)  # what a second `dpsql serve` does
+        assert psycopg.conninfo.conninfo_to_dict(again)["dbname"] == first
+        assert client.execute("SELECT count(*) FROM states").fetchone()[0] > 0  # refreshed, never gone
+        tables = dict(deployed.engine.schema.tables)
+        tables.pop("prescriptions")
+        changed, _ = create_shadow(deployed.url, replace(deployed.engine.schema, tables=tables))
+        assert psycopg.conninfo.conninfo_to_dict(changed)["dbname"] != first
+        # the old version stays in use, prescriptions and all
+        assert client.execute("SELECT count(*) FROM pg_class WHERE relname = 'prescriptions'").fetchone() == (1,)
+    create_shadow(deployed.url, deployed.engine.schema)  # back to the first version; the unused one goes
+    with psycopg.connect(deployed.url) as conn:
+        names = [n for (n,) in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'ops_dpsql_shadow%'")]
+    assert names == [first]
+
+
+def test_catalog_results_past_the_limit_are_cancelled_not_buffered(deployed: Deployment):
+    with psycopg.connect(deployed.dsn(), autocommit=True) as conn:
+        started = time.monotonic()
+        with pytest.raises(psycopg.Error) as failed:  # 200 MB of text, which PostgreSQL would stream
+            conn.execute("SELECT repeat('x', 1000000) FROM generate_series(1, 200)").fetchall()
+        assert failed.value.sqlstate == "54000" and time.monotonic() - started < 10
+        assert len(conn.execute("SELECT repeat('x', 1000) FROM generate_series(1, 1000)").fetchall()) == 1000

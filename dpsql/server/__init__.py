@@ -79,6 +79,7 @@ class Server:
         self.gateway, self.listen, self.auth_method, self.tls = gateway, listen, auth_method, tls
         self._ids = itertools.count(1000)
         self._conversations: dict[int, Conversation] = {}
+        self._handlers: set[asyncio.Task] = set()  # one per open client connection
         self.max_clients, self.login_timeout = max_clients, login_timeout
         self.idle_timeout, self.idle_in_transaction_timeout = idle_timeout, idle_in_transaction_timeout
         # a client runs one statement at a time, so one worker per allowed client means no statement ever waits
@@ -98,12 +99,17 @@ class Server:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for handler in list(self._handlers):  # connections still open end with the server
+                handler.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._login_executor.shutdown(wait=False, cancel_futures=True)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
+        handler = asyncio.current_task()
+        self._handlers.add(handler)
         process_id = next(self._ids)
         conversation = Conversation(self.gateway, process_id=process_id, secret=secrets.token_bytes(4),
                                     auth_method=self.auth_method, tls_available=self.tls is not None,
@@ -139,6 +145,7 @@ class Server:
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError) as exc:
             log.info("client %d: connection lost: %s", process_id, exc or type(exc).__name__)
         finally:
+            self._handlers.discard(handler)
             self._conversations.pop(process_id, None)
             await loop.run_in_executor(self._login_executor, conversation.close)
             writer.close()

@@ -14,7 +14,9 @@ table OIDs and PostgreSQL's error fields reach the client unchanged (they descri
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import select
 import threading
 from typing import Any
 
@@ -27,6 +29,11 @@ from dpsql.server.codec import Column, Notice, RawValue, encode_value
 
 log = logging.getLogger("dpsql.server")
 SHADOW_ROLE = "dpsql_shadow"
+SHADOW_SUFFIX = "_dpsql_shadow"
+SHADOW_FORMAT = "dpsql shadow 2"  # part of the version: a change in how shadows are made makes new ones
+READY = "dpsql shadow, ready"  # the comment on a shadow database whose setup finished
+SETUP_LOCK = 712_002  # advisory lock serialising shadow setups on one database
+MAX_RESULT_BYTES = 64 * 2**20  # the most a catalog or public-table result may hold in dpsql's memory
 REPORTED_PARAMETERS = ("server_version", "server_encoding", "client_encoding", "DateStyle", "IntervalStyle",
                        "TimeZone", "integer_datetimes", "standard_conforming_strings", "is_superuser",
                        "session_authorization", "application_name", "default_transaction_read_only",
@@ -34,34 +41,32 @@ REPORTED_PARAMETERS = ("server_version", "server_encoding", "client_encoding", "
 
 
 def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | None = None) -> tuple[str, str | None]:
-    """Create (or re-create) the shadow database; return its URL and the role to read it as: `dpsql_shadow`,
-    created if the backend user is a superuser, or made by the operator and granted to the backend user;
-    None (the backend user itself) otherwise."""
+    """Make sure the shadow database exists and is current; return its URL and the role to read it as:
+    `dpsql_shadow`, created if the backend user is a superuser, or made by the operator and granted to the backend
+    user; None (the backend user itself) otherwise.
+
+    Several `dpsql serve` processes on one database share it safely: the default shadow is named after a
+    version (a hash of the tables it declares), created once if absent and never dropped while in use, so a
+    rolling restart or two instances behind a load balancer keep working; setups are serialised by an advisory
+    lock. A shadow database given by the operator is refilled in one transaction under the same lock."""
     try:
         with psycopg.connect(backend_url, autocommit=True) as conn:
             superuser, member = conn.execute(
                 "SELECT rolsuper, EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s) "
                 "AND pg_has_role(current_user, %s, 'MEMBER') FROM pg_roles WHERE rolname = current_user",
                 (SHADOW_ROLE, SHADOW_ROLE)).fetchone()
-            if shadow_url is None:
-                name = f"{conn.info.dbname}_dpsql_shadow"
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
-                    sql.Identifier(name)))
-                shadow_url = psycopg.conninfo.make_conninfo(backend_url, dbname=name)
             role = SHADOW_ROLE if superuser or member else None
             if superuser:
                 conn.execute(sql.SQL("DO $$ BEGIN CREATE ROLE {} NOLOGIN; EXCEPTION WHEN duplicate_object "
                                      "THEN NULL; END $$").format(sql.Identifier(role)))
-        with psycopg.connect(shadow_url, autocommit=True) as conn, psycopg.connect(backend_url) as source:
-            for table in schema.tables.values():
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table.name)))
-                conn.execute(_create_table(table))
-                if table.public:
-                    _copy_rows(source, conn, table)
-            if role:
-                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {0}; GRANT SELECT ON ALL TABLES IN SCHEMA "
-                                     "public TO {0}").format(sql.Identifier(role)))
+            conn.execute("SELECT pg_advisory_lock(%s)", (SETUP_LOCK,))
+            try:
+                if shadow_url is None:
+                    shadow_url = _versioned_shadow(conn, backend_url, schema, role)
+                else:
+                    _fill(shadow_url, backend_url, schema, role)
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK,))
     except psycopg.Error as exc:
         raise ConfigError(f"cannot create the shadow catalog database: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0]}",
@@ -71,6 +76,57 @@ def create_shadow(backend_url: str, schema: PrivacySchema, shadow_url: str | Non
         log.warning("catalog queries run as the backend user in the shadow database; to confine them, "
                     "CREATE ROLE %s NOLOGIN and GRANT it to the backend user", SHADOW_ROLE)
     return shadow_url, role
+
+
+def _versioned_shadow(conn: psycopg.Connection, backend_url: str, schema: PrivacySchema, role: str | None) -> str:
+    """The URL of the shadow database for this schema, created and filled if absent (or left half-made by a setup
+    that died), its public rows refreshed otherwise; shadows of other versions that no one uses are dropped."""
+    definition = "\n".join([SHADOW_FORMAT, role or "", *(_create_table(t).as_string(conn)
+                                                          for t in schema.tables.values())])
+    version = hashlib.sha256(definition.encode()).hexdigest()[:10]
+    prefix = f"{conn.info.dbname[:63 - len(SHADOW_SUFFIX) - 11]}{SHADOW_SUFFIX}"
+    name = f"{prefix}_{version}"
+    url = psycopg.conninfo.make_conninfo(backend_url, dbname=name)
+    comment = conn.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+                           (name,)).fetchone()
+    if comment is not None and comment[0] == READY:
+        _refresh_public_rows(url, backend_url, schema)
+    else:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(sql.Identifier(name)))
+        _fill(url, backend_url, schema, role)
+        conn.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(READY)))
+    others = conn.execute("SELECT datname FROM pg_database WHERE (left(datname, %s) = %s OR datname = %s) "
+                          "AND datname <> %s", (len(prefix), prefix, prefix, name)).fetchall()
+    for (other,) in others:  # an older version, or the unversioned name of earlier releases
+        try:
+            conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(other)))
+        except psycopg.errors.ObjectInUse:
+            log.info("shadow database %s is still in use; it is dropped at a later start", other)
+    return url
+
+
+def _fill(shadow_url: str, backend_url: str, schema: PrivacySchema, role: str | None) -> None:
+    """The declared tables (public ones with their rows) and the role's grants, in one transaction: a client
+    reading the shadow meanwhile sees the old tables or the new ones, never none."""
+    with psycopg.connect(shadow_url) as conn, psycopg.connect(backend_url) as source, conn.transaction():
+        for table in schema.tables.values():
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(table.name)))
+            conn.execute(_create_table(table))
+            if table.public:
+                _copy_rows(source, conn, table)
+        if role:
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {0}; GRANT SELECT ON ALL TABLES IN SCHEMA "
+                                 "public TO {0}").format(sql.Identifier(role)))
+
+
+def _refresh_public_rows(shadow_url: str, backend_url: str, schema: PrivacySchema) -> None:
+    """The public tables' current rows, swapped in one transaction."""
+    with psycopg.connect(shadow_url) as conn, psycopg.connect(backend_url) as source, conn.transaction():
+        for table in schema.tables.values():
+            if table.public:
+                conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table.name)))
+                _copy_rows(source, conn, table)
 
 
 def _copy_rows(source: psycopg.Connection, target: psycopg.Connection, table) -> None:
@@ -155,16 +211,44 @@ class ShadowConnection:
 
     def execute(self, text: str, params: list[Any], param_types: list[int]
                 ) -> tuple[str, list[Column] | None, list[list[bytes | None]], list[Notice]]:
-        """(command tag, columns, rows in text format, notices) of one statement."""
+        """(command tag, columns, rows in text format, notices) of one statement. Rows are read one at a time
+        and a result past MAX_RESULT_BYTES is cancelled (54000), so no client can make dpsql hold more."""
         values = [v.data if isinstance(v, RawValue) else encode_value(v, t, False)
                   for v, t in zip(params, param_types, strict=True)]
         formats = [1 if isinstance(v, RawValue) else 0 for v in params]
+        pgconn = self._conn.pgconn
         with self._lock:
             self._notices = []
-            result = self._checked(self._conn.pgconn.exec_params(text.encode(), values, param_types or None,
-                                                          formats or None, result_format=0))
+            rows: list[list[bytes | None]] = []
+            size, too_large, final = 0, False, None
+            try:
+                pgconn.send_query_params(text.encode(), values, param_types or None, formats or None,
+                                         result_format=pq.Format.TEXT)
+                while pgconn.flush():  # the rest of a long statement, as the socket takes it
+                    select.select([pgconn.socket], [pgconn.socket], [])
+                    pgconn.consume_input()
+                pgconn.set_single_row_mode()
+                while (result := _next_result(pgconn)) is not None:
+                    if result.status != pq.ExecStatus.SINGLE_TUPLE:
+                        final = result
+                        continue
+                    if too_large:
+                        continue
+                    row = [result.get_value(0, c) for c in range(result.nfields)]
+                    size += sum(len(v) for v in row if v is not None) + 16 * len(row)
+                    if size > MAX_RESULT_BYTES:
+                        too_large, rows = True, []
+                        self.cancel()
+                    else:
+                        rows.append(row)
+            except psycopg.OperationalError:
+                raise ShadowLost("the connection to the catalog database was lost") from None
+            if too_large:
+                raise ShadowError(Notice("ERROR", "54000", f"the result is larger than dpsql's limit of "
+                                         f"{MAX_RESULT_BYTES // 2**20} MB for catalog and public-table queries",
+                                         "select fewer rows or columns, or aggregate"))
+            result = self._checked(final)
         columns = _columns(result)
-        rows = [[result.get_value(r, c) for c in range(result.nfields)] for r in range(result.ntuples)]
         tag = (result.command_status or b"").decode()
         return tag, columns, rows, self._notices
 
@@ -181,6 +265,16 @@ class ShadowConnection:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _next_result(pgconn: pq.abc.PGconn) -> pq.PGresult | None:
+    """The next result of the running statement, waiting in select() (which releases the GIL: libpq's own
+    blocking wait would hold it, and stall every other thread of the server, cancels included)."""
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            return pgconn.get_result()
+        select.select([pgconn.socket], [], [])
 
 
 def _check(result: pq.PGresult) -> pq.PGresult:
