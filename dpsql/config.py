@@ -42,6 +42,7 @@ class Settings:
     #                                     for this many shadow sessions plus dpsql's own pools (16 per process)
     idle_session_timeout_s: float = 0.0  # close a client silent this long outside a transaction (0: never)
     idle_in_transaction_session_timeout_s: float = 0.0  # the same inside a BEGIN block (0: never)
+    metrics_listen: str | None = None  # HOST:PORT for Prometheus' scrapes of /metrics (None: off)
     shadow_database: str | None = None  # postgresql:// URL of the data-free catalog copy; default: created
 
 

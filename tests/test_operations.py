@@ -38,8 +38,8 @@ class Deployment:
     server: Server
     loop: asyncio.AbstractEventLoop
 
-    def dsn(self, port: int | None = None, user: str = "ops") -> str:
-        return (f"host=127.0.0.1 port={port or self.server.port} user={user} password='{PASSWORD}' dbname=demo "
+    def dsn(self, port: int | None = None, user: str = "ops", password: str = PASSWORD) -> str:
+        return (f"host=127.0.0.1 port={port or self.server.port} user={user} password='{password}' dbname=demo "
                 "sslmode=disable connect_timeout=10")
 
     def another_server(self, **options) -> Server:
@@ -320,3 +320,27 @@ def test_catalog_results_past_the_limit_are_cancelled_not_buffered(deployed: Dep
             conn.execute("SELECT repeat('x', 1000000) FROM generate_series(1, 200)").fetchall()
         assert failed.value.sqlstate == "54000" and time.monotonic() - started < 10
         assert len(conn.execute("SELECT repeat('x', 1000) FROM generate_series(1, 1000)").fetchall()) == 1000
+
+
+def test_metrics_count_connections_logins_statements_and_budgets(deployed: Deployment):
+    from dpsql.server import parse_listen
+
+    server = deployed.another_server(metrics_listen=parse_listen("127.0.0.1:0"))
+    try:
+        with psycopg.connect(deployed.dsn(server.port), autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+            with pytest.raises(psycopg.Error):
+                conn.execute("SELECT * FROM people")
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(deployed.dsn(server.port, password="wrong"))
+        with socket.create_connection(("127.0.0.1", server.metrics_port), timeout=10) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            text = _read_all(sock).decode()
+    finally:
+        deployed.stop(server)
+    assert text.startswith("HTTP/1.0 200 OK")
+    for line in ['dpsql_logins_total{result="ok"}', 'dpsql_logins_total{result="failed"}',
+                 'dpsql_statements_total{route="catalog"}', 'dpsql_errors_total{sqlstate="42501"}',
+                 'dpsql_epsilon_spent{analyst="ops"}', "dpsql_open_connections"]:
+        assert line in text, line
+    assert "people" not in text  # no query text

@@ -71,7 +71,8 @@ class Server:
 
     def __init__(self, gateway: Gateway, listen: ListenAddress, *, auth_method: str = "scram-sha-256",
                  tls: ssl.SSLContext | None = None, max_clients: int = 100, idle_timeout: float = 0.0,
-                 idle_in_transaction_timeout: float = 0.0, login_timeout: float = LOGIN_TIMEOUT):
+                 idle_in_transaction_timeout: float = 0.0, login_timeout: float = LOGIN_TIMEOUT,
+                 metrics_listen: ListenAddress | None = None):
         if auth_method not in METHODS:
             raise ConfigError(f'unknown auth method "{auth_method}"', f"use one of {', '.join(METHODS)}")
         if auth_method == "password" and tls is None:
@@ -87,16 +88,41 @@ class Server:
         self._login_executor = ThreadPoolExecutor(LOGIN_WORKERS, thread_name_prefix="dpsql-login")
         self._server: asyncio.base_events.Server | None = None
         self.port = listen.port
+        self.metrics_listen = metrics_listen
+        self._metrics_server: asyncio.base_events.Server | None = None
+        self.metrics_port: int | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._client, self.listen.host, self.listen.port,
                                                   limit=READ_SIZE)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.metrics_listen is not None:
+            self._metrics_server = await asyncio.start_server(self._scrape, self.metrics_listen.host,
+                                                              self.metrics_listen.port)
+            self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+
+    async def _scrape(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """GET /metrics (any path): the counters, in Prometheus' text format."""
+        try:
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            loop = asyncio.get_running_loop()
+            text = await loop.run_in_executor(self._login_executor, self.gateway.metrics.render,
+                                              self.gateway.engine.ledger.analysts)
+            body = text.encode()
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
 
     async def serve_forever(self) -> None:
         await self._server.serve_forever()
 
     async def close(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         if self._server is not None:
             self._server.close()
             for handler in list(self._handlers):  # connections still open end with the server
@@ -114,8 +140,14 @@ class Server:
         conversation = Conversation(self.gateway, process_id=process_id, secret=secrets.token_bytes(4),
                                     auth_method=self.auth_method, tls_available=self.tls is not None,
                                     admitted=len(self._conversations) < self.max_clients)
+        metrics = self.gateway.metrics
         if conversation.admitted:
             self._conversations[process_id] = conversation
+            metrics.count("connections_total", result="accepted")
+            metrics.connection(opened=True)
+        else:
+            metrics.count("connections_total", result="refused")
+            log.warning("connection refused: %d clients already (max_client_connections)", self.max_clients)
         login_deadline = loop.time() + self.login_timeout
         try:
             while True:
@@ -146,7 +178,8 @@ class Server:
             log.info("client %d: connection lost: %s", process_id, exc or type(exc).__name__)
         finally:
             self._handlers.discard(handler)
-            self._conversations.pop(process_id, None)
+            if self._conversations.pop(process_id, None) is not None:
+                metrics.connection(opened=False)
             await loop.run_in_executor(self._login_executor, conversation.close)
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError):
@@ -176,7 +209,8 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
         server = Server(gateway, parse_listen(listen or settings.listen), auth_method=settings.auth,
                         tls=tls_context(settings), max_clients=settings.max_client_connections,
                         idle_timeout=settings.idle_session_timeout_s,
-                        idle_in_transaction_timeout=settings.idle_in_transaction_session_timeout_s)
+                        idle_in_transaction_timeout=settings.idle_in_transaction_session_timeout_s,
+                        metrics_listen=parse_listen(settings.metrics_listen) if settings.metrics_listen else None)
     except BaseException:
         engine.close()
         raise

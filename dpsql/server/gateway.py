@@ -23,6 +23,7 @@ from dpsql.errors import Error
 from dpsql.postprocess import describe_accuracy
 from dpsql.server import codec
 from dpsql.server.codec import Column, Notice
+from dpsql.server.metrics import Metrics
 from dpsql.server.protocol import Description, Outcome, StatementError
 from dpsql.server.routing import Route, route
 from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError, ShadowLost
@@ -45,6 +46,7 @@ class Gateway:
     def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None):
         self.engine, self.shadow_url, self.shadow_role = engine, shadow_url, shadow_role
         self.private = frozenset(name for name, table in engine.schema.tables.items() if not table.public)
+        self.metrics = Metrics()
         self._routes: OrderedDict[str, Route] = OrderedDict()
         self._routes_lock = threading.Lock()
         probe = ShadowConnection(shadow_url, shadow_role)
@@ -61,7 +63,13 @@ class Gateway:
             raise StatementError(Notice("FATAL", exc.sqlstate, exc.message, exc.hint)) from None
 
     def open_session(self, user: str, database: str, parameters: dict[str, str]) -> ClientSession:
+        self.metrics.count("logins_total", result="ok")
+        log.info("login analyst=%s application=%r", user, parameters.get("application_name", ""))
         return ClientSession(self, user, parameters.get("application_name", ""))
+
+    def login_failed(self, user: str, sqlstate: str) -> None:
+        self.metrics.count("logins_total", result="failed")
+        log.info("login failed analyst=%s sqlstate=%s", user, sqlstate)
 
     def route(self, statement: Statement) -> Route:
         """`routing.route`, remembered for recently seen statements (it depends on the text alone)."""
@@ -153,6 +161,7 @@ class ClientSession:
 
     def _execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
         where = self.gateway.route(statement)
+        self.gateway.metrics.count("statements_total", route=where.kind)
         if where.kind == "option":
             return self._option(where.command)
         if where.kind == "noop":
@@ -180,6 +189,9 @@ class ClientSession:
                                                options=self.options, cancel=cancellation)
         finally:
             self._running = None
+        self.gateway.metrics.count("answers_total", cached="true" if answer.cached else "false")
+        log.info("answer analyst=%s epsilon=%.6g delta=%.3g cached=%s", self.analyst, answer.epsilon, answer.delta,
+                 answer.cached)
         notice = _answer_notice(answer)
         answer = self._presented(answer)
         return Outcome(f"SELECT {len(answer.rows)}", _columns(answer), answer.rows, [notice])
@@ -224,14 +236,19 @@ class ClientSession:
         try:
             return function(*args)
         except Error as exc:
+            self.gateway.metrics.count("errors_total", sqlstate=exc.sqlstate)
+            log.info("refused analyst=%s code=%s sqlstate=%s", self.analyst, exc.code, exc.sqlstate)
             raise StatementError(Notice("ERROR", exc.sqlstate, exc.message, exc.hint)) from None
         except ShadowError as exc:
+            self.gateway.metrics.count("errors_total", sqlstate=exc.notice.sqlstate)
             raise StatementError(exc.notice) from None
         except ShadowLost as exc:  # the next statement opens a new connection; this one did not run
+            self.gateway.metrics.count("errors_total", sqlstate="08006")
             self.close()
             raise StatementError(Notice("ERROR", "08006", f"dpsql: {exc}; the statement did not run",
                                         "retry; settings changed with SET in this session were reset")) from None
         except Exception:  # a dpsql bug: this statement fails, the client's session goes on
+            self.gateway.metrics.count("errors_total", sqlstate="XX000")
             log.exception("internal error in a statement")
             raise StatementError(Notice("ERROR", "XX000", "internal error in dpsql; the statement did not complete",
                                         "the server log has the details")) from None

@@ -70,6 +70,8 @@ class Host(Protocol):
 
     def open_session(self, user: str, database: str, parameters: dict[str, str]) -> HostSession: ...
 
+    def login_failed(self, user: str, sqlstate: str) -> None: ...
+
 
 @dataclass
 class Output:
@@ -252,6 +254,7 @@ class Conversation:
             elif not auth.check_password(self._auth_state, self.user, codec.read_password(payload)):
                 raise auth.AuthenticationFailed("wrong password")
         except auth.AuthenticationFailed:
+            self.host.login_failed(self.user, "28P01")
             return self._fatal("28P01", f'password authentication failed for user "{self.user}"')
         except (ValueError, UnicodeError):  # what PostgreSQL says of a SCRAM message it cannot read
             return self._fatal("08P01", "malformed SCRAM message")
