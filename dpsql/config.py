@@ -38,8 +38,8 @@ class Settings:
     auth: str = "scram-sha-256"  # scram-sha-256 | md5 | password (cleartext, only with TLS)
     tls_cert: str | None = None  # PEM certificate; with tls_key, clients may (and with auth=password must) use TLS
     tls_key: str | None = None
-    max_client_connections: int = 100  # clients past it are refused with 53300; size PostgreSQL's max_connections
-    #                                     for this many shadow sessions plus dpsql's own pools (16 per process)
+    max_client_connections: int = 64  # past it, logins get 53300; each client may hold one shadow session, so
+    #                                    this plus dpsql's 16 pooled connections fits PostgreSQL's default 100
     idle_session_timeout_s: float = 0.0  # close a client silent this long outside a transaction (0: never)
     idle_in_transaction_session_timeout_s: float = 0.0  # the same inside a BEGIN block (0: never)
     metrics_listen: str | None = None  # HOST:PORT for Prometheus' scrapes of /metrics (None: off)

@@ -344,3 +344,16 @@ def test_metrics_count_connections_logins_statements_and_budgets(deployed: Deplo
                  'dpsql_epsilon_spent{analyst="ops"}', "dpsql_open_connections"]:
         assert line in text, line
     assert "people" not in text  # no query text
+
+
+def test_a_charged_query_that_never_delivered_is_answered_without_a_second_charge(deployed: Deployment):
+    engine, sql = deployed.engine, "SELECT COUNT(*) FROM visits WHERE amount > 17"
+    engine.ledger.add_analyst("died", 10.0, 1e-5)
+    prepared = engine.prepare(sql, epsilon=0.5)
+    engine.ledger.charge("died", prepared.calibration.cost, prepared.key)  # as if PostgreSQL died under the query
+    answer = engine.query(sql, analyst="died", epsilon=0.5)
+    assert not answer.cached and answer.rows
+    assert deployed.charges_and_answers("died") == (1, 1)
+    assert engine.budget("died").epsilon_spent == pytest.approx(0.5)
+    engine.query("SELECT COUNT(*) FROM visits WHERE amount > 18", analyst="died", epsilon=0.5)  # others are charged
+    assert engine.budget("died").epsilon_spent == pytest.approx(1.0)

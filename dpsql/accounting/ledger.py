@@ -60,12 +60,15 @@ CREATE TABLE IF NOT EXISTS dpsql.answers (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (analyst, query_key)
 );
+CREATE INDEX IF NOT EXISTS charges_by_query ON dpsql.charges (analyst, query_key);
 CREATE TABLE IF NOT EXISTS dpsql.settings (
     key text PRIMARY KEY,
     value text NOT NULL
 );
 """
 MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race to a concurrent one
+UNANSWERED = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
+              "AND NOT EXISTS (SELECT 1 FROM dpsql.answers a WHERE a.analyst = %(n)s AND a.query_key = %(k)s))")
 BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
 
 class Ledger:
@@ -142,8 +145,14 @@ class Ledger:
 
         The new totals are checked in Python (the zCDP conversion is not SQL) and written by one statement
         that applies only if the analyst's row is still what was read, so two concurrent charges can never
-        both pass on the same remaining budget; the loser re-reads and re-checks."""
+        both pass on the same remaining budget; the loser re-reads and re-checks.
+
+        A query charged before whose answer was never stored (PostgreSQL died under it, or dpsql did) is not
+        charged again: no answer was released for that charge, and the engine holds the query's lock, so this
+        attempt is the only one that can deliver it."""
         with pooled(self._pool) as conn:
+            if conn.execute(UNANSWERED, {"n": name, "k": query_key}).fetchone()[0]:
+                return _budget(conn, name)  # paid already, by an attempt that never delivered its answer
             for _ in range(MAX_CHARGE_ATTEMPTS):
                 before = _budget(conn, name)  # raises UnknownAnalyst
                 after = before.plus(cost)

@@ -70,7 +70,7 @@ class Server:
     """One listening socket; `await start()`, then `await serve_forever()` or `await close()`."""
 
     def __init__(self, gateway: Gateway, listen: ListenAddress, *, auth_method: str = "scram-sha-256",
-                 tls: ssl.SSLContext | None = None, max_clients: int = 100, idle_timeout: float = 0.0,
+                 tls: ssl.SSLContext | None = None, max_clients: int = 64, idle_timeout: float = 0.0,
                  idle_in_transaction_timeout: float = 0.0, login_timeout: float = LOGIN_TIMEOUT,
                  metrics_listen: ListenAddress | None = None):
         if auth_method not in METHODS:
