@@ -188,6 +188,10 @@ def main() -> None:
     print("| window (s) | statements/s |\n|---|---|")
     for window in sorted(tally.per_window):
         print(f"| {window * WINDOW:.0f}-{(window + 1) * WINDOW:.0f} | {tally.per_window[window] / WINDOW:.1f} |")
+    print("\n| t (s) | server RSS (MB) |\n|---|---|")
+    for minute in range(int(max(t for t, _ in rss) // 60) + 1):
+        t, mb = min(rss, key=lambda sample, m=minute: abs(sample[0] - 60 * m))
+        print(f"| {t:.0f} | {mb:.1f} |")
     warm = [mb for t, mb in rss if t >= 60] or [mb for _, mb in rss]
     print(f"\nserver RSS (MB): start {rss[0][1]:.1f}, after warm-up (60 s) {warm[0]:.1f}, end {final_rss:.1f}, "
           f"median after warm-up {statistics.median(warm):.1f}")
