@@ -11,6 +11,7 @@ for each other (an advisory lock, across processes too), so they are charged onc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -24,7 +25,7 @@ from dpsql.analysis import Plan, analyze
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
 from dpsql.config import Settings
-from dpsql.errors import ConfigError, InvalidParameter
+from dpsql.errors import BackendError, ConfigError, Error, InvalidParameter, QueryCancelled
 from dpsql.noise import Calibration, add_noise, calibrate
 from dpsql.postprocess import Accuracy, Result, evaluate, finish
 from dpsql.rewrite import Rewritten, rewrite
@@ -154,8 +155,14 @@ class Engine:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key)
-        rows = backend.run(prepared.rewritten.sql)
-        histograms = {name: backend.run(sql) for name, sql in prepared.rewritten.histograms.items()}
+        try:
+            rows = backend.run(prepared.rewritten.sql)
+            histograms = {name: backend.run(sql) for name, sql in prepared.rewritten.histograms.items()}
+        except (BackendError, QueryCancelled):
+            if not backend.broken:  # a failure, timeout or cancel was released: asking again is a new attempt
+                with contextlib.suppress(Error):  # unsettled, the charge pays for the next attempt instead
+                    self.ledger.settle(analyst, prepared.key)
+            raise  # else a fault cut the attempt short: the charge pays for the next one
         groups = add_noise(prepared.plan, cost, rows, histograms)
         result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)

@@ -357,3 +357,22 @@ def test_a_charged_query_that_never_delivered_is_answered_without_a_second_charg
     assert engine.budget("died").epsilon_spent == pytest.approx(0.5)
     engine.query("SELECT COUNT(*) FROM visits WHERE amount > 18", analyst="died", epsilon=0.5)  # others are charged
     assert engine.budget("died").epsilon_spent == pytest.approx(1.0)
+
+
+def test_a_query_that_failed_on_a_live_connection_is_charged_again(deployed: Deployment):
+    from dpsql import errors
+    from dpsql.backends import PostgresBackend
+
+    slow = Engine(Settings(database=deployed.url, schema=str(DEMO_SCHEMA)))
+    slow.backend.close()
+    slow.backend = PostgresBackend(deployed.url, statement_timeout_ms=1)  # every DP query times out
+    try:
+        slow.ledger.add_analyst("timed", 10.0, 1e-5)
+        sql = "SELECT category, SUM(amount) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY 1"
+        for _ in range(2):  # a timeout is an outcome: each attempt is charged (free retries would sample it)
+            with pytest.raises(errors.BackendError):
+                slow.query(sql, analyst="timed", epsilon=0.5)
+        assert deployed.charges_and_answers("timed") == (2, 0)
+        assert slow.budget("timed").epsilon_spent == pytest.approx(1.0)
+    finally:
+        slow.close()

@@ -61,6 +61,17 @@ CREATE TABLE IF NOT EXISTS dpsql.answers (
     PRIMARY KEY (analyst, query_key)
 );
 CREATE INDEX IF NOT EXISTS charges_by_query ON dpsql.charges (analyst, query_key);
+-- A charge is settled once its attempt has released an outcome other than an answer (a failure, a timeout,
+-- a cancel). An unsettled charge without a stored answer was cut short by a fault (PostgreSQL or dpsql died
+-- under it) and pays for the next attempt at the same query. Charges made before this column were settled.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'dpsql'
+                   AND table_name = 'charges' AND column_name = 'settled') THEN
+        ALTER TABLE dpsql.charges ADD COLUMN settled boolean NOT NULL DEFAULT true;
+        ALTER TABLE dpsql.charges ALTER COLUMN settled SET DEFAULT false;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS dpsql.settings (
     key text PRIMARY KEY,
     value text NOT NULL
@@ -68,6 +79,7 @@ CREATE TABLE IF NOT EXISTS dpsql.settings (
 """
 MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race to a concurrent one
 UNANSWERED = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
+              "AND NOT c.settled "
               "AND NOT EXISTS (SELECT 1 FROM dpsql.answers a WHERE a.analyst = %(n)s AND a.query_key = %(k)s))")
 BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
 
@@ -147,9 +159,11 @@ class Ledger:
         that applies only if the analyst's row is still what was read, so two concurrent charges can never
         both pass on the same remaining budget; the loser re-reads and re-checks.
 
-        A query charged before whose answer was never stored (PostgreSQL died under it, or dpsql did) is not
-        charged again: no answer was released for that charge, and the engine holds the query's lock, so this
-        attempt is the only one that can deliver it."""
+        A query charged before whose attempt released nothing (PostgreSQL or dpsql died under it: the charge is
+        neither settled nor answered) is not charged again; the engine holds the query's lock, so this attempt
+        is the only one that can deliver it. An attempt that released a failure, a timeout or a cancel is
+        settled (`settle`), and asking again is charged again, as before: free retries would let an analyst
+        sample a data-dependent outcome (how long the query runs) as often as they like."""
         with pooled(self._pool) as conn:
             if conn.execute(UNANSWERED, {"n": name, "k": query_key}).fetchone()[0]:
                 return _budget(conn, name)  # paid already, by an attempt that never delivered its answer
@@ -179,6 +193,13 @@ class Ledger:
                     return after
         raise OperationalError(f'could not record a charge for analyst "{name}": too many concurrent charges',
                                "retry the query")
+
+    def settle(self, name: str, query_key: str) -> None:
+        """The query's charge stands for an attempt that released an outcome (not an answer): a failure, a timeout
+        or a cancel."""
+        with pooled(self._pool) as conn:
+            conn.execute("UPDATE dpsql.charges SET settled = true WHERE analyst = %s AND query_key = %s "
+                         "AND NOT settled", (name, query_key))
 
     def setting(self, key: str, default_factory) -> str:
         """A persistent dpsql setting, created once (e.g. the keyed-hash seed)."""

@@ -169,6 +169,11 @@ class BackendSession:
     def __init__(self, conn: psycopg.Connection, cancel: Cancellation | None):
         self._conn, self._cancel, self._locked = conn, cancel, False
 
+    @property
+    def broken(self) -> bool:
+        """Whether the connection died (PostgreSQL restarted, the backend was terminated)."""
+        return self._conn.broken
+
     def run(self, sql: str) -> list[tuple[Any, ...]]:
         """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
         try:
