@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", parents=[common], help="serve the PostgreSQL wire protocol on a TCP port")
     serve.add_argument("--backend", help="postgresql:// URL of the database (same as --database)")
     serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:6543)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="dpsql's log on stderr: logins, failed logins, failed statements and answers at info "
+                            "(never query text or values); default info")
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start an embedded PostgreSQL, load demo data, run DP queries")
@@ -254,7 +257,12 @@ def _read_new_password(name: str) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from dpsql.server import serve
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dpsql").setLevel(args.log_level.upper())
     settings = _settings(args)
     if args.backend:
         settings = replace(settings, database=args.backend)

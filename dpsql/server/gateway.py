@@ -237,7 +237,7 @@ class ClientSession:
             return function(*args)
         except Error as exc:
             self.gateway.metrics.count("errors_total", sqlstate=exc.sqlstate)
-            log.info("refused analyst=%s code=%s sqlstate=%s", self.analyst, exc.code, exc.sqlstate)
+            log.info("statement failed analyst=%s code=%s sqlstate=%s", self.analyst, exc.code, exc.sqlstate)
             raise StatementError(Notice("ERROR", exc.sqlstate, exc.message, exc.hint)) from None
         except ShadowError as exc:
             self.gateway.metrics.count("errors_total", sqlstate=exc.notice.sqlstate)
