@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from dpsql.analysis import CHOSEN, COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
 from dpsql.mechanisms import GaussianMechanism, noise_first
 from dpsql.noise import Calibration, NoisyGroup
+from dpsql.sql import to_sql
 
 SIMULATIONS = 2000
 
@@ -225,7 +227,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
     if isinstance(node, exp.Column):
         return env[node.name]
     if isinstance(node, exp.Literal):
-        return node.to_py()
+        value = node.to_py()  # a decimal literal is a Decimal, which numpy will not mix with the noisy floats
+        return float(value) if isinstance(value, Decimal) else value
     if isinstance(node, exp.Null):
         return None
     if isinstance(node, exp.Boolean):
@@ -296,5 +299,5 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return evaluate(default, env) if default is not None else None
     if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
         return evaluate(node.this, env) is None
-    raise UnsupportedQuery(f"{node.sql(dialect='postgres')} cannot be computed over noisy aggregates",
+    raise UnsupportedQuery(f"{to_sql(node)} cannot be computed over noisy aggregates",
                            "use arithmetic, ROUND, ABS, GREATEST/LEAST, COALESCE, CASE or casts")

@@ -10,6 +10,7 @@ rewrite that changes any of them changes behaviour, and must say so by re-record
 Re-record (after a deliberate change, and review the diff of the file):
 
     python -m tests.golden            # runs the test suite once to collect the queries, then replays them
+    python -m tests.golden --refresh  # answers the stored queries anew (after a deliberate change of outputs)
 
 Collecting works by wrapping `check_query` and `analyze` for one pytest run (DPSQL_GOLDEN_RECORD names a
 file the wrappers append to); nothing is wrapped in ordinary runs.
@@ -234,21 +235,29 @@ def load() -> dict:
 
 
 def main() -> None:
-    inputs = record()
-    schemas: dict[str, Any] = {}
-    entries = []
-    for item in inputs:
-        key = json.dumps(item["schema"], sort_keys=True)
-        name = schemas.setdefault(key, f"s{len(schemas)}")
-        entries.append({**item, "schema": name})
-    by_name = {name: json.loads(key) for key, name in schemas.items()}
-    entries.sort(key=lambda e: (e["schema"], e["sql"], json.dumps(e, sort_keys=True)))
+    if "--refresh" in sys.argv:  # the same inputs, answered anew: after a deliberate change of the outputs only
+        corpus = load()
+        by_name, entries = corpus["schemas"], corpus["entries"]
+    else:
+        by_name, entries = _collect(record())
     for entry in entries:
         entry["expected"] = replay({**entry, "schema": by_name[entry["schema"]]})
     text = json.dumps({"schemas": by_name, "entries": entries}, indent=1, sort_keys=True)
     CORPUS.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))  # same input, same bytes
     errors = sum("error" in e["expected"] for e in entries)
     print(f"{len(entries)} queries ({errors} refused) over {len(by_name)} schemas -> {CORPUS.relative_to(ROOT)}")
+
+
+def _collect(inputs: list[dict]) -> tuple[dict[str, Any], list[dict]]:
+    """The recorded inputs with their schemas named s0, s1, ..., in a stable order."""
+    schemas: dict[str, Any] = {}
+    entries = []
+    for item in inputs:
+        key = json.dumps(item["schema"], sort_keys=True)
+        name = schemas.setdefault(key, f"s{len(schemas)}")
+        entries.append({**item, "schema": name})
+    entries.sort(key=lambda e: (e["schema"], e["sql"], json.dumps(e, sort_keys=True)))
+    return {name: json.loads(key) for key, name in schemas.items()}, entries
 
 
 if __name__ == "__main__":

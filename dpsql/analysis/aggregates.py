@@ -26,7 +26,7 @@ from dpsql.analysis.expressions import Range, clamp_to, number
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import AGGREGATES, DIALECT
+from dpsql.sql import AGGREGATES, to_sql
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 
@@ -42,7 +42,7 @@ def measure(scope: Scope) -> None:
         nodes.append(scope.tree.args["order"])
     for top in nodes:
         for node in top.find_all(*AGGREGATES):
-            sql = node.sql(dialect=DIALECT)
+            sql = to_sql(node)
             if sql in found:
                 continue
             if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
@@ -65,7 +65,7 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
 
     def measure_of(label: str, measure_kind: str, expr: exp.Expression | None, row_range: Range,
                    centre: float = 0.0) -> str:
-        key = f"{measure_kind}:{label if expr is None else expr.sql(dialect=DIALECT)}:{centre!r}"
+        key = f"{measure_kind}:{label if expr is None else to_sql(expr)}:{centre!r}"
         if key not in scope.measures:
             scope.measures[key] = replace(_measure(scope, f"m{len(scope.measures)}", label, measure_kind, expr,
                                                    row_range), centre=centre)
@@ -79,7 +79,7 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
             if value is not None and scope.schema.row_level and scope.direct:
                 # each changed row adds or removes at most one distinct value of its group
                 scope.exprs.check(value)
-                label = f"COUNT(DISTINCT {value.sql(dialect=DIALECT)})"
+                label = f"COUNT(DISTINCT {to_sql(value)})"
                 return Aggregate(name, "count", (measure_of(label, "distinct", scope.exprs.guard(value), BIT),),
                                  None, sql)
             raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
@@ -88,7 +88,7 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
         if arg is None or isinstance(arg, exp.Star):
             return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
         scope.exprs.check(arg)
-        label = f"COUNT({arg.sql(dialect=DIALECT)})"
+        label = f"COUNT({to_sql(arg)})"
         return Aggregate(name, "count", (measure_of(label, "count", scope.exprs.guard(arg), BIT),), None, sql)
     if isinstance(arg, exp.Distinct):
         raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
@@ -96,7 +96,7 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
     value = scope.exprs.guard(arg)
     if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
         value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
-    label = arg.sql(dialect=DIALECT)
+    label = to_sql(arg)
     if kind == "sum":
         return Aggregate(name, kind, (measure_of(f"SUM({label})", "sum", value, value_range),), value_range, sql)
     # averages and variances: a count and sums centred on the midpoint of the range

@@ -22,7 +22,7 @@ from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, Table
-from dpsql.sql import AGGREGATES, DIALECT, CheckedQuery, derived_select
+from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, to_sql
 
 
 def bound_subquery(scope: Scope) -> None:
@@ -35,7 +35,7 @@ def bound_subquery(scope: Scope) -> None:
     if select is None:
         return
     alias = tree.args["from_"].this.alias_or_name
-    inner = Scope(CheckedQuery(select, ()), scope.schema, scope.unique)
+    inner = Scope(CheckedQuery(select, (), canonical=""), scope.schema, scope.unique)  # never a cache key
     table, bounded = _per_unit_table(inner, alias)
     scope.aliases[alias] = table
     if table.unit_column is not None:
@@ -66,13 +66,13 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
                                    + ", ".join(scope.link_text(a) for a in scope.private
                                                if scope.aliases[a].unit_column)
                                    + ")", "group by the unit inside, then aggregate or group its results outside")
-    unit_sql = group[0].sql(dialect=DIALECT)
+    unit_sql = to_sql(group[0])
     columns: dict[str, Column] = {}
     outputs = []
     unit_name = None
     for item in tree.expressions:
         name, node = item.alias_or_name, item.unalias()
-        if node.sql(dialect=DIALECT) == unit_sql:
+        if to_sql(node) == unit_sql:
             declared = scope.declared_column(node)
             columns[name] = Column(name, declared.type if declared else "bigint")
             unit_name = name
@@ -150,7 +150,7 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -
     """One unit's aggregate, clamped to what k of its rows could give, and its declared range outside."""
     kind = AGGREGATES.get(type(node))
     if kind not in ("count", "sum", "avg", "min", "max"):
-        raise UnsupportedQuery(f"{node.sql(dialect=DIALECT)} in a per-unit subquery: use COUNT, SUM, AVG, "
+        raise UnsupportedQuery(f"{to_sql(node)} in a per-unit subquery: use COUNT, SUM, AVG, "
                                "MIN or MAX of a column or bounded expression, or the unit column itself")
     if kind == "count":
         return clamp_to(node, 0, k, "integer"), Column(name, "bigint", 0.0, float(k))

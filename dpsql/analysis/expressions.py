@@ -25,6 +25,7 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
+from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
 PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is)
@@ -128,7 +129,7 @@ class Expressions:
             default = node.args.get("default") or node.args.get("false")
             return self._widest([b for b in [*branches, default] if b is not None and not isinstance(b, exp.Null)])
         if isinstance(node, exp.Cast):
-            return _type_kind(node.to.sql(dialect="postgres").lower())
+            return _type_kind(to_sql(node.to).lower())
         if isinstance(node, exp.Round) and node.args.get("decimals") is not None or isinstance(node, exp.Extract):
             return "numeric"
         if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sqrt | exp.Ln):
@@ -156,7 +157,7 @@ class Expressions:
         if handler is not None:
             result = handler(node)
             if result is not None and result.bounded and result.magnitude > LIMIT:
-                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} may reach {result.magnitude:.3g}, "
+                raise UnsupportedQuery(f"{to_sql(node)} may reach {result.magnitude:.3g}, "
                                        f"beyond the ±{LIMIT:.0e} dpsql computes with",
                                        "scale the expression down or narrow the declared bounds")
             return result
@@ -175,10 +176,10 @@ class Expressions:
         """The range of `node`, which must be a bounded number."""
         result = self.value_range(node)
         if result is None:
-            raise UnsupportedQuery(f"{what} {node.sql(dialect='postgres')} is not numeric")
+            raise UnsupportedQuery(f"{what} {to_sql(node)} is not numeric")
         if not result.bounded:
             raise UnsupportedQuery(
-                f"{node.sql(dialect='postgres')} has no declared bounds, so its {what} has unbounded sensitivity",
+                f"{to_sql(node)} has no declared bounds, so its {what} has unbounded sensitivity",
                 "declare lower and upper for the column in the privacy schema")
         return result
 
@@ -186,7 +187,7 @@ class Expressions:
         for arg in args:
             value = node.args.get(arg)
             if value is not None and not _constant(value):
-                raise UnsupportedQuery(f"{what} must be constants, not {value.sql(dialect='postgres')}")
+                raise UnsupportedQuery(f"{what} must be constants, not {to_sql(value)}")
 
     def _range_column(self, node: exp.Column) -> Range | None:
         column = self.column(node)
@@ -240,7 +241,7 @@ class Expressions:
             if b.integer:  # a nonzero integer divisor has |b| >= 1
                 return Range(-a.magnitude, a.magnitude, False)
             raise UnsupportedQuery(
-                f"the divisor {node.expression.sql(dialect='postgres')} can be arbitrarily close to 0, "
+                f"the divisor {to_sql(node.expression)} can be arbitrarily close to 0, "
                 "so the quotient has no bound",
                 "divide by an expression whose declared range excludes 0, e.g. GREATEST(x, 1)")
         corners = [x / y for x, y in product((a.lo, a.hi), (b.lo, b.hi))]
@@ -317,32 +318,32 @@ class Expressions:
         inner = self.value_range(node.this)
         if target in INT_CAST_LIMITS:
             if inner is None:
-                raise UnsupportedQuery(f"cast of non-numeric {node.this.sql(dialect='postgres')} to an integer "
+                raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to an integer "
                                        "could fail on some values")
             if not inner.bounded or inner.magnitude + 1 > INT_CAST_LIMITS[target]:
-                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could overflow",
+                raise UnsupportedQuery(f"{to_sql(node)} could overflow",
                                        "cast to bigint or double precision, or declare tighter bounds")
             return Range(math.floor(inner.lo - 0.5), math.ceil(inner.hi + 0.5), True)
         if target in FLOAT_CASTS:
             if inner is None and not _constant(node.this):
-                raise UnsupportedQuery(f"cast of non-numeric {node.this.sql(dialect='postgres')} to a number "
+                raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to a number "
                                        "could fail on some values")
             if node.to.expressions:  # numeric(p, s) overflows on values with more digits than p - s
-                raise UnsupportedQuery(f"cast to {node.to.sql(dialect='postgres')} could overflow on some values",
+                raise UnsupportedQuery(f"cast to {to_sql(node.to)} could overflow on some values",
                                        "cast to numeric without precision, or round() the value")
             source = self.kind(node.this)
             if inner is not None and source != "integer" and inner.magnitude > _cast_limit(node.to, source):
-                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could overflow on some stored values",
+                raise UnsupportedQuery(f"{to_sql(node)} could overflow on some stored values",
                                        "declare bounds for the column")
             return inner if inner is not None else Range(-math.inf, math.inf)
         if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return None  # every value has a text form
         if target in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ):
             if not (_constant(node.this) or self._is_temporal(node.this)):
-                raise UnsupportedQuery(f"{node.sql(dialect='postgres')} could fail on some stored values",
+                raise UnsupportedQuery(f"{to_sql(node)} could fail on some stored values",
                                        "cast only dates and timestamps (or constants) to date/timestamp")
             return None
-        raise UnsupportedQuery(f"cast to {node.to.sql(dialect='postgres')} is not supported",
+        raise UnsupportedQuery(f"cast to {to_sql(node.to)} is not supported",
                                "casts to integer, bigint, double precision, numeric, text and date are")
 
     def _is_timestamp(self, node: exp.Expression) -> bool:
@@ -375,7 +376,7 @@ class Expressions:
     def numeric_or_unbounded(self, node: exp.Expression) -> Range:
         result = self.value_range(node)
         if result is None:
-            raise UnsupportedQuery(f"{node.sql(dialect='postgres')} is not numeric")
+            raise UnsupportedQuery(f"{to_sql(node)} is not numeric")
         return result
 
     def _range_sqrt(self, node: exp.Sqrt) -> Range:
@@ -385,7 +386,7 @@ class Expressions:
     def _range_ln(self, node: exp.Ln) -> Range:
         (a,) = self._operands(node, "this")
         if a.hi <= 0:
-            raise UnsupportedQuery(f"ln({node.this.sql(dialect='postgres')}) is never defined")
+            raise UnsupportedQuery(f"ln({to_sql(node.this)}) is never defined")
         low = math.log(a.lo) if a.lo > 0 else (0.0 if a.integer else math.log(5e-324))
         return Range(low, math.log(a.hi))
 
@@ -396,7 +397,7 @@ class Expressions:
                                    "supported fields: " + ", ".join(EXTRACT_RANGES))
         if field in TIME_FIELDS and not self._is_timestamp(node.expression):
             raise UnsupportedQuery(f"EXTRACT({field} ...) needs a timestamp, and "
-                                   f"{node.expression.sql(dialect='postgres')} may be a date",
+                                   f"{to_sql(node.expression)} may be a date",
                                    f"cast it: EXTRACT({field} FROM CAST(x AS timestamp))")
         self.value_range(node.expression)
         lo, hi = EXTRACT_RANGES[field]
@@ -450,7 +451,7 @@ def _check_substring(node: exp.Substring) -> None:
         number = _integer_constant(value)
         if number is None or not low <= number <= MAX_TEXT_POSITION:
             raise UnsupportedQuery(f"substring's {name} must be a whole-number constant between {low} and "
-                                   f"{MAX_TEXT_POSITION}, not {value.sql(dialect='postgres')}")
+                                   f"{MAX_TEXT_POSITION}, not {to_sql(value)}")
 
 
 def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
@@ -458,10 +459,10 @@ def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
     if isinstance(pattern, exp.Null):
         return
     if not (isinstance(pattern, exp.Literal) and pattern.is_string):
-        raise UnsupportedQuery(f"LIKE patterns must be string constants, not {pattern.sql(dialect='postgres')}")
+        raise UnsupportedQuery(f"LIKE patterns must be string constants, not {to_sql(pattern)}")
     trailing = len(pattern.this) - len(pattern.this.rstrip("\\"))
     if trailing % 2:
-        raise UnsupportedQuery(f"the LIKE pattern {pattern.sql(dialect='postgres')} ends with its escape "
+        raise UnsupportedQuery(f"the LIKE pattern {to_sql(pattern)} ends with its escape "
                                "character \\", "escape it (\\\\) or remove it")
 
 
@@ -470,7 +471,7 @@ def _check_trunc(node: exp.Expression) -> None:
     if node.args.get("zone") is not None:
         raise UnsupportedQuery("date_trunc with a time zone is not supported")
     if not isinstance(unit, exp.Var | exp.Literal) or unit.name.lower() not in TRUNC_UNITS:
-        shown = unit.sql(dialect="postgres") if unit is not None else "none"
+        shown = to_sql(unit) if unit is not None else "none"
         raise UnsupportedQuery(f"date_trunc unit {shown} is not one PostgreSQL knows",
                                "use one of " + ", ".join(TRUNC_UNITS))
 

@@ -24,7 +24,7 @@ from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
 from dpsql.errors import UnsupportedQuery
-from dpsql.sql import AGGREGATES, DIALECT
+from dpsql.sql import AGGREGATES, to_sql
 
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 
@@ -103,7 +103,7 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
             raise UnsupportedQuery("aggregates are not allowed in GROUP BY")
         value_range = scope.exprs.value_range(node)
         keys.append(GroupKey(f"g{i}", scope.exprs.guard(node), key_domain(scope, node, value_range),
-                             node.sql(dialect=DIALECT)))
+                             to_sql(node)))
     return keys
 
 

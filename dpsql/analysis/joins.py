@@ -18,7 +18,7 @@ from sqlglot import exp
 from dpsql.analysis import stability
 from dpsql.analysis.scope import Equality, Scope, Semijoin
 from dpsql.errors import UnsupportedQuery
-from dpsql.sql import DIALECT
+from dpsql.sql import to_sql
 
 
 def join_stability(scope: Scope, joins: list[exp.Join], equalities: list[Equality], semijoins: list[Semijoin],
@@ -107,8 +107,8 @@ def _join_plan(scope: Scope, joins: list[exp.Join], equalities: list[Equality], 
             used.setdefault(column.table, set()).add(column.name)
         joined.append(alias)
         pending.remove(alias)
-        notes.append(f"join {scope.aliases[alias].name} ({alias}) on {o.sql(dialect=DIALECT)} = "
-                     f"{m.sql(dialect=DIALECT)}: stability {current.stability}")
+        notes.append(f"join {scope.aliases[alias].name} ({alias}) on {to_sql(o)} = "
+                     f"{to_sql(m)}: stability {current.stability}")
     for semijoin in semijoins:
         current, key = _semijoin_stability(scope, current, semijoin, notes)
         if key is not None:
@@ -138,6 +138,6 @@ def _semijoin_stability(scope: Scope, outer: stability.Relation, semijoin: Semij
                                "every row", f"correlate it, e.g. WHERE {inner_alias}.key = outer.key, and declare "
                                "max_frequency for the outer key")
     best, key = min(options, key=lambda option: option[0].stability)
-    notes.append(f"subquery over {table.name} ({inner_alias}) on {key.sql(dialect=DIALECT)}: stability "
+    notes.append(f"subquery over {table.name} ({inner_alias}) on {to_sql(key)}: stability "
                  f"{best.stability}")
     return best, key

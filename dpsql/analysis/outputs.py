@@ -14,7 +14,7 @@ from dpsql.analysis.groups import key_type
 from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import AGGREGATES, DIALECT
+from dpsql.sql import AGGREGATES, to_sql
 
 
 def post_process(scope: Scope) -> None:
@@ -26,11 +26,11 @@ def post_process(scope: Scope) -> None:
     def substitute(node: exp.Expression) -> exp.Expression:
         def swap(n: exp.Expression) -> exp.Expression:
             if isinstance(n, tuple(AGGREGATES)):
-                return exp.column(by_sql[n.sql(dialect=DIALECT)].name)
-            if n.sql(dialect=DIALECT) in key_sql:
-                return exp.column(key_sql[n.sql(dialect=DIALECT)].name)
+                return exp.column(by_sql[to_sql(n)].name)
+            if to_sql(n) in key_sql:
+                return exp.column(key_sql[to_sql(n)].name)
             if isinstance(n, exp.Column):
-                raise PrivacyRefusal(f'column "{n.sql(dialect=DIALECT)}" must appear in GROUP BY or be used '
+                raise PrivacyRefusal(f'column "{to_sql(n)}" must appear in GROUP BY or be used '
                                      "in an aggregate", "dpsql never releases raw values")
             return n
         return node.copy().transform(swap, copy=False)

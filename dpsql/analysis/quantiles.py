@@ -19,7 +19,7 @@ from dpsql.analysis.groups import key_domain, key_type
 from dpsql.analysis.plan import Aggregate, Histogram
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import AGGREGATES, DIALECT
+from dpsql.sql import AGGREGATES, to_sql
 
 HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
 
@@ -61,7 +61,7 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
                                  num_buckets=exp.Literal.number(cells))
         cell = exp.Sub(this=exp.Least(this=bucket, expressions=[exp.Literal.number(cells)]),
                        expression=exp.Literal.number(1))
-    label = f"histogram of {arg.sql(dialect=DIALECT)}"
+    label = f"histogram of {to_sql(arg)}"
     histogram = _histogram(scope, label, cell, cells, value_range.lo, width, integer,
                            f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
     return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q)
@@ -77,7 +77,7 @@ def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate
     scope.exprs.check(arg)
     value_range = scope.exprs.value_range(arg)
     column = scope.declared_column(arg) if isinstance(arg, exp.Column) else None
-    label = f"counts of {arg.sql(dialect=DIALECT)}"
+    label = f"counts of {to_sql(arg)}"
     arg_type = key_type(arg, scope.exprs)
     if column is not None and (column.domain is not None or column.type == "boolean"):
         values = tuple(v for v in key_domain(scope, arg, value_range) if v is not None)
@@ -96,7 +96,7 @@ def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate
                                f"{cells} values in [{value_range.lo:g}, {value_range.hi:g}], count-score")
     else:
         raise PrivacyRefusal(f"{sql}: the mode is chosen among declared values, and "
-                             f"{arg.sql(dialect=DIALECT)} has no declared domain or small integer range",
+                             f"{to_sql(arg)} has no declared domain or small integer range",
                              "declare domain = [...] for the column in the privacy schema, or use "
                              "GROUP BY c ORDER BY COUNT(*) DESC LIMIT 1 (keys by partition selection)")
     return Aggregate(name, "mode", (histogram.name,), None, sql, arg_type=arg_type)

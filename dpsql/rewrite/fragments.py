@@ -6,13 +6,13 @@ from sqlglot import exp
 
 from dpsql.analysis import Measure, Plan
 from dpsql.analysis.expressions import number
-from dpsql.sql import DIALECT
+from dpsql.sql import to_sql
 
 UNITS = "dpsql_units"  # the column counting distinct units (or rows) per group
 
 
 def sql(node: exp.Expression) -> str:
-    return node.sql(dialect=DIALECT)
+    return to_sql(node)
 
 
 def group_by(names: list[str]) -> str:

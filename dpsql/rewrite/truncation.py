@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from dpsql.analysis import Plan
 from dpsql.rewrite.fragments import sql
-from dpsql.sql import DIALECT
+from dpsql.sql import DIALECT, to_sql
 
 
 def from_where(plan: Plan, extra: exp.Expression | None = None, hash_seed: int = 0) -> str:
@@ -40,12 +40,12 @@ def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expressi
     def swap(table: exp.Expression) -> exp.Expression:
         if not isinstance(table, exp.Table) or table.name not in plan.truncate:
             return table
-        name = exp.to_identifier(table.name).sql(dialect=DIALECT)
+        name = to_sql(exp.to_identifier(table.name))
         # the row's text, not hash_record_extended: a table may hold types without a hash function (json)
         order = f"hashtextextended(dpsql_r::text, {int(hash_seed)}), dpsql_r::text, dpsql_r.tableoid, dpsql_r.ctid"
         excess = []
         for column, frequency in plan.truncate[table.name]:
-            key = exp.to_identifier(column).sql(dialect=DIALECT)
+            key = to_sql(exp.to_identifier(column))
             excess.append(f"SELECT tableoid, ctid FROM (SELECT dpsql_r.tableoid, dpsql_r.ctid, ROW_NUMBER() OVER "
                           f"(PARTITION BY dpsql_r.{key} ORDER BY {order}) AS dpsql_rank FROM {name} AS dpsql_r "
                           f"WHERE dpsql_r.{key} IN "

@@ -13,9 +13,10 @@ from typing import Any
 
 from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
+from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import parse_select
 from dpsql.sql.qualify import qualify_columns
-from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, output_name
+from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import derived_select, drop_nulls_under_not_in, require_flat, semijoin_selects
 
@@ -29,7 +30,7 @@ def check_query(sql: str, schema: PrivacySchema,
     tree = qualify_columns(tree, schema)
     require_flat(tree)
     drop_nulls_under_not_in(tree)
-    return CheckedQuery(tree, names)
+    return CheckedQuery(tree, names, canonical_sql(tree))
 
 
-__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "semijoin_selects"]
+__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "semijoin_selects", "to_sql"]

@@ -10,7 +10,7 @@ from sqlglot.optimizer.qualify import qualify
 
 from dpsql.errors import PrivacyRefusal, UnknownObject
 from dpsql.schema import PrivacySchema
-from dpsql.sql.query import DIALECT
+from dpsql.sql.query import DIALECT, to_sql
 
 
 def qualify_columns(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
@@ -31,7 +31,7 @@ def _check_tables(tree: exp.Select, schema: PrivacySchema) -> None:
     for table in tree.find_all(exp.Table):
         name = table.name.lower()
         if table.args.get("catalog") or (table.db and table.db.lower() != "public"):
-            raise PrivacyRefusal(f"table {table.sql(dialect=DIALECT)} is outside the declared schema",
+            raise PrivacyRefusal(f"table {to_sql(table)} is outside the declared schema",
                                  "only tables declared in the privacy schema may be read")
         if name in cte_names and not table.db:
             continue
