@@ -16,10 +16,10 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
-from dpsql.accounting import Budget, Ledger, new_hash_seed
+from dpsql.accounting import Budget, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
 from dpsql.backends import Cancellation, PostgresBackend
@@ -141,17 +141,16 @@ class Engine:
         """The noisy answer to `sql`, charged to `analyst` (or from the cache, free). `cancel` lets another
         thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
         prepared = self.prepare(sql, params, epsilon, options)
-        noisy = [output.noisy for output in prepared.plan.outputs]
         stored = self.ledger.answers.get(analyst, prepared.key)
         if stored is None:
             with self.backend.session(cancel) as backend:  # a working connection before anything is charged
                 backend.hold(f"dpsql answer {analyst} {prepared.key}")  # identical queries run one at a time
                 stored = self.ledger.answers.get(analyst, prepared.key)  # and the later ones find this answer
                 if stored is None:
-                    return self._answer(analyst, prepared, backend, noisy)
-        return _decode(stored, cached=True, budget=self.ledger.budget(analyst), noisy=noisy)
+                    return self._answer(analyst, prepared, backend)
+        return _decode(stored, prepared, cached=True, budget=self.ledger.budget(analyst))
 
-    def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession, noisy: list[bool]) -> Answer:
+    def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key)
@@ -167,7 +166,7 @@ class Engine:
         result = finish(prepared.plan, cost, groups)
         answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
         stored = self.ledger.answers.keep(analyst, prepared.key, _encode(answer))
-        return _decode(stored, cached=False, budget=budget, noisy=noisy)
+        return _decode(stored, prepared, cached=False, budget=budget)
 
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)
@@ -179,6 +178,7 @@ class Engine:
                                                          intervals=False))
         for name in OPTION_NAMES:
             resolved = resolved.with_option(name, getattr(resolved, name))
+        validate_query_privacy(resolved.epsilon, self.settings.delta)  # the config file's values too
         if resolved.epsilon > self.settings.max_epsilon:
             raise InvalidParameter(f"epsilon {resolved.epsilon:g} is above the per-query cap of "
                                    f"{self.settings.max_epsilon:g}",
@@ -193,15 +193,18 @@ def _encode(answer: Answer) -> dict:
     return {
         "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
         "rows": [[encode_value(v) for v in row] for row in answer.rows],
-        "accuracy": [[None if a is None else [a.scale, a.ci_low, a.ci_high, a.rank_error, a.count_gap] for a in row]
+        "accuracy": [[None if a is None else [encode_value(v) for v in astuple(a)] for a in row]
                      for row in answer.accuracy],
     }
 
 
-def _decode(data: dict, cached: bool, budget: Budget | None, noisy: list[bool]) -> Answer:
+def _decode(data: dict, prepared: Prepared, cached: bool, budget: Budget | None) -> Answer:
+    """The stored answer under the names of the query asking: one stored answer serves every spelling."""
+    names = [output.name for output in prepared.plan.outputs]
+    noisy = [output.noisy for output in prepared.plan.outputs]
     rows = [tuple(decode_value(v) for v in row) for row in data["rows"]]
-    accuracy = [tuple(None if a is None else Accuracy(*a) for a in row) for row in data["accuracy"]]
-    return Answer(data["names"], data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
+    accuracy = [tuple(None if a is None else Accuracy(*map(decode_value, a)) for a in row) for row in data["accuracy"]]
+    return Answer(names, data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
                   0.0 if cached else data["delta"], cached, budget, noisy)
 
 

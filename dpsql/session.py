@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from dpsql.accounting import validate_epsilon
+from dpsql.accounting import validate_query_privacy
 from dpsql.errors import InvalidParameter
 from dpsql.schema import MECHANISMS
 
@@ -53,7 +53,7 @@ OPTION_NAMES = tuple(f.name for f in fields(Options))
 def validate_option(name: str, value: Any) -> Any:
     """The option's value in its type, or InvalidParameter saying what it may be."""
     if name == "epsilon":
-        return validate_epsilon(value)
+        return validate_query_privacy(value)
     if name == "intervals":
         return _boolean(name, value)
     allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS}.get(name)

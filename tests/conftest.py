@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -15,6 +18,8 @@ from dpsql.demo import load_demo_data
 from dpsql.embedded import EmbeddedPostgres
 from dpsql.engine import Engine
 from dpsql.schema import load_schema
+from dpsql.server import ListenAddress, Server, build_server
+from dpsql.server.auth import md5_verifier, scram_verifier
 from tests import golden
 
 if golden.RECORD_ENV in os.environ:  # `python -m tests.golden` collects the queries of one test run
@@ -25,6 +30,7 @@ DEMO_SCHEMA = ROOT / "schemas" / "demo.toml"
 PEOPLE = 3000
 EXTREME_ID = 10**9
 _names = itertools.count()
+PASSWORD = "s3cret pass"  # of the analysts `served` creates
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +122,55 @@ def fuzz_world(server: EmbeddedPostgres):
             built[name] = fuzzing.build_world(server.url, lambda db: database_url(server, db), name)
         return built[name]
     return get
+
+
+# --- dpsql serve in front of the demo data --------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    engine: Engine
+    server: Server
+    loop: asyncio.AbstractEventLoop
+    url: str  # of the database behind it
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def dsn(self, user: str = "ana", password: str = PASSWORD, **extra: str) -> str:
+        options = {"host": "127.0.0.1", "port": str(self.port), "user": user, "password": password,
+                   "dbname": "demo", "sslmode": "disable", **extra}
+        return " ".join(f"{k}='{v}'" for k, v in options.items())
+
+    def start(self, **kwargs) -> Server:
+        """Another server on the same gateway (other auth method, TLS)."""
+        server = Server(self.server.gateway, ListenAddress("127.0.0.1", 0), **kwargs)
+        asyncio.run_coroutine_threadsafe(server.start(), self.loop).result()
+        return server
+
+    def stop(self, server: Server) -> None:
+        asyncio.run_coroutine_threadsafe(server.close(), self.loop).result()
+
+
+@pytest.fixture(scope="module")
+def served(request, server, template) -> Iterator[Running]:
+    """`dpsql serve` on a copy of the demo data, for one test module: analysts ana, md5user and poor."""
+    url = copy_database(server, template, f"dpsql_serve_{request.module.__name__.split('.')[-1]}")
+    engine, dp_server = build_server(Settings(database=url, schema=str(DEMO_SCHEMA), listen="127.0.0.1:0"))
+    engine.ledger.add_analyst("ana", 1000.0, 1e-3)
+    engine.ledger.set_verifier("ana", scram_verifier(PASSWORD))
+    engine.ledger.add_analyst("md5user", 10.0, 1e-5)
+    engine.ledger.set_verifier("md5user", md5_verifier("md5user", PASSWORD))
+    engine.ledger.add_analyst("poor", 0.5, 0.0)
+    engine.ledger.set_verifier("poor", scram_verifier(PASSWORD))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(dp_server.start(), loop).result()
+    running = Running(engine, dp_server, loop, url)
+    yield running
+    running.stop(dp_server)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    engine.close()

@@ -16,19 +16,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from dpsql.config import Settings
-from dpsql.engine import Engine
-from dpsql.server import ListenAddress, Server, build_server, codec
-from dpsql.server.auth import md5_verifier, scram_verifier
+from dpsql.server import codec
 from dpsql.server.protocol import Conversation
-from tests.conftest import DEMO_SCHEMA, PEOPLE, copy_database
+from tests.conftest import DEMO_SCHEMA, PASSWORD, PEOPLE, Running, copy_database
 from tests.test_codec import (
     FLUSH,
     SYNC,
@@ -43,52 +39,7 @@ from tests.test_codec import (
     startup,
 )
 
-PASSWORD = "s3cret pass"
 SLOW_CATALOG_QUERY = "SELECT count(*) FROM generate_series(1, 2000000000)"  # no data, just long
-
-
-@dataclass
-class Running:
-    engine: Engine
-    port: int
-    loop: asyncio.AbstractEventLoop
-
-    def dsn(self, user: str = "ana", password: str = PASSWORD, **extra: str) -> str:
-        options = {"host": "127.0.0.1", "port": str(self.port), "user": user, "password": password,
-                   "dbname": "demo", "sslmode": "disable", **extra}
-        return " ".join(f"{k}='{v}'" for k, v in options.items())
-
-    def start(self, **kwargs) -> Server:
-        """Another server on the same gateway (other auth method, TLS)."""
-        server = Server(self.server.gateway, ListenAddress("127.0.0.1", 0), **kwargs)
-        asyncio.run_coroutine_threadsafe(server.start(), self.loop).result()
-        return server
-
-    def stop(self, server: Server) -> None:
-        asyncio.run_coroutine_threadsafe(server.close(), self.loop).result()
-
-
-@pytest.fixture(scope="module")
-def served(server, template) -> Iterator[Running]:
-    url = copy_database(server, template, "dpsql_serve")
-    engine, dp_server = build_server(Settings(database=url, schema=str(DEMO_SCHEMA), listen="127.0.0.1:0"))
-    engine.ledger.add_analyst("ana", 1000.0, 1e-3)
-    engine.ledger.set_verifier("ana", scram_verifier(PASSWORD))
-    engine.ledger.add_analyst("md5user", 10.0, 1e-5)
-    engine.ledger.set_verifier("md5user", md5_verifier("md5user", PASSWORD))
-    engine.ledger.add_analyst("poor", 0.5, 0.0)
-    engine.ledger.set_verifier("poor", scram_verifier(PASSWORD))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(dp_server.start(), loop).result()
-    running = Running(engine, dp_server.port, loop)
-    running.server = dp_server
-    yield running
-    running.stop(dp_server)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    engine.close()
 
 
 def _cancel_soon(cancel, delay: float = 0.5) -> threading.Timer:

@@ -12,8 +12,17 @@ from __future__ import annotations
 
 from dpsql.accounting import zcdp
 from dpsql.accounting.answers import AnswerCache
-from dpsql.accounting.budget import NO_COST, Budget, Cost, describe_budget, validate_epsilon
+from dpsql.accounting.budget import (
+    MAX_DELTA,
+    MIN_EPSILON,
+    NO_COST,
+    Budget,
+    Cost,
+    describe_budget,
+    validate_epsilon,
+    validate_query_privacy,
+)
 from dpsql.accounting.ledger import Ledger, new_hash_seed
 
-__all__ = ["NO_COST", "AnswerCache", "Budget", "Cost", "Ledger", "describe_budget", "new_hash_seed",
-           "validate_epsilon", "zcdp"]
+__all__ = ["MAX_DELTA", "MIN_EPSILON", "NO_COST", "AnswerCache", "Budget", "Cost", "Ledger", "describe_budget",
+           "new_hash_seed", "validate_epsilon", "validate_query_privacy", "zcdp"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import math
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -57,7 +58,10 @@ class AnswerCache:
 
 
 def encode_value(value: Any) -> Any:
-    """A released value in JSON: dates, timestamps and decimals tagged with their type."""
+    """A released value in JSON: dates, timestamps and decimals tagged with their type, and so are the floats
+    that JSON cannot hold (NaN, ±Infinity) or that PostgreSQL's jsonb would give back as integers (1.0, -0.0)."""
+    if isinstance(value, float) and (not math.isfinite(value) or value.is_integer()):
+        return {"$float": repr(value)}
     if isinstance(value, datetime.datetime):
         return {"$timestamp": value.isoformat()}
     if isinstance(value, datetime.date):
@@ -71,9 +75,9 @@ def decode_value(value: Any) -> Any:
     if isinstance(value, dict):
         (tag, text), = value.items()
         return {"$timestamp": datetime.datetime.fromisoformat, "$date": datetime.date.fromisoformat,
-                "$decimal": decimal.Decimal}[tag](text)
+                "$decimal": decimal.Decimal, "$float": float}[tag](text)
     return value
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str)
+    return json.dumps(value, default=str, allow_nan=False)  # a NaN left untagged fails here, not in PostgreSQL

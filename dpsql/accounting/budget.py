@@ -90,6 +90,10 @@ class Budget:
                        rho=self.rho + cost.rho, approx_delta=self.approx_delta + cost.approx_delta)
 
 
+MIN_EPSILON = 1e-6  # of one query
+MAX_DELTA = 1e-3  # of one query
+
+
 def describe_budget(budget: Budget) -> str:
     """One line for people: spent, left, and which account the spending comes from."""
     account = (f"zCDP: ρ = {budget.rho:.4g}" + (f" beside δ = {budget.approx_delta:.3g}" if budget.approx_delta else "")
@@ -106,4 +110,17 @@ def validate_epsilon(epsilon: Any, what: str = "epsilon", allow_zero: bool = Fal
         raise InvalidParameter(f"{what} must be a number, got {epsilon!r}") from None
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise InvalidParameter(f"{what} must be a finite number {'>=' if allow_zero else '>'} 0, got {epsilon!r}")
+    return value
+
+
+def validate_query_privacy(epsilon: Any, delta: Any = None) -> float:
+    """One query's ε, within [MIN_EPSILON, ∞) (and its δ within [0, MAX_DELTA]), else InvalidParameter. Below
+    MIN_EPSILON an answer is noise alone, and the samplers' grids would leave the range of a float."""
+    value = validate_epsilon(epsilon)
+    if value < MIN_EPSILON:
+        raise InvalidParameter(f"epsilon {epsilon!r} is below the minimum of {MIN_EPSILON:g} per query",
+                               f"ask for an epsilon of at least {MIN_EPSILON:g}; smaller ones give answers of noise")
+    if delta is not None and validate_epsilon(delta, "delta", allow_zero=True) > MAX_DELTA:
+        raise InvalidParameter(f"delta {delta!r} is above the maximum of {MAX_DELTA:g} per query",
+                               "a query may fail its guarantee with probability delta; keep it far below 1/n")
     return value

@@ -115,6 +115,9 @@ class ClientSession:
     def execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
         return self._guarded(self._execute, statement, params, param_types)
 
+    def check(self, statement: Statement) -> None:
+        self._guarded(self._check, statement)
+
     def discard(self) -> dict[str, str]:
         self.options = Options()
         self._described.clear()
@@ -158,6 +161,11 @@ class ClientSession:
         return _columns(self._presented(answer))
 
     # --- executing ---------------------------------------------------------------------------------------
+
+    def _check(self, statement: Statement) -> None:
+        """Refuse what executing `statement` would refuse, without running or charging anything."""
+        if self.gateway.route(statement).kind == "private":
+            self.gateway.engine.prepare(statement.sql, options=self.options)
 
     def _execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
         where = self.gateway.route(statement)

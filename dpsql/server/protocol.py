@@ -22,6 +22,8 @@ from dpsql.server.statements import Statement, StatementSyntaxError, single_stat
 log = logging.getLogger("dpsql.server")
 
 ERROR, FATAL = "ERROR", "FATAL"
+TRANSACTION_KINDS = frozenset({"begin", "commit", "rollback", "rollback_to", "savepoint", "release"})
+LOCAL_KINDS = TRANSACTION_KINDS | {"deallocate", "discard"}  # statements the conversation answers itself
 
 
 class StatementError(Exception):
@@ -57,6 +59,9 @@ class HostSession(Protocol):
     def describe(self, statement: Statement, param_types: list[int]) -> Description: ...
 
     def execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome: ...
+
+    def check(self, statement: Statement) -> None:
+        """Raise StatementError if executing `statement` would be refused; run nothing."""
 
     def discard(self) -> dict[str, str]: ...
 
@@ -286,6 +291,8 @@ class Conversation:
             self._error(error("42601", f"syntax error: {exc}").notice)
         if statements == ():
             self._send(codec.empty_query_message())
+        if statements and len(statements) > 1 and not self._all_allowed(statements):
+            statements = None  # PostgreSQL runs a string of statements all or nothing; so does dpsql
         for statement in statements or []:
             try:
                 outcome = self._run(statement, [], [])
@@ -297,6 +304,18 @@ class Conversation:
                 self._send_rows(outcome.rows, outcome.columns, [0] * len(outcome.columns))
             self._complete(outcome)
         self._send(codec.ready_message(self.status))
+
+    def _all_allowed(self, statements: tuple[Statement, ...]) -> bool:
+        """Whether every statement of a string may run; if one may not, its error is sent and none runs."""
+        for statement in statements:
+            if statement.kind in LOCAL_KINDS:
+                continue
+            try:
+                self.session.check(statement)
+            except StatementError as exc:
+                self._error(exc.notice)
+                return False
+        return True
 
     def _send_rows(self, rows: Sequence[Sequence[Any]], columns: list[Column], formats: list[int]) -> None:
         if rows and len(rows[0]) != len(columns):
@@ -329,7 +348,7 @@ class Conversation:
         if self.status == "E" and kind not in ("commit", "rollback", "rollback_to"):
             raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block",
                         "send ROLLBACK")
-        if kind in ("begin", "commit", "rollback", "rollback_to", "savepoint", "release"):
+        if kind in TRANSACTION_KINDS:
             return self._transaction(statement, kind)
         if kind == "deallocate":
             return self._deallocate(statement)

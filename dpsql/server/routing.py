@@ -34,11 +34,22 @@ SERVER_STATE = re.compile(
     r"|pg_wal\w*|pg_xact\w*|pg_snapshot\w*|pg_visible_in_snapshot|pg_locks|pg_blocking_pids|pg_backend_memory\w*"
     r"|pg_shmem\w*|pg_get_wal\w*|pg_replication\w*|pg_prepared_xacts|pg_promote|pg_notify|pg_log_\w+|pg_switch_wal"
     r"|pg_export_snapshot|pg_create_\w+|pg_drop_\w+|pg_copy_\w+|pg_logical\w*|pg_advisory\w*|pg_import_system\w*"
-    r"|(query|table|schema|database|cursor)_to_xml\w*|\w*frozenxid|\w*minmxid|xmin|xmax|mxid_age|pg_sequence_\w+",
+    r"|setseed|(query|table|schema|database|cursor)_to_xml\w*|\w*frozenxid|\w*minmxid|xmin|xmax|mxid_age|pg_sequence_\w+",
     re.IGNORECASE)
 GUARDED_SETTINGS = re.compile(
     r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(ROLE|SESSION\s+AUTHORIZATION|\"?default_transaction_read_only"
     r"|\"?transaction_read_only|\"?statement_timeout)\b", re.IGNORECASE)
+# settings that change how later statements are lexed or encoded: a value other than these would let dpsql's
+# parser and PostgreSQL read one string two ways (a quote that ends a literal for one and not the other)
+LEXING_SETTINGS = {
+    "standard_conforming_strings": {"on", "true", "yes", "1", "default"},
+    "backslash_quote": {"safe_encoding", "default"},
+    "escape_string_warning": {"on", "true", "yes", "1", "default"},
+    "client_encoding": {"utf8", "utf-8", "unicode", "default"},
+    "names": {"utf8", "utf-8", "unicode", "default"},  # SET NAMES is client_encoding
+}
+SET_VALUE = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?\"?(\w+)\"?\s*(?:TO\b|=)?\s*(.*?)\s*;?\s*$",
+                       re.IGNORECASE | re.DOTALL)
 SCHEMA_CATALOGS = {"pg_statistic_ext"}  # definitions of statistics objects (psql's \d lists them), not their data
 IDENTIFIER_TOKENS = {TokenType.VAR, TokenType.IDENTIFIER}
 
@@ -59,6 +70,7 @@ def route(statement: Statement, private: frozenset[str]) -> Route:
             return Route("option", command)
         if GUARDED_SETTINGS.match(statement.sql) or re.search(r"\bREAD\s+WRITE\b", statement.sql, re.IGNORECASE):
             raise PrivacyRefusal("dpsql does not let a session change its role or read-only mode")
+        _refuse_lexing_change(statement)
         return Route("setting")
     if word in QUERY_WORDS:
         if _reads_data(statement, private):
@@ -75,6 +87,17 @@ def route(statement: Statement, private: frozenset[str]) -> Route:
                                "use your driver's prepared statements (the extended protocol) instead")
     raise PrivacyRefusal(f"dpsql only answers queries: {word or 'this statement'} is not allowed",
                          "send SELECT queries with aggregates (COUNT, SUM, AVG, ...); dpsql never writes")
+
+
+def _refuse_lexing_change(statement: Statement) -> None:
+    found = SET_VALUE.match(statement.sql) if statement.first_word == "SET" else None
+    if found is None or found.group(1).lower() not in LEXING_SETTINGS:
+        return
+    name, value = found.group(1).lower(), found.group(2).strip("'\"").lower()
+    if value not in LEXING_SETTINGS[name]:
+        raise PrivacyRefusal(f"dpsql does not let a session set {name} to {found.group(2)}: it changes how "
+                             "later statements are read", "dpsql speaks UTF8 with standard conforming strings; "
+                             "write E'...' for backslash escapes")
 
 
 def _reads_data(statement: Statement, private: frozenset[str]) -> bool:
