@@ -16,6 +16,7 @@ from dpsql import errors
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.server.auth import scram_verifier
 from dpsql.server.protocol import Conversation
+from dpsql.sql import check_query
 from tests.conftest import DEMO_SCHEMA, PASSWORD, Running
 from tests.test_codec import SYNC, backend_messages, bind, describe, execute, parse
 from tests.test_server import _login
@@ -54,6 +55,38 @@ SPELLINGS = [
     'SELECT count(*) FROM "people"',
     "select COUNT(1) from PEOPLE -- again",
 ]
+
+
+SAME = [
+    ("SELECT count(*) FROM people p JOIN visits v ON p.person_id = v.person_id WHERE v.amount > 10",
+     "SELECT COUNT(*) FROM people AS a JOIN visits AS b ON b.person_id = a.person_id WHERE 10 < b.amount"),
+    ("SELECT sex, count(*) FROM people WHERE age >= 18 OR state = 'CA' GROUP BY sex",
+     "SELECT sex AS x, count(*) AS y FROM people WHERE (state = 'CA' OR 18 <= age) GROUP BY 1"),
+    ("SELECT sum(income) FROM people WHERE age > 30 AND sex = 'F' AND state = 'NY'",
+     "SELECT sum(income) FROM people WHERE state = 'NY' AND (sex = 'F' AND age > 0030)"),
+    ("SELECT avg(amount) FROM visits WHERE amount > 1.50", "SELECT avg(amount) FROM visits WHERE amount > 1.5"),
+]
+DIFFERENT = [
+    ("SELECT count(*) FROM people WHERE age > 30", "SELECT count(*) FROM people WHERE age < 30"),
+    ("SELECT count(*) FROM people WHERE age > 30", "SELECT count(*) FROM people WHERE age >= 30"),
+    ("SELECT sum(age / 2) FROM people", "SELECT sum(age / 2.0) FROM people"),
+    ("SELECT sum(age - 1) FROM people", "SELECT sum(1 - age) FROM people"),
+    ("SELECT count(*) FROM people WHERE state = 'ca'", "SELECT count(*) FROM people WHERE state = 'CA'"),
+    ("SELECT count(DISTINCT person_id) FROM visits", "SELECT count(person_id) FROM visits"),
+    ("SELECT sex, count(*) FROM people GROUP BY sex ORDER BY 2", "SELECT sex, count(*) FROM people GROUP BY sex"),
+    ("SELECT count(*) FROM people p JOIN visits v ON p.person_id = v.person_id",
+     "SELECT count(*) FROM people p LEFT JOIN visits v ON p.person_id = v.person_id"),
+]
+
+
+@pytest.mark.parametrize(("one", "other"), SAME)
+def test_respellings_have_one_canonical_text(demo_schema, one: str, other: str):
+    assert check_query(one, demo_schema).canonical == check_query(other, demo_schema).canonical
+
+
+@pytest.mark.parametrize(("one", "other"), DIFFERENT)
+def test_queries_that_differ_in_meaning_keep_their_own_texts(demo_schema, one: str, other: str):
+    assert check_query(one, demo_schema).canonical != check_query(other, demo_schema).canonical
 
 
 def test_equivalent_spellings_get_one_answer_and_one_charge_over_the_wire(served: Running):

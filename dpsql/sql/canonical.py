@@ -85,9 +85,17 @@ def _normalise(node: exp.Expression) -> exp.Expression:
         left, right = sorted([node.this, node.expression], key=to_sql)
         return type(node)(this=left, expression=right)
     if isinstance(node, (exp.And, exp.Or)):
-        operands = sorted(node.flatten(), key=to_sql)
+        operands = sorted(_operands(node, type(node)), key=to_sql)
         return exp.and_(*operands, copy=False) if isinstance(node, exp.And) else exp.or_(*operands, copy=False)
     return node
+
+
+def _operands(node: exp.Expression, connector: type[exp.Expression]) -> list[exp.Expression]:
+    """The operands of a chain of ANDs (or ORs), through parentheses: (a AND b) AND c has three."""
+    node = node.unnest()
+    if isinstance(node, connector):
+        return _operands(node.this, connector) + _operands(node.expression, connector)
+    return [node]
 
 
 def _number(literal: exp.Literal) -> exp.Literal:
