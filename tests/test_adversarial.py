@@ -273,3 +273,45 @@ def test_fifty_identical_concurrent_queries_are_charged_once(served: Running):
         thread.join(60)
     assert not failures and len(values) == 50 and len(set(values)) == 1
     assert _charges(served, analyst) == 1
+
+
+# --- group keys -----------------------------------------------------------------------------------------------
+
+DERIVED_KEYS = [
+    ("upper(sex)", "people", "sex"),
+    ("lower(sex) || '-x'", "people", "sex"),
+    ("substring(category, 2, 3)", "visits", "category"),
+    ("substring(category, -1, 4)", "visits", "category"),
+    ("length(category)", "visits", "category"),
+    ("upper(drug) || '!'", "prescriptions", "drug"),
+]
+
+
+@pytest.mark.parametrize(("key", "table", "column"), DERIVED_KEYS)
+def test_a_function_of_a_public_key_has_the_values_postgresql_computes(served: Running, key: str, table: str,
+                                                                        column: str):
+    plan = served.engine.prepare(f"SELECT {key} AS k, COUNT(*) FROM {table} GROUP BY 1").plan
+    declared = served.engine.schema.tables[table].columns[column].domain
+    with psycopg.connect(served.url) as conn:
+        computed = conn.execute(f"SELECT DISTINCT {key.replace(column, 'v')} FROM unnest(%s::text[]) AS v",
+                                (list(declared),)).fetchall()
+    assert plan.domain is not None and sorted(plan.domain) == sorted(computed)
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT person_id, COUNT(*) FROM visits GROUP BY person_id", "groups by the privacy unit"),
+    ("SELECT p.person_id AS who, AVG(p.age) FROM people p GROUP BY 1", "groups by the privacy unit"),
+    ("SELECT income, COUNT(*) FROM people GROUP BY income", "width_bucket"),
+])
+def test_keys_no_group_could_ever_be_released_for_are_refused_before_any_charge(served: Running, sql: str,
+                                                                                 message: str):
+    analyst = _analyst(served, "keys")
+    with psycopg.connect(served.dsn(analyst), autocommit=True) as conn, \
+            pytest.raises(psycopg.errors.FeatureNotSupported, match=message):
+        conn.execute(sql)
+    assert _charges(served, analyst) == 0
+
+
+def test_count_distinct_over_rows_that_are_whole_units_has_sensitivity_one(served: Running):
+    plan = served.engine.prepare("SELECT sex, COUNT(DISTINCT state) FROM people GROUP BY sex").plan
+    assert [m.sensitivity for m in plan.measures] == [1]

@@ -22,6 +22,8 @@ QUERIES = [
     "SELECT COUNT(*) FROM people",
     "SELECT COUNT(*), SUM(income), AVG(income), VAR_POP(income), STDDEV(income), COUNT(age) FROM people",
     "SELECT COUNT(*), SUM(amount), COUNT(DISTINCT person_id), AVG(amount) FROM visits",
+    "SELECT COUNT(DISTINCT state), COUNT(DISTINCT age) FROM people",
+    "SELECT sex, COUNT(DISTINCT state), COUNT(*) FROM people GROUP BY sex",
     "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
     "SELECT category, VAR_SAMP(amount), STDDEV_POP(amount) FROM visits GROUP BY 1",
     "SELECT state, COUNT(*) FROM people GROUP BY state",

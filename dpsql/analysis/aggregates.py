@@ -2,8 +2,8 @@
 
 Rules:
 - COUNT is a sum of 1s (COUNT(*)) or of 0/1 (COUNT(expr)); COUNT(DISTINCT unit) counts units, 1 per unit;
-  COUNT(DISTINCT expr) is answered only under row-level privacy on directly aggregated rows, where a changed
-  row adds or removes at most one distinct value of its group;
+  COUNT(DISTINCT expr) is answered only on directly aggregated rows (row-level privacy, or unit-level rows that
+  are each a whole unit), where a changed row adds or removes at most one distinct value of its group;
 - SUM(expr) sums a value that the rewrite clamps to its declared range [lo, hi]; AVG is a centred sum over a
   count, and the variances add a centred sum of squares, each clamped to its own range;
 - one unit's total of a measure in one group lies in [k·min(lo, 0), k·max(hi, 0)] (the rewrite clamps it
@@ -76,15 +76,17 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
             value = arg.expressions[0] if len(arg.expressions) == 1 else None
             if isinstance(value, exp.Column) and scope.is_unit(value):
                 return Aggregate(name, "count_units", (measure_of("distinct units", "units", None, ONE),), None, sql)
-            if value is not None and scope.schema.row_level and scope.direct:
-                # each changed row adds or removes at most one distinct value of its group
+            if value is not None and scope.direct:
+                # each changed row (under unit-level privacy, a direct aggregate's row is a whole unit) adds or
+                # removes at most one distinct value of its group
                 scope.exprs.check(value)
                 label = f"COUNT(DISTINCT {to_sql(value)})"
                 return Aggregate(name, "count", (measure_of(label, "distinct", scope.exprs.guard(value), BIT),),
                                  None, sql)
             raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
-                                   f"({scope.schema.describe_unit()}), or for one expression under row-level "
-                                   "privacy", "count distinct units, or count rows with COUNT(*)")
+                                   f"({scope.schema.describe_unit()}), or for one expression over rows that are "
+                                   "each a whole unit (or under row-level privacy)",
+                                   "count distinct units, or count rows with COUNT(*)")
         if arg is None or isinstance(arg, exp.Star):
             return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
         scope.exprs.check(arg)

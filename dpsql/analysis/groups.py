@@ -27,6 +27,7 @@ from dpsql.errors import UnsupportedQuery
 from dpsql.sql import AGGREGATES, to_sql
 
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
+CONTINUOUS_TYPES = {"double precision", "real"}  # as the schema names them
 
 
 def bound_groups(scope: Scope) -> None:
@@ -73,7 +74,70 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
     if (value_range is not None and value_range.integer and value_range.bounded
             and value_range.hi - value_range.lo < MAX_DOMAIN):
         return tuple(range(int(value_range.lo), int(value_range.hi) + 1))
-    return None
+    return _function_domain(scope, node)
+
+
+def _function_domain(scope: Scope, node: exp.Expression) -> tuple | None:
+    """The values of a text function of one column with a declared domain (upper(state), substring(code, 1, 2)):
+    computed on the declared values, so they are as public as the domain. Only ASCII values are computed, where
+    Python's string functions are PostgreSQL's. (A database whose locale upper-cases 'i' as 'İ' would put those
+    rows outside the released keys: less accurate, never less private.)"""
+    columns = list(node.find_all(exp.Column))
+    if len(columns) != 1 or node is columns[0]:
+        return None
+    column = scope.declared_column(columns[0])
+    if column is None or column.domain is None or not all(isinstance(v, str) and v.isascii() for v in column.domain):
+        return None
+    try:
+        return tuple(dict.fromkeys(_text_value(node, value) for value in column.domain))
+    except _NotComputed:
+        return None
+
+
+class _NotComputed(Exception):
+    pass
+
+
+def _text_value(node: exp.Expression, value: str) -> str | int:
+    """`node` with its one column set to `value`, as PostgreSQL computes it."""
+    def arg(name: str) -> str | int:
+        return _text_value(node.args[name], value)
+
+    if isinstance(node, exp.Column):
+        return value
+    if isinstance(node, exp.Paren):
+        return _text_value(node.this, value)
+    if isinstance(node, exp.Literal) and (not node.is_string or node.this.isascii()):
+        return node.this if node.is_string else int(node.this) if node.this.lstrip("-").isdigit() else _refuse()
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+        return -_text_value(node.this, value)
+    if isinstance(node, exp.Upper | exp.Lower | exp.Length):
+        text = _string(arg("this"))
+        return text.upper() if isinstance(node, exp.Upper) else text.lower() if isinstance(node, exp.Lower) \
+            else len(text)
+    if isinstance(node, exp.Trim) and set(node.args) <= {"this"}:
+        return _string(arg("this")).strip(" ")
+    if isinstance(node, exp.DPipe):
+        return _string(arg("this")) + _string(arg("expression"))
+    if isinstance(node, exp.Substring) and set(node.args) <= {"this", "start", "length"}:
+        text, start = _string(arg("this")), _integer(arg("start"))
+        if node.args.get("length") is None:
+            return text[max(start, 1) - 1:]
+        end = start + _integer(arg("length"))  # a negative length was refused by the expression checks
+        return text[max(start, 1) - 1:max(end - 1, 0)]
+    return _refuse()
+
+
+def _string(value: str | int) -> str:
+    return value if isinstance(value, str) else _refuse()
+
+
+def _integer(value: str | int) -> int:
+    return value if isinstance(value, int) else _refuse()
+
+
+def _refuse():
+    raise _NotComputed
 
 
 def key_type(node: exp.Expression, exprs: Expressions) -> str:
@@ -101,10 +165,30 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
     for i, node in enumerate(group.expressions):
         if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk()):
             raise UnsupportedQuery("aggregates are not allowed in GROUP BY")
+        _refuse_hopeless_key(scope, node)
         value_range = scope.exprs.value_range(node)
         keys.append(GroupKey(f"g{i}", scope.exprs.guard(node), key_domain(scope, node, value_range),
                              to_sql(node)))
     return keys
+
+
+def _refuse_hopeless_key(scope: Scope, node: exp.Expression) -> None:
+    """Refuse a private key that gives each unit a group of its own: partition selection keeps a group only
+    when enough units share it, so the answer would be empty after spending the budget."""
+    column = node.this if isinstance(node, exp.Cast) else node
+    if not isinstance(column, exp.Column) or scope.schema.row_level:
+        return
+    if scope.is_unit(column):
+        raise UnsupportedQuery(f"GROUP BY {to_sql(node)} groups by the privacy unit: every group would hold "
+                               "one unit, and no such group is ever released",
+                               "group by a property that units share, or count units with COUNT(DISTINCT "
+                               f"{to_sql(column)})")
+    declared = scope.declared_column(column)
+    if declared is not None and declared.domain is None and declared.type in CONTINUOUS_TYPES:
+        raise UnsupportedQuery(f"GROUP BY {to_sql(node)} groups by a continuous value: nearly every group would "
+                               "hold one unit, and no such group is ever released",
+                               f"group by bins, e.g. width_bucket({to_sql(column)}, lo, hi, 10) or "
+                               f"floor({to_sql(column)} / 1000)")
 
 
 def _domain(keys: list[GroupKey]) -> list[tuple] | None:
