@@ -33,6 +33,8 @@ class Settings:
     statement_timeout_ms: int = 30_000
     connect_timeout_s: float = 10.0  # wait for a working PostgreSQL connection this long, then fail (08006, no charge)
     max_groups_per_unit: int | None = None  # overrides the schema's bound when set
+    latency_floor_ms: int = 0  # a fresh answer (or its failure) is returned no sooner than this after the query
+    #                            arrived, so that its timing says less about the data (0: off)
     # `dpsql serve`
     listen: str = "127.0.0.1:6543"  # HOST:PORT of the wire-protocol port
     auth: str = "scram-sha-256"  # scram-sha-256 | md5 | password (cleartext, only with TLS)

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import astuple, dataclass, replace
 from typing import Any
@@ -140,6 +141,7 @@ class Engine:
               options: Options | None = None, cancel: Cancellation | None = None) -> Answer:
         """The noisy answer to `sql`, charged to `analyst` (or from the cache, free). `cancel` lets another
         thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
+        arrived = time.monotonic()
         prepared = self.prepare(sql, params, epsilon, options)
         stored = self.ledger.answers.get(analyst, prepared.key)
         if stored is None:
@@ -147,7 +149,10 @@ class Engine:
                 backend.hold(f"dpsql answer {analyst} {prepared.key}")  # identical queries run one at a time
                 stored = self.ledger.answers.get(analyst, prepared.key)  # and the later ones find this answer
                 if stored is None:
-                    return self._answer(analyst, prepared, backend)
+                    try:
+                        return self._answer(analyst, prepared, backend)
+                    finally:
+                        _wait_until(arrived + self.settings.latency_floor_ms / 1000)
         return _decode(stored, prepared, cached=True, budget=self.ledger.budget(analyst))
 
     def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
@@ -184,6 +189,14 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
         return resolved
+
+
+def _wait_until(deadline: float) -> None:
+    """Sleep until `deadline` (time.monotonic()): the latency floor, which hides how long the data took to read
+    when the answer came sooner (a longer run still shows)."""
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 # --- answers in the cache (JSON in dpsql.answers) --------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 
 import psycopg
 import pytest
@@ -14,6 +15,8 @@ import pytest
 import dpsql
 from dpsql import errors
 from dpsql.accounting.answers import decode_value, encode_value
+from dpsql.config import Settings
+from dpsql.engine import Engine
 from dpsql.server.auth import scram_verifier
 from dpsql.server.protocol import Conversation
 from dpsql.sql import check_query
@@ -315,3 +318,25 @@ def test_keys_no_group_could_ever_be_released_for_are_refused_before_any_charge(
 def test_count_distinct_over_rows_that_are_whole_units_has_sensitivity_one(served: Running):
     plan = served.engine.prepare("SELECT sex, COUNT(DISTINCT state) FROM people GROUP BY sex").plan
     assert [m.sensitivity for m in plan.measures] == [1]
+
+
+# --- timing -----------------------------------------------------------------------------------------------------
+
+
+def test_the_latency_floor_pads_fresh_answers_not_cached_or_refused_ones(served: Running):
+    engine = Engine(Settings(database=served.url, schema=str(DEMO_SCHEMA), latency_floor_ms=300))
+    analyst = _analyst(served, "floor")
+    try:
+        began = time.monotonic()
+        engine.query("SELECT COUNT(*) FROM visits", analyst=analyst, epsilon=0.5)
+        fresh = time.monotonic() - began
+        began = time.monotonic()
+        engine.query("SELECT COUNT(*) FROM visits", analyst=analyst, epsilon=0.5)
+        cached = time.monotonic() - began
+        began = time.monotonic()
+        with pytest.raises(errors.Error):  # refused before it runs: nothing to hide, no wait
+            engine.query("SELECT * FROM visits", analyst=analyst, epsilon=0.5)
+        refused = time.monotonic() - began
+    finally:
+        engine.close()
+    assert fresh >= 0.3 and cached < 0.3 and refused < 0.3
