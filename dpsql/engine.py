@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -26,7 +27,7 @@ from dpsql.analysis import Plan, analyze
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
 from dpsql.config import Settings
-from dpsql.errors import BackendError, ConfigError, Error, InvalidParameter, QueryCancelled
+from dpsql.errors import BackendError, ConfigError, Error, InternalError, InvalidParameter, QueryCancelled
 from dpsql.noise import Calibration, add_noise, calibrate
 from dpsql.postprocess import Accuracy, Result, evaluate, finish
 from dpsql.rewrite import Rewritten, rewrite
@@ -34,6 +35,7 @@ from dpsql.schema import PrivacySchema, load_schema
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 
+log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
 
 
@@ -142,7 +144,12 @@ class Engine:
         """The noisy answer to `sql`, charged to `analyst` (or from the cache, free). `cancel` lets another
         thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
         arrived = time.monotonic()
-        prepared = self.prepare(sql, params, epsilon, options)
+        try:
+            prepared = self.prepare(sql, params, epsilon, options)
+        except Error:
+            raise
+        except Exception as exc:  # a dpsql bug, before anything ran or was charged
+            raise _internal(exc, "the query did not run and was not charged") from exc
         stored = self.ledger.answers.get(analyst, prepared.key)
         if stored is None:
             with self.backend.session(cancel) as backend:  # a working connection before anything is charged
@@ -167,10 +174,16 @@ class Engine:
                 with contextlib.suppress(Error):  # unsettled, the charge pays for the next attempt instead
                     self.ledger.settle(analyst, prepared.key)
             raise  # else a fault cut the attempt short: the charge pays for the next one
-        groups = add_noise(prepared.plan, cost, rows, histograms)
-        result = finish(prepared.plan, cost, groups)
-        answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
-        stored = self.ledger.answers.keep(analyst, prepared.key, _encode(answer))
+        try:
+            groups = add_noise(prepared.plan, cost, rows, histograms)
+            result = finish(prepared.plan, cost, groups)
+            answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
+            encoded = _encode(answer)
+        except Exception as exc:  # a dpsql bug, which may depend on the data: like a failure, it is settled
+            with contextlib.suppress(Error):
+                self.ledger.settle(analyst, prepared.key)
+            raise _internal(exc, "the query ran and its charge stands") from exc
+        stored = self.ledger.answers.keep(analyst, prepared.key, encoded)
         return _decode(stored, prepared, cached=False, budget=budget)
 
     def budget(self, analyst: str) -> Budget:
@@ -189,6 +202,12 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
         return resolved
+
+
+def _internal(exc: Exception, what: str) -> InternalError:
+    log.error("internal error in dpsql", exc_info=exc)
+    return InternalError(f"internal error in dpsql ({type(exc).__name__}); {what}",
+                         "this is a dpsql bug: the log has the details; please report it")
 
 
 def _wait_until(deadline: float) -> None:

@@ -161,7 +161,8 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
         return None
     if draws.ndim == 0 or not np.isfinite(draws).any():
         return None
-    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    with np.errstate(invalid="ignore"):  # draws at ±inf (a ratio over a noisy zero) leave a NaN bound
+        low, high = np.nanpercentile(draws, [2.5, 97.5])
     return Accuracy(None, float(low), float(high))
 
 

@@ -340,3 +340,26 @@ def test_the_latency_floor_pads_fresh_answers_not_cached_or_refused_ones(served:
     finally:
         engine.close()
     assert fresh >= 0.3 and cached < 0.3 and refused < 0.3
+
+
+# --- a dpsql bug on the query path ------------------------------------------------------------------------------
+
+
+def test_a_bug_after_the_charge_is_an_internal_error_and_the_retry_pays_again(served: Running, monkeypatch):
+    """A crash whose occurrence could depend on the data (through the noisy value) must not be sampled for
+    free: like a failure, it settles its charge."""
+    import dpsql.engine
+
+    def broken(*args, **kwargs):
+        raise TypeError("a dpsql bug")
+
+    analyst = _analyst(served, "bug")
+    sql = "SELECT AVG(age) FROM people WHERE income > 12345"
+    with monkeypatch.context() as patch:
+        patch.setattr(dpsql.engine, "finish", broken)
+        for _ in range(2):
+            with pytest.raises(errors.InternalError, match="TypeError"):
+                served.engine.query(sql, analyst=analyst, epsilon=0.5)
+    assert _charges(served, analyst) == 2
+    served.engine.query(sql, analyst=analyst, epsilon=0.5)
+    assert _charges(served, analyst) == 3
