@@ -76,7 +76,7 @@ def main() -> None:
         for name, url in (("base", base), ("neighbour", neighbour)):
             engine = Engine(Settings(database=url, schema=str(SCHEMA), latency_floor_ms=floor))
             if number == 0:
-                engine.ledger.add_analyst("timing", 1e9, 1.0)
+                engine.ledger.add_analyst("timing", 1e9, 0.5)
             engines[name] = engine
         timings(engines, 10, start=number * 10**6)  # warm the pools and caches
         measured = timings(engines, args.runs, start=number * 10**6 + 100)
