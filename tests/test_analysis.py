@@ -320,3 +320,23 @@ def test_row_level_joins_dpsql_cannot_bound_are_refused(row_schema, sql, message
     with pytest.raises((errors.UnsupportedQuery, errors.PrivacyRefusal), match=message) as refused:
         row_plan(sql, row_schema)
     assert refused.value.hint or "not supported" in str(refused.value)
+
+
+@pytest.mark.parametrize(("key", "values"), [
+    ("age / 10", list(range(11))),
+    ("age / 10 * 10", list(range(0, 101, 10))),
+    ("floor(age / 10) * 10 + 5", list(range(5, 106, 10))),
+    ("floor(income / 50000) * 50000", list(range(0, 250001, 50000))),
+    ("(age - 50) / 20", [-2, -1, 0, 1, 2]),
+])
+def test_integer_key_domains_keep_their_step(demo_schema, key, values):
+    plan = analyze(check_query(f"SELECT {key} AS k, COUNT(*) FROM people GROUP BY 1", demo_schema), demo_schema,
+                   PARENT_UNIQUE)
+    assert sorted(v for (v,) in plan.domain) == values
+
+
+@pytest.mark.parametrize(("expr", "sensitivity"), [("age / 10", 10), ("age / -3", 33), ("(age - 50) / 7", 7),
+                                                   ("age / (age + 1)", 100)])
+def test_an_integer_quotient_is_bounded_by_its_truncated_corners(demo_schema, expr, sensitivity):
+    plan = analyze(check_query(f"SELECT SUM({expr}) FROM people", demo_schema), demo_schema, PARENT_UNIQUE)
+    assert [m.sensitivity for m in plan.measures] == [sensitivity]

@@ -34,6 +34,8 @@ QUERIES = [
     "SELECT COUNT(*), SUM(p.income) FROM people p, states s WHERE s.code = p.state AND s.region = 'West'",
     "SELECT width_bucket(age, 0, 100, 10) AS b, AVG(income), COUNT(*) FROM people GROUP BY b",
     "SELECT floor(income / 10000) AS b, COUNT(*) FROM people GROUP BY b",
+    "SELECT SUM(age / 10), SUM(age / -3), SUM((age - 50) / 7) FROM people",
+    "SELECT age / 10 * 10 AS d, floor(income / 50000) * 50000 AS i, COUNT(*) FROM people GROUP BY d, i",
     "SELECT CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END AS band, "
     "SUM(income) FROM people GROUP BY band",
     "SELECT SUM(CASE WHEN category = 'lab' THEN amount ELSE 0 END), SUM(amount * 2 + 1), "

@@ -236,7 +236,11 @@ class Expressions:
         # PostgreSQL truncates only when both operands have integer *types* (|a / b| <= |a|); integer-valued
         # floats and numerics (floor(x), round(x), casts) divide exactly, so their quotient is fractional
         if self.kind(node.this) == "integer" and self.kind(node.expression) == "integer":
-            return Range(-a.magnitude, a.magnitude, True)
+            if b.lo <= 0 <= b.hi or not (a.bounded and b.bounded):  # a nonzero integer divisor may be ±1
+                return Range(-a.magnitude, a.magnitude, True)
+            # truncation is monotone, and a quotient is extreme at the corners when the divisor keeps its sign
+            corners = [_truncated_quotient(x, y) for x, y in product((a.lo, a.hi), (b.lo, b.hi))]
+            return Range(min(corners), max(corners), True)
         if b.lo <= 0 <= b.hi:
             if b.integer:  # a nonzero integer divisor has |b| >= 1
                 return Range(-a.magnitude, a.magnitude, False)
@@ -532,6 +536,12 @@ def _constant_range(node: exp.Expression) -> Range | None:
         value = -float(node.this.to_py())
         return Range(value, value, value.is_integer() and "." not in node.this.this)
     return None
+
+
+def _truncated_quotient(x: float, y: float) -> int:
+    """x / y for integers as PostgreSQL computes it: truncated toward zero, in exact integer arithmetic."""
+    quotient = abs(int(x)) // abs(int(y))
+    return quotient if (x >= 0) == (y > 0) else -quotient
 
 
 def _type_kind(sql_type: str) -> str:

@@ -71,10 +71,33 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
             values = [b.args["true"].to_py() for b in node.args["ifs"]]
             values.append(default.to_py() if default is not None else None)
             return tuple(dict.fromkeys(values))
+    stepped = _integer_domain(scope, node)
+    if stepped is not None:
+        return stepped
+    return _function_domain(scope, node)
+
+
+def _integer_domain(scope: Scope, node: exp.Expression) -> tuple | None:
+    """The values of an integer key, keeping the step of a product or an integer quotient by a constant:
+    floor(x / 10) * 10 takes every tenth value of its range, age / 10 eleven values, not the whole range."""
+    node = node.unnest()
+    constant = node.expression if isinstance(node, exp.Binary) else None
+    if isinstance(constant, exp.Literal) and not constant.is_string and constant.this.isdigit():
+        c = int(constant.this)
+        inner = _integer_domain(scope, node.this) if isinstance(node, exp.Mul | exp.Div | exp.Add | exp.Sub) \
+            else None
+        if inner is not None and c != 0:
+            if isinstance(node, exp.Mul):
+                return tuple(v * c for v in inner)
+            if isinstance(node, exp.Add | exp.Sub):
+                return tuple(v + c if isinstance(node, exp.Add) else v - c for v in inner)
+            if scope.exprs.kind(node) == "integer":  # PostgreSQL truncates toward zero
+                return tuple(dict.fromkeys(int(v / c) if abs(v) < 2**52 else _refuse() for v in inner))
+    value_range = scope.exprs.value_range(node)
     if (value_range is not None and value_range.integer and value_range.bounded
             and value_range.hi - value_range.lo < MAX_DOMAIN):
         return tuple(range(int(value_range.lo), int(value_range.hi) + 1))
-    return _function_domain(scope, node)
+    return None
 
 
 def _function_domain(scope: Scope, node: exp.Expression) -> tuple | None:
