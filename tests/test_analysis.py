@@ -20,9 +20,15 @@ def test_sensitivities_follow_the_declared_bounds(demo_schema):
     p = plan("SELECT COUNT(*), SUM(income) FROM people", demo_schema)
     assert [m.sensitivity for m in p.measures] == [1, 250000]
     assert p.unit is None  # the primary key makes every row one whole unit: no per-unit stage
-    p = plan("SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category", demo_schema)
-    assert p.rows_per_unit == 10 and p.max_groups == 4 and p.cap_groups
-    assert [m.sensitivity for m in p.measures] == [4 * 10, 4 * 10 * 1000]
+    # a person keeps 10 visits over all categories (8 declared), so reaches 8 groups but adds 10 rows' worth
+    p = plan("SELECT category, COUNT(*), SUM(amount), COUNT(DISTINCT person_id) FROM visits GROUP BY category",
+             demo_schema)
+    assert p.rows_per_unit == 10 and p.rows_total and p.max_groups == 8 and not p.cap_groups
+    assert [m.sensitivity for m in p.measures] == [10, 10 * 1000, 8]
+    # private keys: partition selection pays for every group a unit reaches, so max_groups_per_unit caps them
+    p = plan("SELECT day, COUNT(*), SUM(amount) FROM visits GROUP BY day", demo_schema)
+    assert p.rows_total and p.max_groups == 4 and p.cap_groups and p.partition_selection
+    assert [m.sensitivity for m in p.measures] == [10, 10 * 1000]
     p = plan("SELECT p.state, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY 1",
              demo_schema)
     assert p.max_groups == 1 and not p.cap_groups  # a person has one state

@@ -89,12 +89,12 @@ def test_cli_query_explain_budget(capsys, base_url, engine, analyst):
     code, out, _ = _run(capsys, "query", "SELECT COUNT(*) FROM people", "--epsilon", "0.5", *common)
     assert code == 0 and "95% CI" in out and "spent ε = 0.5" in out
     code, out, _ = _run(capsys, "explain", "SELECT category, SUM(amount) FROM visits GROUP BY category", *common)
-    assert code == 0 and "sensitivity 40000" in out and "Rewritten SQL" in out and "dpsql_per_unit" in out
+    assert code == 0 and "sensitivity 10000" in out and "Rewritten SQL" in out and "dpsql_kept" in out
     code, out, _ = _run(capsys, "budget", *common)
     assert code == 0 and analyst in out and "99.5" in out
     code, out, _ = _run(capsys, "explain", "SELECT category, COUNT(*) FROM visits GROUP BY category",
                         "--mechanism", "gaussian", *common)
-    assert code == 0 and "Noise (Gaussian" in out and "L2 sensitivity 20" in out and "ρ" in out
+    assert code == 0 and "Noise (Gaussian" in out and "L2 sensitivity 10" in out and "ρ" in out
     code, out, _ = _run(capsys, "query", "SELECT age, COUNT(*) FROM people GROUP BY age", "--histogram",
                         "noisefirst", "--epsilon", "0.1", *common)
     assert code == 0 and "spent ε = 0.1" in out

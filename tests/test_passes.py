@@ -60,16 +60,17 @@ def test_public_joins_keep_k_on_unique_keys(demo_schema):
 
 def test_groups_per_unit(demo_schema):
     scope = scope_after(groups.bound_groups, "SELECT category, COUNT(*) FROM visits GROUP BY category", demo_schema)
-    assert (scope.max_groups, scope.cap_groups) == (4, True) and len(scope.domain) == 8
+    # 10 visits over all categories: a person reaches all 8 declared ones, uncapped
+    assert (scope.max_groups, scope.cap_groups, scope.rows_total) == (8, False, True) and len(scope.domain) == 8
     scope = scope_after(groups.bound_groups, "SELECT p.state, COUNT(*) FROM visits v JOIN people p "
                         "ON v.person_id = p.person_id GROUP BY p.state", demo_schema)
     assert (scope.max_groups, scope.cap_groups, scope.domain) == (1, False, None)  # one state per person
 
 
-def test_aggregates_scale_row_ranges_by_k_and_groups(demo_schema):
+def test_aggregates_scale_row_ranges_by_k(demo_schema):
     scope = scope_after(aggregates.measure, "SELECT category, SUM(amount) FROM visits GROUP BY category", demo_schema)
-    (measure,) = scope.measures.values()
-    assert measure.unit_range == (0.0, 10 * 1000.0) and measure.sensitivity == 4 * 10 * 1000
+    (measure,) = scope.measures.values()  # k rows over all groups together: k·c, whatever the groups
+    assert measure.unit_range == (0.0, 10 * 1000.0) and measure.sensitivity == 10 * 1000
 
 
 def test_quantiles_share_one_histogram_per_argument(demo_schema):

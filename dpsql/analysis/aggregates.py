@@ -127,7 +127,8 @@ def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expressio
     if per_group == 0:  # no mechanism is calibrated to sensitivity 0, and the value needs no data
         raise UnsupportedQuery(f"{label} is the same on every database: given the declared bounds every row "
                                f"contributes {row_range.lo:g}", "aggregate an expression that varies")
-    steps, spread = scope.steps, scope.spread(groups)
+    # a unit counts once in each group it reaches, however its rows are bounded
+    steps, spread = scope.steps, groups if kind == "units" and scope.stability is None else scope.spread(groups)
     sensitivity = steps * spread * per_group
     l2_sensitivity = steps * math.sqrt(spread) * per_group
     scope.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "

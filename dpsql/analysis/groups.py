@@ -41,11 +41,13 @@ def bound_groups(scope: Scope) -> None:
     elif keys:
         natural = not scope.outer_join and all(
             all(c.table in scope.determined for c in key.expr.find_all(exp.Column)) for key in keys)
-        groups = 1 if natural else max(1, min(scope.max_groups_setting, k))
-        cap = not natural and not scope.direct
         if natural:
+            groups, cap = 1, False
             scope.notes.append("group keys depend only on the unit: each unit is in one group")
+        elif scope.unit is not None:
+            groups, cap = _bound_rows_over_groups(scope, k, _domain(keys))
         else:
+            groups, cap = max(1, min(scope.max_groups_setting, k)), not scope.direct
             scope.notes.append(f"each unit counts in at most {groups} group(s) (enforced by the rewrite)")
     else:
         groups, cap = 1, False
@@ -54,6 +56,22 @@ def bound_groups(scope: Scope) -> None:
         scope.notes.append("group keys come from a public domain: every key is released" if domain is not None
                            else "group keys are private: released by DP partition selection")
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
+
+
+def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) -> tuple[int, bool]:
+    """The per-unit rewrite keeps at most k of a unit's rows over all groups together, so its values add up to
+    k rows' worth across groups (sensitivity k·c, not G·k·c) and it reaches at most k groups, or as many as
+    the public domain has. Only private keys, whose partition selection pays for every group a unit may
+    reach, keep the cap of max_groups_per_unit below that."""
+    scope.rows_total = True
+    reach = k if domain is None else max(1, min(k, len(domain)))
+    if domain is None and scope.max_groups_setting < reach:
+        scope.notes.append(f"each unit keeps at most {k} row(s) over all groups, in at most "
+                           f"{scope.max_groups_setting} group(s) (enforced by the rewrite)")
+        return scope.max_groups_setting, True
+    scope.notes.append(f"each unit keeps at most {k} row(s) over all groups (enforced by the rewrite), so it "
+                       f"reaches at most {reach} group(s)")
+    return reach, False
 
 
 def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) -> tuple | None:

@@ -135,6 +135,9 @@ class Plan:
     # row-level privacy with joins: how many joined rows one neighbour changes, over all groups (None: per unit)
     stability: int | None = None
     truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> keys, frequencies
+    # the rewrite keeps at most rows_per_unit of each unit's joined rows over all groups together (so a unit's
+    # values add up to k rows' worth across groups, not in each of G groups)
+    rows_total: bool = False
 
     @cached_property
     def aggregate(self) -> dict[str, Aggregate]:

@@ -62,6 +62,7 @@ class Scope:
     max_groups: int = 1
     cap_groups: bool = False
     domain: list[tuple] | None = None
+    rows_total: bool = False  # k rows per unit over all groups together, enforced by the rewrite
 
     # the statistics (aggregates, quantiles)
     measures: dict[str, Measure] = field(default_factory=dict)
@@ -188,6 +189,7 @@ class Scope:
         return 2 if self.schema.neighbouring == "replace" else 1
 
     def spread(self, groups: int) -> int:
-        """Over how many groups one unit's k rows per group add up: G, or 1 under row-level joins, where k already
-        counts the changed joined rows of all groups together (they touch at most k groups, `coordinates`)."""
-        return groups if self.stability is None else 1
+        """Over how many groups one unit's k rows per group add up: G, or 1 where k already counts the rows of all
+        groups together: under row-level joins (the changed joined rows touch at most k groups, `coordinates`)
+        and where the rewrite keeps k rows per unit over all groups (`rows_total`)."""
+        return 1 if self.stability is not None or self.rows_total else groups

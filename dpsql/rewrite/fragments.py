@@ -32,6 +32,21 @@ def keyed_hash(columns: list[str], seed: int) -> str:
     return f"hash_record_extended(ROW({', '.join(columns)}), {int(seed)})"
 
 
+def within_rows_per_unit(columns: list[str], k: int, seed: int) -> list[str]:
+    """CTEs over `dpsql_rows` (with `columns`, dpsql_unit among them) ending in `dpsql_kept`: at most k rows of
+    each unit over all its groups. A unit with more has its rows ranked by a keyed hash of the whole row and cut
+    at k (rows that tie are identical, so which one is kept makes no difference). Only those units' rows are
+    ranked, so data within its bounds costs one grouping by unit."""
+    names = ", ".join(columns)
+    return [f"dpsql_over AS (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit HAVING COUNT(*) > {int(k)})",
+            f"dpsql_kept AS (SELECT {names} FROM dpsql_rows WHERE NOT EXISTS "
+            "(SELECT 1 FROM dpsql_over WHERE dpsql_over.dpsql_unit = dpsql_rows.dpsql_unit) "
+            f"UNION ALL SELECT {names} FROM (SELECT {names}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY "
+            f"{keyed_hash(columns, seed)}, {names}) AS dpsql_rank FROM dpsql_rows "
+            f"WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)) AS dpsql_ranked_rows "
+            f"WHERE dpsql_rank <= {int(k)})"]
+
+
 def present(node: exp.Expression) -> exp.Expression:
     """`node IS NOT NULL`."""
     return exp.Not(this=exp.Is(this=node.copy(), expression=exp.Null()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.analysis import Histogram, Plan
-from dpsql.rewrite.fragments import group_by, keyed_hash, present, sql, unit_and_keys
+from dpsql.rewrite.fragments import group_by, keyed_hash, present, sql, unit_and_keys, within_rows_per_unit
 from dpsql.rewrite.truncation import from_where
 
 
@@ -35,7 +35,11 @@ def counts(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
                      "AS dpsql_group")
         keep.append(f"dpsql_group <= {plan.max_groups}")
     both = exp.and_(present(plan.unit), cell_present)
-    return (f"WITH dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, both, hash_seed)}), "
-            f"dpsql_ranked AS (SELECT *, {', '.join(ranks)} FROM dpsql_rows) "
+    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, both, hash_seed)})"]
+    rows_of_units = "dpsql_rows"
+    if plan.rows_total:  # k rows per unit over all groups together
+        ctes += within_rows_per_unit(["dpsql_unit", *keys, "dpsql_cell"], plan.rows_per_unit, hash_seed)
+        rows_of_units = "dpsql_kept"
+    return (f"WITH {', '.join(ctes)}, dpsql_ranked AS (SELECT *, {', '.join(ranks)} FROM {rows_of_units}) "
             f"SELECT {', '.join([*keys, 'dpsql_cell', 'COUNT(*) AS dpsql_count'])} FROM dpsql_ranked "
             f"WHERE {' AND '.join(keep)}{grouping}")

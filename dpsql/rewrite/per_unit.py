@@ -1,5 +1,6 @@
-"""Strategy: a unit may hold several joined rows. Sum per (unit, group), clamp each unit's totals to what k
-rows could give, keep at most G groups per unit (by keyed hash) when the plan says so, then sum per group.
+"""Strategy: a unit may hold several joined rows. Where the plan bounds a unit's rows over all groups
+(`rows_total`), keep at most k of them (by keyed hash); sum per (unit, group), clamp each unit's totals to what
+k rows could give, keep at most G groups per unit (by keyed hash) when the plan says so, then sum per group.
 
 Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
 G groups: exactly the sensitivity the analysis computed. Rows without a unit are dropped (an outer join's
@@ -9,7 +10,17 @@ NULL-extended rows, or children whose parent is missing), so no row escapes the 
 from __future__ import annotations
 
 from dpsql.analysis import Plan
-from dpsql.rewrite.fragments import UNITS, aggregate, group_by, keyed_hash, literal, present, sql, unit_and_keys
+from dpsql.rewrite.fragments import (
+    UNITS,
+    aggregate,
+    group_by,
+    keyed_hash,
+    literal,
+    present,
+    sql,
+    unit_and_keys,
+    within_rows_per_unit,
+)
 from dpsql.rewrite.truncation import from_where
 
 
@@ -25,9 +36,14 @@ def statistics(plan: Plan, hash_seed: int) -> str:
             lo, hi = (literal(v) for v in m.unit_range)
             total = aggregate(m, None if m.expr is None else m.name)
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
-    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, present(plan.unit), hash_seed)})",
-            f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM dpsql_rows"
-            f"{group_by(['dpsql_unit', *keys])})"]
+    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, present(plan.unit), hash_seed)})"]
+    rows_of_units = "dpsql_rows"
+    if plan.rows_total:  # k rows per unit over all groups together
+        columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
+        ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed)
+        rows_of_units = "dpsql_kept"
+    ctes.append(f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM {rows_of_units}"
+                f"{group_by(['dpsql_unit', *keys])})")
     source, where = "dpsql_per_unit", ""
     if plan.cap_groups:
         hashed = keyed_hash(["dpsql_unit", *keys], hash_seed)
