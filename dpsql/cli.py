@@ -12,7 +12,7 @@ from typing import Any
 
 from dpsql.config import Settings, load_settings
 from dpsql.errors import Error
-from dpsql.postprocess import describe_accuracy, format_value
+from dpsql.postprocess import INTERVALS_COVER, describe_accuracy, format_value
 from dpsql.schema import MECHANISMS
 from dpsql.session import HISTOGRAMS
 
@@ -155,6 +155,8 @@ def format_answer(answer) -> str:
              "-+-".join("-" * w for w in widths)]
     lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.append(f"({len(answer.rows)} row{'s' if len(answer.rows) != 1 else ''})")
+    if any(noisy):
+        lines.append(f"95% CI: {INTERVALS_COVER}")
     if answer.cached:
         lines.append("cached answer: no budget spent")
     else:

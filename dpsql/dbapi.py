@@ -178,7 +178,9 @@ class Cursor:
 
     @property
     def accuracy(self) -> list[tuple[Accuracy | None, ...]]:
-        """Per row and column: the noise scale and 95% confidence interval (None for exact values)."""
+        """Per row and column: the noise scale and 95% confidence interval (None for exact values). The interval
+        covers the noise only: values clamped to their declared bounds, and rows or groups a unit has beyond
+        them, move the answer outside it."""
         return [] if self._answer is None else self._answer.accuracy
 
     @property

@@ -5,13 +5,14 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.engine import Prepared
+from dpsql.postprocess import INTERVALS_COVER
 
 
 def explain_text(prepared: Prepared) -> str:
     plan, cost = prepared.plan, prepared.calibration
     lines = ["Plan:"]
     lines += [f"  {note}" for note in plan.notes]
-    lines.append(f"Noise ({cost.mechanism.capitalize()}, per group):")
+    lines.append(f"Noise ({cost.mechanism.capitalize()}, per group; {INTERVALS_COVER}):")
     for measure in plan.measures:
         mechanism = cost.mechanisms[measure.name]
         if cost.mechanism == "gaussian":

@@ -166,6 +166,10 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
     return Accuracy(None, float(low), float(high))
 
 
+INTERVALS_COVER = ("the intervals cover the noise only: values clamped to their declared bounds, and rows or groups "
+                   "a unit has beyond them, move the answer outside")
+
+
 def describe_accuracy(accuracy: Accuracy | None) -> str:
     """A value's accuracy for people: its 95% interval, rank error or count gap ("" for exact values)."""
     if accuracy is None:
