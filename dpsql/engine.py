@@ -167,7 +167,7 @@ class Engine:
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key)
         try:
-            rows = backend.run(prepared.rewritten.sql)
+            rows = backend.run(prepared.rewritten.sql) if prepared.plan.needs_statistics else []
             histograms = {name: backend.run(sql) for name, sql in prepared.rewritten.histograms.items()}
         except (BackendError, QueryCancelled):
             if not backend.broken:  # a failure, timeout or cancel was released: asking again is a new attempt

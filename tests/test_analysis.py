@@ -346,3 +346,11 @@ def test_integer_key_domains_keep_their_step(demo_schema, key, values):
 def test_an_integer_quotient_is_bounded_by_its_truncated_corners(demo_schema, expr, sensitivity):
     plan = analyze(check_query(f"SELECT SUM({expr}) FROM people", demo_schema), demo_schema, PARENT_UNIQUE)
     assert [m.sensitivity for m in plan.measures] == [sensitivity]
+
+
+def test_quantiles_alone_read_only_their_histograms(demo_schema):
+    assert not plan("SELECT MIN(age), MAX(age), percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM people",
+                    demo_schema).needs_statistics
+    assert not plan("SELECT sex, MAX(age) FROM people GROUP BY sex", demo_schema).needs_statistics  # public keys
+    assert plan("SELECT state, MAX(age) FROM people GROUP BY state", demo_schema).needs_statistics  # selection
+    assert plan("SELECT MAX(age), COUNT(*) FROM people", demo_schema).needs_statistics

@@ -158,6 +158,12 @@ class Plan:
         return self.grouped and self.domain is None
 
     @property
+    def needs_statistics(self) -> bool:
+        """Whether the answer reads the statistics statement (measures to noise, or distinct units for partition
+        selection): MIN, MAX, quantiles and mode() alone need only their histograms, one pass over the data."""
+        return bool(self.measures) or self.partition_selection or not self.histograms
+
+    @property
     def ordered_bins(self) -> bool:
         """Whether the groups are ordered histogram bins: one key over a run of consecutive integers (a bounded
         integer column or width_bucket), where NoiseFirst and StructureFirst apply."""
