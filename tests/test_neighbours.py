@@ -23,6 +23,12 @@ QUERIES = [
     "SELECT COUNT(*), SUM(income), AVG(income), VAR_POP(income), STDDEV(income), COUNT(age) FROM people",
     "SELECT COUNT(*), SUM(amount), COUNT(DISTINCT person_id), AVG(amount) FROM visits",
     "SELECT COUNT(DISTINCT state), COUNT(DISTINCT age) FROM people",
+    "SELECT COUNT(*) FILTER (WHERE amount > 100), SUM(amount) FILTER (WHERE category = 'lab'), "
+    "AVG(amount) FILTER (WHERE amount > 10) FROM visits",
+    "SELECT category, COUNT(*) FILTER (WHERE amount > 100), COUNT(*) FROM visits GROUP BY category",
+    "SELECT sex, COUNT(DISTINCT state) FILTER (WHERE age > 40) FROM people GROUP BY sex",
+    "SELECT category, COUNT(*) FROM visits WHERE day >= now() - interval '1000 days' AND day < current_date + 1 "
+    "GROUP BY category",
     "SELECT sex, COUNT(DISTINCT state), COUNT(*) FROM people GROUP BY sex",
     "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
     "SELECT category, VAR_SAMP(amount), STDDEV_POP(amount) FROM visits GROUP BY 1",

@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from dpsql.analysis.scope import Equality, Scope, Semijoin
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import semijoin_selects
+from dpsql.sql import operands, semijoin_selects
 
 
 def read(scope: Scope) -> None:
@@ -65,14 +65,14 @@ def _semijoins(scope: Scope) -> list[Semijoin]:
     selects = semijoin_selects(scope.tree)
     if not selects:
         return []
-    conjuncts = {id(c.unnest()) for c in _conjuncts(where.this)}
+    conjuncts = {id(c) for c in operands(where.this)}
     found = []
     for select in selects:
         condition = select.parent.parent if isinstance(select.parent, exp.Subquery) else select.parent
         top = condition.parent if isinstance(condition.parent, exp.Not) else condition
         while isinstance(top.parent, exp.Paren):
             top = top.parent
-        if id(top.unnest()) not in conjuncts and id(top) not in conjuncts:
+        if id(top.unnest()) not in conjuncts:
             raise UnsupportedQuery("EXISTS and IN (SELECT ...) must each be a condition of their own, joined "
                                    "to the rest of WHERE by AND", "move OR-ed subqueries into separate queries")
         aliases = []
@@ -101,16 +101,11 @@ def _semijoins(scope: Scope) -> list[Semijoin]:
     return found
 
 
-def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
-    return list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
-
-
 def _column_equalities(conditions: list[exp.Expression]) -> list[Equality]:
     """The column = column conjuncts of `conditions` between two different tables."""
     pairs = []
     for condition in conditions:
-        for conjunct in _conjuncts(condition):
-            conjunct = conjunct.unnest()
+        for conjunct in operands(condition):
             if (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)
                     and isinstance(conjunct.expression, exp.Column)
                     and conjunct.this.table != conjunct.expression.table):

@@ -5,6 +5,10 @@ Rule: the exponential mechanism picks the keys one at a time (peeling) on their 
 count moves by at most one unit's per-group count (k rows, or 1 for distinct units; twice that under
 "replace"), and under add-remove the counts only grow when a unit is added (monotone, which halves the
 noise). Only the chosen groups' measures are noised afterwards.
+
+A LIMIT that cannot cut (at least as many as the public keys) or that asks for more than MAX_TOP_K keys (each
+round of peeling gets 1/k of the selection's ε) is a row limit on the noisy groups instead: free post-processing.
+BI tools send such LIMITs with every chart (Superset: LIMIT 10000).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from sqlglot import exp
 
 from dpsql.analysis.plan import COUNTS, TopK
 from dpsql.analysis.scope import Scope
+
+MAX_TOP_K = 20
 
 
 def select(scope: Scope) -> None:
@@ -23,6 +29,11 @@ def select(scope: Scope) -> None:
     expr, descending, _ = order[0]
     agg = {a.name: a for a in scope.aggregates}.get(expr.name) if isinstance(expr, exp.Column) else None
     if agg is None or agg.kind not in COUNTS or not descending or limit + offset < 1:
+        return
+    if limit + offset > MAX_TOP_K or (scope.domain is not None and limit + offset >= len(scope.domain)):
+        scope.notes.append(f"LIMIT {limit} is a row limit on the noisy groups (no top-k selection: "
+                           + ("it keeps every public key)" if scope.domain is not None
+                              and limit + offset >= len(scope.domain) else f"more than {MAX_TOP_K} keys)"))
         return
     measure = next(m for m in scope.measures.values() if m.name == agg.measures[0])
     steps = scope.steps

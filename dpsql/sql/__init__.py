@@ -8,29 +8,33 @@ anything runs on PostgreSQL.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsql.schema import PrivacySchema
-from dpsql.sql.bind import bind_parameters
+from dpsql.sql.bind import CLOCKS, bind_parameters, fix_the_time
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import parse_select
 from dpsql.sql.qualify import qualify_columns
-from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, output_name, to_sql
+from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
-from dpsql.sql.shape import derived_select, drop_nulls_under_not_in, require_flat, semijoin_selects
+from dpsql.sql.shape import derived_select, drop_nulls_under_not_in, filters_as_case, require_flat, semijoin_selects
 
 
 def check_query(sql: str, schema: PrivacySchema,
                 params: Sequence[Any] | Mapping[str, Any] | None = None) -> CheckedQuery:
     """Parse `sql`, bind `params`, refuse unsupported or unsafe constructs, and qualify against `schema`."""
     tree = bind_parameters(parse_select(sql), params)
+    timed = tree.find(*CLOCKS) is not None
+    tree = filters_as_case(fix_the_time(tree, datetime.datetime.now(datetime.UTC)) if timed else tree)
     refuse_unsafe(tree)
     names = tuple(output_name(e) for e in tree.expressions)
     tree = qualify_columns(tree, schema)
     require_flat(tree)
     drop_nulls_under_not_in(tree)
-    return CheckedQuery(tree, names, canonical_sql(tree))
+    return CheckedQuery(tree, names, canonical_sql(tree), timed)
 
 
-__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "semijoin_selects", "to_sql"]
+__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "operands", "semijoin_selects",
+           "to_sql"]

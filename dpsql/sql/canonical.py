@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from dpsql.sql.query import to_sql
+from dpsql.sql.query import operands, to_sql
 
 _RENAMED = "dpsql_t"  # canonical table aliases are dpsql_t0, dpsql_t1, ... in order of appearance
 _NUMBER = re.compile(r"[0-9]{1,30}(\.[0-9]{0,30})?([eE][+-]?[0-9]{1,3})?")
@@ -85,17 +85,9 @@ def _normalise(node: exp.Expression) -> exp.Expression:
         left, right = sorted([node.this, node.expression], key=to_sql)
         return type(node)(this=left, expression=right)
     if isinstance(node, (exp.And, exp.Or)):
-        operands = sorted(_operands(node, type(node)), key=to_sql)
-        return exp.and_(*operands, copy=False) if isinstance(node, exp.And) else exp.or_(*operands, copy=False)
+        ordered = sorted(operands(node, type(node)), key=to_sql)
+        return exp.and_(*ordered, copy=False) if isinstance(node, exp.And) else exp.or_(*ordered, copy=False)
     return node
-
-
-def _operands(node: exp.Expression, connector: type[exp.Expression]) -> list[exp.Expression]:
-    """The operands of a chain of ANDs (or ORs), through parentheses: (a AND b) AND c has three."""
-    node = node.unnest()
-    if isinstance(node, connector):
-        return _operands(node.this, connector) + _operands(node.expression, connector)
-    return [node]
 
 
 def _number(literal: exp.Literal) -> exp.Literal:

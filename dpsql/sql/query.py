@@ -41,6 +41,15 @@ class CheckedQuery:
     tree: exp.Select
     output_names: tuple[str, ...]  # the column names PostgreSQL would give the result
     canonical: str  # one text for every spelling of the query: with ε and the analyst, the answer cache's key
+    timed: bool = False  # it read the clock (now(), current_date), fixed when it was checked
+
+
+def operands(node: exp.Expression, connector: type[exp.Expression] = exp.And) -> list[exp.Expression]:
+    """The operands of a chain of ANDs (or ORs), through parentheses: (a AND b) AND c has three."""
+    node = node.unnest()
+    if isinstance(node, connector):
+        return operands(node.this, connector) + operands(node.expression, connector)
+    return [node]
 
 
 def output_name(node: exp.Expression) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql.query import AGGREGATES
+from dpsql.sql.query import AGGREGATES, to_sql
 
 # Node types a query may contain. Functions that can fail on some value are made total by the rewrite
 # (division, modulo, sqrt, ln) or have their arguments checked by the analysis (casts, substring, ...).
@@ -52,8 +52,10 @@ def refuse_unsafe(tree: exp.Select) -> None:
 
 
 def _describe(node: exp.Expression) -> str:
+    """What the user wrote, as PostgreSQL spells it (to_char, not sqlglot's TimeToStr)."""
     if isinstance(node, exp.Anonymous):
         return f"function {node.name}()"
     if isinstance(node, exp.Func):
-        return f"function {node.sql_name()}()"
+        text = to_sql(node)  # an operator (x ~ 'a') or a keyword (CURRENT_TIMESTAMP) has no parenthesis
+        return f"function {text.split('(')[0].strip().lower()}()" if "(" in text else text
     return node.key.upper().replace("_", " ")

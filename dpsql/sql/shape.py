@@ -11,6 +11,31 @@ from dpsql.errors import UnsupportedQuery
 from dpsql.sql.query import AGGREGATES
 
 
+def filters_as_case(tree: exp.Select) -> exp.Select:
+    """`agg(x) FILTER (WHERE c)` is `agg(CASE WHEN c THEN x END)`: the rows c rejects become NULL, which every
+    aggregate skips, as FILTER skips them (COUNT(*) counts a constant). The analysis then bounds a CASE it knows."""
+    def rewrite(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Filter):
+            return node
+        aggregate, condition = node.this, node.expression.this
+        target = aggregate.expression.expressions[0] if isinstance(aggregate, exp.WithinGroup) else aggregate
+        if isinstance(target, exp.Ordered):  # WITHIN GROUP (ORDER BY x): filter the ordered value
+            target.set("this", _when(condition, target.this))
+            return aggregate
+        value = target.this
+        if isinstance(value, exp.Distinct):
+            value.set("expressions", [_when(condition, e) for e in value.expressions])
+        else:
+            target.set("this", _when(condition, exp.Literal.number(1) if value is None or isinstance(value, exp.Star)
+                                     else value))
+        return aggregate
+    return tree.transform(rewrite, copy=False)
+
+
+def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
+    return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
+
+
 def require_flat(tree: exp.Select) -> None:
     """After merging, the only subqueries left may be semijoins in WHERE: EXISTS (SELECT ...) and
     x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
