@@ -124,6 +124,25 @@ def fuzz_world(server: EmbeddedPostgres):
     return get
 
 
+def in_threads(task, count: int) -> tuple[list, list[Exception]]:
+    """`task()` run by `count` threads at once: what they returned, and what they raised."""
+    results: list = []
+    failures: list[Exception] = []
+
+    def run() -> None:
+        try:
+            results.append(task())
+        except Exception as exc:  # noqa: BLE001 - returned to the caller
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results, failures
+
+
 # --- dpsql serve in front of the demo data --------------------------------------------------------------------
 
 

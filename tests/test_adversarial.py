@@ -20,7 +20,7 @@ from dpsql.engine import Engine
 from dpsql.server.auth import scram_verifier
 from dpsql.server.protocol import Conversation
 from dpsql.sql import check_query
-from tests.conftest import DEMO_SCHEMA, PASSWORD, Running
+from tests.conftest import DEMO_SCHEMA, PASSWORD, Running, in_threads
 from tests.test_codec import SYNC, backend_messages, bind, describe, execute, parse
 from tests.test_server import _login
 
@@ -259,21 +259,13 @@ def test_an_epsilon_out_of_range_is_refused_by_the_dbapi(served: Running, epsilo
 def test_fifty_identical_concurrent_queries_are_charged_once(served: Running):
     analyst = _analyst(served, "race")
     barrier = threading.Barrier(50)
-    values, failures = [], []
 
-    def ask() -> None:
-        try:
-            with psycopg.connect(served.dsn(analyst), autocommit=True) as conn:
-                barrier.wait(30)
-                values.append(conn.execute("SELECT AVG(income) FROM people").fetchone()[0])
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+    def ask() -> float:
+        with psycopg.connect(served.dsn(analyst), autocommit=True) as conn:
+            barrier.wait(30)
+            return conn.execute("SELECT AVG(income) FROM people").fetchone()[0]
 
-    threads = [threading.Thread(target=ask) for _ in range(50)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    values, failures = in_threads(ask, 50)
     assert not failures and len(values) == 50 and len(set(values)) == 1
     assert _charges(served, analyst) == 1
 

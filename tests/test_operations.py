@@ -23,7 +23,7 @@ from dpsql.embedded import EmbeddedPostgres
 from dpsql.engine import Engine
 from dpsql.server import ListenAddress, Server, build_server
 from dpsql.server.auth import scram_verifier
-from tests.conftest import DEMO_SCHEMA
+from tests.conftest import DEMO_SCHEMA, in_threads
 from tests.test_codec import cstr, frontend, startup
 
 PASSWORD = "ops pass"
@@ -146,19 +146,7 @@ def test_restart_drops_no_client_and_charges_nothing_that_did_not_run(deployed: 
 
 def test_concurrent_identical_queries_are_charged_once(deployed: Deployment):
     sql = "SELECT sex, COUNT(*) FROM people GROUP BY sex"
-    answers, failures = [], []
-
-    def ask() -> None:
-        try:
-            answers.append(deployed.engine.query(sql, analyst="flight", epsilon=0.5).rows)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=ask) for _ in range(50)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    answers, failures = in_threads(lambda: deployed.engine.query(sql, analyst="flight", epsilon=0.5).rows, 50)
     assert not failures and len(answers) == 50
     assert all(rows == answers[0] for rows in answers)
     assert deployed.charges_and_answers("flight") == (1, 1)
