@@ -292,6 +292,10 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
             return np.round(value)
         if node.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return str(value.item() if isinstance(value, np.generic) else value)
+        scale = node.to.expressions[1:2] if node.to.this == exp.DataType.Type.DECIMAL else []
+        if scale:  # numeric(p, s) rounds half away from zero to s digits, as PostgreSQL does
+            factor = 10.0 ** int(scale[0].this.this)
+            return np.sign(value) * np.floor(np.abs(value) * factor + 0.5) / factor
         return value
     if isinstance(node, exp.Case) and node.this is None:
         for branch in node.args.get("ifs", []):

@@ -77,3 +77,13 @@ def test_a_query_over_the_clock_is_answered_and_never_reuses_an_old_time(demo_sc
     first, second = engine.prepare(sql), engine.prepare(sql)
     assert first.plan.measures and first.query.timed and first.query is not second.query
     assert check_query("SELECT COUNT(*) FROM visits WHERE day < current_date", demo_schema).timed
+
+
+def test_a_cast_of_a_released_value_is_post_processing(demo_schema):
+    from dpsql.postprocess import evaluate
+
+    p = plan("SELECT AVG(income)::numeric(10,2) AS a FROM people", demo_schema)
+    name = p.aggregates[0].name
+    assert [evaluate(p.outputs[0].expr, {name: v}) for v in (12345.675, -2.345, 0.004)] == [12345.68, -2.35, 0.0]
+    with pytest.raises(errors.UnsupportedQuery, match="could overflow"):  # inside an aggregate it is not
+        plan("SELECT SUM(CAST(income AS numeric(3, 1))) FROM people", demo_schema)

@@ -15,6 +15,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered, exp.Limit,
     exp.Offset, exp.Table, exp.TableAlias, exp.Alias, exp.Column, exp.Identifier, exp.Star, exp.Literal,
     exp.Null, exp.Boolean, exp.Paren, exp.With, exp.CTE, exp.Subquery, exp.Distinct, exp.DataType, exp.Var,
+    exp.DataTypeParam,
     exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In, exp.Between,
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
