@@ -29,7 +29,7 @@ from dpsql.backends.postgres import BackendSession
 from dpsql.config import Settings
 from dpsql.errors import BackendError, ConfigError, Error, InternalError, InvalidParameter, QueryCancelled
 from dpsql.noise import Calibration, add_noise, calibrate
-from dpsql.postprocess import Accuracy, Result, evaluate, finish
+from dpsql.postprocess import Accuracy, Result, evaluate, finish, window_inputs
 from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.session import OPTION_NAMES, Options
@@ -129,9 +129,12 @@ class Engine:
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit)
-        for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order)]:
+        windows = [part for _, window in plan.windows for part in window_inputs(window)]
+        known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
+                 **{name: 1.0 for name, _ in plan.windows}}
+        for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order), *windows]:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
-                evaluate(expr, {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates}})
+                evaluate(expr, known)
         entry = (query, plan, rewrite(plan, self._hash_seed))
         if query.timed:  # the clock was read: the same text is another query a moment later
             return entry

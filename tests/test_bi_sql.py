@@ -87,3 +87,74 @@ def test_a_cast_of_a_released_value_is_post_processing(demo_schema):
     assert [evaluate(p.outputs[0].expr, {name: v}) for v in (12345.675, -2.345, 0.004)] == [12345.68, -2.35, 0.0]
     with pytest.raises(errors.UnsupportedQuery, match="could overflow"):  # inside an aggregate it is not
         plan("SELECT SUM(CAST(income AS numeric(3, 1))) FROM people", demo_schema)
+
+
+# --- window functions run over the released rows (post-processing) -------------------------------------------------
+
+def test_a_window_over_released_rows_is_post_processing(engine, analyst):
+    answer = engine.query("SELECT category, COUNT(*) AS n, SUM(COUNT(*)) OVER () AS total, "
+                          "COUNT(*) / SUM(COUNT(*)) OVER () AS share, RANK() OVER (ORDER BY COUNT(*) DESC) AS r, "
+                          "ROW_NUMBER() OVER (ORDER BY category) AS i FROM visits GROUP BY category ORDER BY category",
+                          analyst=analyst, epsilon=1.0)
+    rows = answer.rows
+    assert answer.names == ["category", "n", "total", "share", "r", "i"] and len(rows) == 8
+    assert all(row[2] == sum(r[1] for r in rows) for row in rows)
+    assert sum(row[3] for row in rows) == pytest.approx(1.0)
+    assert [row[5] for row in rows] == list(range(1, 9))
+    by_count = sorted(rows, key=lambda r: -r[1])
+    assert [r[4] for r in by_count][0] == 1 and sorted(r[4] for r in rows) == list(range(1, 9))
+    share = answer.accuracy[0][3]
+    assert share.ci_low < rows[0][3] < share.ci_high  # simulated over the noise of every count in the total
+
+
+def test_running_totals_and_partitions_follow_postgresql(engine, analyst):
+    answer = engine.query("SELECT state, category, COUNT(*) AS n, "
+                          "SUM(COUNT(*)) OVER (PARTITION BY state ORDER BY category) AS running, "
+                          "DENSE_RANK() OVER (ORDER BY state) AS s FROM visits JOIN people USING (person_id) "
+                          "WHERE state IN ('CA', 'TX') AND category IN ('lab', 'emergency', 'pharmacy') "
+                          "GROUP BY state, category ORDER BY state, category", analyst=analyst, epsilon=1.0)
+    rows = answer.rows
+    states = sorted({r[0] for r in rows})
+    assert rows
+    for rank, state in enumerate(states, start=1):
+        part = [r for r in rows if r[0] == state]
+        assert [r[3] for r in part] == [sum(p[2] for p in part[:i + 1]) for i in range(len(part))]
+        assert {r[4] for r in part} == {rank}
+
+
+def test_peers_share_a_running_frame(demo_schema):
+    from dpsql.postprocess import _compute_windows  # the frame rule alone, on released values
+    tree = parse_select("SELECT SUM(n) OVER (ORDER BY k), RANK() OVER (ORDER BY k), ROW_NUMBER() OVER (ORDER BY k), "
+                        "COUNT(n) OVER (), AVG(n) OVER (PARTITION BY p), MAX(n) OVER (ORDER BY k DESC) FROM t")
+    windows = [(f"w{i}", window) for i, window in enumerate(tree.expressions)]
+    envs = [{"k": 1, "n": 10, "p": "a"}, {"k": 2, "n": 5, "p": "b"}, {"k": 1, "n": None, "p": "a"},
+            {"k": None, "n": 7, "p": "b"}]
+    _compute_windows(windows, envs, [])
+    assert [e["w0"] for e in envs] == [10, 15, 10, 22]  # peers (k = 1) share their frame; NULLs sort last
+    assert [e["w1"] for e in envs] == [1, 3, 1, 4]
+    assert sorted(e["w2"] for e in envs) == [1, 2, 3, 4]
+    assert {e["w3"] for e in envs} == {3}  # COUNT(n) skips the NULL
+    assert [e["w4"] for e in envs] == [10, 6, 10, 6]
+    assert [e["w5"] for e in envs] == [10, 7, 10, 7]  # descending: NULL first, then 2, then the peers at 1
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT COUNT(*) FROM visits WHERE ROW_NUMBER() OVER () > 1", "outer SELECT list or ORDER BY"),
+    ("SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3",
+     "outer SELECT list or ORDER BY"),
+    ("SELECT SUM(amount) OVER () FROM visits", "no aggregate"),
+    ("SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category", "must appear in GROUP BY"),
+    ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) "
+     "FROM visits GROUP BY category", "window frames"),
+    ("SELECT category, LAG(COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category",
+     "not supported as a window function"),
+    ("SELECT n FROM (SELECT category, COUNT(*) OVER () AS n FROM visits) s", "outer SELECT list or ORDER BY"),
+])
+def test_windows_that_would_read_rows_are_refused(demo_schema, sql, message):
+    with pytest.raises((errors.UnsupportedQuery, errors.PrivacyRefusal), match=message):
+        plan(sql, demo_schema)
+
+
+def test_a_window_keeps_every_released_group_so_limit_is_not_a_top_k(demo_schema):
+    assert plan("SELECT category, COUNT(*), SUM(COUNT(*)) OVER () FROM visits GROUP BY 1 ORDER BY 2 DESC LIMIT 3",
+                demo_schema).top_k is None

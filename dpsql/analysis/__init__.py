@@ -61,7 +61,8 @@ def _plan(scope: Scope) -> Plan:
         measures=list(scope.measures.values()), histograms=list(scope.histograms.values()),
         aggregates=scope.aggregates, outputs=scope.outputs, having=scope.having, order=scope.order,
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
-        notes=scope.notes, stability=scope.stability, truncate=scope.truncate, rows_total=scope.rows_total)
+        notes=scope.notes, stability=scope.stability, truncate=scope.truncate, rows_total=scope.rows_total,
+        windows=scope.windows)
 
 
 __all__ = ["CHOSEN", "COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",

@@ -43,7 +43,7 @@ def measure(scope: Scope) -> None:
     for top in nodes:
         for node in top.find_all(*AGGREGATES):
             sql = to_sql(node)
-            if sql in found:
+            if sql in found or is_window_function(node):  # a window's SUM runs over released rows
                 continue
             if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
                 raise UnsupportedQuery("nested aggregates are not supported")
@@ -57,6 +57,11 @@ def measure(scope: Scope) -> None:
                              "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
                              "SELECT state, COUNT(*) FROM people GROUP BY state")
     scope.aggregates = list(found.values())
+
+
+def is_window_function(node: exp.Expression) -> bool:
+    """Whether `node` is the function of a window (computed over the released rows), not an aggregate."""
+    return isinstance(node.parent, exp.Window) and node is node.parent.this
 
 
 def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggregate:

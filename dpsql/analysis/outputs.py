@@ -2,16 +2,18 @@
 aggregates and the group keys, evaluated in Python on released values only (post-processing costs nothing).
 
 Rule: any column outside an aggregate must be a group key (PostgreSQL's own rule), so nothing computed after
-noise reads a raw value; LIMIT and OFFSET must be whole-number constants.
+noise reads a raw value; LIMIT and OFFSET must be whole-number constants. A window function (in the SELECT
+list or ORDER BY) runs over the released rows too: it becomes a column computed once all rows are known.
 """
 
 from __future__ import annotations
 
 from sqlglot import exp
 
+from dpsql.analysis.aggregates import is_window_function
 from dpsql.analysis.expressions import Expressions
 from dpsql.analysis.groups import key_type
-from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output
+from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output, noisy_windows
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.sql import AGGREGATES, to_sql
@@ -23,24 +25,29 @@ def post_process(scope: Scope) -> None:
     by_sql = {a.sql: a for a in aggregates}
     key_sql = {k.sql: k for k in keys}
 
+    windows: dict[str, tuple[str, exp.Window]] = {}
+
     def substitute(node: exp.Expression) -> exp.Expression:
         def swap(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, tuple(AGGREGATES)):
+            if isinstance(n, tuple(AGGREGATES)) and not is_window_function(n):
                 return exp.column(by_sql[to_sql(n)].name)
-            if to_sql(n) in key_sql:
+            if to_sql(n) in key_sql and not isinstance(n, exp.Ordered):  # (an ascending ORDER BY item prints
+                # as its key, and stays an item)
                 return exp.column(key_sql[to_sql(n)].name)
             if isinstance(n, exp.Column):
                 raise PrivacyRefusal(f'column "{to_sql(n)}" must appear in GROUP BY or be used '
                                      "in an aggregate", "dpsql never releases raw values")
             return n
-        return node.copy().transform(swap, copy=False)
+        return _name_windows(node.copy().transform(swap, copy=False), windows)
 
     outputs, by_alias = [], {}
     aggregate_names = {agg.name for agg in aggregates}
     for name, item in zip(scope.query.output_names, tree.expressions, strict=True):
         expr = substitute(item.unalias())
-        noisy = any(c.name in aggregate_names for c in expr.find_all(exp.Column))
-        outputs.append(Output(name, expr, _output_type(expr, aggregates, keys, scope.exprs, item.unalias()), noisy))
+        noisy_names = aggregate_names | noisy_windows(list(windows.values()), aggregate_names)
+        noisy = any(c.name in noisy_names for c in expr.find_all(exp.Column))
+        outputs.append(Output(name, expr, _output_type(expr, aggregates, keys, scope.exprs, item.unalias(),
+                                                       dict(windows.values())), noisy))
         by_alias[item.alias_or_name] = expr
     having = substitute(tree.args["having"].this) if tree.args.get("having") else None
     order = []
@@ -54,7 +61,22 @@ def post_process(scope: Scope) -> None:
         nulls_first = ordered.args.get("nulls_first")
         order.append((expr, descending, descending if nulls_first is None else bool(nulls_first)))
     scope.outputs, scope.having, scope.order = outputs, having, order
+    scope.windows = list(windows.values())
     scope.limit, scope.offset = _constant(tree, "limit"), _constant(tree, "offset") or 0
+
+
+def _name_windows(node: exp.Expression, windows: dict[str, tuple[str, exp.Window]]) -> exp.Expression:
+    """Each window in `node` (already over aggregate and key names) becomes a column dpsql_w<i>: computed over
+    all released rows once they are known (`postprocess.finish`), the same window once however often it is
+    written."""
+    def name(n: exp.Expression) -> exp.Expression:
+        if not isinstance(n, exp.Window):
+            return n
+        key = to_sql(n)
+        if key not in windows:
+            windows[key] = (f"dpsql_w{len(windows)}", n)
+        return exp.column(windows[key][0])
+    return node.transform(name, copy=False)
 
 
 def _constant(tree: exp.Select, clause: str) -> int | None:
@@ -68,7 +90,15 @@ def _constant(tree: exp.Select, clause: str) -> int | None:
 
 
 def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[GroupKey], exprs: Expressions,
-                 original: exp.Expression) -> str:
+                 original: exp.Expression, windows: dict[str, exp.Window]) -> str:
+    if isinstance(expr, exp.Column) and expr.name in windows:
+        function = windows[expr.name].this
+        if isinstance(function, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Count):
+            return "int8"
+        if isinstance(function, exp.Min | exp.Max | exp.Sum):  # PostgreSQL's SUM of a bigint is numeric; ours
+            # of an integer count stays whole
+            return _output_type(function.this, aggregates, keys, exprs, function.this, windows)
+        return "float8"
     if isinstance(expr, exp.Column):
         for agg in aggregates:
             if agg.name == expr.name:

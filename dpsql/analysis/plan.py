@@ -138,11 +138,19 @@ class Plan:
     # the rewrite keeps at most rows_per_unit of each unit's joined rows over all groups together (so a unit's
     # values add up to k rows' worth across groups, not in each of G groups)
     rows_total: bool = False
+    # windows over the released rows: (the column name outputs and ORDER BY use, the window over aggregate and
+    # group-key names), computed once the rows are known
+    windows: list[tuple[str, exp.Window]] = field(default_factory=list)
 
     @cached_property
     def aggregate(self) -> dict[str, Aggregate]:
         """Aggregates by name."""
         return {a.name: a for a in self.aggregates}
+
+    @cached_property
+    def noisy_windows(self) -> set[str]:
+        """The names of windows computed from noisy aggregates."""
+        return noisy_windows(self.windows, set(self.aggregate))
 
     @cached_property
     def histogram(self) -> dict[str, Histogram]:
@@ -172,3 +180,8 @@ class Plan:
         values = [key[0] for key in self.domain]
         return all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
             and values == list(range(values[0], values[0] + len(values)))
+
+
+def noisy_windows(windows: list[tuple[str, exp.Window]], aggregate_names: set[str]) -> set[str]:
+    """The names of the windows that read noisy aggregates (a ranking by group keys alone is exact)."""
+    return {name for name, window in windows if any(c.name in aggregate_names for c in window.find_all(exp.Column))}

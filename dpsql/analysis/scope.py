@@ -73,6 +73,7 @@ class Scope:
     outputs: list[Output] = field(default_factory=list)
     having: exp.Expression | None = None
     order: list[tuple[exp.Expression, bool, bool]] = field(default_factory=list)
+    windows: list[tuple[str, exp.Window]] = field(default_factory=list)  # (column name, window over released rows)
     limit: int | None = None
     offset: int = 0
     top_k: TopK | None = None

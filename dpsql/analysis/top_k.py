@@ -24,8 +24,8 @@ MAX_TOP_K = 20
 def select(scope: Scope) -> None:
     """Set the scope's top-k selection when the query has that form."""
     keys, order, limit, offset = scope.group_keys, scope.order, scope.limit, scope.offset
-    if not keys or limit is None or scope.having is not None or len(order) != 1:
-        return
+    if not keys or limit is None or scope.having is not None or len(order) != 1 or scope.windows:
+        return  # (a window reads every released group, so its rows are not cut to the top k first)
     expr, descending, _ = order[0]
     agg = {a.name: a for a in scope.aggregates}.get(expr.name) if isinstance(expr, exp.Column) else None
     if agg is None or agg.kind not in COUNTS or not descending or limit + offset < 1:

@@ -1,6 +1,7 @@
 """Refuse: an allowlist of SQL node types, and the statements and clauses that must never run (SELECT INTO,
-locking, data-modifying CTEs, DISTINCT, windows). Runs before the query is qualified, so nothing outside the
-allowlist reaches the analysis or PostgreSQL."""
+locking, data-modifying CTEs, DISTINCT). Runs before the query is qualified, so nothing outside the
+allowlist reaches the analysis or PostgreSQL. Window functions are allowed only where they run over the
+released rows (the outer SELECT list and ORDER BY)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
 )
 
 
+# functions a window may compute over the released rows
+WINDOW_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
+
+
 def refuse_unsafe(tree: exp.Select) -> None:
     """Raise for the first node of `tree` that dpsql does not answer."""
     for node in tree.walk():
@@ -45,11 +50,33 @@ def refuse_unsafe(tree: exp.Select) -> None:
         if isinstance(node, exp.PercentileCont | exp.PercentileDisc | exp.Mode) \
                 and not isinstance(node.parent, exp.WithinGroup):
             raise UnsupportedQuery(f"{_describe(node)} needs WITHIN GROUP (ORDER BY column)")
+        if isinstance(node, exp.Window):
+            _check_window(node, tree)
+            continue
+        if isinstance(node.parent, exp.Window) and node is node.parent.this and isinstance(node, WINDOW_FUNCTIONS):
+            continue
         if not isinstance(node, ALLOWED_NODES):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
                                    "see the README for the SQL dpsql answers")
-        if isinstance(node, exp.Window):
-            raise UnsupportedQuery("window functions are not supported")
+
+
+def _check_window(window: exp.Window, tree: exp.Select) -> None:
+    """A window runs over the released rows (post-processing): only in the outer SELECT list or ORDER BY, with the
+    default frame, and as a ranking or a SUM, AVG, MIN, MAX or COUNT."""
+    place = window.parent
+    while isinstance(place, exp.Expression) and not isinstance(place, exp.Select | exp.Ordered | exp.Where
+                                                                  | exp.Group | exp.Having | exp.Join):
+        place = place.parent
+    in_order = isinstance(place, exp.Ordered) and place.parent is not None and place.parent.parent is tree
+    if not (place is tree or in_order) or window.find_ancestor(exp.Window, *AGGREGATES):
+        raise UnsupportedQuery("a window function may appear only in the outer SELECT list or ORDER BY",
+                               "dpsql computes windows over the released rows, after noise")
+    if window.args.get("spec") is not None:
+        raise UnsupportedQuery("window frames (ROWS/RANGE BETWEEN ...) are not supported",
+                               "use the default frame: the whole partition, or up to the current row with ORDER BY")
+    if not isinstance(window.this, WINDOW_FUNCTIONS):
+        raise UnsupportedQuery(f"{_describe(window.this)} is not supported as a window function",
+                               "use ROW_NUMBER, RANK, DENSE_RANK, SUM, AVG, MIN, MAX or COUNT OVER (...)")
 
 
 def _describe(node: exp.Expression) -> str:
