@@ -91,10 +91,16 @@ class PrivacyRefusal(ProgrammingError):
 
 
 class UnknownObject(ProgrammingError):
-    """A table or column that the privacy schema does not declare."""
+    """A table that the privacy schema does not declare."""
 
     code = "DP004"
     sqlstate = "42P01"
+
+
+class UnknownColumn(UnknownObject):
+    """A column that the privacy schema does not declare, or that no table of the query has."""
+
+    sqlstate = "42703"
 
 
 class InvalidParameter(DataError):

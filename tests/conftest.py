@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -193,3 +195,16 @@ def served(request, server, template) -> Iterator[Running]:
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def node_pg(tmp_path_factory) -> Path:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node.js and npm are not installed")
+    folder = Path(os.environ.get("DPSQL_NODE_PG", tmp_path_factory.mktemp("node")))
+    if not (folder / "node_modules" / "pg").exists():
+        done = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", "pg@8"], cwd=folder,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            pytest.skip(f"cannot install node-postgres from npm: {done.stderr.strip()[:200]}")
+    return folder

@@ -56,7 +56,7 @@ REFUSALS = [
     ("SELECT COUNT(*) FROM people CROSS JOIN visits", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people UNION SELECT COUNT(*) FROM visits", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM salaries", errors.UnknownObject, "42P01"),
-    ("SELECT COUNT(secret) FROM people", errors.UnknownObject, "42P01"),
+    ("SELECT COUNT(secret) FROM people", errors.UnknownColumn, "42703"),
     ("SELEKT COUNT(*) FROM people", errors.QuerySyntaxError, "42601"),
     ("", errors.QuerySyntaxError, "42601"),
 ]

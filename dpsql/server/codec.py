@@ -365,6 +365,19 @@ def data_row_message(values: list[bytes | None]) -> bytes:
     return _message(b"D", b"".join(parts))
 
 
+def copy_out_response_message(columns: int) -> bytes:
+    """CopyOutResponse: text format, every column text."""
+    return _message(b"H", struct.pack(f"!bh{columns}h", 0, columns, *([0] * columns)))
+
+
+def copy_data_message(data: bytes) -> bytes:
+    return _message(b"d", data)
+
+
+def copy_done_message() -> bytes:
+    return _message(b"c")
+
+
 def command_complete_message(tag: str) -> bytes:
     return _message(b"C", _cstring(tag))
 
@@ -433,6 +446,8 @@ def encode_value(value: Any, type_oid: int, binary: bool) -> bytes | None:
         return None
     if not binary:
         return value if isinstance(value, bytes) else _text(value, type_oid).encode("utf-8")
+    if isinstance(value, RawValue):  # PostgreSQL's own binary form
+        return value.data
     if isinstance(value, bytes):
         value = decode_value(value, type_oid, binary=False)
     return _binary(value, type_oid)
@@ -543,6 +558,10 @@ class RawValue:
 
     data: bytes
     type_oid: int
+
+
+# date and time types by name: their text forms are many (zones, eras, DateStyle), so PostgreSQL reads them
+DATETIME_TYPES = {DATE: "date", TIMESTAMP: "timestamp", TIMESTAMPTZ: "timestamptz"}
 
 
 def decode_value(data: bytes, type_oid: int, binary: bool) -> Any:

@@ -25,7 +25,7 @@ from dpsql.server import codec
 from dpsql.server.codec import Column, Notice
 from dpsql.server.metrics import Metrics
 from dpsql.server.protocol import Description, Outcome, StatementError
-from dpsql.server.routing import Route, route
+from dpsql.server.routing import Route, catalog_text, route
 from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError, ShadowLost
 from dpsql.server.statements import CACHED_TEXT, Statement
 from dpsql.session import Options, SessionCommand, show_value
@@ -112,11 +112,16 @@ class ClientSession:
         self._described.move_to_end(key)
         return self._described[key]
 
-    def execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
-        return self._guarded(self._execute, statement, params, param_types)
+    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
+                binary: bool = False) -> Outcome:
+        return self._guarded(self._execute, statement, params, param_types, binary)
 
     def check(self, statement: Statement) -> None:
         self._guarded(self._check, statement)
+
+    def read_value(self, text: str, type_oid: int) -> Any:
+        data = self._guarded(self.shadow.read_value, text, codec.DATETIME_TYPES[type_oid])
+        return codec.decode_value(data, type_oid, True)
 
     def discard(self) -> dict[str, str]:
         self.options = Options()
@@ -142,7 +147,8 @@ class ClientSession:
             return Description(param_types, columns)
         if where.kind == "noop":
             return Description(param_types, None)
-        params, columns = self.shadow.describe(statement.sql, param_types)
+        text = catalog_text(statement, self.analyst) if where.kind == "catalog" else statement.sql
+        params, columns = self.shadow.describe(text, param_types)
         if where.kind == "private":
             columns = self._private_columns(statement, params, columns)
         return Description(params, columns)
@@ -167,7 +173,7 @@ class ClientSession:
         if self.gateway.route(statement).kind == "private":
             self.gateway.engine.prepare(statement.sql, options=self.options)
 
-    def _execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
+    def _execute(self, statement: Statement, params: list[Any], param_types: list[int], binary: bool) -> Outcome:
         where = self.gateway.route(statement)
         self.gateway.metrics.count("statements_total", route=where.kind)
         if where.kind == "option":
@@ -179,11 +185,12 @@ class ClientSession:
         shadow = self.shadow
         self._running = shadow
         try:
-            tag, columns, rows, notices = shadow.execute(statement.sql, params, param_types)
+            text = catalog_text(statement, self.analyst) if where.kind == "catalog" else statement.sql
+            tag, columns, rows, notices = shadow.execute(text, params, param_types, binary)
         finally:
             self._running = None
         changes = {}
-        if where.kind == "setting":
+        if where.kind == "setting" or where.sets:
             if statement.first_word == "RESET" and statement.word(1) == "ALL":
                 changes = self._reset_shadow()
             changes.update(self._parameter_changes())

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dpsql.server import auth, codec
+from dpsql.server import auth, codec, commands
 from dpsql.server.codec import Column, Notice, ProtocolViolation
 from dpsql.server.statements import Statement, StatementSyntaxError, single_statement, split_statements
 
@@ -23,7 +23,8 @@ log = logging.getLogger("dpsql.server")
 
 ERROR, FATAL = "ERROR", "FATAL"
 TRANSACTION_KINDS = frozenset({"begin", "commit", "rollback", "rollback_to", "savepoint", "release"})
-LOCAL_KINDS = TRANSACTION_KINDS | {"deallocate", "discard"}  # statements the conversation answers itself
+LOCAL_KINDS = TRANSACTION_KINDS | {"deallocate", "discard", "fetch", "close"}  # answered by the conversation
+WRAPPING_KINDS = {"declare", "copy"}  # answered by the conversation around a query of their own
 
 
 class StatementError(Exception):
@@ -51,6 +52,7 @@ class Outcome:
     rows: Sequence[Sequence[Any]] = ()
     notices: list[Notice] = field(default_factory=list)
     parameter_changes: dict[str, str] = field(default_factory=dict)
+    copy: list[bytes] | None = None  # COPY … TO STDOUT: the lines sent as CopyData instead of rows
 
 
 class HostSession(Protocol):
@@ -58,10 +60,16 @@ class HostSession(Protocol):
 
     def describe(self, statement: Statement, param_types: list[int]) -> Description: ...
 
-    def execute(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome: ...
+    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
+                binary: bool = False) -> Outcome:
+        """Run `statement`; with `binary`, the client reads every column in binary format (values PostgreSQL
+        sends in that form pass through as codec.RawValue)."""
 
     def check(self, statement: Statement) -> None:
         """Raise StatementError if executing `statement` would be refused; run nothing."""
+
+    def read_value(self, text: str, type_oid: int) -> Any:
+        """A text parameter of a date or time type, read as PostgreSQL reads it in this session."""
 
     def discard(self) -> dict[str, str]: ...
 
@@ -100,6 +108,7 @@ class _Portal:
     formats: list[int]
     outcome: Outcome | None = None
     position: int = 0
+    hold: bool = False  # a cursor declared WITH HOLD outlives its transaction
 
 
 class Conversation:
@@ -299,7 +308,9 @@ class Conversation:
             except StatementError as exc:
                 self._error(exc.notice)
                 break
-            if outcome.columns is not None:
+            if outcome.copy is not None:
+                self._send_copy(outcome)
+            elif outcome.columns is not None:
                 self._send(codec.row_description_message(outcome.columns, [0] * len(outcome.columns)))
                 self._send_rows(outcome.rows, outcome.columns, [0] * len(outcome.columns))
             self._complete(outcome)
@@ -311,7 +322,7 @@ class Conversation:
             if statement.kind in LOCAL_KINDS:
                 continue
             try:
-                self.session.check(statement)
+                self.session.check(self._wrapped(statement) if statement.kind in WRAPPING_KINDS else statement)
             except StatementError as exc:
                 self._error(exc.notice)
                 return False
@@ -329,6 +340,11 @@ class Conversation:
             raise error("0A000", str(exc), "ask for this column in text format") from None
         self._out.extend(encoded)
 
+    def _send_copy(self, outcome: Outcome) -> None:
+        self._send(codec.copy_out_response_message(len(outcome.columns or [])))
+        self._out.extend(codec.copy_data_message(line) for line in outcome.copy)
+        self._send(codec.copy_done_message())
+
     def _complete(self, outcome: Outcome) -> None:
         for notice in outcome.notices:
             self._send(codec.notice_message(notice))
@@ -343,7 +359,7 @@ class Conversation:
 
     # --- statements, transaction control ---------------------------------------------------------------
 
-    def _run(self, statement: Statement, params: list[Any], param_types: list[int]) -> Outcome:
+    def _run(self, statement: Statement, params: list[Any], param_types: list[int], binary: bool = False) -> Outcome:
         kind = statement.kind
         if self.status == "E" and kind not in ("commit", "rollback", "rollback_to"):
             raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block",
@@ -352,13 +368,19 @@ class Conversation:
             return self._transaction(statement, kind)
         if kind == "deallocate":
             return self._deallocate(statement)
+        if kind in ("declare", "fetch", "close", "copy"):
+            try:
+                return {"declare": self._declare, "fetch": self._fetch, "close": self._close_cursor,
+                        "copy": self._copy}[kind](statement)
+            except commands.CommandError as exc:
+                raise error(exc.sqlstate, exc.message, exc.hint) from None
         if kind == "discard":
             changes = self.session.discard()
             if statement.word(1) == "ALL":
                 self._statements.clear()
                 self._portals.clear()
             return Outcome(f"DISCARD {statement.word(1)}".strip(), parameter_changes=changes)
-        return self.session.execute(statement, params, param_types)
+        return self.session.execute(statement, params, param_types, binary)
 
     def _transaction(self, statement: Statement, kind: str) -> Outcome:
         """Transaction blocks as PostgreSQL reports them; dpsql only reads, so nothing is undone or kept."""
@@ -374,7 +396,7 @@ class Conversation:
             tag = "ROLLBACK" if kind == "rollback" or self.status == "E" else "COMMIT"
             self.status = "I"
             self._savepoints.clear()
-            self._portals = {k: v for k, v in self._portals.items() if k == ""}
+            self._portals = {k: v for k, v in self._portals.items() if k == "" or v.hold}
             return Outcome(tag, notices=notices)
         if self.status == "I":
             word = {"savepoint": "SAVEPOINT", "release": "RELEASE SAVEPOINT", "rollback_to": "ROLLBACK TO SAVEPOINT"}
@@ -391,6 +413,60 @@ class Conversation:
             self.status = "T"
             return Outcome("ROLLBACK")
         return Outcome("RELEASE")
+
+    # --- cursors and COPY: the query inside runs as any other; its rows are held or sent here --------------
+
+    def _wrapped(self, statement: Statement) -> Statement:
+        """The query inside a DECLARE or COPY."""
+        try:
+            return (commands.read_declare(statement) if statement.kind == "declare"
+                    else commands.read_copy(statement)).query
+        except commands.CommandError as exc:
+            raise error(exc.sqlstate, exc.message, exc.hint) from None
+
+    def _declare(self, statement: Statement) -> Outcome:
+        declare = commands.read_declare(statement)
+        if declare.name in self._portals:
+            raise error("42P03", f'cursor "{declare.name}" already exists')
+        if self.status == "I" and not declare.hold:
+            raise error("25P01", "DECLARE CURSOR can only be used in transaction blocks")
+        outcome = self.session.execute(declare.query, [], [])
+        if outcome.columns is None:
+            raise error("42P11", "cannot open a cursor on a statement that returns no rows")
+        prepared = _Prepared(declare.query, [], outcome.columns)
+        self._portals[declare.name] = _Portal(prepared, [], [0] * len(outcome.columns), outcome, hold=declare.hold)
+        notices, outcome.notices = outcome.notices, []
+        return Outcome("DECLARE CURSOR", notices=notices)
+
+    def _fetch(self, statement: Statement) -> Outcome:
+        fetch = commands.read_fetch(statement)
+        cursor = self._portals.get(fetch.name) if fetch.name else None
+        if cursor is None or cursor.outcome is None:
+            raise error("34000", f'cursor "{fetch.name}" does not exist')
+        rows = cursor.outcome.rows
+        end = len(rows) if fetch.count is None else min(len(rows), cursor.position + fetch.count)
+        taken, cursor.position = rows[cursor.position:end], end
+        if fetch.move:
+            return Outcome(f"MOVE {len(taken)}")
+        return Outcome(f"FETCH {len(taken)}", cursor.prepared.columns, taken)
+
+    def _close_cursor(self, statement: Statement) -> Outcome:
+        if statement.word(1) == "ALL":
+            self._portals = {k: v for k, v in self._portals.items() if k == ""}
+            return Outcome("CLOSE CURSOR ALL")
+        name = commands.cursor_name(statement.tokens[1]) if len(statement.tokens) == 2 else ""
+        if not name or self._portals.pop(name, None) is None:
+            raise error("34000", f'cursor "{name}" does not exist')
+        return Outcome("CLOSE CURSOR")
+
+    def _copy(self, statement: Statement) -> Outcome:
+        copy = commands.read_copy(statement)
+        outcome = self.session.execute(copy.query, [], [])
+        columns = outcome.columns or []
+        texts = [[None if v is None else codec.encode_value(v, c.type_oid, False).decode()
+                  for v, c in zip(row, columns, strict=True)] for row in outcome.rows]
+        lines = commands.copy_lines(copy, [c.name for c in columns], texts)
+        return Outcome(f"COPY {len(outcome.rows)}", columns, (), outcome.notices, copy=lines)
 
     def _deallocate(self, statement: Statement) -> Outcome:
         words = [t.text for t in statement.tokens[1:]]
@@ -448,7 +524,11 @@ class Conversation:
         param_types = list(message.param_types)
         if self.status == "E" and statement.kind not in ("commit", "rollback", "rollback_to"):
             raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block")
-        if statement.empty or statement.kind != "other":
+        if statement.kind == "fetch":  # described by the cursor it reads, if it is open
+            name = commands.read_fetch(statement).name if len(statement.tokens) > 1 else ""
+            cursor = self._portals.get(name) if name else None
+            prepared = _Prepared(statement, param_types, None if cursor is None else cursor.prepared.columns)
+        elif statement.empty or statement.kind != "other":
             prepared = _Prepared(statement, param_types, None)
         else:
             description = self.session.describe(statement, param_types)
@@ -469,6 +549,9 @@ class Conversation:
         params = []
         for data, fmt, type_oid in zip(message.params, formats, prepared.param_types, strict=True):
             try:
+                if data is not None and fmt == 0 and type_oid in codec.DATETIME_TYPES:
+                    params.append(self.session.read_value(data.decode("utf-8", "replace"), type_oid))
+                    continue
                 params.append(None if data is None else codec.decode_value(data, type_oid, fmt == 1))
             except OverflowError:  # a binary date or timestamp beyond what dpsql can represent
                 raise error("22008", "date/timestamp parameter out of range") from None
@@ -504,10 +587,13 @@ class Conversation:
         if prepared.statement.empty:
             return self._send(codec.empty_query_message())
         if portal.outcome is None:
-            portal.outcome = self._run(prepared.statement, portal.params, prepared.param_types)
+            binary = bool(portal.formats) and all(f == 1 for f in portal.formats)
+            portal.outcome = self._run(prepared.statement, portal.params, prepared.param_types, binary)
         outcome = portal.outcome
         columns = prepared.columns if prepared.columns is not None else outcome.columns
-        if columns is not None and outcome.columns is not None:
+        if outcome.copy is not None:
+            self._send_copy(outcome)
+        elif columns is not None and outcome.columns is not None:
             end = len(outcome.rows) if message.max_rows <= 0 else portal.position + message.max_rows
             self._send_rows(outcome.rows[portal.position:end], columns, portal.formats or [0] * len(columns))
             portal.position = min(end, len(outcome.rows))

@@ -5,7 +5,8 @@
     queries reading no private table, or rows
     that cannot exist (WHERE 1 <> 1, LIMIT 0)    -> the shadow (same tables and columns, no private rows)
     queries reading private tables               -> the engine (noisy aggregates, or a refusal)
-    anything else (writes, EXPLAIN, COPY, ...)   -> refused
+    anything else (writes, EXPLAIN, COPY FROM)   -> refused
+    (DECLARE/FETCH/CLOSE and COPY ... TO STDOUT are the conversation's: the query inside is routed as above)
 
 Even without rows, some catalog views and functions describe the server rather than the schema: statistics,
 sizes, other sessions' activity, transaction and WAL counters. Queries that name them are refused before
@@ -20,16 +21,17 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
-from sqlglot.tokens import TokenType
+from sqlglot.tokens import Token, TokenType
 
-from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.server.statements import Statement
+from dpsql.errors import PrivacyRefusal, QuerySyntaxError, UnsupportedQuery
+from dpsql.server.statements import Statement, closing_paren
 from dpsql.session import SessionCommand, parse_session_command
+from dpsql.sql.parse import COMMAND_WORDS
 
 QUERY_WORDS = {"SELECT", "WITH", "VALUES", "TABLE", "("}
 # names (matched whole, case-insensitively) that reveal the server's data or activity even in an empty database
 SERVER_STATE = re.compile(
-    r"pg_stat\w*|pg_statio\w*|\w*_size|pg_ls_\w+|pg_read_\w+|pg_file\w*|lo_\w+|dblink\w*|pg_sleep\w*|set_config"
+    r"pg_stat\w*|pg_statio\w*|pg_ls_\w+|pg_read_\w+|pg_file\w*|lo_\w+|dblink\w*|pg_sleep\w*"
     r"|pg_terminate_backend|pg_cancel_backend|pg_reload_conf|txid_\w+|pg_current_\w+|pg_control_\w+|pg_last_\w+"
     r"|pg_wal\w*|pg_xact\w*|pg_snapshot\w*|pg_visible_in_snapshot|pg_locks|pg_blocking_pids|pg_backend_memory\w*"
     r"|pg_shmem\w*|pg_get_wal\w*|pg_replication\w*|pg_prepared_xacts|pg_promote|pg_notify|pg_log_\w+|pg_switch_wal"
@@ -50,6 +52,15 @@ LEXING_SETTINGS = {
 }
 SET_VALUE = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?\"?(\w+)\"?\s*(?:TO\b|=)?\s*(.*?)\s*;?\s*$",
                        re.IGNORECASE | re.DOTALL)
+# sizes of the shadow's own (empty) tables describe no data; sizes of databases and tablespaces would describe
+# the real one, and are answered NULL
+SHADOW_SIZES = {"pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size", "pg_size_pretty",
+                "pg_size_bytes", "pg_column_size"}
+NULL_SIZES = {"pg_database_size", "pg_tablespace_size"}
+GUARDED_NAMES = {"role", "session_authorization", "default_transaction_read_only", "transaction_read_only",
+                 "statement_timeout"}
+USER_TOKENS = {TokenType.CURRENT_USER, TokenType.SESSION_USER}
+USER_WORDS = {"user", "current_role"}
 SCHEMA_CATALOGS = {"pg_statistic_ext"}  # definitions of statistics objects (psql's \d lists them), not their data
 IDENTIFIER_TOKENS = {TokenType.VAR, TokenType.IDENTIFIER}
 
@@ -59,6 +70,7 @@ class Route:
     kind: str  # option | setting | catalog | private | noop
     command: SessionCommand | None = None  # for option
     tag: str = ""  # for noop
+    sets: bool = False  # a catalog query that calls set_config (its parameter changes are reported)
 
 
 def route(statement: Statement, private: frozenset[str]) -> Route:
@@ -76,15 +88,18 @@ def route(statement: Statement, private: frozenset[str]) -> Route:
         if _reads_data(statement, private):
             return Route("private")
         _refuse_server_state(statement)
-        return Route("catalog")
+        return Route("catalog", sets=any(_is_call(statement.tokens, i, "set_config")
+                                         for i in range(len(statement.tokens))))
     if word == "UNLISTEN":
         return Route("noop", tag="UNLISTEN")
     if word == "EXPLAIN":
         raise PrivacyRefusal("EXPLAIN is not answered: a plan shows row estimates taken from the data",
                              "`dpsql explain` shows what a query would cost and how dpsql rewrites it")
-    if word in ("LISTEN", "NOTIFY", "PREPARE", "EXECUTE", "DECLARE", "FETCH", "MOVE", "CLOSE"):
+    if word in ("LISTEN", "NOTIFY", "PREPARE", "EXECUTE"):
         raise UnsupportedQuery(f"{word} is not supported by dpsql",
                                "use your driver's prepared statements (the extended protocol) instead")
+    if word not in COMMAND_WORDS:
+        raise QuerySyntaxError(f'syntax error at or near "{statement.tokens[0].text}"')
     raise PrivacyRefusal(f"dpsql only answers queries: {word or 'this statement'} is not allowed",
                          "send SELECT queries with aggregates (COUNT, SUM, AVG, ...); dpsql never writes")
 
@@ -139,10 +154,66 @@ def _constant_false(node: exp.Expression) -> bool:
 def _refuse_server_state(statement: Statement) -> None:
     if re.search(r"\bu&['\"]", statement.sql, re.IGNORECASE):
         raise PrivacyRefusal("Unicode-escaped names (U&\"...\") are not accepted in catalog queries")
-    for token in statement.tokens:
+    tokens = statement.tokens
+    for index, token in enumerate(tokens):
+        if _is_call(tokens, index, "set_config"):
+            _check_set_config(tokens, index)
+            continue
+        if (token.token_type in IDENTIFIER_TOKENS and token.text.lower().endswith("_size")
+                and token.text.lower() not in SHADOW_SIZES | NULL_SIZES):
+            raise PrivacyRefusal(f'dpsql does not answer "{token.text}"', "catalog queries may ask for the sizes of "
+                                 "tables (of the empty copies dpsql keeps); database sizes are NULL")
         if (token.token_type in IDENTIFIER_TOKENS and SERVER_STATE.fullmatch(token.text)
                 and token.text.lower() not in SCHEMA_CATALOGS):
             raise PrivacyRefusal(f'dpsql does not answer "{token.text}": it describes the server\'s data or '
                                  "activity (statistics, sizes, sessions, transaction counters)",
                                  "catalog queries see a copy of the declared tables without rows; ask for "
                                  "aggregates of the data instead")
+
+
+def _is_call(tokens: tuple[Token, ...], index: int, name: str | set[str]) -> bool:
+    """Whether tokens[index] names the function `name` (one of `name`) and a call of it follows."""
+    names = {name} if isinstance(name, str) else name
+    return (tokens[index].token_type in IDENTIFIER_TOKENS and tokens[index].text.lower() in names
+            and index + 1 < len(tokens) and tokens[index + 1].token_type == TokenType.L_PAREN)
+
+
+def _check_set_config(tokens: tuple[Token, ...], index: int) -> None:
+    """set_config(name, value, is_local) is SET: allowed for a literal name, with SET's limits (asyncpg turns
+    jit off this way)."""
+    arguments = tokens[index + 2:index + 5]
+    if len(arguments) < 3 or arguments[0].token_type != TokenType.STRING:
+        raise PrivacyRefusal("set_config needs a literal setting name in catalog queries",
+                             "write SET name TO value")
+    name = arguments[0].text.lower()
+    if name in GUARDED_NAMES:
+        raise PrivacyRefusal("dpsql does not let a session change its role, read-only mode or timeout")
+    if name in LEXING_SETTINGS and (arguments[2].token_type != TokenType.STRING
+                                    or arguments[2].text.lower() not in LEXING_SETTINGS[name]):
+        raise PrivacyRefusal(f"dpsql does not let a session change {name}: it changes how later statements are read")
+
+
+def catalog_text(statement: Statement, analyst: str) -> str:
+    """The text to run in the shadow for a catalog query: the analyst as the current user (the shadow's role is
+    not theirs) and NULL for the size of a database or tablespace (they would describe the real data)."""
+    tokens, sql = statement.tokens, statement.sql
+    offset = statement.tokens[0].start if tokens else 0
+    edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement) in the statement's text
+    depth = 0
+    for index, token in enumerate(tokens):
+        depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(token.token_type, 0)
+        if _is_call(tokens, index, NULL_SIZES):
+            start = tokens[index - 2].start if index >= 2 and tokens[index - 1].token_type == TokenType.DOT \
+                else token.start
+            edits.append((start - offset, tokens[closing_paren(tokens, index + 1)].end + 1 - offset,
+                          "CAST(NULL AS bigint)"))
+        elif depth == 0 and (token.token_type in USER_TOKENS or token.token_type == TokenType.VAR
+                             and token.text.lower() in USER_WORDS):
+            literal = "CAST('" + analyst.replace("'", "''") + "' AS name)"
+            alone = index + 1 == len(tokens) or tokens[index + 1].token_type in (TokenType.COMMA, TokenType.FROM)
+            if alone and index and tokens[index - 1].token_type in (TokenType.SELECT, TokenType.COMMA):
+                literal += f' AS "{token.text.lower()}"'
+            edits.append((token.start - offset, token.end + 1 - offset, literal))
+    for start, end, replacement in reversed(edits):
+        sql = sql[:start] + replacement + sql[end:]
+    return sql

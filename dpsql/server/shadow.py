@@ -209,9 +209,10 @@ class ShadowConnection:
         params = [result.param_type(i) for i in range(result.nparams)]
         return params, _columns(result)
 
-    def execute(self, text: str, params: list[Any], param_types: list[int]
-                ) -> tuple[str, list[Column] | None, list[list[bytes | None]], list[Notice]]:
-        """(command tag, columns, rows in text format, notices) of one statement. Rows are read one at a time
+    def execute(self, text: str, params: list[Any], param_types: list[int], binary: bool = False
+                ) -> tuple[str, list[Column] | None, list[list[bytes | RawValue | None]], list[Notice]]:
+        """(command tag, columns, rows, notices) of one statement: rows in text format (bytes), or with `binary`
+        in PostgreSQL's binary format (RawValue, passed to the client as they are). Rows are read one at a time
         and a result past MAX_RESULT_BYTES is cancelled (54000), so no client can make dpsql hold more."""
         values = [v.data if isinstance(v, RawValue) else encode_value(v, t, False)
                   for v, t in zip(params, param_types, strict=True)]
@@ -223,7 +224,7 @@ class ShadowConnection:
             size, too_large, final = 0, False, None
             try:
                 pgconn.send_query_params(text.encode(), values, param_types or None, formats or None,
-                                         result_format=pq.Format.TEXT)
+                                         result_format=pq.Format.BINARY if binary else pq.Format.TEXT)
                 while pgconn.flush():  # the rest of a long statement, as the socket takes it
                     select.select([pgconn.socket], [pgconn.socket], [])
                     pgconn.consume_input()
@@ -236,6 +237,8 @@ class ShadowConnection:
                         continue
                     row = [result.get_value(0, c) for c in range(result.nfields)]
                     size += sum(len(v) for v in row if v is not None) + 16 * len(row)
+                    if binary:
+                        row = [None if v is None else RawValue(v, result.ftype(c)) for c, v in enumerate(row)]
                     if size > MAX_RESULT_BYTES:
                         too_large, rows = True, []
                         self.cancel()
@@ -251,6 +254,17 @@ class ShadowConnection:
         columns = _columns(result)
         tag = (result.command_status or b"").decode()
         return tag, columns, rows, self._notices
+
+    def read_value(self, text: str, type_name: str) -> bytes:
+        """PostgreSQL's binary form of `text` read as `type_name` in this session (its DateStyle, TimeZone)."""
+        pgconn = self._conn.pgconn
+        with self._lock:
+            try:
+                result = pgconn.exec_params(f"SELECT CAST($1 AS pg_catalog.{type_name})".encode(), [text.encode()],
+                                            None, None, result_format=pq.Format.BINARY)
+            except psycopg.OperationalError:
+                raise ShadowLost("the connection to the catalog database was lost") from None
+        return self._checked(result).get_value(0, 0)
 
     def _checked(self, result: pq.PGresult) -> pq.PGresult:
         if self._conn.pgconn.status == pq.ConnStatus.BAD:

@@ -36,13 +36,15 @@ class Statement:
 
     @property
     def kind(self) -> str:
-        """begin | commit | rollback | rollback_to | savepoint | release | deallocate | discard | other."""
+        """begin | commit | rollback | rollback_to | savepoint | release | deallocate | discard | declare | fetch
+        (FETCH, MOVE) | close | copy | other."""
         word = self.first_word
         if word in ("ROLLBACK", "ABORT") and any(t.text.upper() == "TO" for t in self.tokens[1:3]):
             return "rollback_to"
         if word in TRANSACTION_KINDS:
             return TRANSACTION_KINDS[word]
-        return {"DEALLOCATE": "deallocate", "DISCARD": "discard"}.get(word, "other")
+        return {"DEALLOCATE": "deallocate", "DISCARD": "discard", "DECLARE": "declare", "FETCH": "fetch",
+                "MOVE": "fetch", "CLOSE": "close", "COPY": "copy"}.get(word, "other")
 
     def word(self, index: int) -> str:
         """The index-th token's text, upper-cased (empty past the end)."""
@@ -84,6 +86,16 @@ def _split(sql: str) -> tuple[Statement, ...]:
     if current:
         statements.append(Statement(sql[start:].strip(), tuple(current)))
     return tuple(statements)
+
+
+def closing_paren(tokens: tuple[Token, ...], opening: int) -> int:
+    """The index of the token that closes the parenthesis at tokens[opening] (the last token if none does)."""
+    depth = 0
+    for index in range(opening, len(tokens)):
+        depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[index].token_type, 0)
+        if depth == 0:
+            return index
+    return len(tokens) - 1
 
 
 def single_statement(sql: str) -> Statement:

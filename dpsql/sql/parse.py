@@ -20,7 +20,12 @@ def parse_select(sql: str) -> exp.Select:
         raise QuerySyntaxError("empty query", "send one SELECT statement")
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
-    except (ParseError, TokenError) as exc:
+    except ParseError as exc:
+        first_word = sql.split(None, 1)[0]
+        if first_word.upper() not in COMMAND_WORDS and first_word.isidentifier():
+            raise QuerySyntaxError(f'syntax error at or near "{first_word}"') from None
+        raise QuerySyntaxError(syntax_error(exc)) from None
+    except TokenError as exc:
         raise QuerySyntaxError(f"syntax error: {_first_line(exc)}") from None
     if len(statements) != 1:
         raise PrivacyRefusal(f"expected exactly one statement, got {len(statements)}",
@@ -38,3 +43,24 @@ def parse_select(sql: str) -> exp.Select:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+# the words a PostgreSQL statement can begin with; any other first word is a syntax error there
+COMMAND_WORDS = frozenset({
+    "ABORT", "ALTER", "ANALYZE", "ANALYSE", "BEGIN", "CALL", "CHECKPOINT", "CLOSE", "CLUSTER", "COMMENT", "COMMIT",
+    "COPY", "CREATE", "DEALLOCATE", "DECLARE", "DELETE", "DISCARD", "DO", "DROP", "END", "EXECUTE", "EXPLAIN", "FETCH",
+    "GRANT", "IMPORT", "INSERT", "LISTEN", "LOAD", "LOCK", "MERGE", "MOVE", "NOTIFY", "PREPARE", "REASSIGN", "REFRESH",
+    "REINDEX", "RELEASE", "RESET", "REVOKE", "ROLLBACK", "SAVEPOINT", "SECURITY", "SELECT", "SET", "SHOW", "START",
+    "TABLE", "TRUNCATE", "UNLISTEN", "UPDATE", "VACUUM", "VALUES", "WITH", "("})
+
+
+def syntax_error(exc: ParseError) -> str:
+    """PostgreSQL's wording for a parse error: at or near the token it stopped at, or at the end of the input
+    (sqlglot names the last token when the text ends too soon)."""
+    first = exc.errors[0] if exc.errors else {}
+    near = first.get("highlight") or ""
+    ended = not (first.get("end_context") or "").strip()
+    too_soon = str(first.get("description", "")).startswith(("Required keyword", "Expecting", "Expected"))
+    if not near or ended and too_soon:
+        return "syntax error at end of input"
+    return f'syntax error at or near "{near}"'

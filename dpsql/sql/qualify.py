@@ -3,12 +3,14 @@ the declared schema), and simple subqueries and CTEs are merged into the outer q
 
 from __future__ import annotations
 
+import re
+
 from sqlglot import exp
 from sqlglot.errors import OptimizeError
 from sqlglot.optimizer.merge_subqueries import merge_subqueries
 from sqlglot.optimizer.qualify import qualify
 
-from dpsql.errors import PrivacyRefusal, UnknownObject
+from dpsql.errors import PrivacyRefusal, UnknownColumn, UnknownObject
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import DIALECT, to_sql
 
@@ -20,10 +22,20 @@ def qualify_columns(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
         tree = qualify(tree, schema=schema.sqlglot_schema(), dialect=DIALECT, validate_qualify_columns=True,
                        quote_identifiers=False)
     except OptimizeError as exc:
-        raise UnknownObject(str(exc).split(". Line:")[0],
+        raise UnknownColumn(_column_message(str(exc)),
                             "every column must be declared in the privacy schema; `dpsql schema check` lists them"
                             ) from None
     return merge_subqueries(tree)
+
+
+def _column_message(sqlglot_message: str) -> str:
+    """PostgreSQL's wording for the column sqlglot could not resolve (column "x" does not exist)."""
+    found = re.match(r"(?:Column '(.+?)' could not be resolved|Unknown column: (\S+))", sqlglot_message)
+    if found is None:
+        return sqlglot_message.split(". Line:")[0]
+    name = found.group(1) or found.group(2)
+    return f'column {name} does not exist' if "." in name else f'column "{name}" does not exist'
+
 
 
 def _check_tables(tree: exp.Select, schema: PrivacySchema) -> None:
@@ -36,5 +48,5 @@ def _check_tables(tree: exp.Select, schema: PrivacySchema) -> None:
         if name in cte_names and not table.db:
             continue
         if name not in schema.tables:
-            raise UnknownObject(f'table "{name}" is not declared in the privacy schema',
-                                "declared tables: " + ", ".join(sorted(schema.tables)))
+            raise UnknownObject(f'relation "{name}" does not exist',
+                                "the privacy schema declares the tables " + ", ".join(sorted(schema.tables)))
