@@ -114,9 +114,11 @@ def test_set_config_is_set(served: Running):
         assert conn.execute("SELECT current_setting('jit') AS cur, set_config('jit', 'off', false) AS new"
                             ).fetchone()[1] == "off"
         conn.execute("SELECT set_config('TimeZone', 'Europe/Paris', false)")
+        conn.execute("SELECT set_config('jit', %s, false)", ("on",))  # asyncpg's reset, with a parameter
         assert conn.info.parameter_status("TimeZone") == "Europe/Paris"
         for refused in ("SELECT set_config('role', 'postgres', false)",
                         "SELECT set_config('standard_conforming_strings', 'off', false)",
+                        "SELECT set_config('client_encoding', 'UTF8' || 'x', false)",
                         "SELECT set_config(name, 'x', false) FROM pg_settings"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(refused)

@@ -159,7 +159,7 @@ def _refuse_server_state(statement: Statement) -> None:
         if _is_call(tokens, index, "set_config"):
             _check_set_config(tokens, index)
             continue
-        if (token.token_type in IDENTIFIER_TOKENS and token.text.lower().endswith("_size")
+        if (token.text.lower().endswith("_size") and _is_call(tokens, index, token.text.lower())
                 and token.text.lower() not in SHADOW_SIZES | NULL_SIZES):
             raise PrivacyRefusal(f'dpsql does not answer "{token.text}"', "catalog queries may ask for the sizes of "
                                  "tables (of the empty copies dpsql keeps); database sizes are NULL")
@@ -181,15 +181,14 @@ def _is_call(tokens: tuple[Token, ...], index: int, name: str | set[str]) -> boo
 def _check_set_config(tokens: tuple[Token, ...], index: int) -> None:
     """set_config(name, value, is_local) is SET: allowed for a literal name, with SET's limits (asyncpg turns
     jit off this way)."""
-    arguments = tokens[index + 2:index + 5]
-    if len(arguments) < 3 or arguments[0].token_type != TokenType.STRING:
-        raise PrivacyRefusal("set_config needs a literal setting name in catalog queries",
-                             "write SET name TO value")
+    arguments = tokens[index + 2:index + 6]
+    if len(arguments) < 4 or arguments[0].token_type != TokenType.STRING:
+        raise PrivacyRefusal("set_config needs a literal setting name in catalog queries", "write SET name TO value")
     name = arguments[0].text.lower()
     if name in GUARDED_NAMES:
         raise PrivacyRefusal("dpsql does not let a session change its role, read-only mode or timeout")
-    if name in LEXING_SETTINGS and (arguments[2].token_type != TokenType.STRING
-                                    or arguments[2].text.lower() not in LEXING_SETTINGS[name]):
+    if name in LEXING_SETTINGS and (arguments[2].token_type != TokenType.STRING or arguments[3].token_type
+                                    != TokenType.COMMA or arguments[2].text.lower() not in LEXING_SETTINGS[name]):
         raise PrivacyRefusal(f"dpsql does not let a session change {name}: it changes how later statements are read")
 
 
