@@ -296,6 +296,8 @@ def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
         date and f"SUM(CAST(EXTRACT(YEAR FROM {date}) AS integer) - 2000)",
         "p" in aliases and "mode() WITHIN GROUP (ORDER BY p.sex)",
         "p" in aliases and "SUM(width_bucket(p.score, 0, 10, 5))",
+        number and f"{rng.choice(['CORR', 'COVAR_POP', 'COVAR_SAMP', 'REGR_SLOPE', 'REGR_INTERCEPT'])}"
+                   f"({number}, {_pick(rng, BOUNDED, aliases)})",
     ]
     return rng.choice([c for c in choices if c])
 

@@ -158,3 +158,27 @@ def test_windows_that_would_read_rows_are_refused(demo_schema, sql, message):
 def test_a_window_keeps_every_released_group_so_limit_is_not_a_top_k(demo_schema):
     assert plan("SELECT category, COUNT(*), SUM(COUNT(*)) OVER () FROM visits GROUP BY 1 ORDER BY 2 DESC LIMIT 3",
                 demo_schema).top_k is None
+
+
+# --- covariance, correlation and regression from noisy sufficient statistics ---------------------------------------
+
+def test_correlation_and_regression_are_finished_from_noisy_sums(engine, analyst, base_url):
+    import psycopg
+    sql = ("SELECT CORR(income, age), COVAR_POP(income, age), COVAR_SAMP(income, age), REGR_SLOPE(income, age), "
+           "REGR_INTERCEPT(income, age), STDDEV(age) FROM people")
+    answer = engine.query(sql, analyst=analyst, epsilon=10.0)
+    with psycopg.connect(base_url) as conn:
+        exact = [float(v) for v in conn.execute(sql).fetchone()]
+    noisy = answer.rows[0]
+    assert -1 <= noisy[0] <= 1 and abs(noisy[0] - exact[0]) < 0.1
+    assert noisy[2] == pytest.approx(noisy[1], rel=0.01)  # n/(n-1) is about 1 at this size
+    assert noisy[5] == pytest.approx(exact[5], rel=0.05)  # STDDEV is PostgreSQL's sample standard deviation
+    assert all(acc is not None and acc.ci_low <= value <= acc.ci_high
+               for value, acc in zip(noisy, answer.accuracy[0], strict=True))
+
+
+def test_bivariate_aggregates_need_bounded_arguments(demo_schema):
+    with pytest.raises(errors.UnsupportedQuery, match="corr second argument"):
+        plan("SELECT CORR(amount, visit_id) FROM visits", demo_schema)
+    measures = plan("SELECT CORR(income, age) FROM people", demo_schema).measures
+    assert [m.sensitivity for m in measures] == [1, 50, 125000, 125000 * 50, 50 * 50, 125000 ** 2]

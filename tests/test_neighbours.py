@@ -32,6 +32,10 @@ QUERIES = [
     "SELECT sex, COUNT(DISTINCT state), COUNT(*) FROM people GROUP BY sex",
     "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
     "SELECT category, VAR_SAMP(amount), STDDEV_POP(amount) FROM visits GROUP BY 1",
+    "SELECT sex, CORR(income, age), COVAR_SAMP(income, age), REGR_SLOPE(income, age), REGR_INTERCEPT(income, age) "
+    "FROM people GROUP BY sex",
+    "SELECT category, COVAR_POP(amount, EXTRACT(MONTH FROM day)) FROM visits GROUP BY 1",
+    "SELECT category, COUNT(*), SUM(COUNT(*)) OVER (), RANK() OVER (ORDER BY COUNT(*) DESC) FROM visits GROUP BY 1",
     "SELECT state, COUNT(*) FROM people GROUP BY state",
     "SELECT sex, state, AVG(age) FROM people GROUP BY sex, state",
     "SELECT p.sex, SUM(v.amount), COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY p.sex",

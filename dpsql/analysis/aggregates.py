@@ -11,6 +11,8 @@ Rules:
   sensitivity √G times it; under row-level joins k already counts all groups (`Scope.spread`);
 - a measure whose every row contributes the same constant has sensitivity 0 and is refused: no mechanism is
   calibrated to it, and its value needs no data.
+- covariances, correlations and regression slopes and intercepts of (Y, X) are finished from a count and the
+  centred sums of X, Y, X·Y, X² and Y² over the rows where both are not NULL, each clamped to its range.
 MIN, MAX, percentiles and mode() are chosen from histograms (`quantiles`).
 """
 
@@ -26,7 +28,7 @@ from dpsql.analysis.expressions import Range, clamp_to, number
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import AGGREGATES, to_sql
+from dpsql.sql import AGGREGATES, BIVARIATE, to_sql
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 
@@ -99,10 +101,9 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
         return Aggregate(name, "count", (measure_of(label, "count", scope.exprs.guard(arg), BIT),), None, sql)
     if isinstance(arg, exp.Distinct):
         raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
-    value_range = scope.exprs.numeric(arg, f"{kind.upper()} argument")
-    value = scope.exprs.guard(arg)
-    if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
-        value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
+    if kind in BIVARIATE:
+        return _bivariate(scope, name, node, sql, measure_of)
+    value_range, value = _bounded(scope, arg, f"{kind.upper()} argument")
     label = to_sql(arg)
     if kind == "sum":
         return Aggregate(name, kind, (measure_of(f"SUM({label})", "sum", value, value_range),), value_range, sql)
@@ -121,6 +122,53 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
         square = exp.Mul(this=exp.Paren(this=centred.copy()), expression=exp.Paren(this=centred.copy()))
         parts.append(measure_of(f"SUM(({label} - {mid:g})^2)", "sum", square, Range(0, half * half, integral)))
     return Aggregate(name, kind, tuple(parts), value_range, sql)
+
+
+def _bounded(scope: Scope, arg: exp.Expression, what: str) -> tuple[Range, exp.Expression]:
+    """An aggregate argument's declared range and its guarded value, clamped to that range."""
+    value_range = scope.exprs.numeric(arg, what)
+    value = scope.exprs.guard(arg)
+    if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
+        value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
+    return value_range, value
+
+
+def _bivariate(scope: Scope, name: str, node: exp.Expression, sql: str, measure_of) -> Aggregate:
+    """covar_pop, covar_samp, corr, regr_slope and regr_intercept of (Y, X), over the rows where both are not
+    NULL (as PostgreSQL counts them): a count, the centred sums of X and Y, and the centred sums of their
+    products, each a measure with its own clamp range."""
+    kind = AGGREGATES[type(node)]
+    (y_range, y), (x_range, x) = (_bounded(scope, node.this, f"{kind} first argument"),
+                                  _bounded(scope, node.expression, f"{kind} second argument"))
+    y_label, x_label = to_sql(node.this), to_sql(node.expression)
+    y_mid, x_mid = (y_range.lo + y_range.hi) / 2, (x_range.lo + x_range.hi) / 2
+    y_half, x_half = (y_range.hi - y_range.lo) / 2, (x_range.hi - x_range.lo) / 2
+    y_c = exp.Paren(this=exp.Sub(this=y.copy(), expression=number(y_mid)))
+    x_c = exp.Paren(this=exp.Sub(this=x.copy(), expression=number(x_mid)))
+    y_whole, x_whole = y_range.integer and y_mid.is_integer(), x_range.integer and x_mid.is_integer()
+
+    def when_both(value: exp.Expression) -> exp.Expression:  # NULL unless X and Y both are not NULL
+        return exp.case().when(exp.and_(exp.Not(this=exp.Is(this=y.copy(), expression=exp.Null())),
+                                        exp.Not(this=exp.Is(this=x.copy(), expression=exp.Null()))), value)
+
+    pair = f"({y_label}, {x_label})"
+    parts = [measure_of(f"COUNT{pair}", "count", when_both(number(1)), BIT),
+             measure_of(f"SUM({x_label} - {x_mid:g}) over {pair}", "sum", when_both(x_c), Range(-x_half, x_half,
+                                                                                                 x_whole)),
+             measure_of(f"SUM({y_label} - {y_mid:g}) over {pair}", "sum", when_both(y_c), Range(-y_half, y_half,
+                                                                                                 y_whole)),
+             measure_of(f"SUM(({y_label} - {y_mid:g})·({x_label} - {x_mid:g}))", "sum",
+                        exp.Mul(this=y_c.copy(), expression=x_c.copy()),
+                        Range(-y_half * x_half, y_half * x_half, y_whole and x_whole))]
+    if kind in ("corr", "regr_slope", "regr_intercept"):
+        parts.append(measure_of(f"SUM(({x_label} - {x_mid:g})^2) over {pair}", "sum",
+                                when_both(exp.Mul(this=x_c.copy(), expression=x_c.copy())),
+                                Range(0, x_half * x_half, x_whole)))
+    if kind == "corr":
+        parts.append(measure_of(f"SUM(({y_label} - {y_mid:g})^2) over {pair}", "sum",
+                                when_both(exp.Mul(this=y_c.copy(), expression=y_c.copy())),
+                                Range(0, y_half * y_half, y_whole)))
+    return Aggregate(name, kind, tuple(parts), y_range, sql, x_range=x_range)
 
 
 def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expression | None,

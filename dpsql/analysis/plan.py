@@ -71,11 +71,13 @@ class Aggregate:
 
     name: str
     kind: str  # count | count_units | sum | avg | var_pop | var_samp | stddev_pop | stddev_samp | quantile | mode
+    #          | covar_pop | covar_samp | corr | regr_slope | regr_intercept (of Y, X)
     measures: tuple[str, ...]  # measure names; for quantile and mode, the histogram's name
-    arg_range: Range | None  # the argument's range, for clamping finished averages and variances
+    arg_range: Range | None  # the argument's range (Y's), for clamping finished averages and variances
     sql: str
     quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
     arg_type: str | None = None  # for mode: the type of the value it returns
+    x_range: Range | None = None  # the bivariate aggregates' second argument (X)
 
     @property
     def chosen(self) -> bool:

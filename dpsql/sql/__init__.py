@@ -17,7 +17,7 @@ from dpsql.sql.bind import CLOCKS, bind_parameters, fix_the_time
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import parse_select
 from dpsql.sql.qualify import qualify_columns
-from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, operands, output_name, to_sql
+from dpsql.sql.query import AGGREGATES, BIVARIATE, DIALECT, CheckedQuery, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import derived_select, drop_nulls_under_not_in, filters_as_case, require_flat, semijoin_selects
 
@@ -36,5 +36,5 @@ def check_query(sql: str, schema: PrivacySchema,
     return CheckedQuery(tree, names, canonical_sql(tree), timed)
 
 
-__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "operands", "semijoin_selects",
-           "to_sql"]
+__all__ = ["AGGREGATES", "BIVARIATE", "DIALECT", "CheckedQuery", "check_query", "derived_select", "operands",
+           "semijoin_selects", "to_sql"]

@@ -29,9 +29,12 @@ def to_sql(node: exp.Expression, normalize: bool = False) -> str:
 
 AGGREGATES: dict[type[exp.Expression], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
-    exp.Stddev: "stddev", exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop",
+    exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop",  # stddev is _samp
     exp.Min: "min", exp.Max: "max", exp.WithinGroup: "percentile",
+    exp.CovarPop: "covar_pop", exp.CovarSamp: "covar_samp", exp.Corr: "corr", exp.RegrSlope: "regr_slope",
+    exp.RegrIntercept: "regr_intercept",
 }
+BIVARIATE = frozenset({"covar_pop", "covar_samp", "corr", "regr_slope", "regr_intercept"})  # agg(Y, X)
 
 
 @dataclass(frozen=True)
