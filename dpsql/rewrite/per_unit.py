@@ -1,6 +1,8 @@
 """Strategy: a unit may hold several joined rows. Where the plan bounds a unit's rows over all groups
 (`rows_total`), keep at most k of them (by keyed hash); sum per (unit, group), clamp each unit's totals to what
 k rows could give, keep at most G groups per unit (by keyed hash) when the plan says so, then sum per group.
+With k rows over all groups and no group cap, the kept rows are summed per group directly (the per-unit clamp
+could not bind).
 
 Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
 G groups: exactly the sensitivity the analysis computed. Rows without a unit are dropped (an outer join's
@@ -42,6 +44,8 @@ def statistics(plan: Plan, hash_seed: int) -> str:
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed)
         rows_of_units = "dpsql_kept"
+        if not plan.cap_groups:
+            return _kept_rows_per_group(plan, ctes)
     ctes.append(f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM {rows_of_units}"
                 f"{group_by(['dpsql_unit', *keys])})")
     source, where = "dpsql_per_unit", ""
@@ -53,3 +57,16 @@ def statistics(plan: Plan, hash_seed: int) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
+
+
+def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
+    """The sums per group straight from the kept rows. With at most k rows per unit over all groups, a unit's
+    total in any group already lies in its per-unit range (k rows, each clamped to the row range), so the
+    per-unit step and its clamp change nothing, and skipping them spares PostgreSQL one aggregate over every
+    (unit, group) and its sort. Units are counted per group only where partition selection reads them."""
+    keys = [k.name for k in plan.group_keys]
+    sums = [f"COUNT(DISTINCT dpsql_unit) AS {m.name}" if m.kind == "units"
+            else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
+    selecting = plan.grouped and plan.domain is None
+    units = f"{'COUNT(DISTINCT dpsql_unit)' if selecting else '0'} AS {UNITS}"
+    return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"
