@@ -5,9 +5,10 @@
 What it does: starts `dpsql demo --serve` (5,000 people), a fresh Superset (its metadata in SQLite in a temporary
 directory, admin/admin), then drives Superset in Chromium (benchmarks/superset/browser.py): login, the database
 connection test and the database, dataset sync of `visits` and `people` (Superset introspects their columns
-through dpsql), a SQL Lab query, a bar chart and a table chart opened in Explore (each runs its query through
-dpsql), and a dashboard with both, refreshed with force. Screenshots and a summary go to
-benchmarks/results/superset/; statements dpsql refused on the way are listed with their SQLSTATE.
+through dpsql), SQL Lab (an answer and a refusal), a bar chart and a table chart built in Explore by drag and drop
+and saved (each runs its query through dpsql), and a dashboard with both, refreshed with force. Screenshots and
+a summary go to benchmarks/results/superset/, with what Superset sent by route and what dpsql refused (its
+/metrics).
 
 Needs Debian's chromium (`apt-get install chromium`) and network access to PyPI for the first setup. Superset
 lives in its own virtual environment: its pins (SQLAlchemy 1.4, Flask) do not mix with dpsql's.

@@ -83,23 +83,33 @@ def sql_lab(page: Page, base: str, out: Path, sql: str, expect: str, name: str) 
     report(f"SQL Lab: {sql}", ok, detail)
 
 
-def chart(page: Page, base: str, out: Path, dataset_id: int, name: str, viz: str, params: dict) -> int:
-    form = {"datasource": f"{dataset_id}__table", "viz_type": viz, **params}
-    created = api(page, "POST", "/api/v1/chart/", {"slice_name": name, "viz_type": viz,
-                                                    "datasource_id": dataset_id, "datasource_type": "table",
-                                                    "params": json.dumps(form)})
-    chart_id = created.get("id", 0)
-    page.goto(f"{base}/explore/?slice_id={chart_id}")
+def chart(page: Page, base: str, out: Path, dataset_id: int, name: str, viz: str, drops: list[tuple[str, str]]
+          ) -> int:
+    """Build a chart in Explore as a person would: drag columns and metrics from the dataset panel onto the
+    controls (`drops`: (item, the control's drop-zone text)), create it (its query runs through dpsql), save it."""
+    page.goto(f"{base}/explore/?datasource_type=table&datasource_id={dataset_id}&viz_type={viz}")
+    page.wait_for_selector("text=Drop columns/metrics here or click", timeout=60_000)
+    for item, zone in drops:
+        page.get_by_text(item, exact=True).first.drag_to(page.get_by_text(zone).first)
+        page.wait_for_timeout(500)
+    page.get_by_role("button", name="Create chart").click()
     errors = []
     try:
         page.wait_for_selector(".chart-container, .slice_container", timeout=60_000)
-        page.wait_for_timeout(5000)
+        page.wait_for_timeout(4000)
         errors = [e.inner_text() for e in page.query_selector_all(".alert-danger, .ant-alert-error")]
     except Exception as exc:  # noqa: BLE001
         errors = [str(exc)]
     file = out / f"chart_{viz}.png"
     page.screenshot(path=str(file), full_page=True)
-    report(f"{name} ({viz})", created["status"] == 201 and not errors, "; ".join(errors) or f"saved {file.name}")
+    page.get_by_role("button", name="Save").first.click()
+    page.fill("[data-test=new-chart-name]", name)
+    page.locator(".ant-modal button", has_text="Save").last.click()
+    page.wait_for_timeout(3000)
+    charts = api(page, "GET", "/api/v1/chart/").get("result", [])
+    chart_id = next((c["id"] for c in charts if c.get("slice_name") == name), 0)
+    report(f"{name} ({viz}) built in Explore and saved", chart_id > 0 and not errors,
+           "; ".join(errors) or f"saved as chart {chart_id}, {file.name}")
     return chart_id
 
 
@@ -150,12 +160,9 @@ def main() -> int:
         sql_lab(page, args.superset, out, "SELECT * FROM people LIMIT 100", "dpsql answers aggregates",
                 "sqllab_refused")
         bar = chart(page, args.superset, out, dataset_id, "Visits per category", "echarts_timeseries_bar",
-                    {"x_axis": "category", "metrics": ["count"], "groupby": [], "row_limit": 10000,
-                     "time_grain_sqla": None, "adhoc_filters": []})
-        table = chart(page, args.superset, out, dataset_id, "Spending per category", "table",
-                      {"query_mode": "aggregate", "groupby": ["category"],
-                       "metrics": [{"expressionType": "SQL", "sqlExpression": "SUM(amount)", "label": "spent"},
-                                   "count"], "row_limit": 1000, "adhoc_filters": []})
+                    [("category", "Drop a column here or click"), ("COUNT(*)", "Drop columns/metrics here or click")])
+        table = chart(page, args.superset, out, dataset_id, "Visits table", "table",
+                      [("category", "Drop columns here or click"), ("COUNT(*)", "Drop columns/metrics here or click")])
         dashboard(page, args.superset, out, [bar, table])
         report("total", True, f"{time.monotonic() - started:.0f} s")
         browser.close()
