@@ -183,16 +183,8 @@ public class DpsqlDates {
 
 
 def test_pgjdbc_date_and_timestamp_parameters(served: Running, tmp_path):
-    from tests.test_server import JDBC_JARS
-    jar = next((str(j) for j in JDBC_JARS if os.path.exists(j)), None)
-    if jar is None or shutil.which("javac") is None:
-        pytest.skip("pgjdbc is not installed (Debian: apt-get install libpostgresql-jdbc-java) or no JDK")
-    (tmp_path / "DpsqlDates.java").write_text(JDBC_DATES)
-    subprocess.run(["javac", "-cp", jar, "DpsqlDates.java"], cwd=tmp_path, check=True, capture_output=True)
-    done = subprocess.run(["java", "-cp", f"{jar}:.", "DpsqlDates", f"jdbc:postgresql://127.0.0.1:{served.port}/demo",
-                           PASSWORD], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("count=")
+    from tests.test_server import run_jdbc
+    assert run_jdbc(served, tmp_path, "DpsqlDates", JDBC_DATES).stdout.startswith("count=")
 
 
 NODE_DATES = r"""

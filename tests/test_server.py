@@ -399,15 +399,21 @@ public class DpsqlJdbc {
 """
 
 
-def test_pgjdbc(served: Running, tmp_path):
+def run_jdbc(served: Running, folder: Path, name: str, source: str) -> subprocess.CompletedProcess:
+    """Compile and run the Java class `name` (its `source`) with pgjdbc against `served`."""
     jar = next((str(j) for j in JDBC_JARS if Path(j).exists()), None)
     if jar is None or shutil.which("javac") is None:
         pytest.skip("pgjdbc is not installed (Debian: apt-get install libpostgresql-jdbc-java) or no JDK")
-    (tmp_path / "DpsqlJdbc.java").write_text(JDBC_CLIENT)
-    subprocess.run(["javac", "-cp", jar, "DpsqlJdbc.java"], cwd=tmp_path, check=True, capture_output=True)
-    done = subprocess.run(["java", "-cp", f"{jar}:.", "DpsqlJdbc", f"jdbc:postgresql://127.0.0.1:{served.port}/demo",
-                           PASSWORD], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    (folder / f"{name}.java").write_text(source)
+    subprocess.run(["javac", "-cp", jar, f"{name}.java"], cwd=folder, check=True, capture_output=True)
+    done = subprocess.run(["java", "-cp", f"{jar}:.", name, f"jdbc:postgresql://127.0.0.1:{served.port}/demo",
+                           PASSWORD], cwd=folder, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_pgjdbc(served: Running, tmp_path):
+    done = run_jdbc(served, tmp_path, "DpsqlJdbc", JDBC_CLIENT)
     lines = done.stdout.splitlines()
     assert "one=1" in lines and sum(line.startswith("count=") for line in lines) == 6
     assert {"table=people", "table=visits", "table=states"} <= set(lines) and "column=income" in lines

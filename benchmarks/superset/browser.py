@@ -83,6 +83,16 @@ def sql_lab(page: Page, base: str, out: Path, sql: str, expect: str, name: str) 
     report(f"SQL Lab: {sql}", ok, detail)
 
 
+def drawn(page: Page, selector: str, settle_ms: int) -> list[str]:
+    """Wait for `selector`, let the charts' queries finish, and return the errors Superset shows (none: drawn)."""
+    try:
+        page.wait_for_selector(selector, timeout=60_000)
+        page.wait_for_timeout(settle_ms)
+        return [e.inner_text() for e in page.query_selector_all(".alert-danger, .ant-alert-error")]
+    except Exception as exc:  # noqa: BLE001
+        return [str(exc)]
+
+
 def chart(page: Page, base: str, out: Path, dataset_id: int, name: str, viz: str, drops: list[tuple[str, str]]
           ) -> int:
     """Build a chart in Explore as a person would: drag columns and metrics from the dataset panel onto the
@@ -93,13 +103,7 @@ def chart(page: Page, base: str, out: Path, dataset_id: int, name: str, viz: str
         page.get_by_text(item, exact=True).first.drag_to(page.get_by_text(zone).first)
         page.wait_for_timeout(500)
     page.get_by_role("button", name="Create chart").click()
-    errors = []
-    try:
-        page.wait_for_selector(".chart-container, .slice_container", timeout=60_000)
-        page.wait_for_timeout(4000)
-        errors = [e.inner_text() for e in page.query_selector_all(".alert-danger, .ant-alert-error")]
-    except Exception as exc:  # noqa: BLE001
-        errors = [str(exc)]
+    errors = drawn(page, ".chart-container, .slice_container", 4000)
     file = out / f"chart_{viz}.png"
     page.screenshot(path=str(file), full_page=True)
     page.get_by_role("button", name="Save").first.click()
@@ -128,12 +132,7 @@ def dashboard(page: Page, base: str, out: Path, charts: list[int]) -> None:
     for c in charts:
         api(page, "PUT", f"/api/v1/chart/{c}", {"dashboards": [dashboard_id]})
     page.goto(f"{base}/superset/dashboard/{dashboard_id}/?force=true")
-    try:
-        page.wait_for_selector(".dashboard-component-chart-holder", timeout=60_000)
-        page.wait_for_timeout(8000)
-        errors = [e.inner_text() for e in page.query_selector_all(".alert-danger, .ant-alert-error")]
-    except Exception as exc:  # noqa: BLE001
-        errors = [str(exc)]
+    errors = drawn(page, ".dashboard-component-chart-holder", 8000)
     page.screenshot(path=str(out / "dashboard.png"), full_page=True)
     report("dashboard refresh", created["status"] == 201 and not errors, "; ".join(errors) or "both charts drawn")
 
