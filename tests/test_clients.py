@@ -47,6 +47,12 @@ def test_cursors_declare_fetch_move_close(served: Running):
         assert [r[0] for r in conn.execute("FETCH NEXT FROM c").fetchall()] == ["physio"]
         assert len(conn.execute("FETCH ALL FROM c").fetchall()) == 2
         assert conn.execute("FETCH c").fetchall() == []
+        with pytest.raises(psycopg.errors.FeatureNotSupported):  # prepared (extended protocol), the session goes on
+            conn.execute("FETCH BACKWARD 1 FROM c", prepare=True)
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN")
+        conn.execute("DECLARE c CURSOR FOR SELECT 1 AS one")
+        assert conn.execute("FETCH 1 FROM c", prepare=True).fetchall() == [(1,)]
         with pytest.raises(psycopg.errors.DuplicateCursor):
             conn.execute("DECLARE c CURSOR FOR SELECT 1")
         conn.execute("ROLLBACK")

@@ -525,7 +525,10 @@ class Conversation:
         if self.status == "E" and statement.kind not in ("commit", "rollback", "rollback_to"):
             raise error("25P02", "current transaction is aborted, commands ignored until end of transaction block")
         if statement.kind == "fetch":  # described by the cursor it reads, if it is open
-            name = commands.read_fetch(statement).name if len(statement.tokens) > 1 else ""
+            try:
+                name = commands.read_fetch(statement).name
+            except commands.CommandError as exc:
+                raise error(exc.sqlstate, exc.message, exc.hint) from None
             cursor = self._portals.get(name) if name else None
             prepared = _Prepared(statement, param_types, None if cursor is None else cursor.prepared.columns)
         elif statement.empty or statement.kind != "other":
