@@ -4,83 +4,129 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from dpsql.config import Settings, load_settings
-from dpsql.errors import Error
-from dpsql.postprocess import INTERVALS_COVER, describe_accuracy, format_value
+from dpsql.errors import BackendUnavailable, BudgetExhausted, ConfigError, Error, SchemaError, UnknownAnalyst
+from dpsql.output import FORMATS, budget_rows, cost_line, render_answer, render_rows
 from dpsql.schema import MECHANISMS
 from dpsql.session import HISTOGRAMS
 
 DEMO_ANALYST = "demo"
 
 
+# Exit codes, documented in the README: a script can tell what went wrong without reading stderr.
+EXIT_OK, EXIT_FAILED, EXIT_CONNECTION, EXIT_BUDGET, EXIT_CONFIG = 0, 1, 2, 3, 4
+EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 64, 70, 130
+
+
+def exit_code(error: Error) -> int:
+    """The exit code of a dpsql error: connection (like psql), budget, configuration, else a failed query."""
+    if isinstance(error, BackendUnavailable):
+        return EXIT_CONNECTION
+    if isinstance(error, BudgetExhausted):
+        return EXIT_BUDGET
+    if isinstance(error, ConfigError | SchemaError | UnknownAnalyst):
+        return EXIT_CONFIG
+    return EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
+        getattr(args, "usage_of", parser).print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.run is not _serve:  # the command reports its own errors; libraries' warnings would repeat them
+        logging.basicConfig(stream=sys.stderr, level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return args.run(args) or 0
+        return args.run(args) or EXIT_OK
     except Error as exc:
         print(f"error: {exc.message} [{exc.code}]", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a dpsql bug: one line, and the traceback when asked for
+        if os.environ.get("DPSQL_DEBUG"):
+            traceback.print_exc()
+        print(f"error: internal error in dpsql: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("hint: this is a dpsql bug; run again with DPSQL_DEBUG=1 for the traceback and please report it",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, exiting with EXIT_USAGE on a bad command line (its own 2 is psql's code for no connection)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--database", help="postgresql:// URL (or DPSQL_DATABASE)")
     common.add_argument("--schema", help="privacy schema TOML file (or DPSQL_SCHEMA)")
     common.add_argument("--analyst", help="whose budget to spend (or DPSQL_ANALYST)")
     common.add_argument("--config", help="config file with a [dpsql] table (or DPSQL_CONFIG, ./dpsql.toml)")
 
-    parser = argparse.ArgumentParser(prog="dpsql", description="Differentially private SQL for PostgreSQL.")
+    printing = _Parser(add_help=False)
+    printing.add_argument("--format", choices=FORMATS, default="table",
+                          help="table (psql-like, the default), csv or json (for scripts: costs go to stderr)")
+
+    parser = _Parser(prog="dpsql", description="Differentially private SQL for PostgreSQL.",
+                     epilog="exit codes: 0 ok, 1 query refused or failed, 2 cannot connect, 3 budget exhausted, "
+                            "4 configuration, 64 bad command line, 70 internal error")
+    parser.add_argument("--version", action="version", version=f"dpsql {_version()}")
     sub = parser.add_subparsers(metavar="COMMAND")
 
-    options = argparse.ArgumentParser(add_help=False)
+    options = _Parser(add_help=False)
     options.add_argument("sql")
     options.add_argument("--epsilon", type=float, help="ε for this query (default from config: 1.0)")
     options.add_argument("--mechanism", choices=MECHANISMS, help="noise on counts and sums (default: the schema's)")
     options.add_argument("--histogram", choices=HISTOGRAMS, help="release of ordered bins (default: plain)")
 
-    query = sub.add_parser("query", parents=[common, options], help="answer a SQL query with noise, spending budget")
+    query = sub.add_parser("query", parents=[common, options, printing],
+                           help="answer a SQL query with noise, spending budget")
     query.set_defaults(run=_query)
 
     explain = sub.add_parser("explain", parents=[common, options],
                              help="show sensitivity, cost and rewritten SQL; runs nothing")
     explain.set_defaults(run=_explain)
 
-    budget = sub.add_parser("budget", parents=[common], help="the analyst's budget: spent and left")
+    budget = sub.add_parser("budget", parents=[common, printing], help="the analyst's budget: spent and left")
     budget.set_defaults(run=_budget)
 
     schema = sub.add_parser("schema", help="privacy schema tools")
+    schema.set_defaults(usage_of=schema)
     schema_sub = schema.add_subparsers(metavar="ACTION")
     check = schema_sub.add_parser("check", help="validate a privacy schema file")
     check.add_argument("file")
     check.set_defaults(run=_schema_check)
 
     analyst = sub.add_parser("analyst", help="manage analysts and their budgets")
+    analyst.set_defaults(usage_of=analyst)
     analyst_sub = analyst.add_subparsers(metavar="ACTION")
-    add = analyst_sub.add_parser("add", parents=[common], help="create an analyst with a budget")
+    add = analyst_sub.add_parser("add", parents=[common, printing], help="create an analyst with a budget")
     add.add_argument("name")
     add.add_argument("--epsilon", type=float, required=True)
     add.add_argument("--delta", type=float, default=1e-5)
     add.set_defaults(run=_analyst_add)
-    grant = analyst_sub.add_parser("grant", parents=[common], help="top up an analyst's budget")
+    grant = analyst_sub.add_parser("grant", parents=[common, printing], help="top up an analyst's budget")
     grant.add_argument("name")
     grant.add_argument("--epsilon", type=float, required=True)
     grant.add_argument("--delta", type=float, default=0.0)
     grant.set_defaults(run=_analyst_grant)
-    listing = analyst_sub.add_parser("list", parents=[common], help="list analysts and budgets")
+    listing = analyst_sub.add_parser("list", parents=[common, printing], help="list analysts and budgets")
     listing.set_defaults(run=_analyst_list)
     remove = analyst_sub.add_parser("remove", parents=[common], help="remove an analyst")
     remove.add_argument("name")
@@ -133,37 +179,18 @@ def _query(args: argparse.Namespace) -> int:
         answer = engine.query(args.sql, analyst=analyst)
     finally:
         engine.close()
-    print(format_answer(answer))
+    print(render_answer(answer, args.format))
+    if args.format != "table":
+        print(cost_line(answer), file=sys.stderr)
     return 0
 
 
-def format_answer(answer) -> str:
-    """The rows as a psql-style table, each noisy column followed by its 95% interval, then the cost."""
-    noisy = [any(row[i] is not None for row in answer.accuracy) for i in range(len(answer.names))]
-    headers, cells = [], [[] for _ in answer.rows]
-    for i, name in enumerate(answer.names):
-        headers.append(name)
-        for r, row in enumerate(answer.rows):
-            cells[r].append(format_value(row[i]))
-        if noisy[i]:
-            headers.append("95% CI")
-            for r, row in enumerate(answer.accuracy):
-                acc = row[i]
-                cells[r].append(describe_accuracy(acc))
-    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
-    lines = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
-             "-+-".join("-" * w for w in widths)]
-    lines += [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.append(f"({len(answer.rows)} row{'s' if len(answer.rows) != 1 else ''})")
-    if any(noisy):
-        lines.append(f"95% CI: {INTERVALS_COVER}")
-    if answer.cached:
-        lines.append("cached answer: no budget spent")
-    else:
-        lines.append(f"spent ε = {answer.epsilon:.4g}, δ = {answer.delta:.3g}")
-    if answer.budget is not None:
-        lines.append(f"budget left: ε = {answer.budget.epsilon_left:.4g}, δ = {answer.budget.delta_left:.3g}")
-    return "\n".join(lines)
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("dpsql")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -181,7 +208,7 @@ def _budget(args: argparse.Namespace) -> int:
     settings = _settings(args)
     analyst = _require_analyst(settings)
     with _ledger(settings) as ledger:
-        _print_budgets([ledger.budget(analyst)])
+        _print_budgets([ledger.budget(analyst)], args.format)
     return 0
 
 
@@ -198,30 +225,25 @@ def _ledger(settings: Settings):
         ledger.close()
 
 
-def _print_budgets(budgets) -> None:
-    print(f"{'analyst':<16} {'ε total':>10} {'ε spent':>10} {'ε left':>10} {'δ total':>10} {'δ spent':>10} "
-          f"{'ρ (zCDP)':>10}  account")
-    for b in budgets:
-        print(f"{b.analyst:<16} {b.epsilon_total:>10.4g} {b.epsilon_spent:>10.4g} {b.epsilon_left:>10.4g} "
-              f"{b.delta_total:>10.3g} {b.delta_spent:>10.3g} {b.rho:>10.4g}  "
-              f"{'zCDP' if b.zcdp_is_better else 'basic'}")
+def _print_budgets(budgets, fmt: str) -> None:
+    print(render_rows(*budget_rows(budgets), fmt))
 
 
 def _analyst_add(args: argparse.Namespace) -> int:
     with _ledger(_settings(args)) as ledger:
-        _print_budgets([ledger.add_analyst(args.name, args.epsilon, args.delta)])
+        _print_budgets([ledger.add_analyst(args.name, args.epsilon, args.delta)], args.format)
     return 0
 
 
 def _analyst_grant(args: argparse.Namespace) -> int:
     with _ledger(_settings(args)) as ledger:
-        _print_budgets([ledger.grant(args.name, args.epsilon, args.delta)])
+        _print_budgets([ledger.grant(args.name, args.epsilon, args.delta)], args.format)
     return 0
 
 
 def _analyst_list(args: argparse.Namespace) -> int:
     with _ledger(_settings(args)) as ledger:
-        _print_budgets(ledger.analysts())
+        _print_budgets(ledger.analysts(), args.format)
     return 0
 
 
@@ -323,7 +345,7 @@ def _demo(args: argparse.Namespace) -> int:
                 engine.ledger.add_analyst(DEMO_ANALYST, 10.0, 1e-4)
             for title, sql in DEMO_QUERIES:
                 print(f"-- {title}\n{sql}")
-                print(format_answer(engine.query(sql, analyst=DEMO_ANALYST, epsilon=0.5)))
+                print(render_answer(engine.query(sql, analyst=DEMO_ANALYST, epsilon=0.5), "table"))
                 print()
         finally:
             engine.close()

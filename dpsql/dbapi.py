@@ -45,7 +45,7 @@ __all__ = [
     "BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Binary", "Connection", "Cursor", "DataError",
     "DatabaseError", "Date", "DateFromTicks", "Error", "IntegrityError", "InterfaceError", "InternalError",
     "NotSupportedError", "OperationalError", "ProgrammingError", "Time", "TimeFromTicks", "Timestamp",
-    "TimestampFromTicks", "Warning", "apilevel", "connect", "paramstyle", "threadsafety",
+    "TimestampFromTicks", "Warning", "apilevel", "connect", "paramstyle", "read_sql", "threadsafety",
 ]
 
 apilevel = "2.0"
@@ -161,7 +161,8 @@ class Cursor:
     def __init__(self, connection: Connection):
         self.connection = connection
         self.arraysize = 1
-        self._answer: Answer | None = None
+        self._answer: Answer | None = None  # as presented: with interval columns when dpsql.intervals is on
+        self._measured: Answer | None = None  # with every accuracy measure as columns, for fetch_df
         self._position = 0
         self._closed = False
 
@@ -199,11 +200,12 @@ class Cursor:
         connection = self.connection
         command = parse_session_command(operation)
         if command is not None:
-            self._answer = _session_answer(connection, command)
+            self._answer = self._measured = _session_answer(connection, command)
         else:
             query_options = _query_options(connection.options, options)
             self._answer = connection.engine.query(operation, parameters, analyst=connection.analyst,
                                                    epsilon=epsilon, options=query_options)
+            self._measured = self._answer.with_intervals(every_measure=True)
             if connection.engine.options(query_options).intervals:
                 self._answer = self._answer.with_intervals()
         self._position = 0
@@ -230,6 +232,22 @@ class Cursor:
         chunk = rows[self._position:]
         self._position = len(rows)
         return chunk
+
+    def fetch_df(self):
+        """The remaining rows as a pandas DataFrame: each noisy column followed by `<column>_ci_low` and
+        `<column>_ci_high` (and `_rank_error` or `_count_gap` where the value reports one instead), with what the
+        answer cost in `df.attrs` (`epsilon_spent`, `delta_spent`, `cached`, `budget_left`)."""
+        try:
+            import pandas
+        except ImportError:
+            raise InterfaceError("fetch_df needs pandas", "pip install pandas") from None
+        rows = self._rows()[self._position:]
+        self._position += len(rows)
+        measured = self._measured
+        start = len(measured.rows) - len(rows)
+        frame = pandas.DataFrame.from_records(measured.rows[start:], columns=measured.names)
+        frame.attrs.update(measured.cost())
+        return frame
 
     def _rows(self) -> list[tuple]:
         self._check_open()
@@ -261,6 +279,13 @@ class Cursor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_sql(sql: str, connection: Connection, params: Sequence[Any] | Mapping[str, Any] | None = None, *,
+             epsilon: float | None = None, **options: Any):
+    """`pandas.read_sql` for dpsql: the noisy answer as a DataFrame with its intervals (see `Cursor.fetch_df`)."""
+    with connection.cursor() as cursor:
+        return cursor.execute(sql, params, epsilon=epsilon, **options).fetch_df()
 
 
 def _query_options(session: Options, options: Mapping[str, Any]) -> Options:

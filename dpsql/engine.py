@@ -53,24 +53,37 @@ class Answer:
     budget: Budget | None = None
     noisy: list[bool] | None = None  # per column: computed from noisy aggregates
 
-    def with_intervals(self) -> Answer:
+    def cost(self) -> dict[str, Any]:
+        """What this answer cost and what is left, for scripts (JSON output, a DataFrame's attrs)."""
+        cost: dict[str, Any] = {"epsilon_spent": self.epsilon, "delta_spent": self.delta, "cached": self.cached}
+        if self.budget is not None:
+            cost["budget_left"] = {"epsilon": self.budget.epsilon_left, "delta": self.budget.delta_left}
+        return cost
+
+    def with_intervals(self, every_measure: bool = False) -> Answer:
         """The answer with two more columns after each noisy one: the bounds of its 95% confidence interval
-        (NULL where the value has none, such as a quantile, which reports a rank error instead)."""
+        (NULL where the value has none, such as a quantile, which reports a rank error instead). With
+        `every_measure`, also `<name>_rank_error` and `<name>_count_gap` after the columns that report them."""
         noisy = self.noisy or [False] * len(self.names)
         names, types, picks = [], [], []
         for i, (name, type_name) in enumerate(zip(self.names, self.types, strict=True)):
             names.append(name)
             types.append(type_name)
             picks.append((i, None))
-            if noisy[i]:
-                names += [f"{name}_ci_low", f"{name}_ci_high"]
-                types += ["float8", "float8"]
-                picks += [(i, "ci_low"), (i, "ci_high")]
-        rows = [tuple(row[i] if bound is None else getattr(acc[i], bound, None) if acc[i] else None
-                      for i, bound in picks) for row, acc in zip(self.rows, self.accuracy, strict=True)]
-        accuracy = [tuple(acc[i] if bound is None else None for i, bound in picks) for acc in self.accuracy]
+            if not noisy[i]:
+                continue
+            measures = ["ci_low", "ci_high"]
+            if every_measure:
+                measures += [m for m in ("rank_error", "count_gap")
+                             if any(acc[i] is not None and getattr(acc[i], m) is not None for acc in self.accuracy)]
+            names += [f"{name}_{measure}" for measure in measures]
+            types += ["float8"] * len(measures)
+            picks += [(i, measure) for measure in measures]
+        rows = [tuple(row[i] if measure is None else getattr(acc[i], measure, None) if acc[i] else None
+                      for i, measure in picks) for row, acc in zip(self.rows, self.accuracy, strict=True)]
+        accuracy = [tuple(acc[i] if measure is None else None for i, measure in picks) for acc in self.accuracy]
         return replace(self, names=names, types=types, rows=rows, accuracy=accuracy,
-                       noisy=[bound is None and noisy[i] for i, bound in picks])
+                       noisy=[measure is None and noisy[i] for i, measure in picks])
 
 
 @dataclass

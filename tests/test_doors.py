@@ -129,7 +129,7 @@ def test_cli_schema_check(capsys, tmp_path):
                    'age = { type = "integer", lower = 10, upper = 1 }\n'
                    '[tables.visits]\nmax_rows_per_unit = 0\n[tables.visits.columns]\namount = "money"\n')
     code, _, err = _run(capsys, "schema", "check", str(bad))
-    assert code == 1
+    assert code == 4  # configuration
     assert "people.age has lower 10 > upper 1" in err
     assert "[tables.visits] is private but has no unit_column" in err
     assert "visits.amount has type 'money'" in err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import socket
 import struct
@@ -505,8 +506,8 @@ def test_cli_passwd_and_serve(served: Running, server, template):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}"], env=env, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen([*cli, "serve", "--listen", f"127.0.0.1:{port}", "--log-level", "debug"], env=env,
+                               stderr=subprocess.PIPE, text=True)
     try:
         assert "listening on" in process.stderr.readline()
         dsn = served.dsn("cli_user", "other pass").replace(f"port='{served.port}'", f"port='{port}'")
@@ -523,6 +524,12 @@ def test_cli_passwd_and_serve(served: Running, server, template):
     finally:
         process.terminate()
         process.wait(10)
+    log = process.stderr.read()  # one line per connection, login, statement and answer; no SQL, no values
+    for line in (r"connection client=(\d+) from 127\.0\.0\.1:\d+\n", r"login analyst=cli_user ",
+                 r"answer analyst=cli_user epsilon=1 ", r"statement done analyst=cli_user tag=SELECT 1\n",
+                 r"disconnection client=(\d+) after [\d.]+ s\n"):
+        assert re.search(line, log), log
+    assert "visits" not in log and "COUNT" not in log and "ERROR" not in log
 
 
 # --- the protocol state machine, fed bytes directly (no sockets) ---------------------------------------------

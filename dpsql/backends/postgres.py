@@ -24,7 +24,7 @@ from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled
+from dpsql.errors import BackendError, BackendUnavailable, QueryCancelled
 
 log = logging.getLogger("dpsql.backend")
 WORK_MEM = "128MB"
@@ -56,7 +56,17 @@ SAFE_LOADERS = {"date": _text_on_failure(DateLoader), "timestamp": _text_on_fail
 def checked_pool(conninfo: str, max_size: int, configure: Callable[[psycopg.Connection], None] | None = None,
                  wait: float = CONNECT_WAIT) -> ConnectionPool:
     """A pool whose connections are checked (one empty round trip) each time one is handed out, so that after a
-    PostgreSQL restart or a terminated backend the pool replaces dead connections instead of handing them on."""
+    PostgreSQL restart or a terminated backend the pool replaces dead connections instead of handing them on.
+    A database that cannot be reached at all fails at once, with PostgreSQL's reason: a wrong URL or password is
+    the operator's to fix, and waiting for the pool would only hide it."""
+    try:
+        with psycopg.connect(conninfo, connect_timeout=int(wait) or 1):
+            pass
+    except psycopg.Error as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BackendUnavailable(f"cannot connect to PostgreSQL: {reason}",
+                                 "check --database / DPSQL_DATABASE (a postgresql:// URL) and that the server runs"
+                                 ) from None
     return ConnectionPool(conninfo, min_size=1, max_size=max_size, open=True, configure=configure,
                           check=ConnectionPool.check_connection, timeout=wait,
                           kwargs={"autocommit": True})
@@ -108,13 +118,6 @@ class PostgresBackend:
     def __init__(self, conninfo: str, statement_timeout_ms: int = 30_000, max_connections: int = 8,
                  connect_wait: float = CONNECT_WAIT):
         self._timeout = int(statement_timeout_ms)
-        try:
-            with psycopg.connect(conninfo, connect_timeout=10):
-                pass
-        except psycopg.Error as exc:
-            raise ConfigError(f"cannot connect to the database: {type(exc).__name__}",
-                              "check --database / DPSQL_DATABASE (a postgresql:// URL) and that the server runs"
-                              ) from None
         self._pool = checked_pool(conninfo, max_connections, self._configure, connect_wait)
 
     def _configure(self, conn: psycopg.Connection) -> None:

@@ -17,7 +17,7 @@ def load_schema(path: str | Path) -> PrivacySchema:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SchemaError(f"privacy schema file {path} does not exist",
-                          "pass --schema FILE or set DPSQL_SCHEMA") from None
+                          f"check the path (a relative one is read from {Path.cwd()})") from None
     except tomllib.TOMLDecodeError as exc:
         raise SchemaError(f"privacy schema {path} is not valid TOML: {exc}") from None
     return parse_schema(raw, str(path))

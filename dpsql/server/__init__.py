@@ -23,6 +23,7 @@ import signal
 import ssl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from dpsql.config import Settings
 from dpsql.engine import Engine
@@ -93,12 +94,10 @@ class Server:
         self.metrics_port: int | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._client, self.listen.host, self.listen.port,
-                                                  limit=READ_SIZE)
+        self._server = await _listen(self._client, self.listen, limit=READ_SIZE)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.metrics_listen is not None:
-            self._metrics_server = await asyncio.start_server(self._scrape, self.metrics_listen.host,
-                                                              self.metrics_listen.port)
+            self._metrics_server = await _listen(self._scrape, self.metrics_listen)
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
 
     async def _scrape(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -141,10 +140,12 @@ class Server:
                                     auth_method=self.auth_method, tls_available=self.tls is not None,
                                     admitted=len(self._conversations) < self.max_clients)
         metrics = self.gateway.metrics
+        opened = loop.time()
         if conversation.admitted:
             self._conversations[process_id] = conversation
             metrics.count("connections_total", result="accepted")
             metrics.connection(opened=True)
+            log.info("connection client=%d from %s", process_id, _peer(writer))
         else:
             metrics.count("connections_total", result="refused")
             log.warning("connection refused: %d clients already (max_client_connections)", self.max_clients)
@@ -175,14 +176,17 @@ class Server:
                 if output.close:
                     break
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError) as exc:
-            log.info("client %d: connection lost: %s", process_id, exc or type(exc).__name__)
+            log.info("connection lost client=%d: %s", process_id, exc or type(exc).__name__)
+        except asyncio.CancelledError:  # the server is closing: end quietly (a cancelled handler is reported as
+            pass  # an unhandled error by asyncio's streams on Python 3.11)
         finally:
             self._handlers.discard(handler)
             if self._conversations.pop(process_id, None) is not None:
                 metrics.connection(opened=False)
+                log.info("disconnection client=%d after %.1f s", process_id, loop.time() - opened)
             await loop.run_in_executor(self._login_executor, conversation.close)
             writer.close()
-            with contextlib.suppress(ConnectionError, ssl.SSLError):
+            with contextlib.suppress(ConnectionError, ssl.SSLError, asyncio.CancelledError):
                 await writer.wait_closed()
 
     def _idle_timeout(self, conversation: Conversation) -> float | None:
@@ -227,6 +231,21 @@ async def _run(server: Server, ready) -> None:
     ready(server)
     await stop.wait()
     await server.close()
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "unknown")
+
+
+async def _listen(handler, address: ListenAddress, **options: Any) -> asyncio.base_events.Server:
+    """A listening socket, or a ConfigError saying why not (a busy port, an address not on this machine)."""
+    try:
+        return await asyncio.start_server(handler, address.host, address.port, **options)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {address.host}:{address.port}: {exc.strerror or exc}",
+                          "another process may hold the port (another dpsql serve?); choose a free one with "
+                          "--listen HOST:PORT, or the listen setting") from None
 
 
 def serve(settings: Settings, listen: str | None = None, ready=lambda server: None) -> None:

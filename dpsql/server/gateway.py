@@ -114,7 +114,9 @@ class ClientSession:
 
     def execute(self, statement: Statement, params: list[Any], param_types: list[int],
                 binary: bool = False) -> Outcome:
-        return self._guarded(self._execute, statement, params, param_types, binary)
+        outcome = self._guarded(self._execute, statement, params, param_types, binary)
+        log.debug("statement done analyst=%s tag=%s", self.analyst, outcome.tag)  # the command and row count
+        return outcome
 
     def check(self, statement: Statement) -> None:
         self._guarded(self._check, statement)

@@ -1,0 +1,129 @@
+"""How the command line prints results: psql-like tables, CSV and JSON.
+
+Tables are for people (numbers right-aligned as psql does, each noisy column followed by its accuracy);
+CSV and JSON are for scripts: one column per value and per accuracy measure (`<name>_ci_low`, `<name>_ci_high`,
+and `<name>_rank_error` or `<name>_count_gap` where the value has one), and nothing else on stdout.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from dpsql.accounting.budget import Budget
+from dpsql.engine import Answer
+from dpsql.postprocess import INTERVALS_COVER, Accuracy, format_value
+
+FORMATS = ("table", "csv", "json")
+ACCURACY_HEADERS = {"interval": "95% CI", "rank_error": "±ranks (95%)", "count_gap": "count gap (95%)"}
+ACCURACY_NOTES = {
+    "interval": f"95% CI: {INTERVALS_COVER}",
+    "rank_error": "±ranks (95%): with probability 95% the value is at most this many ranks from the asked quantile",
+    "count_gap": "count gap (95%): with probability 95% the chosen key's count is within this of the largest count "
+                 "left to choose from",
+}
+
+
+def render_answer(answer: Answer, fmt: str) -> str:
+    """The answer in `fmt`; a table ends with the row count, what the intervals mean and the cost."""
+    if fmt != "table":
+        return render_rows(*_measured(answer), fmt, cost=answer.cost())
+    noisy = answer.noisy or [any(acc[i] is not None for acc in answer.accuracy) for i in range(len(answer.names))]
+    headers, columns, kinds_seen = [], [], []
+    for i, name in enumerate(answer.names):
+        headers.append(name)
+        columns.append([row[i] for row in answer.rows])
+        kind = _accuracy_kind([acc[i] for acc in answer.accuracy]) if noisy[i] else None
+        if kind is not None:
+            headers.append(ACCURACY_HEADERS[kind])
+            columns.append([_accuracy_cell(acc[i], kind) for acc in answer.accuracy])
+            kinds_seen.append(kind)
+    rows = [tuple(column[r] for column in columns) for r in range(len(answer.rows))]
+    lines = [table(headers, rows)]
+    lines += [ACCURACY_NOTES[kind] for kind in dict.fromkeys(kinds_seen)]
+    lines.append(cost_line(answer))
+    return "\n".join(lines)
+
+
+def render_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, cost: dict | None = None) -> str:
+    """Rows in `fmt`: a psql table with its row count, CSV with a header line, or one JSON object."""
+    if fmt == "table":
+        return table(names, rows)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows([["" if v is None else v for v in row] for row in rows])
+        return out.getvalue().rstrip("\n")
+    document = {"columns": list(names), "rows": [dict(zip(names, row, strict=True)) for row in rows]}
+    if cost is not None:
+        document.update(cost)
+    return json.dumps(document, default=str, ensure_ascii=False, indent=1)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """psql's aligned format: headers centred, numbers right-aligned, text left-aligned, then `(n rows)`."""
+    cells = [[format_value(v) for v in row] for row in rows]
+    numeric = [bool(rows) and all(isinstance(row[i], int | float) and not isinstance(row[i], bool)
+                                  for row in rows if row[i] is not None) for i in range(len(headers))]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str], align) -> str:
+        return "|".join(f" {align(i, v, w)} " for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
+
+    lines = [line(headers, _centre), "+".join("-" * (w + 2) for w in widths)]
+    lines += [line(row, lambda i, v, w: v.rjust(w) if numeric[i] else v.ljust(w)) for row in cells]
+    lines.append(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    return "\n".join(lines)
+
+
+def budget_rows(budgets: Sequence[Budget]) -> tuple[list[str], list[tuple]]:
+    names = ["analyst", "epsilon_total", "epsilon_spent", "epsilon_left", "delta_total", "delta_spent", "rho",
+             "account"]
+    rows = [(b.analyst, b.epsilon_total, round(b.epsilon_spent, 6), round(b.epsilon_left, 6), b.delta_total,
+             b.delta_spent, round(b.rho, 6), "zCDP" if b.zcdp_is_better else "basic") for b in budgets]
+    return names, rows
+
+
+def _centre(i: int, value: str, width: int) -> str:
+    return value.center(width)
+
+
+def _measured(answer: Answer) -> tuple[list[str], list[tuple]]:
+    measured = answer.with_intervals(every_measure=True)
+    return measured.names, measured.rows
+
+
+def _accuracy_kind(accuracies: Sequence[Accuracy | None]) -> str | None:
+    present = [a for a in accuracies if a is not None]
+    if not present:
+        return None
+    if any(a.rank_error is not None for a in present):
+        return "rank_error"
+    if any(a.count_gap is not None for a in present):
+        return "count_gap"
+    return "interval"
+
+
+def _accuracy_cell(accuracy: Accuracy | None, kind: str) -> str:
+    if accuracy is None:
+        return ""
+    if kind == "rank_error":
+        return "" if accuracy.rank_error is None else f"±{accuracy.rank_error:.3g}"
+    if kind == "count_gap":
+        return "" if accuracy.count_gap is None else f"{accuracy.count_gap:.3g}"
+    if accuracy.ci_low is None:
+        return ""
+    return f"[{format_value(accuracy.ci_low)}, {format_value(accuracy.ci_high)}]"
+
+
+def cost_line(answer: Answer) -> str:
+    """What the answer cost and what is left, in one line (on stderr when stdout carries CSV or JSON)."""
+    line = ("cached answer: no budget spent" if answer.cached
+            else f"spent ε = {answer.epsilon:.4g}, δ = {answer.delta:.3g}")
+    if answer.budget is not None:
+        line += f"; budget left: ε = {answer.budget.epsilon_left:.4g}, δ = {answer.budget.delta_left:.3g}"
+    return line
