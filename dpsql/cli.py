@@ -151,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-dir", help="where the embedded PostgreSQL keeps its files")
     demo.add_argument("--serve", action="store_true", help="then run `dpsql serve` on it until Ctrl-C")
     demo.add_argument("--listen", default="127.0.0.1:6543", help="HOST:PORT for --serve (default 127.0.0.1:6543)")
+    demo.add_argument("--stop", metavar="DIR", help="stop the embedded PostgreSQL that `--keep` left running in DIR")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -312,7 +313,7 @@ def _schema_check(args: argparse.Namespace) -> int:
         for column in table.columns.values():
             facts = [column.type]
             if column.bounded:
-                facts.append(f"[{column.lower:g}, {column.upper:g}]")
+                facts.append(column.describe_bounds())
             if column.domain:
                 facts.append(f"domain of {len(column.domain)} values")
             if column.unique:
@@ -330,6 +331,10 @@ def _demo(args: argparse.Namespace) -> int:
     from dpsql.embedded import EmbeddedPostgres
     from dpsql.engine import Engine
 
+    if args.stop:
+        EmbeddedPostgres.stop_kept(args.stop)
+        print(f"stopped the embedded PostgreSQL in {args.stop} (its files stay; delete the directory to remove them)")
+        return 0
     schema_path = str(files("dpsql") / "schemas" / "demo.toml")
     server = EmbeddedPostgres(args.data_dir, keep=args.keep)
     print("Starting an embedded PostgreSQL ...", file=sys.stderr)
@@ -337,8 +342,8 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         started = time.monotonic()
         counts = load_demo_data(url, people=args.people, progress=progress_bar)
-        print(f"Loaded {counts['people']:,} people and {counts['visits']:,} visits in "
-              f"{time.monotonic() - started:.1f} s.\n")
+        print(f"Loaded {counts['people']:,} people, {counts['visits']:,} visits, {counts['prescriptions']:,} "
+              f"prescriptions and {counts['states']} states in {time.monotonic() - started:.1f} s.\n")
         engine = Engine(load_settings(None, database=url, schema=schema_path))
         try:
             with contextlib.suppress(Error):  # the analyst may remain from an earlier run with --keep
@@ -350,22 +355,25 @@ def _demo(args: argparse.Namespace) -> int:
         finally:
             engine.close()
         if args.serve:
-            return _demo_serve(url, schema_path, args.listen)
-        print("Connect from Python (a PEP 249 module):\n")
-        print("    import dpsql")
-        print(f'    conn = dpsql.connect(database="{url}",\n'
-              f'                         schema="{schema_path}", analyst="{DEMO_ANALYST}")')
-        print('    cur = conn.cursor(); cur.execute("SELECT AVG(age) FROM people"); print(cur.fetchall())')
-        if args.keep:
-            print(f"\nThe embedded PostgreSQL keeps running with its data in {server.data_dir}.")
+            _demo_serve(url, schema_path, args.listen, args.keep)
+        elif args.keep:
+            print("Connect from Python (a PEP 249 module):\n")
+            print("    import dpsql")
+            print(f'    conn = dpsql.connect(database="{url}",\n'
+                  f'                         schema="{schema_path}", analyst="{DEMO_ANALYST}")')
+            print('    cur = conn.cursor(); cur.execute("SELECT AVG(age) FROM people"); print(cur.fetchall())')
         else:
-            print("\n(The embedded PostgreSQL stops now; run `dpsql demo --keep` to keep it running.)")
+            print("The embedded PostgreSQL stops now. To query the demo data yourself, run `dpsql demo --serve` "
+                  "(psql, BI tools) or `dpsql demo --keep` (Python).")
+        if args.keep:
+            print(f"\nThe embedded PostgreSQL keeps running with its data in {server.data_dir}.\n"
+                  f"Stop it with:  dpsql demo --stop {server.data_dir}")
     finally:
         server.stop()
     return 0
 
 
-def _demo_serve(url: str, schema_path: str, listen: str) -> int:
+def _demo_serve(url: str, schema_path: str, listen: str, keep: bool) -> None:
     """`dpsql demo --serve`: give the demo analyst a password and serve the demo database until Ctrl-C."""
     import secrets
 
@@ -381,10 +389,9 @@ def _demo_serve(url: str, schema_path: str, listen: str) -> int:
               f'    psql "postgresql://{DEMO_ANALYST}:{password}@{server.listen.host}:{server.port}/demo"\n\n'
               "and try:  SELECT sex, COUNT(*), AVG(income) FROM people GROUP BY sex;\n"
               "          SET dpsql.epsilon = 0.1;  SHOW dpsql.budget;\n"
-              "Press Ctrl-C to stop the server and the embedded PostgreSQL.", flush=True)
+              "Press Ctrl-C to stop the server" + ("." if keep else " and the embedded PostgreSQL."), flush=True)
 
     serve(settings, listen, ready)
-    return 0
 
 
 if __name__ == "__main__":

@@ -133,7 +133,13 @@ _last_drawn = [0.0]
 
 
 def progress_bar(label: str, done: int, total: int, stream=sys.stderr) -> None:
-    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+    """A one-line progress bar on a terminal, redrawn at most ten times a second; elsewhere (a log, a pipe) one
+    line per table once it is loaded."""
+    if not stream.isatty():
+        if done >= total:
+            stream.write(f"  loaded {label:<13} {total:>9,}\n")
+            stream.flush()
+        return
     now = time.monotonic()
     if done < total and now - _last_drawn[0] < 0.1:
         return

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 from dpsql.errors import ConfigError
@@ -28,10 +29,7 @@ class EmbeddedPostgres:
         self.url: str | None = None
 
     def start(self) -> str:
-        try:
-            import pgserver
-        except ImportError:
-            pgserver = None
+        pgserver = _pgserver()
         if pgserver is not None:
             self._server = pgserver.get_server(self.data_dir, cleanup_mode=None if self.keep else "stop")
             self.url = self._server.get_uri()
@@ -73,11 +71,42 @@ class EmbeddedPostgres:
             subprocess.run([self._pg_ctl, "-D", str(self.data_dir / "pgdata"), "-m", "fast", "stop"],
                            check=False, capture_output=True)
 
+    @staticmethod
+    def stop_kept(data_dir: str | Path) -> None:
+        """Stop an embedded PostgreSQL left running (`dpsql demo --keep`), keeping its files. pgserver runs it as
+        its own user when started by root, so pgserver (not our pg_ctl) has to stop it."""
+        data_dir = Path(data_dir)
+        if (data_dir / "pgdata" / "PG_VERSION").exists():
+            bin_dir = _local_bin_dir()
+            if bin_dir is None:
+                raise ConfigError("pg_ctl was not found", "install PostgreSQL server binaries")
+            subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(data_dir / "pgdata"), "-m", "fast", "stop"],
+                           check=False, capture_output=True)
+            return
+        pgserver = _pgserver()
+        if not (data_dir / "PG_VERSION").exists() or pgserver is None:
+            raise ConfigError(f"{data_dir} holds no embedded PostgreSQL",
+                              "give the directory that `dpsql demo --keep` printed")
+        server = pgserver.get_server(data_dir, cleanup_mode="stop")  # attaches to the running one, or starts it
+        server.cleanup()  # the last handle: stops it
+
     def __enter__(self) -> str:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _pgserver():
+    """The pgserver module, or None. Its import warns when XDG_RUNTIME_DIR is unset (as under sudo or in a
+    container), which is no concern of a dpsql user: it then keeps its lock file in /tmp."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+        try:
+            import pgserver
+        except ImportError:
+            return None
+    return pgserver
 
 
 def _local_bin_dir() -> Path | None:

@@ -70,10 +70,8 @@ class Answer:
             names.append(name)
             types.append(type_name)
             picks.append((i, None))
-            if not noisy[i]:
-                continue
-            measures = ["ci_low", "ci_high"]
-            if every_measure:
+            measures = ["ci_low", "ci_high"] if noisy[i] else []
+            if every_measure:  # also a top-n key's count gap
                 measures += [m for m in ("rank_error", "count_gap")
                              if any(acc[i] is not None and getattr(acc[i], m) is not None for acc in self.accuracy)]
             names += [f"{name}_{measure}" for measure in measures]
@@ -168,6 +166,10 @@ class Engine:
             raise
         except Exception as exc:  # a dpsql bug, before anything ran or was charged
             raise _internal(exc, "the query did not run and was not charged") from exc
+        if not prepared.plan.aggregates:  # the declared domain of the keys: no data read, nothing to pay
+            result = finish(prepared.plan, prepared.calibration, add_noise(prepared.plan, prepared.calibration, [], {}))
+            return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
+                          budget=self.ledger.budget(analyst), noisy=[False] * len(result.names))
         stored = self.ledger.answers.get(analyst, prepared.key)
         if stored is None:
             with self.backend.session(cancel) as backend:  # a working connection before anything is charged

@@ -12,7 +12,8 @@ def explain_text(prepared: Prepared) -> str:
     plan, cost = prepared.plan, prepared.calibration
     lines = ["Plan:"]
     lines += [f"  {note}" for note in plan.notes]
-    lines.append(f"Noise ({cost.mechanism.capitalize()}, per group; {INTERVALS_COVER}):")
+    if plan.aggregates:
+        lines.append(f"Noise ({cost.mechanism.capitalize()}, per group; {INTERVALS_COVER}):")
     for measure in plan.measures:
         mechanism = cost.mechanisms[measure.name]
         if cost.mechanism == "gaussian":
@@ -61,6 +62,9 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
     lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g} (zCDP: ρ = {cost.cost.rho:.6g}"
                  + (f" beside δ = {cost.cost.approx_delta:.3g})" if cost.cost.approx_delta else ")"))
+    if not plan.aggregates:
+        lines.append("Rewritten SQL: none (the answer is the declared domain; PostgreSQL is not asked)")
+        return "\n".join(lines)
     lines.append("Rewritten SQL:")
     lines.append(f"  {prepared.rewritten.sql}")
     for name, sql in prepared.rewritten.histograms.items():

@@ -98,7 +98,8 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
         selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta, rows, plan.stability)
         cost = Cost(selection_epsilon, selection_delta, selection_epsilon**2 / 2, selection_delta)
     chosen = [a for a in plan.aggregates if a.chosen]
-    share = (epsilon - selection_epsilon) / (len(plan.measures) + len(chosen) + (plan.top_k is not None))
+    parts = len(plan.measures) + len(chosen) + (plan.top_k is not None)  # none when the keys' domain is listed
+    share = (epsilon - selection_epsilon) / parts if parts else 0.0
     monotone = plan.neighbouring == "add-remove"  # counts only grow when a unit is added
     choosers = {a.name: ExponentialMechanism(plan.histogram[a.measures[0]].sensitivity, share,
                                              monotone=a.kind == "mode" and monotone) for a in chosen}

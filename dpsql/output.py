@@ -31,12 +31,11 @@ def render_answer(answer: Answer, fmt: str) -> str:
     """The answer in `fmt`; a table ends with the row count, what the intervals mean and the cost."""
     if fmt != "table":
         return render_rows(*_measured(answer), fmt, cost=answer.cost())
-    noisy = answer.noisy or [any(acc[i] is not None for acc in answer.accuracy) for i in range(len(answer.names))]
     headers, columns, kinds_seen = [], [], []
     for i, name in enumerate(answer.names):
         headers.append(name)
         columns.append([row[i] for row in answer.rows])
-        kind = _accuracy_kind([acc[i] for acc in answer.accuracy]) if noisy[i] else None
+        kind = _accuracy_kind([acc[i] for acc in answer.accuracy])
         if kind is not None:
             headers.append(ACCURACY_HEADERS[kind])
             columns.append([_accuracy_cell(acc[i], kind) for acc in answer.accuracy])

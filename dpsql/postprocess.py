@@ -20,6 +20,7 @@ from dpsql.analysis import CHOSEN, COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
 from dpsql.mechanisms import GaussianMechanism, noise_first
 from dpsql.noise import Calibration, NoisyGroup
+from dpsql.schema import TEMPORAL_TYPES, temporal_value
 from dpsql.sql import to_sql
 
 SIMULATIONS = 2000
@@ -322,6 +323,8 @@ def _typed(value: Any, type_name: str) -> Any:
         return None
     if isinstance(value, np.generic | np.ndarray):
         value = value.item()
+    if type_name in TEMPORAL_TYPES and isinstance(value, int | float):  # a quantile of dates, chosen as a number
+        return temporal_value(type_name, value)
     if type_name == "int8" and isinstance(value, int | float) and math.isfinite(value):
         return int(round(value))
     if type_name == "float8" and isinstance(value, int | float):

@@ -79,7 +79,9 @@ def neighbour_url(server: EmbeddedPostgres, template: str) -> str:
         categories = ["checkup", "dental", "emergency", "lab", "pharmacy", "physio", "specialist",
                       "vaccination", "undeclared"]
         amounts = ["1e308", "-1e308", "NaN", None, "5e5", "-5", "999.5"]
-        rows = [(EXTREME_ID * 10 + i, EXTREME_ID, f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}",
+        days = ["infinity", "-infinity", "1900-01-01", "2999-12-31"]  # beyond the declared 2024 on either side
+        days += [f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}" for i in range(len(days), 5000)]
+        rows = [(EXTREME_ID * 10 + i, EXTREME_ID, days[i],
                  categories[i % len(categories)], amounts[i % len(amounts)]) for i in range(5000)]
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO visits VALUES (%s, %s, %s, %s, %s::double precision)", rows)

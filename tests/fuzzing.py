@@ -41,7 +41,10 @@ UNIT_SCHEMA = {
             "person_id": "bigint", "age": {"type": "integer", "lower": 0, "upper": 100},
             "income": {"type": "double precision", "lower": 0, "upper": 200000},
             "score": "double precision", "balance": "numeric", "state": "text",
-            "sex": {"type": "text", "domain": ["F", "M"]}, "born": "date", "seen": "timestamptz"}},
+            "sex": {"type": "text", "domain": ["F", "M"]},
+            "born": {"type": "date", "lower": "1930-01-01", "upper": "2020-12-31"},
+            "seen": {"type": "timestamptz", "lower": "2024-01-01T00:00:00+00:00",
+                     "upper": "2024-12-31T23:59:59+00:00"}}},
         "visits": {"unit_column": "person_id", "max_rows_per_unit": 5, "columns": {
             "visit_id": "bigint", "person_id": "bigint", "day": "date", "category": "text",
             "amount": {"type": "double precision", "lower": 0, "upper": 1000}, "note": "text"}},
@@ -222,6 +225,7 @@ BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"]}
 UNBOUNDED = {"p": ["p.score", "p.balance"]}
 TEXT = {"p": ["p.state", "p.sex"], "v": ["v.category", "v.note"], "r": ["r.drug"], "s": ["s.region"]}
 DATES = {"p": ["p.born", "p.seen"], "v": ["v.day"]}
+BOUNDED_DATES = {"p": ["p.born", "p.seen"]}
 UNIT_OF = {"p": "p.person_id", "v": "v.person_id"}
 
 
@@ -281,6 +285,7 @@ def _group_key(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
 
 def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
     number, text, date = _pick(rng, BOUNDED, aliases), _pick(rng, TEXT, aliases), _pick(rng, DATES, aliases)
+    bounded_date = _pick(rng, BOUNDED_DATES, aliases)
     unit = next((UNIT_OF[a] for a in aliases if a in UNIT_OF), None)
     choices: list[str | None] = [
         "COUNT(*)", text and f"COUNT({text})", unit and f"COUNT(DISTINCT {unit})",
@@ -293,6 +298,8 @@ def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
         number and f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {number})",
         number and f"{rng.choice(['MIN', 'MAX'])}({number})",
         date and f"SUM(EXTRACT(MONTH FROM {date}))",
+        bounded_date and f"{rng.choice(['MIN', 'MAX'])}({bounded_date})",
+        bounded_date and f"percentile_disc(0.3) WITHIN GROUP (ORDER BY {bounded_date})",
         date and f"SUM(CAST(EXTRACT(YEAR FROM {date}) AS integer) - 2000)",
         "p" in aliases and "mode() WITHIN GROUP (ORDER BY p.sex)",
         "p" in aliases and "SUM(width_bucket(p.score, 0, 10, 5))",

@@ -182,3 +182,112 @@ def test_bivariate_aggregates_need_bounded_arguments(demo_schema):
         plan("SELECT CORR(amount, visit_id) FROM visits", demo_schema)
     measures = plan("SELECT CORR(income, age) FROM people", demo_schema).measures
     assert [m.sensitivity for m in measures] == [1, 50, 125000, 125000 * 50, 50 * 50, 125000 ** 2]
+
+
+# --- dates and times with declared bounds (issue 23) ------------------------------------------------------------
+
+def test_date_bounds_are_declared_as_dates(demo_schema):
+    from dpsql.schema import parse_schema
+
+    day = demo_schema.tables["visits"].columns["day"]
+    assert day.describe_bounds() == "[2024-01-01, 2024-12-31]"
+    raw = {"privacy": {"unit": "row"}, "tables": {"events": {"columns": {
+        "at": {"type": "timestamptz", "lower": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC),
+               "upper": "2024-07-01T02:00:00+02:00"},
+        "on": {"type": "date", "lower": "2024-01-01", "upper": datetime.date(2024, 2, 1)}}}}}
+    columns = parse_schema(raw).tables["events"].columns
+    assert columns["at"].describe_bounds() == "[2024-01-01 00:00:00+00:00, 2024-07-01 00:00:00+00:00]"
+    assert columns["on"].upper - columns["on"].lower == 31  # days
+    raw["tables"]["events"]["columns"] = {
+        "at": {"type": "timestamp", "lower": "yesterday", "upper": "2024-01-01"},
+        "on": {"type": "date", "lower": "2024-03-01", "upper": "2024-02-01"},
+        "n": {"type": "date", "lower": 1, "upper": 2}}
+    with pytest.raises(errors.SchemaError) as caught:
+        parse_schema(raw)
+    message = str(caught.value)
+    assert "events.at is a timestamp column: its bounds must be timestamps" in message
+    assert "events.on has lower 2024-03-01 after upper 2024-02-01" in message
+    assert "events.n is a date column" in message
+
+
+def test_min_max_and_percentile_disc_of_dates_are_dates(engine, analyst):
+    answer = engine.query("SELECT category, MIN(day), MAX(day), percentile_disc(0.5) WITHIN GROUP (ORDER BY day) "
+                          "FROM visits GROUP BY category", analyst=analyst, epsilon=1.0)
+    assert answer.types[1:] == ["date", "date", "date"]
+    for row, accuracy in zip(answer.rows, answer.accuracy, strict=True):
+        first, last, median = row[1:]
+        assert all(isinstance(v, datetime.date) and v.year == 2024 for v in (first, last, median))
+        assert accuracy[1].rank_error > 0
+    (first, last), = engine.query("SELECT MIN(day), MAX(day) FROM visits", analyst=analyst, epsilon=2.0).rows
+    assert first <= datetime.date(2024, 1, 20) and last >= datetime.date(2024, 12, 10)  # 366 cells of one day
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY day) FROM visits", "no percentile_cont of a date"),
+    ("SELECT SUM(day) FROM visits", "not numeric"),
+])
+def test_what_postgresql_cannot_do_with_dates_is_refused(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery, match=message):
+        plan(sql, demo_schema)
+
+
+def test_quantiles_of_unbounded_dates_say_how_to_bound_them(demo_schema):
+    import dataclasses
+
+    visits = demo_schema.tables["visits"]
+    unbounded = dataclasses.replace(visits.columns["day"], lower=None, upper=None)
+    schema = dataclasses.replace(demo_schema, tables={**demo_schema.tables, "visits": dataclasses.replace(
+        visits, columns={**visits.columns, "day": unbounded})})
+    with pytest.raises(errors.UnsupportedQuery, match="no declared bounds") as caught:
+        plan("SELECT MAX(day) FROM visits", schema)
+    assert 'lower = 2024-01-01' in caught.value.hint
+
+
+def test_timestamps_are_seconds_since_1970_clamped_to_their_bounds():
+    from dpsql.schema import parse_schema
+    from tests.fuzzing import UNIT_SCHEMA
+
+    p = plan("SELECT MAX(seen) FROM people", parse_schema(UNIT_SCHEMA))
+    (histogram,) = p.histograms
+    cell = histogram.cell.sql("postgres")
+    assert "EXTRACT(EPOCH FROM CASE WHEN people.seen < CAST('2024-01-01T00:00:00+00:00' AS TIMESTAMPTZ)" in cell
+    assert histogram.cells == 1000 and p.outputs[0].type_name == "timestamptz"
+    assert histogram.value(999) == pytest.approx(datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC).timestamp()
+                                                 - histogram.width / 2)
+
+
+# --- SELECT DISTINCT of declared-domain columns: the domain, free (issue 23) --------------------------------------
+
+def test_distinct_of_a_declared_domain_is_the_domain_at_no_cost(engine, analyst, neighbour_url, demo_schema):
+    from dpsql.config import Settings
+    from dpsql.engine import Engine
+
+    before = engine.budget(analyst).epsilon_spent
+    listed = engine.query("SELECT DISTINCT category FROM visits ORDER BY category", analyst=analyst)
+    assert [row[0] for row in listed.rows] == list(demo_schema.tables["visits"].columns["category"].domain)
+    assert listed.epsilon == 0 and engine.budget(analyst).epsilon_spent == before and listed.accuracy[0] == (None,)
+    grouped = engine.query('SELECT "public"."visits"."category" AS "category" FROM "public"."visits" '
+                           'GROUP BY "public"."visits"."category" ORDER BY "category" DESC LIMIT 3', analyst=analyst)
+    assert [row[0] for row in grouped.rows] == ["vaccination", "specialist", "physio"]
+    pairs = engine.query("SELECT DISTINCT sex, width_bucket(age, 0, 100, 2) AS half FROM people", analyst=analyst)
+    assert sorted(pairs.rows) == [(s, b) for s in ("F", "M") for b in (1, 2, 3)]
+    neighbour = Engine(Settings(database=neighbour_url), demo_schema)  # the neighbour's extra unit changes nothing
+    try:
+        neighbour.ledger.add_analyst("listing", 1.0, 1e-6)
+        assert neighbour.query("SELECT DISTINCT category FROM visits ORDER BY category",
+                               analyst="listing").rows == listed.rows
+    finally:
+        neighbour.close()
+
+
+@pytest.mark.parametrize(("sql", "error", "message"), [
+    ("SELECT DISTINCT category FROM visits WHERE amount > 100", errors.PrivacyRefusal, "under WHERE or a join"),
+    ("SELECT DISTINCT v.category FROM visits v JOIN people p ON p.person_id = v.person_id", errors.PrivacyRefusal,
+     "under WHERE or a join"),
+    ("SELECT DISTINCT state FROM people", errors.PrivacyRefusal, "no aggregate"),
+    ("SELECT DISTINCT COUNT(*) FROM visits GROUP BY category", errors.UnsupportedQuery, "SELECT DISTINCT"),
+    ("SELECT DISTINCT ON (sex) sex FROM people", errors.UnsupportedQuery, "SELECT DISTINCT"),
+])
+def test_distinct_of_values_the_data_decides_is_refused(demo_schema, sql, error, message):
+    with pytest.raises(error, match=message):
+        plan(sql, demo_schema)

@@ -289,6 +289,8 @@ QUANTILE_QUERIES = [
     "JOIN people p ON v.person_id = p.person_id",
     "SELECT category, percentile_cont(0.25) WITHIN GROUP (ORDER BY amount) FROM visits GROUP BY category",
     "SELECT day, MAX(amount) FROM visits GROUP BY day",
+    "SELECT MIN(day), MAX(day), percentile_disc(0.5) WITHIN GROUP (ORDER BY day) FROM visits",
+    "SELECT category, MAX(day) FROM visits GROUP BY category",
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY n) FROM (SELECT person_id, COUNT(*) AS n FROM visits "
     "GROUP BY person_id) t",
 ]

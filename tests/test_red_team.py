@@ -79,6 +79,8 @@ TOTAL = [
     "SELECT COUNT(*) FROM people WHERE width_bucket(score, 0, 10, 5) = 1",  # NaN and ±Infinity scores
     "SELECT width_bucket(balance, 0, 1000, 4), COUNT(*) FROM people GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE note LIKE 'back\\\\%'",
+    "SELECT MIN(born), MAX(seen), percentile_disc(0.5) WITHIN GROUP (ORDER BY seen) FROM people",  # declared bounds
+    "SELECT sex, MAX(born), MIN(seen) FROM people GROUP BY sex",
 ]
 
 

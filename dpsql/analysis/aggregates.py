@@ -54,11 +54,26 @@ def measure(scope: Scope) -> None:
                 found[sql] = quantiles.chosen(scope, name, node, sql)
             else:
                 found[sql] = _aggregate(scope, name, node, sql)
-    if not found:
+    if not found and _lists_a_domain(scope):
+        scope.notes.append("no aggregate: the rows are the declared domain of the keys, whatever the data holds")
+    elif not found:
         raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
                              "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
                              "SELECT state, COUNT(*) FROM people GROUP BY state")
     scope.aggregates = list(found.values())
+
+
+def _lists_a_domain(scope: Scope) -> bool:
+    """`SELECT DISTINCT c FROM t` (or `GROUP BY c` without aggregates) where every key has a declared domain,
+    as BI tools send to fill a filter's list: answered with the domain itself, which no data can change.
+    Under WHERE or a join only some values would be present, which depends on the data: refused."""
+    if scope.domain is None or not scope.group_keys:
+        return False
+    if scope.tree.args.get("where") or scope.joins:
+        raise PrivacyRefusal("without an aggregate, the keys present under WHERE or a join would be raw data",
+                             "list the declared values with SELECT DISTINCT c FROM t (no WHERE), or count them: "
+                             "SELECT c, COUNT(*) FROM ... GROUP BY c")
+    return True
 
 
 def is_window_function(node: exp.Expression) -> bool:

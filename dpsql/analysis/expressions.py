@@ -24,7 +24,7 @@ from itertools import product
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
-from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
+from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column, temporal_value
 from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
@@ -68,6 +68,22 @@ class Range:
         return Range(min(self.lo, other.lo), max(self.hi, other.hi), self.integer and other.integer)
 
 
+def _width_bucket(value: float, low: float, high: float, count: int) -> tuple[int, int]:
+    """The bucket PostgreSQL's width_bucket(value, low, high, count) gives, as (lowest, highest): one wider where
+    floating point could round the position either way."""
+    if low < high:
+        if value < low or value >= high:
+            return (0, 0) if value < low else (count + 1, count + 1)
+        position = (value - low) / (high - low) * count
+    else:
+        if value > low or value <= high:
+            return (0, 0) if value > low else (count + 1, count + 1)
+        position = (low - value) / (low - high) * count
+    bucket = math.floor(position) + 1
+    near = int(abs(position - round(position)) <= 1e-9 * max(1.0, abs(position)))
+    return max(bucket - near, 1), min(bucket + near, count)
+
+
 class Expressions:
     """Ranges and guards for the expressions of one query, given how to find each column's declaration."""
 
@@ -83,7 +99,7 @@ class Expressions:
     def _guard_node(self, node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column):
             column = self.column(node)
-            if column is not None and column.bounded and not isinstance(node.parent, PREDICATES):
+            if column is not None and column.bounded and column.is_numeric and not isinstance(node.parent, PREDICATES):
                 return clamp(node, column)
             return node
         if isinstance(node, exp.Extract):
@@ -367,7 +383,7 @@ class Expressions:
 
     def _range_widthbucket(self, node: exp.WidthBucket) -> Range:
         self._require_constant(node, ("min_value", "max_value", "num_buckets"), "width_bucket's bounds and count")
-        self.numeric_or_unbounded(node.this)
+        operand = self.numeric_or_unbounded(node.this)
         bounds = [_constant_range(node.args[arg]) for arg in ("min_value", "max_value")]
         buckets = _integer_constant(node.args["num_buckets"])
         if None in bounds or any(b.magnitude > LIMIT for b in bounds) or buckets is None \
@@ -375,7 +391,12 @@ class Expressions:
             # an infinite operand lands in bucket count + 1, which must not overflow an integer
             raise UnsupportedQuery(f"width_bucket needs distinct numeric bounds within ±{LIMIT:.0e} and a "
                                    f"whole-number bucket count from 1 to {MAX_BUCKETS}")
-        return Range(0, buckets + 1, True)
+        if not operand.bounded:
+            return Range(0, buckets + 1, True)
+        # width_bucket is monotone in its operand: the buckets between those of the operand's ends, so that a
+        # column declared in [0, 100] has no bucket 0 in width_bucket(x, 0, 100, 5)
+        ends = [_width_bucket(v, bounds[0].lo, bounds[1].lo, buckets) for v in (operand.lo, operand.hi)]
+        return Range(min(e[0] for e in ends), max(e[1] for e in ends), True)
 
     def numeric_or_unbounded(self, node: exp.Expression) -> Range:
         result = self.value_range(node)
@@ -485,6 +506,11 @@ def clamp(node: exp.Expression, column: Column) -> exp.Expression:
     A CASE, not LEAST/GREATEST: those ignore NULL arguments, so a NULL would come out as the lower bound, and a
     value inside the range costs two comparisons here."""
     lo, hi = column.lower, column.upper
+    if column.is_temporal:  # dates and timestamps have no NaN; ±infinity compare as beyond either bound
+        low, high = (temporal_literal(column.type, v) for v in (lo, hi))
+        return exp.Case(ifs=[exp.If(this=exp.LT(this=node.copy(), expression=low), true=low.copy()),
+                             exp.If(this=exp.GT(this=node.copy(), expression=high), true=high.copy())],
+                        default=node.copy())
     if column.type in INTEGER_TYPES:  # the integers in [lo, hi]: a cast would round a fractional bound outward
         lo, hi = (math.ceil(lo), math.floor(hi)) if math.ceil(lo) <= math.floor(hi) else (lo, hi)
     low, high = number(lo), number(hi)
@@ -516,6 +542,12 @@ def clamp_to(node: exp.Expression, lo: float, hi: float, kind: str) -> exp.Expre
         node = exp.Cast(this=node, to=exp.DataType.build("DECIMAL"))
     return exp.Anonymous(this=smaller, expressions=[
         exp.Anonymous(this=larger, expressions=[node, number(lo)]), number(hi)])
+
+
+def temporal_literal(type_name: str, number: float) -> exp.Expression:
+    """The date or timestamp `temporal_number` maps to `number`, as a typed SQL literal."""
+    value = temporal_value(type_name, number)
+    return exp.Cast(this=exp.Literal.string(value.isoformat()), to=exp.DataType.build(type_name))
 
 
 def number(value: float) -> exp.Expression:

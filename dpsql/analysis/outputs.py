@@ -102,7 +102,7 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
     if isinstance(expr, exp.Column):
         for agg in aggregates:
             if agg.name == expr.name:
-                if agg.kind == "mode":
+                if agg.kind == "mode" or agg.arg_type is not None:  # mode, or a quantile of dates
                     return agg.arg_type
                 integral = agg.kind == "quantile" and agg.arg_range.integer
                 return "int8" if agg.kind in COUNTS or integral else "float8"

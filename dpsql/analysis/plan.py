@@ -76,7 +76,7 @@ class Aggregate:
     arg_range: Range | None  # the argument's range (Y's), for clamping finished averages and variances
     sql: str
     quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
-    arg_type: str | None = None  # for mode: the type of the value it returns
+    arg_type: str | None = None  # for mode, and quantiles of dates and times: the type of the value returned
     x_range: Range | None = None  # the bivariate aggregates' second argument (X)
 
     @property

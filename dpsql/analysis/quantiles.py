@@ -14,11 +14,12 @@ from typing import Any
 
 from sqlglot import exp
 
-from dpsql.analysis.expressions import clamp_to, number
+from dpsql.analysis.expressions import Range, clamp, clamp_to, number
 from dpsql.analysis.groups import key_domain, key_type
 from dpsql.analysis.plan import Aggregate, Histogram
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.schema import Column
 from dpsql.sql import AGGREGATES, to_sql
 
 HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
@@ -46,10 +47,14 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
             q = 1 - q
     else:
         q, arg = (0.0 if isinstance(node, exp.Min) else 1.0), node.this
-    value_range = scope.exprs.numeric(arg, f"{AGGREGATES[type(node)].upper()} argument")
-    value = scope.exprs.guard(arg)
-    if not isinstance(arg, exp.Column):
-        value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
+    column = scope.declared_column(arg) if isinstance(arg, exp.Column) else None
+    if column is not None and column.is_temporal:
+        value, value_range = _temporal(column, arg, node, sql)
+    else:
+        value_range = scope.exprs.numeric(arg, f"{AGGREGATES[type(node)].upper()} argument")
+        value = scope.exprs.guard(arg)
+        if not isinstance(arg, exp.Column):
+            value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
     span = value_range.hi - value_range.lo
     if value_range.integer and span < HISTOGRAM_CELLS:
         cells, width, integer = int(span) + 1, 1.0, True
@@ -64,7 +69,26 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
     label = f"histogram of {to_sql(arg)}"
     histogram = _histogram(scope, label, cell, cells, value_range.lo, width, integer,
                            f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
-    return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q)
+    return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q,
+                     arg_type=column.type if column is not None and column.is_temporal else None)
+
+
+def _temporal(column: Column, arg: exp.Column, node: exp.Expression, sql: str) -> tuple[exp.Expression, Range]:
+    """A date column as whole days since 1970-01-01, a timestamp as seconds since then, clamped to its declared
+    bounds: the number the histogram's grid is laid over (the chosen cell maps back to a date or time)."""
+    if not column.bounded:
+        example = "2024-01-01" if column.type == "date" else "2024-01-01T00:00:00"
+        raise UnsupportedQuery(f"{sql}: {to_sql(arg)} has no declared bounds",
+                               f"declare them in the privacy schema, e.g. {column.name} = {{ type = "
+                               f"\"{column.type}\", lower = {example}, upper = ... }}")
+    if isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont):
+        raise UnsupportedQuery(f"{sql}: PostgreSQL has no percentile_cont of a {column.type}",
+                               "use percentile_disc, which returns one of the values")
+    clamped = clamp(arg, column)
+    if column.type == "date":  # date - date is a whole number of days in PostgreSQL
+        epoch = exp.Cast(this=exp.Literal.string("1970-01-01"), to=exp.DataType.build("DATE"))
+        return exp.Sub(this=clamped, expression=epoch), Range(column.lower, column.upper, True)
+    return exp.Extract(this=exp.Var(this="EPOCH"), expression=clamped), Range(column.lower, column.upper)
 
 
 def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate:

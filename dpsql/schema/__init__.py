@@ -15,12 +15,14 @@ from dpsql.schema.model import (
     NEIGHBOURING,
     NUMERIC_TYPES,
     ROW_LEVEL,
+    TEMPORAL_TYPES,
     Column,
     ParentKey,
     PrivacySchema,
     Table,
+    temporal_value,
 )
 from dpsql.schema.validate import parse_schema
 
-__all__ = ["INTEGER_TYPES", "MECHANISMS", "NEIGHBOURING", "NUMERIC_TYPES", "ROW_LEVEL", "Column", "ParentKey",
-           "PrivacySchema", "Table", "load_schema", "parse_schema"]
+__all__ = ["INTEGER_TYPES", "MECHANISMS", "NEIGHBOURING", "NUMERIC_TYPES", "ROW_LEVEL", "TEMPORAL_TYPES", "Column",
+           "ParentKey", "PrivacySchema", "Table", "load_schema", "parse_schema", "temporal_value"]

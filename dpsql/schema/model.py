@@ -6,12 +6,14 @@ computed from them holds on every neighbouring database.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
 NUMERIC_TYPES = {"smallint", "integer", "bigint", "real", "double precision", "numeric"}
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
-OTHER_TYPES = {"text", "boolean", "date", "timestamp", "timestamptz"}
+TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
+OTHER_TYPES = {"text", "boolean"} | TEMPORAL_TYPES
 TYPE_ALIASES = {
     "int": "integer", "int4": "integer", "int2": "smallint", "int8": "bigint", "float": "double precision",
     "float8": "double precision", "float4": "real", "double": "double precision", "decimal": "numeric",
@@ -23,11 +25,32 @@ MECHANISMS = ("laplace", "gaussian")
 ROW_LEVEL = "row"
 
 
+EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def temporal_number(type_name: str, value: datetime.date) -> float:
+    """A date as days since 1970-01-01, a timestamp as seconds since then (UTC where it has a time zone): how
+    bounds of temporal columns are kept, and how quantiles of them are computed."""
+    if type_name == "date":
+        return float((value - EPOCH.date()).days)
+    if value.tzinfo is not None:
+        value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+    return (value - EPOCH).total_seconds()
+
+
+def temporal_value(type_name: str, number: float) -> datetime.date:
+    """The date or timestamp that `temporal_number` maps to `number` (rounded to the day or the second)."""
+    if type_name == "date":
+        return EPOCH.date() + datetime.timedelta(days=round(number))
+    value = EPOCH + datetime.timedelta(seconds=round(number))
+    return value.replace(tzinfo=datetime.UTC) if type_name == "timestamptz" else value
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
     type: str
-    lower: float | None = None
+    lower: float | None = None  # for dates and timestamps, as temporal_number gives them
     upper: float | None = None
     domain: tuple[Any, ...] | None = None
     max_frequency: int | None = None
@@ -42,8 +65,17 @@ class Column:
         return self.type in INTEGER_TYPES
 
     @property
+    def is_temporal(self) -> bool:
+        return self.type in TEMPORAL_TYPES
+
+    @property
     def bounded(self) -> bool:
         return self.lower is not None
+
+    def describe_bounds(self) -> str:
+        if self.is_temporal:
+            return f"[{temporal_value(self.type, self.lower)}, {temporal_value(self.type, self.upper)}]"
+        return f"[{self.lower:g}, {self.upper:g}]"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ the table and column it concerns (a bound the analysis would rely on is never gu
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import Any
 
@@ -14,11 +15,13 @@ from dpsql.schema.model import (
     NUMERIC_TYPES,
     OTHER_TYPES,
     ROW_LEVEL,
+    TEMPORAL_TYPES,
     TYPE_ALIASES,
     Column,
     ParentKey,
     PrivacySchema,
     Table,
+    temporal_number,
 )
 
 
@@ -177,9 +180,13 @@ def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Colu
     if (lower is None) != (upper is None):
         problems.append(f"column {where} declares only one of lower/upper: declare both")
         lower = upper = None
-    if lower is not None:
+    if lower is not None and col_type in TEMPORAL_TYPES:
+        lower, upper = (_temporal_bound(where, col_type, v, problems) for v in (lower, upper))
+        if None not in (lower, upper) and lower > upper:
+            problems.append(f"column {where} has lower {spec['lower']} after upper {spec['upper']}")
+    elif lower is not None:
         if col_type not in NUMERIC_TYPES:
-            problems.append(f"column {where} has bounds but type {col_type} is not numeric")
+            problems.append(f"column {where} has bounds but type {col_type} is neither numeric nor a date or time")
         elif not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                      for v in (lower, upper)):
             problems.append(f"column {where} bounds must be finite numbers")
@@ -209,6 +216,24 @@ def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Colu
         unique = False
     return Column(name, col_type, None if lower is None else float(lower), None if upper is None else float(upper),
                   domain, max_frequency, unique)
+
+
+def _temporal_bound(where: str, col_type: str, value: Any, problems: list[str]) -> float | None:
+    """A date or timestamp bound (a TOML date or datetime, or an ISO 8601 string) as `temporal_number`."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            value = None
+    if isinstance(value, datetime.datetime) and col_type == "date":
+        value = value.date() if value.time() == datetime.time() and value.tzinfo is None else None
+    elif isinstance(value, datetime.date) and not isinstance(value, datetime.datetime) and col_type != "date":
+        value = datetime.datetime.combine(value, datetime.time())
+    if not isinstance(value, datetime.date):
+        example = "2024-01-01" if col_type == "date" else "2024-01-01T00:00:00"
+        problems.append(f"column {where} is a {col_type} column: its bounds must be {col_type}s, e.g. {example}")
+        return None
+    return temporal_number(col_type, value)
 
 
 def _positive_int(value: Any) -> bool:

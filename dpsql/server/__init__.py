@@ -180,14 +180,16 @@ class Server:
         except asyncio.CancelledError:  # the server is closing: end quietly (a cancelled handler is reported as
             pass  # an unhandled error by asyncio's streams on Python 3.11)
         finally:
-            self._handlers.discard(handler)
             if self._conversations.pop(process_id, None) is not None:
                 metrics.connection(opened=False)
                 log.info("disconnection client=%d after %.1f s", process_id, loop.time() - opened)
-            await loop.run_in_executor(self._login_executor, conversation.close)
+            # a cancel here comes from the server closing: the cleanup still runs (in its thread), quietly
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await loop.run_in_executor(self._login_executor, conversation.close)
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, asyncio.CancelledError):
                 await writer.wait_closed()
+            self._handlers.discard(handler)
 
     def _idle_timeout(self, conversation: Conversation) -> float | None:
         """How long a logged-in client may stay silent (None: for ever), by its transaction status."""

@@ -19,7 +19,14 @@ from dpsql.sql.parse import parse_select
 from dpsql.sql.qualify import qualify_columns
 from dpsql.sql.query import AGGREGATES, BIVARIATE, DIALECT, CheckedQuery, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
-from dpsql.sql.shape import derived_select, drop_nulls_under_not_in, filters_as_case, require_flat, semijoin_selects
+from dpsql.sql.shape import (
+    derived_select,
+    distinct_as_group_by,
+    drop_nulls_under_not_in,
+    filters_as_case,
+    require_flat,
+    semijoin_selects,
+)
 
 
 def check_query(sql: str, schema: PrivacySchema,
@@ -28,7 +35,7 @@ def check_query(sql: str, schema: PrivacySchema,
     tree = bind_parameters(parse_select(sql), params)
     timed = tree.find(*CLOCKS) is not None
     tree = filters_as_case(fix_the_time(tree, datetime.datetime.now(datetime.UTC)) if timed else tree)
-    refuse_unsafe(tree)
+    refuse_unsafe(distinct_as_group_by(tree))
     names = tuple(output_name(e) for e in tree.expressions)
     tree = qualify_columns(tree, schema)
     require_flat(tree)

@@ -32,6 +32,19 @@ def filters_as_case(tree: exp.Select) -> exp.Select:
     return tree.transform(rewrite, copy=False)
 
 
+def distinct_as_group_by(tree: exp.Select) -> exp.Select:
+    """`SELECT DISTINCT a, b FROM t` without aggregates is `SELECT a, b FROM t GROUP BY a, b` in PostgreSQL, and
+    the analysis reads the second (it answers it where the keys' domains are declared). DISTINCT ON, and
+    DISTINCT over aggregates or groups, stay as written (and are refused)."""
+    distinct = tree.args.get("distinct")
+    if (distinct is None or distinct.args.get("on") or tree.args.get("group")
+            or any(e.find(*AGGREGATES) for e in tree.expressions)):
+        return tree
+    tree.set("distinct", None)
+    return tree.group_by(*[e.this.copy() if isinstance(e, exp.Alias) else e.copy() for e in tree.expressions],
+                         copy=False)
+
+
 def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
     return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
 
