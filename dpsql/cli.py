@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
+from dpsql.accounting.budget import describe_budget
 from dpsql.config import Settings, load_settings
 from dpsql.errors import BackendUnavailable, BudgetExhausted, ConfigError, Error, SchemaError, UnknownAnalyst
 from dpsql.output import FORMATS, budget_rows, cost_line, render_answer, render_rows
@@ -209,7 +210,9 @@ def _budget(args: argparse.Namespace) -> int:
     settings = _settings(args)
     analyst = _require_analyst(settings)
     with _ledger(settings) as ledger:
-        _print_budgets([ledger.budget(analyst)], args.format)
+        print(render_rows(*budget_rows([ledger.budget(analyst)], settings.epsilon), args.format))
+        if args.format == "table":
+            print(describe_budget(ledger.budget(analyst), settings.epsilon))
     return 0
 
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from dpsql.accounting.budget import Budget
+from dpsql.accounting.budget import Budget, Cost
 from dpsql.engine import Answer
 from dpsql.postprocess import INTERVALS_COVER, Accuracy, format_value
 
@@ -79,12 +79,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def budget_rows(budgets: Sequence[Budget]) -> tuple[list[str], list[tuple]]:
-    names = ["analyst", "epsilon_total", "epsilon_spent", "epsilon_left", "delta_total", "delta_spent", "rho",
-             "account"]
-    rows = [(b.analyst, b.epsilon_total, round(b.epsilon_spent, 6), round(b.epsilon_left, 6), b.delta_total,
-             b.delta_spent, round(b.rho, 6), "zCDP" if b.zcdp_is_better else "basic") for b in budgets]
+def budget_rows(budgets: Sequence[Budget], next_epsilon: float | None = None) -> tuple[list[str], list[tuple]]:
+    """One row per analyst: spent and left, the account in use and both accounts' totals, and (with
+    `next_epsilon`) what one more query at that ε would spend."""
+    names = ["analyst", "epsilon_total", "epsilon_spent", "epsilon_left", "delta_total", "delta_taken",
+             "delta_left", "account", "guarantee_delta", "rho", "basic_epsilon", "basic_delta"]
+    if next_epsilon is not None:
+        names.append(f"next_query_at_{next_epsilon:g}")
+    rows = []
+    for b in budgets:
+        row = (b.analyst, b.epsilon_total, _six(b.epsilon_spent), _six(b.epsilon_left), b.delta_total,
+               b.delta_committed, b.delta_left, "zCDP" if b.zcdp_is_better and b.rho > 0 else "basic",
+               b.delta_spent, _six(b.rho), _six(b.epsilon_basic), b.delta_basic)
+        if next_epsilon is not None:
+            row += (_six(b.epsilon_after(Cost.pure(next_epsilon))),)
+        rows.append(row)
     return names, rows
+
+
+def _six(value: float) -> float:
+    return round(value, 6)
 
 
 def _centre(i: int, value: str, width: int) -> str:

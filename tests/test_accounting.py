@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,6 +50,28 @@ def test_budget_takes_the_better_account():
     assert many.zcdp_is_better and many.epsilon_spent == pytest.approx(zcdp.epsilon_of(60 * 0.05**2 / 2, 1e-5))
     assert many.epsilon_spent < 2.0 and many.within  # ... within it under zCDP
     assert many.delta_spent == 1e-5  # the zCDP account converts at the whole δ
+
+
+def test_a_grant_of_delta_explains_the_spent_epsilon_and_leaves_delta_for_queries():
+    from dpsql.accounting import describe_budget
+
+    spent = Budget("a", 5.0, 1e-13, 0.0, 0.0, 0.0, 0.0)
+    for _ in range(49):  # many small answers, and one grouped answer with DP partition selection
+        spent = spent.plus(Cost.pure(0.1))
+    spent = spent.plus(Cost(0.1, 1e-14, 0.005, 1e-14))
+    assert not spent.zcdp_is_better and spent.epsilon_spent == pytest.approx(5.0)  # too little δ to convert at
+    assert spent.delta_left == pytest.approx(9e-14)
+    granted = dataclasses.replace(spent, epsilon_total=1005.0, delta_total=1e-13 + 0.01)
+    assert granted.zcdp_is_better and granted.epsilon_spent < 5.0  # more δ to convert at: less ε spent
+    assert granted.delta_spent == granted.delta_total  # the guarantee is at the whole δ ...
+    assert granted.delta_committed == pytest.approx(1e-14)  # ... but queries took only their own
+    assert granted.delta_left == pytest.approx(0.01) and granted.plus(Cost(0.5, 1e-6, 0.125, 1e-6)).within
+    text = describe_budget(granted, 1.0)
+    assert f"ε spent {granted.epsilon_spent:.4g} of 1005" in text and "δ taken 1e-14 of 0.01 (left 0.01)" in text
+    assert "converted to ε at the δ not taken (0.01)" in text and "basic composition would give (5, 1e-14)" in text
+    extra = granted.plus(Cost.pure(1.0)).epsilon_spent - granted.epsilon_spent
+    assert f"one more query at ε = 1 without δ spends {extra:.4g}" in text and extra > 0  # (more than 1 here:
+    # under zCDP a big answer costs more than its ε, and the account in use is the better one after it too)
 
 
 def test_partition_selection_delta_is_set_aside_before_conversion():

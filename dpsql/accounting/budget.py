@@ -66,7 +66,16 @@ class Budget:
 
     @property
     def delta_spent(self) -> float:
+        """δ of the guarantee so far: the zCDP account converts ρ to ε at every δ that queries have not taken for
+        themselves, so its guarantee is at the whole δ."""
         return self.delta_total if self.zcdp_is_better and self.rho > 0 else self.delta_basic
+
+    @property
+    def delta_committed(self) -> float:
+        """δ that answers took for themselves: partition selections' (and, under basic composition, Gaussian
+        noise's). The rest is what later queries may still take; under zCDP it is also where ε is converted, so
+        more δ (a grant, or fewer selections) lowers ε spent."""
+        return self.approx_delta if self.zcdp_is_better else self.delta_basic
 
     @property
     def epsilon_left(self) -> float:
@@ -74,7 +83,11 @@ class Budget:
 
     @property
     def delta_left(self) -> float:
-        return max(self.delta_total - self.delta_spent, 0.0)
+        return max(self.delta_total - self.delta_committed, 0.0)
+
+    def epsilon_after(self, cost: Cost) -> float:
+        """How much more ε is spent once one more answer costs `cost` (less than its ε under zCDP)."""
+        return max(self.plus(cost).epsilon_spent - self.epsilon_spent, 0.0)
 
     @property
     def within(self) -> bool:
@@ -94,12 +107,24 @@ MIN_EPSILON = 1e-6  # of one query
 MAX_DELTA = 1e-3  # of one query
 
 
-def describe_budget(budget: Budget) -> str:
-    """One line for people: spent, left, and which account the spending comes from."""
-    account = (f"zCDP: ρ = {budget.rho:.4g}" + (f" beside δ = {budget.approx_delta:.3g}" if budget.approx_delta else "")
-               if budget.zcdp_is_better else "basic composition")
-    return (f"ε spent {budget.epsilon_spent:.4g} of {budget.epsilon_total:.4g} (left {budget.epsilon_left:.4g}), "
-            f"δ spent {budget.delta_spent:.3g} of {budget.delta_total:.3g}; {account}")
+def describe_budget(budget: Budget, next_epsilon: float | None = None) -> str:
+    """For people: spent and left, which account that comes from and what it guarantees, and (with
+    `next_epsilon`) what one more query at that ε would spend."""
+    line = (f"ε spent {budget.epsilon_spent:.4g} of {budget.epsilon_total:.4g} (left {budget.epsilon_left:.4g}), "
+            f"δ taken {budget.delta_committed:.3g} of {budget.delta_total:.3g} (left {budget.delta_left:.3g}); ")
+    if budget.zcdp_is_better and budget.rho > 0:
+        line += (f"zCDP account: ρ = {budget.rho:.4g}"
+                 + (f" beside δ = {budget.approx_delta:.3g}" if budget.approx_delta else "")
+                 + f", converted to ε at the δ not taken ({budget.delta_total - budget.approx_delta:.3g}), so the "
+                 f"guarantee so far is ({budget.epsilon_spent:.4g}, {budget.delta_spent:.3g})-DP; basic "
+                 f"composition would give ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})")
+    else:
+        line += (f"basic composition: the guarantee so far is ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})"
+                 "-DP")
+    if next_epsilon is not None:
+        line += (f"; one more query at ε = {next_epsilon:g} without δ spends "
+                 f"{budget.epsilon_after(Cost.pure(next_epsilon)):.4g}")
+    return line
 
 
 def validate_epsilon(epsilon: Any, what: str = "epsilon", allow_zero: bool = False) -> float:

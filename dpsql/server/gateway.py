@@ -219,8 +219,9 @@ class ClientSession:
     def _option(self, command: SessionCommand) -> Outcome:
         engine = self.gateway.engine
         if command.action == "show":
-            value = (describe_budget(engine.budget(self.analyst)) if command.name == "budget"
-                     else show_value(getattr(engine.options(self.options), command.name)))
+            options = engine.options(self.options)
+            value = (describe_budget(engine.budget(self.analyst), options.epsilon) if command.name == "budget"
+                     else show_value(getattr(options, command.name)))
             return Outcome("SHOW", [Column(f"dpsql.{command.name}", codec.TEXT)], [(value,)])
         self.options = self.options.with_option(command.name, command.value)
         engine.options(self.options)  # refuse now, not at the next query, an ε above the cap
