@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.engine import Prepared
-from dpsql.postprocess import INTERVALS_COVER
+from dpsql.postprocess import INTERVALS_COVER, lower_bounds
 
 
 def explain_text(prepared: Prepared) -> str:
@@ -58,7 +58,13 @@ def explain_text(prepared: Prepared) -> str:
                 continue
             sources = [f"{measures[m].label} (sensitivity {measures[m].sensitivity:g}, "
                        f"scale {cost.mechanisms[m].scale:.6g})" for m in agg.measures]
-            parts.append(f"{agg.sql} from {', '.join(sources)}")
+            least, _ = lower_bounds(agg, plan, cost)
+            best = ""
+            if least:  # a bare COUNT or SUM: its interval comes from its one mechanism
+                achieved = cost.mechanisms[agg.measures[0]].ci_halfwidth()
+                best = (f"; 95% ± {achieved:.6g}, where no mechanism with its ε and δ could promise under "
+                        f"±{least:.6g} for one group ({achieved / least:.2g}×)")
+            parts.append(f"{agg.sql} from {', '.join(sources)}{best}")
         lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
     lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g} (zCDP: ρ = {cost.cost.rho:.6g}"
                  + (f" beside δ = {cost.cost.approx_delta:.3g})" if cost.cost.approx_delta else ")"))

@@ -16,9 +16,16 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.accounting import zcdp
 from dpsql.analysis import CHOSEN, COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
-from dpsql.mechanisms import GaussianMechanism, noise_first
+from dpsql.mechanisms import (
+    GaussianMechanism,
+    LaplaceMechanism,
+    expected_error_lower_bound,
+    halfwidth_lower_bound,
+    noise_first,
+)
 from dpsql.noise import Calibration, NoisyGroup
 from dpsql.schema import TEMPORAL_TYPES, temporal_value
 from dpsql.sql import to_sql
@@ -34,6 +41,17 @@ class Accuracy:
     rank_error: float | None = None  # quantiles: with 95% probability at most this many ranks off
     count_gap: float | None = None  # mode and top-k keys: with 95% probability the chosen value's count is
     # within this of the largest (remaining) count
+    lower_bound: float | None = None  # COUNT, SUM, AVG: the least 95% half-width any mechanism at this value's
+    # (ε, δ) could promise on every database (mechanisms.lower_bounds)
+    error_bound: float | None = None  # and the least expected absolute error it could have
+
+    @property
+    def optimality_ratio(self) -> float | None:
+        """The achieved 95% half-width over the least any (ε, δ)-DP mechanism could promise (None where either
+        is missing or the bound is 0)."""
+        if self.lower_bound is None or not self.lower_bound or self.ci_low is None or self.ci_high is None:
+            return None
+        return (self.ci_high - self.ci_low) / 2 / self.lower_bound
 
 
 @dataclass(frozen=True)
@@ -283,7 +301,8 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
             low, high = value - width, value + width
             if agg.kind in COUNTS:
                 low, high = max(low, 0), max(high, 0)
-            return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high))
+            bounds = lower_bounds(agg, plan, calibration) if factor == 1.0 else (None, None)
+            return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high), None, None, *bounds)
     try:
         draws = np.asarray(evaluate(expr, simulated), dtype=float)
     except (TypeError, ValueError, KeyError, UnsupportedQuery):  # KeyError: no simulated windows
@@ -292,7 +311,44 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
         return None
     with np.errstate(invalid="ignore"):  # draws at ±inf (a ratio over a noisy zero) leave a NaN bound
         low, high = np.nanpercentile(draws, [2.5, 97.5])
-    return Accuracy(None, float(low), float(high))
+    agg = noisy[expr.name] if isinstance(expr, exp.Column) and expr.name in noisy else None
+    bounds = (None, None) if agg is None else lower_bounds(agg, plan, calibration, group.measures[agg.measures[0]])
+    return Accuracy(None, float(low), float(high), None, None, *bounds)
+
+
+def lower_bounds(agg: Aggregate, plan: Plan, calibration: Calibration,
+                 count: float | None = None) -> tuple[float | None, float | None]:
+    """For a released COUNT, SUM or AVG: the least 95% half-width and expected error of any mechanism with the
+    (ε, δ) this value was given, for what one unit can move it (a group's count by its row bound, a sum by its
+    unit range). An average is bounded at its released `count` n, where replacing one unit moves it by its unit
+    range over n (two add-remove steps); without it, (None, None)."""
+    privacy = [_privacy(calibration, name) for name in agg.measures]
+    if None in privacy or not (agg.kind in (*COUNTS, "sum") or (agg.kind == "avg" and len(agg.measures) == 2)):
+        return None, None
+    epsilon, delta = sum(p[0] for p in privacy), sum(p[1] for p in privacy)
+    measure = plan.measure[agg.measures[-1]]
+    lo, hi = measure.unit_range
+    if agg.kind == "avg":
+        if count is None or count < 1:
+            return None, None
+        moved = (hi - lo) / float(count)
+        if plan.neighbouring == "add-remove":
+            epsilon, delta = 2 * epsilon, delta * (1 + math.exp(epsilon))
+    else:
+        moved = hi - lo if plan.neighbouring == "replace" else max(abs(lo), abs(hi))
+    return halfwidth_lower_bound(moved, epsilon, delta), expected_error_lower_bound(moved, epsilon, delta)
+
+
+def _privacy(calibration: Calibration, measure: str) -> tuple[float, float] | None:
+    """The (ε, δ) a measure's mechanism gives it: a Laplace mechanism's ε, or a Gaussian's ρ converted at its
+    share of the δ the measures took."""
+    mechanism = calibration.mechanisms.get(measure)
+    if isinstance(mechanism, LaplaceMechanism):
+        return mechanism.epsilon, 0.0
+    if isinstance(mechanism, GaussianMechanism):
+        share = (calibration.cost.delta - calibration.cost.approx_delta) / len(calibration.mechanisms)
+        return (zcdp.epsilon_of(mechanism.rho, share), share) if share > 0 else None
+    return None
 
 
 INTERVALS_COVER = ("the intervals cover the noise only: values clamped to their declared bounds, and rows or groups "
@@ -307,7 +363,11 @@ def describe_accuracy(accuracy: Accuracy | None) -> str:
         return f"±{accuracy.rank_error:.3g} ranks"
     if accuracy.count_gap is not None:
         return f"count within {accuracy.count_gap:.3g} of the top"
-    return f"[{format_value(accuracy.ci_low)}, {format_value(accuracy.ci_high)}]"
+    interval = f"[{format_value(accuracy.ci_low)}, {format_value(accuracy.ci_high)}]"
+    ratio = accuracy.optimality_ratio
+    if ratio is None:
+        return interval
+    return f"{interval} (no mechanism at its ε, δ: under ±{accuracy.lower_bound:.3g}; this is {ratio:.2g}× that)"
 
 
 def format_value(value: Any) -> str:

@@ -323,3 +323,30 @@ def test_a_table_reaches_the_unit_through_its_parent(engine, analyst):
     assert 0.5 * PEOPLE < sum(row[1] for row in answer.rows) < 3 * PEOPLE
     notes = engine.prepare("SELECT COUNT(*) FROM prescriptions").plan.notes
     assert "dpsql joins visits AS dpsql_parent_1 to reach the unit" in notes
+
+
+def test_each_count_sum_and_mean_carries_the_least_error_any_mechanism_could_have(engine, analyst):
+    """Lower bounds for the query's own sensitivities and (ε, δ), by hand (see test_mechanisms for m₀)."""
+    answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst=analyst, epsilon=1.0)
+    for _, accuracy in answer.accuracy:
+        # one person moves a category's count by at most k = 10; at ε = 1, m₀ = 3: no mechanism promises < ±10
+        assert accuracy.lower_bound == 10.0
+        assert accuracy.error_bound == pytest.approx(10 / (2 * (1 + math.e)))
+        assert accuracy.optimality_ratio == pytest.approx(3.0, abs=0.05)  # Laplace: ±10·ln 20
+    (sums,) = engine.query("SELECT SUM(amount) FROM visits", analyst=analyst, epsilon=1.0).accuracy
+    assert sums[0].lower_bound == 10 * 1000.0  # ten visits of at most 1000
+    ((mean,),) = engine.query("SELECT AVG(income) FROM people", analyst=analyst, epsilon=1.0).accuracy
+    # a count and a centred sum at ε = 0.5 each; replacing a person (two steps: ε 2) moves the mean by 250000/n,
+    # and at ε = 2 m₀ = 2 (e^2·0.05 < 0.95 ≤ e^4·0.05): γ ≥ 250000 / (2n) for the released n
+    assert 250000 / (2 * (PEOPLE + 60)) <= mean.lower_bound <= 250000 / (2 * (PEOPLE - 60))
+    assert mean.optimality_ratio > 1
+
+
+def test_the_notice_and_explain_show_the_lower_bound(engine):
+    from dpsql.explain import explain_text
+    from dpsql.postprocess import Accuracy, describe_accuracy
+
+    explained = explain_text(engine.prepare("SELECT COUNT(*) FROM people", epsilon=1.0))
+    assert "95% ± 3, where no mechanism with its ε and δ could promise under ±1 for one group (3×)" in explained
+    text = describe_accuracy(Accuracy(1.0, 97.0, 103.0, lower_bound=1.0, error_bound=0.13))  # the NOTICE's words
+    assert text == "[97, 103] (no mechanism at its ε, δ: under ±1; this is 3× that)"

@@ -197,3 +197,29 @@ def test_gaussian_confidence_interval_is_the_exact_tail() -> None:
     beyond = sum(w for z, w in weights.items() if abs(z) > width) / total
     one_less = sum(w for z, w in weights.items() if abs(z) > width - 1) / total
     assert beyond <= 0.05 < one_less  # the narrowest interval with 95% coverage
+
+
+# --- lower bounds on any mechanism's error (mechanisms/lower_bounds.py) ----------------------------------------
+
+def test_halfwidth_lower_bounds_by_hand():
+    from dpsql.mechanisms import halfwidth_lower_bound
+
+    # ε = 1: e^1·0.05 = 0.14, e^2·0.05 = 0.37 < 0.95 ≤ e^3·0.05 = 1.004, so m₀ = 3 and γ ≥ (3 − 1)·Δ/2 = Δ
+    assert halfwidth_lower_bound(1.0, 1.0) == 1.0 and halfwidth_lower_bound(10.0, 1.0) == 10.0
+    # ε = 0.1: m₀ = ⌈ln(19) / 0.1⌉ = 30, γ ≥ 29·Δ/2
+    assert halfwidth_lower_bound(2.0, 0.1) == 29.0
+    # δ = 0.3 at ε = 1: m = 2 gives 0.37 + 0.3·(1 + e) = 1.48 ≥ 0.95, so m₀ = 2
+    assert halfwidth_lower_bound(1.0, 1.0, 0.3) == 0.5
+    assert halfwidth_lower_bound(1.0, 5.0) == 0.0  # e^5·0.05 ≥ 0.95: one step apart can both be answered
+    assert halfwidth_lower_bound(1.0, 1.0, confidence=0.5) == 0.0
+    # the Laplace mechanism's 95% half-width, ln(20)/ε·Δ, is within about 2-3× of it
+    for epsilon in (0.05, 0.3, 1.0, 2.0):
+        ratio = math.log(20) / epsilon / halfwidth_lower_bound(1.0, epsilon)
+        assert 2.0 <= ratio <= 3.01
+
+
+def test_expected_error_lower_bound_is_the_two_point_bound():
+    from dpsql.mechanisms import expected_error_lower_bound
+
+    assert expected_error_lower_bound(10.0, 1.0) == pytest.approx(10 / (2 * (1 + math.e)))
+    assert expected_error_lower_bound(1.0, 0.5, 1e-5) == pytest.approx((1 - 1e-5) / (2 * (1 + math.exp(0.5))))

@@ -155,6 +155,11 @@ class Plan:
         return noisy_windows(self.windows, set(self.aggregate))
 
     @cached_property
+    def measure(self) -> dict[str, Measure]:
+        """Measures by name."""
+        return {m.name: m for m in self.measures}
+
+    @cached_property
     def histogram(self) -> dict[str, Histogram]:
         """Histograms by name."""
         return {h.name: h for h in self.histograms}
