@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.set_defaults(run=_explain)
 
     budget = sub.add_parser("budget", parents=[common, printing], help="the analyst's budget: spent and left")
+    budget.add_argument("--group-size", type=int, help="also the guarantee for groups of this many units "
+                                                       "(default: the privacy schema's group_size)")
     budget.set_defaults(run=_budget)
 
     schema = sub.add_parser("schema", help="privacy schema tools")
@@ -207,12 +209,15 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _budget(args: argparse.Namespace) -> int:
+    from dpsql.schema import load_schema
     settings = _settings(args)
     analyst = _require_analyst(settings)
     with _ledger(settings) as ledger:
-        print(render_rows(*budget_rows([ledger.budget(analyst)], settings.epsilon), args.format))
+        group_size = args.group_size or (load_schema(settings.schema).group_size if settings.schema else 1)
+        budget = ledger.budget(analyst)
+        print(render_rows(*budget_rows([budget], settings.epsilon, group_size), args.format))
         if args.format == "table":
-            print(describe_budget(ledger.budget(analyst), settings.epsilon))
+            print(describe_budget(budget, settings.epsilon, group_size))
     return 0
 
 

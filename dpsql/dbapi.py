@@ -305,7 +305,9 @@ def _session_answer(connection: Connection, command: SessionCommand) -> Answer:
         connection.options = connection.options.with_option(command.name, command.value)
         return Answer([], [], [], [], 0.0, 0.0)
     if command.name == "budget":
-        value = describe_budget(connection.budget(), connection.engine.options(connection.options).epsilon)
+        engine = connection.engine
+        value = describe_budget(connection.budget(), engine.options(connection.options).epsilon,
+                                engine.schema.group_size)
     else:
         value = show_value(getattr(connection.engine.options(connection.options), command.name))
     return Answer([f"dpsql.{command.name}"], ["text"], [(value,)], [(None,)], 0.0, 0.0)

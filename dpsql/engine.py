@@ -94,6 +94,7 @@ class Prepared:
     calibration: Calibration
     key: str  # the answer cache's key
     options: Options  # epsilon, mechanism and histogram, resolved
+    group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
 
 
 class Engine:
@@ -123,23 +124,24 @@ class Engine:
         """Check, analyse, rewrite and price a query without running or charging anything. `options` are the
         query's and session's; `epsilon` overrides theirs."""
         options = self.options(Options(epsilon=epsilon).over(options or Options()))
-        query, plan, rewritten = self._plan(sql, params)
+        query, plan, rewritten = self._plan(sql, params, options.min_frequency)
         calibration = calibrate(plan, options.epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
         key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
                                          self.settings.delta, self.settings.selection_share, plan.max_groups,
-                                         self._schema_digest]).encode()).hexdigest()
-        return Prepared(query, plan, rewritten, calibration, key, options)
+                                         self._schema_digest, *([plan.min_units] if plan.min_units > 1 else [])]
+                                        ).encode()).hexdigest()
+        return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size)
 
-    def _plan(self, sql: str, params: Any) -> tuple[CheckedQuery, Plan, Rewritten]:
-        """The ε-independent stages, remembered for recently seen (SQL text, parameters)."""
-        cache_key = (sql, repr(params))
+    def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan, Rewritten]:
+        """The ε-independent stages, remembered for recently seen (SQL text, parameters, minimum frequency)."""
+        cache_key = (sql, repr(params), min_frequency)
         with self._plans_lock:
             if cache_key in self._plans:
                 self._plans.move_to_end(cache_key)
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
-        plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit)
+        plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -214,6 +216,8 @@ class Engine:
         configured = Options(self.settings.epsilon, self.settings.mechanism, self.settings.histogram)
         resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain",
                                                          intervals=False))
+        # the schema's minimum frequency is a floor: a session may ask for more, never for less
+        resolved = replace(resolved, min_frequency=max(resolved.min_frequency or 1, self.schema.min_frequency))
         for name in OPTION_NAMES:
             resolved = resolved.with_option(name, getattr(resolved, name))
         validate_query_privacy(resolved.epsilon, self.settings.delta)  # the config file's values too

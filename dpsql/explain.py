@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from dpsql.accounting import group_guarantee
 from dpsql.engine import Prepared
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
 
@@ -41,7 +42,9 @@ def explain_text(prepared: Prepared) -> str:
     if cost.selection is not None:
         sel = cost.selection
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "
-                     f"keep a group when its noisy count of units reaches {sel.threshold}")
+                     f"keep a group when its noisy count of units reaches {sel.threshold}"
+                     + (f" (min_frequency = {sel.min_units}: a group of fewer units is released with probability "
+                        f"at most δ)" if sel.min_units > 1 else ""))
     lines.append("Output columns:")
     aggregates = plan.aggregate
     measures = {m.name: m for m in plan.measures}
@@ -68,6 +71,10 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
     lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g} (zCDP: ρ = {cost.cost.rho:.6g}"
                  + (f" beside δ = {cost.cost.approx_delta:.3g})" if cost.cost.approx_delta else ")"))
+    if prepared.group_size > 1:
+        group_epsilon, group_delta = group_guarantee(cost.epsilon, cost.delta, prepared.group_size)
+        lines.append(f"Group privacy: for a group of up to {prepared.group_size} units (group_size), this answer is "
+                     f"({group_epsilon:.6g}, {group_delta:.3g})-DP: (kε, k·e^((k−1)ε)·δ)")
     if not plan.aggregates:
         lines.append("Rewritten SQL: none (the answer is the declared domain; PostgreSQL is not asked)")
         return "\n".join(lines)

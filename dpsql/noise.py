@@ -95,7 +95,8 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
         step_epsilon = selection_epsilon / steps
         step_delta = selection_delta if steps == 1 else selection_delta / (1 + math.exp(step_epsilon))
         rows = plan.stability or 1  # joined rows per group and in all, under row-level joins; else 1 unit
-        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta, rows, plan.stability)
+        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta, rows, plan.stability,
+                                       plan.min_units)
         cost = Cost(selection_epsilon, selection_delta, selection_epsilon**2 / 2, selection_delta)
     chosen = [a for a in plan.aggregates if a.chosen]
     parts = len(plan.measures) + len(chosen) + (plan.top_k is not None)  # none when the keys' domain is listed
@@ -133,7 +134,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
 def _histogram_method(plan: Plan, requested: str) -> str:
     """The histogram method that applies: NoiseFirst to any ordered bins; StructureFirst to ordered bins of
     a single count with nothing else chosen or selected."""
-    if requested == "plain" or not plan.ordered_bins or plan.top_k is not None:
+    if requested == "plain" or not plan.ordered_bins or plan.top_k is not None or plan.partition_selection:
         return "plain"
     if requested == "structurefirst" and (len(plan.measures) != 1 or plan.measures[0].kind not in ("count", "units")
                                           or any(a.chosen for a in plan.aggregates)):
@@ -167,6 +168,8 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     if plan.domain is not None:
         zero = ([0.0] * len(names), 0)
         candidates = [(key, exact.get(key, zero)) for key in plan.domain]
+        if plan.partition_selection:  # the minimum frequency: declared keys are selected too
+            candidates = [(key, value) for key, value in candidates if calibration.selection.keep(value[1])]
     elif not plan.grouped:
         candidates = [((), exact.get((), ([0.0] * len(names), 0)))]
     else:

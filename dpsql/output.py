@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from dpsql.accounting.budget import Budget, Cost
+from dpsql.accounting.budget import Budget, Cost, group_guarantee
 from dpsql.engine import Answer
 from dpsql.postprocess import INTERVALS_COVER, Accuracy, format_value
 
@@ -79,13 +79,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def budget_rows(budgets: Sequence[Budget], next_epsilon: float | None = None) -> tuple[list[str], list[tuple]]:
-    """One row per analyst: spent and left, the account in use and both accounts' totals, and (with
-    `next_epsilon`) what one more query at that ε would spend."""
+def budget_rows(budgets: Sequence[Budget], next_epsilon: float | None = None,
+                group_size: int = 1) -> tuple[list[str], list[tuple]]:
+    """One row per analyst: spent and left, the account in use and both accounts' totals, (with `next_epsilon`)
+    what one more query at that ε would spend, and (with `group_size` > 1) the guarantee to such groups."""
     names = ["analyst", "epsilon_total", "epsilon_spent", "epsilon_left", "delta_total", "delta_taken",
              "delta_left", "account", "guarantee_delta", "rho", "basic_epsilon", "basic_delta"]
     if next_epsilon is not None:
         names.append(f"next_query_at_{next_epsilon:g}")
+    if group_size > 1:
+        names += [f"group_{group_size}_epsilon", f"group_{group_size}_delta"]
     rows = []
     for b in budgets:
         row = (b.analyst, b.epsilon_total, _six(b.epsilon_spent), _six(b.epsilon_left), b.delta_total,
@@ -93,6 +96,9 @@ def budget_rows(budgets: Sequence[Budget], next_epsilon: float | None = None) ->
                b.delta_spent, _six(b.rho), _six(b.epsilon_basic), b.delta_basic)
         if next_epsilon is not None:
             row += (_six(b.epsilon_after(Cost.pure(next_epsilon))),)
+        if group_size > 1:
+            group_epsilon, group_delta = group_guarantee(b.epsilon_spent, b.delta_spent, group_size)
+            row += (_six(group_epsilon), group_delta)
         rows.append(row)
     return names, rows
 

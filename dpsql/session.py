@@ -4,6 +4,7 @@
     SET dpsql.mechanism = 'gaussian';   -- noise for counts and sums: laplace | gaussian
     SET dpsql.histogram = 'noisefirst'; -- histograms over ordered buckets: plain | noisefirst | structurefirst
     SET dpsql.intervals = on;           -- add each noisy column's 95% interval bounds as two more columns
+    SET dpsql.min_frequency = 10;       -- release only groups of at least 10 units (never below the schema's)
     SHOW dpsql.budget;                  -- spent and left (answered by whoever holds the budget)
 
 A query's own options override the session's, which override the configuration, which overrides the privacy
@@ -37,6 +38,7 @@ class Options:
     mechanism: str | None = None
     histogram: str | None = None
     intervals: bool | None = None
+    min_frequency: int | None = None
 
     def over(self, other: Options) -> Options:
         """These options, with `other` filling in what these leave unset."""
@@ -56,6 +58,8 @@ def validate_option(name: str, value: Any) -> Any:
         return validate_query_privacy(value)
     if name == "intervals":
         return _boolean(name, value)
+    if name == "min_frequency":
+        return _whole_number(name, value)
     allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS}.get(name)
     if allowed is None:
         raise _unknown(name)
@@ -63,6 +67,16 @@ def validate_option(name: str, value: Any) -> Any:
     if text not in allowed:
         raise InvalidParameter(f'dpsql.{name} must be one of {", ".join(allowed)}, got "{value}"')
     return text
+
+
+def _whole_number(name: str, value: Any) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 1_000_000:
+        raise InvalidParameter(f'dpsql.{name} must be a whole number from 1 to 1000000, got "{value}"')
+    return number
 
 
 def _boolean(name: str, value: Any) -> bool:

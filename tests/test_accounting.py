@@ -147,3 +147,14 @@ def test_spending_from_before_the_zcdp_account_is_carried_over(server, template)
             ledger.charge("old", Cost.pure(1.0), "k")
     finally:
         ledger.close()
+
+
+def test_group_privacy_is_k_epsilon_and_k_e_to_the_k_minus_one_epsilon_delta():
+    from dpsql.accounting import describe_budget, group_guarantee
+
+    assert group_guarantee(0.5, 1e-6, 1) == (0.5, 1e-6)
+    epsilon, delta = group_guarantee(0.5, 1e-6, 4)
+    assert epsilon == 2.0 and delta == pytest.approx(4 * math.exp(1.5) * 1e-6)
+    assert group_guarantee(5.0, 0.01, 4)[1] == 1.0  # past 1 a δ says nothing
+    budget = Budget("a", 10.0, 1e-5, 1.0, 1e-6, 0.5, 1e-6)
+    assert "for groups of up to 4 units: (4, 8.03e-05)-DP" in describe_budget(budget, group_size=4)

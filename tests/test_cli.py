@@ -129,3 +129,26 @@ def test_fetch_df_matches_fetchall_and_accuracy(base_url, engine, analyst):
     rest = partly.fetch_df()  # the rows not fetched yet; interval columns appear once
     assert list(rest["sex"]) == ["M"] and list(rest.columns).count("n_ci_low") == 1
     conn.close()
+
+
+def test_budget_states_the_guarantee_for_groups(capsys, common):
+    code, out, _ = _run(capsys, "budget", "--group-size", "4", "--format", "json", *common)
+    row = json.loads(out)["rows"][0]
+    assert code == 0 and row["group_4_epsilon"] == pytest.approx(4 * row["epsilon_spent"], abs=1e-5)
+    code, out, _ = _run(capsys, "budget", "--group-size", "3", *common)
+    assert "for groups of up to 3 units:" in out
+
+
+def test_explain_states_the_guarantee_for_groups(demo_schema, base_url, engine):
+    import dataclasses
+
+    from dpsql.config import Settings
+    from dpsql.engine import Engine
+    from dpsql.explain import explain_text
+
+    households = Engine(Settings(database=base_url), dataclasses.replace(demo_schema, group_size=4))
+    try:
+        text = explain_text(households.prepare("SELECT COUNT(*) FROM people", epsilon=0.5))
+    finally:
+        households.close()
+    assert "Group privacy: for a group of up to 4 units (group_size), this answer is (2, 0)-DP" in text

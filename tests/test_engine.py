@@ -350,3 +350,35 @@ def test_the_notice_and_explain_show_the_lower_bound(engine):
     assert "95% ± 3, where no mechanism with its ε and δ could promise under ±1 for one group (3×)" in explained
     text = describe_accuracy(Accuracy(1.0, 97.0, 103.0, lower_bound=1.0, error_bound=0.13))  # the NOTICE's words
     assert text == "[97, 103] (no mechanism at its ε, δ: under ±1; this is 3× that)"
+
+
+def test_a_minimum_frequency_in_the_schema_is_a_floor_sessions_can_only_raise(base_url, demo_schema):
+    import dataclasses
+
+    import psycopg
+
+    from dpsql.session import Options
+
+    strict = dataclasses.replace(demo_schema, min_frequency=40)
+    engine = Engine(Settings(database=base_url), strict)
+    try:
+        engine.ledger.add_analyst("officer", 10.0, 1e-4)
+        assert engine.options(Options(min_frequency=1)).min_frequency == 40
+        assert engine.options(Options(min_frequency=100)).min_frequency == 100
+        answer = engine.query("SELECT state, COUNT(*) FROM people GROUP BY state", analyst="officer", epsilon=1.0)
+        with psycopg.connect(base_url) as conn:
+            people = dict(conn.execute("SELECT state, COUNT(*) FROM people GROUP BY state").fetchall())
+        assert answer.rows and all(people[state] >= 40 for state, _ in answer.rows)
+        sexes = engine.query("SELECT sex, COUNT(*) FROM people WHERE age = 37 GROUP BY sex", analyst="officer")
+        assert sexes.rows == []  # declared keys too: about 15 people of each sex are 37
+    finally:
+        engine.close()
+
+
+def test_minimum_frequency_and_group_size_are_validated():
+    raw = {"privacy": {"unit": "row", "min_frequency": 0, "group_size": "four"},
+           "tables": {"t": {"columns": {"x": "integer"}}}}
+    with pytest.raises(errors.SchemaError) as caught:
+        parse_schema(raw)
+    assert "min_frequency = 0 must be a whole number >= 1" in str(caught.value)
+    assert "group_size = 'four' must be a whole number >= 1" in str(caught.value)

@@ -223,3 +223,20 @@ def test_expected_error_lower_bound_is_the_two_point_bound():
 
     assert expected_error_lower_bound(10.0, 1.0) == pytest.approx(10 / (2 * (1 + math.e)))
     assert expected_error_lower_bound(1.0, 0.5, 1e-5) == pytest.approx((1 - 1e-5) / (2 * (1 + math.exp(0.5))))
+
+
+@pytest.mark.parametrize(("min_units", "groups", "epsilon", "delta"), [(2, 1, 1.0, 1e-6), (10, 4, 0.5, 1e-6),
+                                                                      (50, 8, 2.0, 1e-8)])
+def test_minimum_frequency_releases_a_group_of_fewer_units_at_rate_at_most_delta(min_units, groups, epsilon,
+                                                                                 delta) -> None:
+    """The threshold is raised by min_units − 2 over the one-unit threshold: a group of min_units − 1 units
+    then passes exactly as rarely as a one-unit group did, at most δ over the groups one unit reaches."""
+    plain = PartitionSelection(groups, epsilon, delta)
+    ruled = PartitionSelection(groups, epsilon, delta, min_units=min_units)
+    assert ruled.threshold == plain.threshold + max(min_units - 2, 0)
+    q = math.exp(-1 / float(ruled.scale))
+    fewer = min_units - 1  # P(fewer + Z >= T) = q^(T − fewer) / (1 + q)
+    assert groups * q ** (ruled.threshold - fewer) / (1 + q) <= delta
+    rng = random.Random(11)  # and drawn: a rate near δ is never seen in 60,000 tries, a group far above passes
+    assert not any(ruled.keep(fewer, rng) for _ in range(SAMPLES))
+    assert sum(ruled.keep(ruled.threshold + 5 * int(ruled.scale), rng) for _ in range(1000)) > 900

@@ -16,6 +16,7 @@ from dpsql import errors
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.schema import parse_schema
+from dpsql.session import Options
 from tests.conftest import copy_database
 
 QUERIES = [
@@ -122,8 +123,9 @@ def _exact(url: str, sql: str, n_keys: int) -> dict[tuple, list[float]]:
     return {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in rows}
 
 
-def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbour_url: str) -> list[float]:
-    prepared = engine.prepare(sql)
+def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbour_url: str,
+                               options: Options | None = None) -> list[float]:
+    prepared = engine.prepare(sql, options=options)
     plan = prepared.plan
     n_keys = len(plan.group_keys)
     before = _exact(base_url, prepared.rewritten.sql, n_keys)
@@ -152,6 +154,36 @@ def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbou
 @pytest.mark.parametrize("sql", QUERIES)
 def test_neighbour_moves_exact_answers_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
     _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
+
+
+MIN_FREQUENCY = 50
+MIN_FREQUENCY_QUERIES = [
+    "SELECT state, COUNT(*) FROM people GROUP BY state",  # the neighbour's own state ZZ has one unit
+    "SELECT category, COUNT(*), SUM(amount) FROM visits WHERE amount > 900 GROUP BY category",  # declared keys
+    "SELECT width_bucket(age, 0, 100, 10) AS band, AVG(income) FROM people GROUP BY band",
+]
+
+
+@pytest.mark.parametrize("sql", MIN_FREQUENCY_QUERIES)
+def test_minimum_frequency_releases_groups_of_fewer_units_at_rate_at_most_delta(engine, base_url, neighbour_url,
+                                                                                sql):
+    """With min_frequency = k, every group (declared keys too) goes through partition selection with its
+    threshold raised: on the base and on the neighbour, a group of fewer than k units would be released with
+    probability at most δ over the groups a unit reaches, and the units counted move as selection assumes."""
+    options = Options(min_frequency=MIN_FREQUENCY)
+    _assert_within_sensitivity(engine, sql, base_url, neighbour_url, options)
+    prepared = engine.prepare(sql, options=options)
+    selection, plan = prepared.calibration.selection, prepared.plan
+    assert plan.partition_selection and selection.min_units == MIN_FREQUENCY
+    q = math.exp(-1 / float(selection.scale))
+    small = 0
+    for url in (base_url, neighbour_url):
+        for row in _exact(url, prepared.rewritten.sql, len(plan.group_keys)).values():
+            units = int(row[-1])
+            if units < MIN_FREQUENCY:  # P(units + Z >= T) = q^(T − units) / (1 + q)
+                small += 1
+                assert plan.max_groups * q ** (selection.threshold - units) / (1 + q) <= selection.delta
+    assert small > 0  # the data has such groups: the check is not empty
 
 
 def test_extreme_unit_saturates_its_bounds(engine, base_url, neighbour_url):

@@ -19,10 +19,11 @@ from dpsql.accounting.budget import (
     Budget,
     Cost,
     describe_budget,
+    group_guarantee,
     validate_epsilon,
     validate_query_privacy,
 )
 from dpsql.accounting.ledger import Ledger, new_hash_seed
 
 __all__ = ["MAX_DELTA", "MIN_EPSILON", "NO_COST", "AnswerCache", "Budget", "Cost", "Ledger", "describe_budget",
-           "new_hash_seed", "validate_epsilon", "validate_query_privacy", "zcdp"]
+           "group_guarantee", "new_hash_seed", "validate_epsilon", "validate_query_privacy", "zcdp"]

@@ -103,13 +103,21 @@ class Budget:
                        rho=self.rho + cost.rho, approx_delta=self.approx_delta + cost.approx_delta)
 
 
+def group_guarantee(epsilon: float, delta: float, size: int) -> tuple[float, float]:
+    """What an (ε, δ)-DP guarantee gives a group of `size` units (a household): (kε, k·e^{(k−1)ε}·δ), group
+    privacy by the triangle inequality over the k single-unit steps."""
+    if size <= 1:
+        return epsilon, delta
+    return size * epsilon, min(size * math.exp((size - 1) * epsilon) * delta, 1.0)
+
+
 MIN_EPSILON = 1e-6  # of one query
 MAX_DELTA = 1e-3  # of one query
 
 
-def describe_budget(budget: Budget, next_epsilon: float | None = None) -> str:
-    """For people: spent and left, which account that comes from and what it guarantees, and (with
-    `next_epsilon`) what one more query at that ε would spend."""
+def describe_budget(budget: Budget, next_epsilon: float | None = None, group_size: int = 1) -> str:
+    """For people: spent and left, which account that comes from and what it guarantees (also to groups of
+    `group_size` units), and (with `next_epsilon`) what one more query at that ε would spend."""
     line = (f"ε spent {budget.epsilon_spent:.4g} of {budget.epsilon_total:.4g} (left {budget.epsilon_left:.4g}), "
             f"δ taken {budget.delta_committed:.3g} of {budget.delta_total:.3g} (left {budget.delta_left:.3g}); ")
     if budget.zcdp_is_better and budget.rho > 0:
@@ -121,6 +129,9 @@ def describe_budget(budget: Budget, next_epsilon: float | None = None) -> str:
     else:
         line += (f"basic composition: the guarantee so far is ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})"
                  "-DP")
+    if group_size > 1:
+        group_epsilon, group_delta = group_guarantee(budget.epsilon_spent, budget.delta_spent, group_size)
+        line += f"; for groups of up to {group_size} units: ({group_epsilon:.4g}, {group_delta:.3g})-DP"
     if next_epsilon is not None:
         line += (f"; one more query at ε = {next_epsilon:g} without δ spends "
                  f"{budget.epsilon_after(Cost.pure(next_epsilon)):.4g}")

@@ -40,10 +40,13 @@ PASSES: tuple[Callable[[Scope], None], ...] = (
 
 
 def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozenset[tuple[str, str]],
-            max_groups: int | None = None) -> Plan:
+            max_groups: int | None = None, min_frequency: int = 1) -> Plan:
     """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
-    key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound."""
+    key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound;
+    `min_frequency` > 1 releases only groups of at least that many units (DP partition selection, also for
+    declared keys)."""
     scope = Scope(query, schema, unique_columns, max_groups or schema.max_groups_per_unit)
+    scope.min_units = max(min_frequency, 1)
     for step in PASSES:
         step(scope)
     return _plan(scope)
@@ -62,7 +65,7 @@ def _plan(scope: Scope) -> Plan:
         aggregates=scope.aggregates, outputs=scope.outputs, having=scope.having, order=scope.order,
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
         notes=scope.notes, stability=scope.stability, truncate=scope.truncate, rows_total=scope.rows_total,
-        windows=scope.windows)
+        windows=scope.windows, min_units=scope.min_units)
 
 
 __all__ = ["CHOSEN", "COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",

@@ -52,7 +52,10 @@ def bound_groups(scope: Scope) -> None:
     else:
         groups, cap = 1, False
     domain = _domain(keys)
-    if keys:
+    if keys and domain is not None and scope.min_units > 1:
+        scope.notes.append(f"group keys come from a public domain; with min_frequency = {scope.min_units} each "
+                           "still goes through DP partition selection")
+    elif keys:
         scope.notes.append("group keys come from a public domain: every key is released" if domain is not None
                            else "group keys are private: released by DP partition selection")
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain

@@ -143,6 +143,7 @@ class Plan:
     # windows over the released rows: (the column name outputs and ORDER BY use, the window over aggregate and
     # group-key names), computed once the rows are known
     windows: list[tuple[str, exp.Window]] = field(default_factory=list)
+    min_units: int = 1  # the minimum frequency: above 1, every group (declared keys too) goes through selection
 
     @cached_property
     def aggregate(self) -> dict[str, Aggregate]:
@@ -170,7 +171,7 @@ class Plan:
 
     @property
     def partition_selection(self) -> bool:
-        return self.grouped and self.domain is None
+        return self.grouped and (self.domain is None or self.min_units > 1)
 
     @property
     def needs_statistics(self) -> bool:

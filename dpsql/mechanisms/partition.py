@@ -24,6 +24,7 @@ class PartitionSelection:
     delta: float
     per_group: int = 1  # how far one unit moves one group's count (1: counts of distinct units)
     total: int | None = None  # how far it moves all counts together (default max_groups · per_group)
+    min_units: int = 1  # the minimum frequency: a group of fewer units is released with probability ≤ δ
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -37,14 +38,15 @@ class PartitionSelection:
 
     @property
     def threshold(self) -> int:
-        """Smallest T with max_groups · P(per_group + Z >= T) <= δ; a group is released when count + Z >= T.
+        """Smallest T with max_groups · P(c + Z >= T) <= δ for the count c of a group with one unit, or with
+        min_units − 1 units under a minimum frequency; a group is released when count + Z >= T.
 
         For discrete Laplace of scale t and q = exp(-1/t): P(Z >= m) = q^m / (1 + q) for m >= 1.
         """
         t = float(self.scale)
         q = math.exp(-1 / t)
         m = math.ceil(t * math.log(self.max_groups / (self.delta * (1 + q))))
-        return self.per_group + max(m, 1)
+        return self.per_group * max(self.min_units - 1, 1) + max(m, 1)
 
     def keep(self, distinct_units: int, rng: Randomness = SYSTEM_RANDOM) -> bool:
         """Whether to release a group that `distinct_units` units contributed to."""

@@ -67,6 +67,5 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     keys = [k.name for k in plan.group_keys]
     sums = [f"COUNT(DISTINCT dpsql_unit) AS {m.name}" if m.kind == "units"
             else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
-    selecting = plan.grouped and plan.domain is None
-    units = f"{'COUNT(DISTINCT dpsql_unit)' if selecting else '0'} AS {UNITS}"
+    units = f"{'COUNT(DISTINCT dpsql_unit)' if plan.partition_selection else '0'} AS {UNITS}"
     return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"

@@ -109,6 +109,8 @@ class PrivacySchema:
     neighbouring: str = "add-remove"
     max_groups_per_unit: int = 4
     mechanism: str = "laplace"  # noise for counts and sums unless the session or query picks another
+    min_frequency: int = 1  # a released group holds at least this many units (enforced with DP; sessions may raise it)
+    group_size: int = 1  # the guarantee is also stated for groups of this many units (households)
     path: str | None = field(default=None, compare=False)
 
     @property

@@ -45,6 +45,10 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
     if not _positive_int(max_groups):
         problems.append(f"[privacy] max_groups_per_unit = {max_groups!r} must be a whole number >= 1")
 
+    min_frequency, group_size = privacy.get("min_frequency", 1), privacy.get("group_size", 1)
+    for name, value in (("min_frequency", min_frequency), ("group_size", group_size)):
+        if not _positive_int(value):
+            problems.append(f"[privacy] {name} = {value!r} must be a whole number >= 1")
     mechanism = privacy.get("mechanism", "laplace")
     if mechanism not in MECHANISMS:
         problems.append(f'[privacy] mechanism = "{mechanism}" must be one of {", ".join(MECHANISMS)}')
@@ -69,7 +73,7 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
                           "fix the lines named above; `dpsql schema check FILE` re-checks the file")
     return PrivacySchema(tables=tables, unit_table=unit_table, unit_column=unit_column,
                          neighbouring=neighbouring, max_groups_per_unit=int(max_groups), mechanism=mechanism,
-                         path=source)
+                         min_frequency=int(min_frequency), group_size=int(group_size), path=source)
 
 
 def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str | None,

@@ -220,7 +220,8 @@ class ClientSession:
         engine = self.gateway.engine
         if command.action == "show":
             options = engine.options(self.options)
-            value = (describe_budget(engine.budget(self.analyst), options.epsilon) if command.name == "budget"
+            value = (describe_budget(engine.budget(self.analyst), options.epsilon, engine.schema.group_size)
+                     if command.name == "budget"
                      else show_value(getattr(options, command.name)))
             return Outcome("SHOW", [Column(f"dpsql.{command.name}", codec.TEXT)], [(value,)])
         self.options = self.options.with_option(command.name, command.value)
