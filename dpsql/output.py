@@ -92,7 +92,7 @@ def budget_rows(budgets: Sequence[Budget], next_epsilon: float | None = None,
     rows = []
     for b in budgets:
         row = (b.analyst, b.epsilon_total, _six(b.epsilon_spent), _six(b.epsilon_left), b.delta_total,
-               b.delta_committed, b.delta_left, "zCDP" if b.zcdp_is_better and b.rho > 0 else "basic",
+               b.delta_committed, b.delta_left, b.account,
                b.delta_spent, _six(b.rho), _six(b.epsilon_basic), b.delta_basic)
         if next_epsilon is not None:
             row += (_six(b.epsilon_after(Cost.pure(next_epsilon))),)

@@ -1,9 +1,12 @@
-"""Budget arithmetic: what an answer costs in both accounts, and what an analyst has spent and has left.
+"""Budget arithmetic: what an answer costs in each account, and what an analyst has spent and has left.
 
-Every charge records two accounts of the same answer, and the analyst's spending is the better of the two:
+Every charge is kept in three accounts of the same answers, and the analyst's spending is the best of them:
 - basic composition: the εs and δs of the answers add up;
 - zCDP: the ρs add up (ε-DP parts count ε²/2, Gaussian noise its own ρ), beside the δs of DP partition
-  selection; the total converts to ε at what is left of the analyst's δ (`zcdp`).
+  selection; the total converts to ε at what is left of the analyst's δ (`zcdp`);
+- PLD: the answers' (ε, δ) pairs composed optimally through their privacy loss distributions, at the
+  analyst's δ (`pld`).
+Each is a valid guarantee of the whole sequence, so the smallest ε among them (at a δ within the budget) is.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dpsql.accounting import zcdp
+from dpsql.accounting import pld, zcdp
 from dpsql.errors import InvalidParameter
 
 TOLERANCE = 1e-9  # relative slack for floating-point sums of ε
+# basic composition stays the account in use unless another saves more than 1% of ε: a smaller saving is not
+# worth a guarantee at the whole δ (one answer at ε = 0.5 would otherwise read as 0.498 spent at δ = 1e-5)
+BASIC_MARGIN = 1.01
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class Budget:
     delta_basic: float
     rho: float  # zCDP composition of every charge
     approx_delta: float
+    charges: pld.Charges = ()  # every charge's (ε, δ), counted: the PLD account composes them optimally
 
     @property
     def epsilon_zcdp(self) -> float:
@@ -56,26 +63,47 @@ class Budget:
         return zcdp.epsilon_of(self.rho, self.delta_total - self.approx_delta)
 
     @property
+    def epsilon_pld(self) -> float:
+        """ε of the PLD account: the optimal composition of the charges' (ε, δ), at the whole δ; ∞ unless the
+        charges account for all that basic composition counts (spending recorded without its charges, as by
+        ledgers older than the charges table, is not composed as if it were nothing)."""
+        epsilon = sum(e * n for e, _, n in self.charges)
+        delta = sum(d * n for _, d, n in self.charges)
+        if not (math.isclose(epsilon, self.epsilon_basic, rel_tol=1e-9, abs_tol=1e-12)
+                and math.isclose(delta, self.delta_basic, rel_tol=1e-9, abs_tol=1e-15)):
+            return math.inf
+        return pld.epsilon_of(self.charges, self.delta_total)
+
+    @property
+    def account(self) -> str:
+        """The account whose guarantee is spent: basic composition while its δ fits and nothing is tighter, else
+        the tighter of zCDP and PLD (both convert at the analyst's δ)."""
+        basic = self.epsilon_basic if self.delta_basic <= self.delta_total * (1 + TOLERANCE) else math.inf
+        if self.rho <= 0 or basic <= BASIC_MARGIN * min(self.epsilon_zcdp, self.epsilon_pld):
+            return "basic"
+        return "PLD" if self.epsilon_pld < self.epsilon_zcdp else "zCDP"
+
+    @property
     def zcdp_is_better(self) -> bool:
-        return self.epsilon_zcdp < self.epsilon_basic or self.delta_basic > self.delta_total * (1 + TOLERANCE)
+        return self.account == "zCDP"
 
     @property
     def epsilon_spent(self) -> float:
-        """ε spent: the better of the two accounts."""
-        return self.epsilon_zcdp if self.zcdp_is_better else self.epsilon_basic
+        """ε spent: the best of the accounts."""
+        return {"basic": self.epsilon_basic, "zCDP": self.epsilon_zcdp, "PLD": self.epsilon_pld}[self.account]
 
     @property
     def delta_spent(self) -> float:
-        """δ of the guarantee so far: the zCDP account converts ρ to ε at every δ that queries have not taken for
-        themselves, so its guarantee is at the whole δ."""
-        return self.delta_total if self.zcdp_is_better and self.rho > 0 else self.delta_basic
+        """δ of the guarantee so far: zCDP and PLD convert at the whole δ (zCDP at every δ that queries have not
+        taken for themselves, PLD with theirs inside), so their guarantee is at the whole δ."""
+        return self.delta_basic if self.account == "basic" else self.delta_total
 
     @property
     def delta_committed(self) -> float:
         """δ that answers took for themselves: partition selections' (and, under basic composition, Gaussian
         noise's). The rest is what later queries may still take; under zCDP it is also where ε is converted, so
         more δ (a grant, or fewer selections) lowers ε spent."""
-        return self.approx_delta if self.zcdp_is_better else self.delta_basic
+        return self.approx_delta if self.account == "zCDP" else self.delta_basic
 
     @property
     def epsilon_left(self) -> float:
@@ -100,7 +128,8 @@ class Budget:
 
     def plus(self, cost: Cost) -> Budget:
         return replace(self, epsilon_basic=self.epsilon_basic + cost.epsilon, delta_basic=self.delta_basic + cost.delta,
-                       rho=self.rho + cost.rho, approx_delta=self.approx_delta + cost.approx_delta)
+                       rho=self.rho + cost.rho, approx_delta=self.approx_delta + cost.approx_delta,
+                       charges=pld.add(self.charges, cost.epsilon, cost.delta))
 
 
 def group_guarantee(epsilon: float, delta: float, size: int) -> tuple[float, float]:
@@ -120,15 +149,18 @@ def describe_budget(budget: Budget, next_epsilon: float | None = None, group_siz
     `group_size` units), and (with `next_epsilon`) what one more query at that ε would spend."""
     line = (f"ε spent {budget.epsilon_spent:.4g} of {budget.epsilon_total:.4g} (left {budget.epsilon_left:.4g}), "
             f"δ taken {budget.delta_committed:.3g} of {budget.delta_total:.3g} (left {budget.delta_left:.3g}); ")
-    if budget.zcdp_is_better and budget.rho > 0:
+    guarantee = f"the guarantee so far is ({budget.epsilon_spent:.4g}, {budget.delta_spent:.3g})-DP"
+    basic = f"basic composition would give ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})"
+    if budget.account == "zCDP":
         line += (f"zCDP account: ρ = {budget.rho:.4g}"
                  + (f" beside δ = {budget.approx_delta:.3g}" if budget.approx_delta else "")
-                 + f", converted to ε at the δ not taken ({budget.delta_total - budget.approx_delta:.3g}), so the "
-                 f"guarantee so far is ({budget.epsilon_spent:.4g}, {budget.delta_spent:.3g})-DP; basic "
-                 f"composition would give ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})")
+                 + f", converted to ε at the δ not taken ({budget.delta_total - budget.approx_delta:.3g}), so "
+                 f"{guarantee}; {basic}")
+    elif budget.account == "PLD":
+        line += (f"PLD account: the optimal composition of {sum(n for _, _, n in budget.charges)} answers' (ε, δ) at "
+                 f"the whole δ, so {guarantee}; zCDP would give {budget.epsilon_zcdp:.4g}, {basic}")
     else:
-        line += (f"basic composition: the guarantee so far is ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})"
-                 "-DP")
+        line += f"basic composition: {guarantee}"
     if group_size > 1:
         group_epsilon, group_delta = group_guarantee(budget.epsilon_spent, budget.delta_spent, group_size)
         line += f"; for groups of up to {group_size} units: ({group_epsilon:.4g}, {group_delta:.3g})-DP"

@@ -81,7 +81,12 @@ MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race t
 UNANSWERED = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
               "AND NOT c.settled "
               "AND NOT EXISTS (SELECT 1 FROM dpsql.answers a WHERE a.analyst = %(n)s AND a.query_key = %(k)s))")
-BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
+# An analyst's row and the (ε, δ) of every charge, counted, read in one statement (one snapshot): a budget checked
+# against charges read at another moment could miss a concurrent one.
+BUDGETS = ("SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent, "
+           "(SELECT COALESCE(json_agg(json_build_array(epsilon, delta, n)), '[]') FROM (SELECT epsilon, delta, "
+           "COUNT(*) AS n FROM dpsql.charges c WHERE c.analyst = a.name GROUP BY epsilon, delta) g) "
+           "FROM dpsql.analysts a")
 
 class Ledger:
     def __init__(self, conninfo: str, max_connections: int = 8, connect_wait: float = CONNECT_WAIT):
@@ -143,8 +148,8 @@ class Ledger:
 
     def analysts(self) -> list[Budget]:
         with pooled(self._pool) as conn:
-            rows = conn.execute(f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts ORDER BY name").fetchall()
-        return [Budget(*row) for row in rows]
+            rows = conn.execute(f"{BUDGETS} ORDER BY name").fetchall()
+        return [_as_budget(row) for row in rows]
 
     def budget(self, name: str) -> Budget:
         with pooled(self._pool) as conn:
@@ -209,12 +214,16 @@ class Ledger:
             return conn.execute("SELECT value FROM dpsql.settings WHERE key = %s", (key,)).fetchone()[0]
 
 
-def _budget(conn: psycopg.Connection, name: str, lock: bool = False) -> Budget:
-    row = conn.execute(f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts WHERE name = %s"
-                       + (" FOR UPDATE" if lock else ""), (name,)).fetchone()
+def _budget(conn: psycopg.Connection, name: str) -> Budget:
+    row = conn.execute(f"{BUDGETS} WHERE name = %s", (name,)).fetchone()
     if row is None:
         raise _unknown(name)
-    return Budget(*row)
+    return _as_budget(row)
+
+
+def _as_budget(row: tuple) -> Budget:
+    *accounts, charges = row
+    return Budget(*accounts, charges=tuple(sorted((float(e), float(d), int(n)) for e, d, n in charges)))
 
 
 def new_hash_seed() -> int:
