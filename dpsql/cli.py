@@ -140,6 +140,15 @@ def _parser() -> argparse.ArgumentParser:
     passwd.add_argument("--md5", action="store_true", help="store an md5 verifier (for clients without SCRAM)")
     passwd.set_defaults(run=_analyst_passwd)
 
+    ledger = sub.add_parser("ledger", help="the privacy ledger")
+    ledger.set_defaults(usage_of=ledger)
+    ledger_sub = ledger.add_subparsers(metavar="ACTION")
+    report = ledger_sub.add_parser("report", parents=[common], help="what each analyst spent, when, on which "
+                                   "queries, and what is left: an HTML page with plots, or JSON")
+    report.add_argument("--format", choices=("html", "json"), default="html")
+    report.add_argument("--out", help="file to write (default: dpsql-ledger-report.html; JSON goes to stdout)")
+    report.set_defaults(run=_ledger_report)
+
     serve = sub.add_parser("serve", parents=[common], help="serve the PostgreSQL wire protocol on a TCP port")
     serve.add_argument("--backend", help="postgresql:// URL of the database (same as --database)")
     serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:6543)")
@@ -236,6 +245,31 @@ def _ledger(settings: Settings):
 
 def _print_budgets(budgets, fmt: str) -> None:
     print(render_rows(*budget_rows(budgets), fmt))
+
+
+def _ledger_report(args: argparse.Namespace) -> int:
+    import json
+
+    from dpsql.report import ledger_report, render_html
+    with _ledger(_settings(args)) as ledger:
+        report = ledger_report(ledger, args.analyst)
+    if args.format == "json":
+        text = json.dumps(report, indent=1, ensure_ascii=False, default=str)
+        if args.out is None:
+            print(text)
+            return 0
+    else:
+        try:
+            text = render_html(report)
+        except ImportError:
+            raise ConfigError("the HTML report draws its plots with matplotlib, which is not installed",
+                              "pip install 'dpsql[report]' (or matplotlib), or use --format json") from None
+    out = args.out or "dpsql-ledger-report.html"
+    with open(out, "w", encoding="utf-8") as file:
+        file.write(text)
+    print(f"wrote {out}: {len(report['analysts'])} analyst(s), "
+          f"{sum(len(a['charges']) for a in report['analysts'])} charge(s)")
+    return 0
 
 
 def _analyst_add(args: argparse.Namespace) -> int:

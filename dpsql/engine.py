@@ -187,7 +187,7 @@ class Engine:
     def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         cost = prepared.calibration
-        budget = self.ledger.charge(analyst, cost.cost, prepared.key)
+        budget = self.ledger.charge(analyst, cost.cost, prepared.key, prepared.query.canonical)
         try:
             rows = backend.run(prepared.rewritten.sql) if prepared.plan.needs_statistics else []
             histograms = {name: backend.run(sql) for name, sql in prepared.rewritten.histograms.items()}

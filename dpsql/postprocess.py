@@ -367,7 +367,7 @@ def describe_accuracy(accuracy: Accuracy | None) -> str:
     ratio = accuracy.optimality_ratio
     if ratio is None:
         return interval
-    return f"{interval} (no mechanism at its ε, δ: under ±{accuracy.lower_bound:.3g}; this is {ratio:.2g}× that)"
+    return f"{interval} (≥ ±{accuracy.lower_bound:.3g} for any mechanism at this ε, δ: {ratio:.2g}×)"
 
 
 def format_value(value: Any) -> str:

@@ -349,7 +349,7 @@ def test_the_notice_and_explain_show_the_lower_bound(engine):
     explained = explain_text(engine.prepare("SELECT COUNT(*) FROM people", epsilon=1.0))
     assert "95% ± 3, where no mechanism with its ε and δ could promise under ±1 for one group (3×)" in explained
     text = describe_accuracy(Accuracy(1.0, 97.0, 103.0, lower_bound=1.0, error_bound=0.13))  # the NOTICE's words
-    assert text == "[97, 103] (no mechanism at its ε, δ: under ±1; this is 3× that)"
+    assert text == "[97, 103] (≥ ±1 for any mechanism at this ε, δ: 3×)"
 
 
 def test_a_minimum_frequency_in_the_schema_is_a_floor_sessions_can_only_raise(base_url, demo_schema):

@@ -60,6 +60,7 @@ def test_command_line_examples(fresh_database, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(5 rows)" in done.stdout and "removed analyst alice" in done.stdout
     assert (tmp_path / "by_sex.csv").read_text().startswith("sex,avg,avg_ci_low,avg_ci_high\n")
+    assert "alice" in (tmp_path / "ledger.html").read_text()
 
 
 def test_python_examples(fresh_database, engine):

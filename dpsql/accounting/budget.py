@@ -113,6 +113,24 @@ class Budget:
     def delta_left(self) -> float:
         return max(self.delta_total - self.delta_committed, 0.0)
 
+    def repeated(self, cost: Cost, times: int) -> Budget:
+        """The budget once `times` more answers cost `cost` each."""
+        return replace(self, epsilon_basic=self.epsilon_basic + times * cost.epsilon,
+                       delta_basic=self.delta_basic + times * cost.delta, rho=self.rho + times * cost.rho,
+                       approx_delta=self.approx_delta + times * cost.approx_delta,
+                       charges=pld.add(self.charges, cost.epsilon, cost.delta, times))
+
+    def answers_left(self, cost: Cost, most: int = 100_000) -> int:
+        """How many more answers costing `cost` each the budget can pay for (up to `most`)."""
+        low, high = 0, 1
+        while high <= most and self.repeated(cost, high).within:
+            low, high = high, high * 2
+        high = min(high, most + 1)
+        while high - low > 1:  # within at low, not at high
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.repeated(cost, middle).within else (low, middle)
+        return low
+
     def epsilon_after(self, cost: Cost) -> float:
         """How much more ε is spent once one more answer costs `cost` (less than its ε under zCDP)."""
         return max(self.plus(cost).epsilon_spent - self.epsilon_spent, 0.0)
@@ -127,9 +145,7 @@ class Budget:
                 and self.delta_spent <= self.delta_total * (1 + TOLERANCE))
 
     def plus(self, cost: Cost) -> Budget:
-        return replace(self, epsilon_basic=self.epsilon_basic + cost.epsilon, delta_basic=self.delta_basic + cost.delta,
-                       rho=self.rho + cost.rho, approx_delta=self.approx_delta + cost.approx_delta,
-                       charges=pld.add(self.charges, cost.epsilon, cost.delta))
+        return self.repeated(cost, 1)
 
 
 def group_guarantee(epsilon: float, delta: float, size: int) -> tuple[float, float]:

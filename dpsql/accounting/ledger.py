@@ -72,6 +72,8 @@ BEGIN
         ALTER TABLE dpsql.charges ALTER COLUMN settled SET DEFAULT false;
     END IF;
 END $$;
+-- The query a charge paid for, in its canonical form (for `dpsql ledger report`; older charges have none).
+ALTER TABLE dpsql.charges ADD COLUMN IF NOT EXISTS query_text text;
 CREATE TABLE IF NOT EXISTS dpsql.settings (
     key text PRIMARY KEY,
     value text NOT NULL
@@ -157,7 +159,7 @@ class Ledger:
 
     # --- charges and settings ---------------------------------------------------------------------
 
-    def charge(self, name: str, cost: Cost, query_key: str) -> Budget:
+    def charge(self, name: str, cost: Cost, query_key: str, query_text: str | None = None) -> Budget:
         """Spend `cost` of the analyst's budget, committed before returning; refuse if it would overspend.
 
         The new totals are checked in Python (the zCDP conversion is not SQL) and written by one statement
@@ -186,18 +188,24 @@ class Ledger:
                     "rho_spent = %(r)s, approx_delta_spent = %(a)s WHERE name = %(n)s AND epsilon_spent = %(e0)s "
                     "AND delta_spent = %(d0)s AND rho_spent = %(r0)s AND approx_delta_spent = %(a0)s "
                     "AND epsilon_total = %(et)s AND delta_total = %(dt)s RETURNING name), "
-                    "logged AS (INSERT INTO dpsql.charges (analyst, epsilon, delta, rho, approx_delta, query_key) "
-                    "SELECT name, %(ce)s, %(cd)s, %(cr)s, %(ca)s, %(k)s FROM spent) "
+                    "logged AS (INSERT INTO dpsql.charges (analyst, epsilon, delta, rho, approx_delta, query_key, "
+                    "query_text) SELECT name, %(ce)s, %(cd)s, %(cr)s, %(ca)s, %(k)s, %(t)s FROM spent) "
                     "SELECT name FROM spent",
                     {"e": after.epsilon_basic, "d": after.delta_basic, "r": after.rho, "a": after.approx_delta,
                      "n": name, "e0": before.epsilon_basic, "d0": before.delta_basic, "r0": before.rho,
                      "a0": before.approx_delta, "et": before.epsilon_total, "dt": before.delta_total,
                      "ce": cost.epsilon, "cd": cost.delta, "cr": cost.rho, "ca": cost.approx_delta,
-                     "k": query_key}).fetchone()
+                     "k": query_key, "t": query_text}).fetchone()
                 if written is not None:
                     return after
         raise OperationalError(f'could not record a charge for analyst "{name}": too many concurrent charges',
                                "retry the query")
+
+    def charges(self, name: str | None = None) -> list[tuple]:
+        """Every charge (of one analyst, or of all), oldest first: (analyst, at, ε, δ, the query's canonical text)."""
+        with pooled(self._pool) as conn:
+            return conn.execute("SELECT analyst, at, epsilon, delta, query_text FROM dpsql.charges "
+                                "WHERE %(n)s::text IS NULL OR analyst = %(n)s ORDER BY at, id", {"n": name}).fetchall()
 
     def settle(self, name: str, query_key: str) -> None:
         """The query's charge stands for an attempt that released an outcome (not an answer): a failure, a timeout

@@ -37,8 +37,8 @@ def epsilon_of(charges: Charges, delta: float) -> float:
     return float(total.get_epsilon_for_delta(delta))
 
 
-def add(charges: Charges, epsilon: float, delta: float) -> Charges:
-    """`charges` with one more answer costing (ε, δ)."""
+def add(charges: Charges, epsilon: float, delta: float, count: int = 1) -> Charges:
+    """`charges` with `count` more answers costing (ε, δ) each."""
     counts = {(e, d): n for e, d, n in charges}
-    counts[(epsilon, delta)] = counts.get((epsilon, delta), 0) + 1
+    counts[(epsilon, delta)] = counts.get((epsilon, delta), 0) + count
     return tuple(sorted((e, d, n) for (e, d), n in counts.items()))
