@@ -207,11 +207,11 @@ def _version() -> str:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from dpsql.explain import explain_text
+    from dpsql.explain import explain_statement
     settings = _settings(args, epsilon=args.epsilon, mechanism=args.mechanism, histogram=args.histogram)
     engine = _engine(settings)
     try:
-        print(explain_text(engine.prepare(args.sql)))
+        print(explain_statement(*engine.prepare_parts(args.sql)))
     finally:
         engine.close()
     return 0

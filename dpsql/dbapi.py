@@ -37,7 +37,7 @@ from dpsql.errors import (
     ProgrammingError,
     Warning,
 )
-from dpsql.explain import explain_text
+from dpsql.explain import explain_statement
 from dpsql.postprocess import Accuracy
 from dpsql.session import OPTION_NAMES, Options, SessionCommand, parse_session_command, show_value
 
@@ -148,7 +148,8 @@ class Connection:
 
     def explain(self, sql: str, params: Any = None, epsilon: float | None = None, **options: Any) -> str:
         """What the query would cost and why (`dpsql explain`); runs and spends nothing."""
-        return explain_text(self.engine.prepare(sql, params, epsilon, _query_options(self.options, options)))
+        return explain_statement(*self.engine.prepare_parts(sql, params, epsilon,
+                                                            _query_options(self.options, options)))
 
     def __enter__(self) -> Connection:
         return self

@@ -21,19 +21,30 @@ from collections import OrderedDict
 from dataclasses import astuple, dataclass, replace
 from typing import Any
 
-from dpsql.accounting import Budget, Ledger, new_hash_seed, validate_query_privacy
+from sqlglot import exp
+
+from dpsql.accounting import NO_COST, Budget, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
 from dpsql.config import Settings
-from dpsql.errors import BackendError, ConfigError, Error, InternalError, InvalidParameter, QueryCancelled
+from dpsql.errors import (
+    BackendError,
+    BudgetExhausted,
+    ConfigError,
+    Error,
+    InternalError,
+    InvalidParameter,
+    QueryCancelled,
+)
 from dpsql.noise import Calibration, add_noise, calibrate
-from dpsql.postprocess import Accuracy, Result, evaluate, finish, window_inputs
+from dpsql.postprocess import Accuracy, Result, evaluate, finish, sort_rows, window_inputs
 from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
+from dpsql.sql.compose import Composition, compose
 
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
@@ -157,17 +168,41 @@ class Engine:
                 self._plans.popitem(last=False)
         return entry
 
+    def prepare_parts(self, sql: str, params: Any = None, epsilon: float | None = None,
+                      options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:
+        """`prepare` for each part of a UNION or GROUPING SETS statement (each with its share of ε), or for the
+        one query of any other statement (with no composition)."""
+        composition = compose(sql, params)
+        if composition is None:
+            return None, [self.prepare(sql, params, epsilon, options)]
+        resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
+        share = resolved.epsilon / len(composition.parts)
+        return composition, [self.prepare(part, None, share, options) for part in composition.parts]
+
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
               options: Options | None = None, cancel: Cancellation | None = None) -> Answer:
         """The noisy answer to `sql`, charged to `analyst` (or from the cache, free). `cancel` lets another
-        thread stop the query while PostgreSQL runs it (the charge stands: it was made before)."""
-        arrived = time.monotonic()
+        thread stop the query while PostgreSQL runs it (the charge stands: it was made before). A UNION or
+        GROUPING SETS statement is answered part by part, each with its share of ε."""
         try:
-            prepared = self.prepare(sql, params, epsilon, options)
+            composition, parts = self.prepare_parts(sql, params, epsilon, options)  # refusals before any charge
         except Error:
             raise
         except Exception as exc:  # a dpsql bug, before anything ran or was charged
             raise _internal(exc, "the query did not run and was not charged") from exc
+        if composition is None:
+            return self._query(parts[0], analyst, cancel)
+        unpaid = [p for p in parts if p.plan.aggregates and self.ledger.answers.get(analyst, p.key) is None]
+        cost = sum((p.calibration.cost for p in unpaid), NO_COST)
+        before = self.ledger.budget(analyst)
+        if unpaid and not before.plus(cost).within:  # no part runs if the whole cannot be paid
+            raise BudgetExhausted(f"privacy budget exhausted: the {len(parts)} parts cost ε={cost.epsilon:g}, "
+                                  f"δ={cost.delta:g} but {before.epsilon_left:g}, {before.delta_left:g} are left; "
+                                  "nothing was run", "ask a smaller ε, or send fewer parts")
+        return combine(composition, parts, [self._query(p, analyst, cancel) for p in parts])
+
+    def _query(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
+        arrived = time.monotonic()
         if not prepared.plan.aggregates:  # the declared domain of the keys: no data read, nothing to pay
             result = finish(prepared.plan, prepared.calibration, add_noise(prepared.plan, prepared.calibration, [], {}))
             return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
@@ -226,6 +261,33 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
         return resolved
+
+
+def columns_of(parts: list[Prepared]) -> tuple[list[str], list[str], list[bool]]:
+    """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
+    the first part where it is not a NULL a grouping set put there; noisy where any part's is."""
+    outputs = [p.plan.outputs for p in parts]
+    names = [o.name for o in outputs[0]]
+    types = [next((part[i].type_name for part in outputs if not isinstance(part[i].expr, exp.Null)),
+                  outputs[0][i].type_name) for i in range(len(names))]
+    noisy = [any(part[i].noisy for part in outputs) for i in range(len(names))]
+    return names, types, noisy
+
+
+def combine(composition: Composition, parts: list[Prepared], answers: list[Answer]) -> Answer:
+    """One answer from its parts' answers: their rows in order (UNION without ALL: each distinct row once), then
+    the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs."""
+    names, types, noisy = columns_of(parts)
+    rows = [(row, accuracy) for answer in answers for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
+    if composition.distinct:
+        seen: set = set()
+        rows = [r for r in rows if not (repr(r[0]) in seen or seen.add(repr(r[0])))]
+    columns = [column for column, _, _ in composition.order]
+    sort_rows(rows, lambda row, i: row[0][columns[i]], [(d, n) for _, d, n in composition.order])
+    end = None if composition.limit is None else composition.offset + composition.limit
+    rows = rows[composition.offset:end]
+    return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
+                  sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy)
 
 
 def _internal(exc: Exception, what: str) -> InternalError:

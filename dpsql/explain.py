@@ -7,6 +7,24 @@ from sqlglot import exp
 from dpsql.accounting import group_guarantee
 from dpsql.engine import Prepared
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
+from dpsql.sql.compose import Composition
+
+
+def explain_statement(composition: Composition | None, parts: list[Prepared]) -> str:
+    """`explain_text` of a statement: of its one query, or part by part for a UNION or GROUPING SETS."""
+    if composition is None:
+        return explain_text(parts[0])
+    epsilon = sum(p.calibration.epsilon for p in parts)
+    delta = sum(p.calibration.delta for p in parts)
+    lines = [f"Statement: {composition.description}, answered part by part, each with 1/{len(parts)} of ε; the "
+             f"statement costs the sum of its parts: ε = {epsilon:.6g}, δ = {delta:.3g}"
+             + ("; rows released twice are returned once" if composition.distinct else "")
+             + ("; ORDER BY / LIMIT act on the released rows" if composition.order or composition.limit is not None
+                else "")]
+    for number, (sql, part) in enumerate(zip(composition.parts, parts, strict=True), start=1):
+        lines.append(f"Part {number} of {len(parts)}: {sql}")
+        lines += [f"  {line}" for line in explain_text(part).splitlines()]
+    return "\n".join(lines)
 
 
 def explain_text(prepared: Prepared) -> str:

@@ -9,6 +9,7 @@ formula over the noise distribution, drawn by simulation around the released val
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -100,13 +101,7 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
             accuracy.append(_accuracy(output.expr, plan, calibration, value, simulated, group))
         order_keys = [evaluate(expr, env) for expr, _, _ in plan.order]
         rows.append((tuple(values), tuple(accuracy), order_keys))
-    for index in reversed(range(len(plan.order))):
-        _, descending, nulls_first = plan.order[index]
-        try:
-            rows.sort(key=lambda r, i=index: _sort_key(r[2][i], descending, nulls_first), reverse=descending)
-        except TypeError:  # a date Python cannot hold came as PostgreSQL's text ('infinity'): order by the text
-            rows.sort(key=lambda r, i=index: _sort_key(_text_or_none(r[2][i]), descending, nulls_first),
-                      reverse=descending)
+    sort_rows(rows, lambda row, i: row[2][i], [(descending, nulls) for _, descending, nulls in plan.order])
     end = None if plan.limit is None else plan.offset + plan.limit
     rows = rows[plan.offset:end]
     return Result([o.name for o in plan.outputs], [o.type_name for o in plan.outputs],
@@ -398,6 +393,18 @@ def _truthy(value: Any) -> bool:
 
 def _text_or_none(value: Any) -> str | None:
     return None if value is None else value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def sort_rows(rows: list, value_of: Callable[[Any, int], Any], order: Sequence[tuple[bool, bool]]) -> None:
+    """Sort `rows` in place as PostgreSQL's ORDER BY would: by `value_of(row, i)` for each (descending, nulls
+    first) of `order`, the first most significant."""
+    for index in reversed(range(len(order))):
+        descending, nulls_first = order[index]
+        try:
+            rows.sort(key=lambda r, i=index: _sort_key(value_of(r, i), descending, nulls_first), reverse=descending)
+        except TypeError:  # a date Python cannot hold came as PostgreSQL's text ('infinity'): order by the text
+            rows.sort(key=lambda r, i=index: _sort_key(_text_or_none(value_of(r, i)), descending, nulls_first),
+                      reverse=descending)
 
 
 def _sort_key(value: Any, descending: bool, nulls_first: bool) -> tuple:

@@ -291,3 +291,77 @@ def test_distinct_of_a_declared_domain_is_the_domain_at_no_cost(engine, analyst,
 def test_distinct_of_values_the_data_decides_is_refused(demo_schema, sql, error, message):
     with pytest.raises(error, match=message):
         plan(sql, demo_schema)
+
+
+# --- UNION [ALL] and GROUPING SETS / ROLLUP / CUBE: several answers, charged as their sum (issue 17) -------------
+
+def test_rollup_is_the_groups_and_their_total(engine, analyst):
+    answer = engine.query("SELECT sex, COUNT(*) AS n, GROUPING(sex) AS g FROM people GROUP BY ROLLUP (sex) "
+                          "ORDER BY sex", analyst=analyst, epsilon=1.0)
+    assert answer.names == ["sex", "n", "g"] and answer.types == ["text", "int8", "int8"]
+    assert [(row[0], row[2]) for row in answer.rows] == [("F", 0), ("M", 0), (None, 1)]  # NULLS LAST, as PostgreSQL
+    assert answer.epsilon == pytest.approx(1.0) and all(acc[1].ci_low is not None for acc in answer.accuracy)
+    total = answer.rows[2][1]
+    assert abs(total - (answer.rows[0][1] + answer.rows[1][1])) < 60  # separate noise, same data
+
+
+def test_cube_and_grouping_sets_split_epsilon_over_their_parts(engine):
+    composition, parts = engine.prepare_parts("SELECT sex, width_bucket(age, 0, 100, 2) AS half, COUNT(*) "
+                                              "FROM people GROUP BY CUBE (sex, half)", epsilon=0.8)
+    assert len(parts) == 4 and [p.calibration.epsilon for p in parts] == pytest.approx([0.2] * 4)
+    assert composition.parts[1] == "SELECT sex, NULL AS half, COUNT(*) FROM people GROUP BY sex"
+    sets, _ = engine.prepare_parts("SELECT category, COUNT(*) FROM visits GROUP BY GROUPING SETS ((category), ())")
+    assert "GROUPING SETS of 2 groupings: (category); ()" in sets.description
+
+
+def test_union_all_answers_each_select_and_orders_the_rows(engine, analyst):
+    before = engine.budget(analyst).epsilon_basic
+    answer = engine.query("SELECT 'people' AS what, COUNT(*) AS n FROM people UNION ALL "
+                          "SELECT 'visits', COUNT(*) FROM visits ORDER BY n DESC LIMIT 1", analyst=analyst,
+                          epsilon=0.6)
+    assert answer.rows[0][0] == "visits" and len(answer.rows) == 1
+    assert answer.epsilon == pytest.approx(0.6) and engine.budget(analyst).epsilon_basic == pytest.approx(before + 0.6)
+    again = engine.query("SELECT 'people' AS what, COUNT(*) AS n FROM people UNION ALL "
+                         "SELECT 'visits', COUNT(*) FROM visits ORDER BY n DESC LIMIT 1", analyst=analyst,
+                         epsilon=0.6)
+    assert again.cached and again.rows == answer.rows  # each part's stored answer
+
+
+def test_union_returns_a_row_released_twice_once(engine, analyst):
+    answer = engine.query("SELECT DISTINCT sex FROM people UNION SELECT DISTINCT sex FROM people ORDER BY 1",
+                          analyst=analyst)
+    assert answer.rows == [("F",), ("M",)] and answer.epsilon == 0
+
+
+def test_a_union_the_budget_cannot_pay_for_runs_no_part(engine):
+    engine.ledger.add_analyst("half_a_union", 0.5, 1e-6)
+    with pytest.raises(errors.BudgetExhausted, match="nothing was run"):
+        engine.query("SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*) FROM visits", analyst="half_a_union",
+                     epsilon=0.8)
+    assert engine.budget("half_a_union").epsilon_spent == 0
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT COUNT(*) FROM people INTERSECT SELECT COUNT(*) FROM visits", "INTERSECT is not supported"),
+    ("SELECT COUNT(*) FROM people UNION SELECT COUNT(*) FROM visits UNION ALL SELECT COUNT(*) FROM visits",
+     "mixing UNION and UNION ALL"),
+    ("SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*), SUM(age) FROM people", "same number of columns"),
+    ("SELECT sex, COUNT(*) FROM people GROUP BY ROLLUP (sex) ORDER BY COUNT(*) + 1", "not an output column"),
+    ("SELECT upper(sex), COUNT(*) FROM people GROUP BY ROLLUP (sex)", "which a grouping set leaves out"),
+    ("SELECT COUNT(*) FROM people GROUP BY CUBE (sex, state, age, income, width_bucket(age, 0, 100, 4))",
+     "32 grouping sets"),
+    ("SELECT sex, COUNT(*), RANK() OVER (ORDER BY COUNT(*)) FROM people GROUP BY ROLLUP (sex)", "window"),
+])
+def test_compositions_dpsql_does_not_answer_are_refused_by_name(engine, sql, message):
+    with pytest.raises(errors.UnsupportedQuery, match=message):
+        engine.prepare_parts(sql)
+
+
+def test_a_rollup_through_the_server_has_the_key_types(served):
+    import psycopg
+
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        cur = conn.execute("SELECT sex, COUNT(*) FROM people GROUP BY ROLLUP (sex) ORDER BY 1")
+        assert [d.type_code for d in cur.description] == [25, 20]  # text, bigint
+        rows = cur.fetchall()
+    assert [r[0] for r in rows] == ["F", "M", None]

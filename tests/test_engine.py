@@ -54,7 +54,7 @@ REFUSALS = [
     ("SELECT COUNT(DISTINCT category) FROM visits", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people p JOIN visits v ON p.age = v.amount", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people CROSS JOIN visits", errors.UnsupportedQuery, "0A000"),
-    ("SELECT COUNT(*) FROM people UNION SELECT COUNT(*) FROM visits", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(*) FROM people INTERSECT SELECT COUNT(*) FROM visits", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM salaries", errors.UnknownObject, "42P01"),
     ("SELECT COUNT(secret) FROM people", errors.UnknownColumn, "42703"),
     ("SELEKT COUNT(*) FROM people", errors.QuerySyntaxError, "42601"),

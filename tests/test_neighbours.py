@@ -421,3 +421,23 @@ def test_a_subquery_not_tied_to_the_unit_would_let_one_person_move_everyone(engi
     assert moved > 1000
     with pytest.raises(errors.UnsupportedQuery, match="without tying it to the outer row's unit"):
         engine.prepare(sql)
+
+
+COMPOSED = [
+    "SELECT sex, COUNT(*), AVG(income) FROM people GROUP BY ROLLUP (sex)",
+    "SELECT category, sex, SUM(amount) FROM visits v JOIN people p ON p.person_id = v.person_id "
+    "GROUP BY CUBE (category, sex)",
+    "SELECT state, COUNT(*) FROM people GROUP BY GROUPING SETS ((state), ())",
+    "SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*) FROM visits UNION ALL SELECT SUM(cost) FROM prescriptions",
+]
+
+
+@pytest.mark.parametrize("sql", COMPOSED)
+def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, base_url, neighbour_url, sql):
+    """A UNION or GROUPING SETS statement is its parts, each an ordinary query with its own bound; together they
+    cost the statement's ε."""
+    composition, parts = engine.prepare_parts(sql)
+    assert composition is not None and len(parts) == len(composition.parts) > 1
+    for part in composition.parts:
+        _assert_within_sensitivity(engine, part, base_url, neighbour_url)
+    assert sum(p.calibration.epsilon for p in parts) == pytest.approx(engine.options(Options()).epsilon)

@@ -18,7 +18,7 @@ from typing import Any
 
 from dpsql.accounting import describe_budget
 from dpsql.backends import Cancellation
-from dpsql.engine import Answer, Engine
+from dpsql.engine import Answer, Engine, columns_of
 from dpsql.errors import Error
 from dpsql.postprocess import INTERVALS_COVER, describe_accuracy
 from dpsql.server import codec
@@ -161,11 +161,11 @@ class ClientSession:
         placeholders stand in for them; if the engine refuses those, PostgreSQL's own types are used."""
         params = [_PLACEHOLDERS.get(t, "") for t in param_types] or None
         try:
-            plan = self.gateway.engine.prepare(statement.sql, params, options=self.options).plan
+            _, parts = self.gateway.engine.prepare_parts(statement.sql, params, options=self.options)
         except Error:
             return [Column(c.name, c.type_oid) for c in shadow_columns or []]
-        answer = Answer([o.name for o in plan.outputs], [o.type_name for o in plan.outputs], [], [], 0.0, 0.0,
-                        noisy=[o.noisy for o in plan.outputs])
+        names, types, noisy = columns_of(parts)
+        answer = Answer(names, types, [], [], 0.0, 0.0, noisy=noisy)
         return _columns(self._presented(answer))
 
     # --- executing ---------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class ClientSession:
     def _check(self, statement: Statement) -> None:
         """Refuse what executing `statement` would refuse, without running or charging anything."""
         if self.gateway.route(statement).kind == "private":
-            self.gateway.engine.prepare(statement.sql, options=self.options)
+            self.gateway.engine.prepare_parts(statement.sql, options=self.options)
 
     def _execute(self, statement: Statement, params: list[Any], param_types: list[int], binary: bool) -> Outcome:
         where = self.gateway.route(statement)

@@ -16,6 +16,16 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its parser warnings woul
 
 def parse_select(sql: str) -> exp.Select:
     """The one SELECT statement of `sql`."""
+    tree = parse_statement(sql)
+    if isinstance(tree, exp.SetOperation):
+        raise UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported",
+                               "UNION [ALL] of SELECTs is answered as a whole statement; INTERSECT and EXCEPT "
+                               "are not: run each SELECT separately")
+    return tree
+
+
+def parse_statement(sql: str) -> exp.Select | exp.SetOperation:
+    """The one SELECT statement of `sql`, or a set operation (UNION, INTERSECT, EXCEPT) of SELECTs."""
     if not sql or not sql.strip():
         raise QuerySyntaxError("empty query", "send one SELECT statement")
     try:
@@ -32,8 +42,7 @@ def parse_select(sql: str) -> exp.Select:
                              "send one SELECT per query")
     tree = statements[0]
     if isinstance(tree, exp.SetOperation):
-        raise UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported",
-                               "run each SELECT separately; each answer is noised and charged on its own")
+        return tree
     if not isinstance(tree, exp.Select):
         kind = tree.name.upper() if isinstance(tree, exp.Command) else tree.key.upper()
         raise PrivacyRefusal(f"only SELECT queries are answered, not {kind}",

@@ -1,0 +1,217 @@
+"""Compose: statements that are several DP answers in one — `UNION [ALL]` of SELECTs, and `GROUP BY` with
+`GROUPING SETS`, `ROLLUP` or `CUBE` (one grouped SELECT per grouping set, the keys a set leaves out as NULL, as
+PostgreSQL returns them). Each part is an ordinary query, analysed, noised and charged on its own; the statement
+costs the sum of its parts. ORDER BY, LIMIT and OFFSET of the whole statement, and UNION's removal of duplicate
+rows, act on the released rows only (post-processing).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.errors import UnsupportedQuery
+from dpsql.sql.bind import bind_parameters
+from dpsql.sql.parse import parse_statement
+from dpsql.sql.query import output_name, to_sql
+
+MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
+
+
+@dataclass(frozen=True)
+class Composition:
+    parts: list[str]  # each a plain SELECT, in the order its rows come
+    description: str  # for explain: what the statement was split into
+    distinct: bool = False  # UNION without ALL: a row released twice is returned once
+    order: tuple[tuple[int, bool, bool], ...] = ()  # (output column, descending, nulls first) over all rows
+    limit: int | None = None
+    offset: int = 0
+
+
+def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Composition | None:
+    """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement; None for any other statement (which
+    the ordinary stages check, and refuse if they must)."""
+    try:
+        tree = parse_statement(sql)
+    except Exception:  # noqa: BLE001 - a statement that does not parse is the ordinary stages' to report
+        return None
+    if isinstance(tree, exp.SetOperation):
+        return _set_operation(bind_parameters(tree, params))
+    group = tree.args.get("group")
+    if isinstance(tree, exp.Select) and group and any(isinstance(e, GROUPINGS) for e in group.expressions):
+        return _grouping_sets(bind_parameters(tree, params))
+    return None
+
+
+GROUPINGS = (exp.Rollup, exp.Cube, exp.GroupingSets)
+
+
+def _set_operation(tree: exp.SetOperation) -> Composition:
+    if not isinstance(tree, exp.Union):
+        raise UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported",
+                               "UNION [ALL] of SELECTs is answered as a whole statement; INTERSECT and EXCEPT "
+                               "are not: run each SELECT separately")
+    branches = _branches(tree)
+    if len(branches) > MAX_PARTS:
+        raise UnsupportedQuery(f"a UNION of {len(branches)} SELECTs is more than the {MAX_PARTS} dpsql answers",
+                               "send fewer SELECTs per statement")
+    widths = {len(b.expressions) for b in branches}
+    if len(widths) != 1:
+        raise UnsupportedQuery("each UNION query must have the same number of columns")
+    distinct = _all_or_distinct(tree)
+    names = [output_name(e) for e in branches[0].expressions]
+    order, limit, offset = _outer_order(tree, names, branches[0].expressions)
+    return Composition([to_sql(b) for b in branches], f"UNION{'' if distinct else ' ALL'} of {len(branches)} "
+                       "SELECTs", distinct, order, limit, offset)
+
+
+def _branches(tree: exp.Expression) -> list[exp.Select]:
+    if isinstance(tree, exp.Union):
+        return [*_branches(tree.this), *_branches(tree.expression)]
+    if isinstance(tree, exp.Subquery):
+        return _branches(tree.this)
+    if not isinstance(tree, exp.Select):
+        raise UnsupportedQuery(f"a UNION of {tree.key.upper()} is not supported", "UNION SELECTs only")
+    if tree.args.get("group") and any(isinstance(e, GROUPINGS) for e in tree.args["group"].expressions):
+        raise UnsupportedQuery("GROUPING SETS, ROLLUP or CUBE inside a UNION is not supported",
+                               "send the grouped SELECT on its own")
+    return [tree]
+
+
+def _all_or_distinct(tree: exp.Union) -> bool:
+    """Whether the UNION removes duplicate rows (plain UNION) rather than keeping them (UNION ALL); one kind
+    per statement, as mixing them would make the order of the operations matter."""
+    kinds = set()
+    node: exp.Expression = tree
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, exp.Union):
+            kinds.add(bool(node.args.get("distinct")))
+            stack += [node.this, node.expression]
+    if len(kinds) > 1:
+        raise UnsupportedQuery("a statement mixing UNION and UNION ALL is not supported", "use one of them")
+    return kinds.pop()
+
+
+def _grouping_sets(tree: exp.Select) -> Composition:
+    """One grouped SELECT per grouping set: its keys grouped, the others NULL, GROUPING() as its constant."""
+    if tree.find(exp.Window):
+        raise UnsupportedQuery("window functions with GROUPING SETS, ROLLUP or CUBE are not supported",
+                               "compute the window over a query with a plain GROUP BY")
+    aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
+    sets = [list(s) for s in itertools.product(*(_sets_of(e) for e in tree.args["group"].expressions))]
+    sets = [[_resolved(key, aliases, tree.expressions) for part in s for key in part] for s in sets]
+    if len(sets) > MAX_PARTS:
+        raise UnsupportedQuery(f"{len(sets)} grouping sets are more than the {MAX_PARTS} dpsql answers",
+                               "group by fewer keys (CUBE of n keys is 2^n groupings)")
+    all_keys = {to_sql(k): k for s in sets for k in s}
+    names = [output_name(e) for e in tree.expressions]
+    order, limit, offset = _outer_order(tree, names, tree.expressions)
+    parts = []
+    for keys in sets:
+        present = {to_sql(k) for k in keys}
+        part = tree.copy()
+        for key in ("order", "limit", "offset"):
+            part.set(key, None)
+        part.set("group", exp.Group(expressions=[k.copy() for k in keys]) if keys else None)
+        part.set("expressions", [_in_set(e, present, all_keys) for e in part.expressions])
+        parts.append(to_sql(part))
+    spelled = "; ".join("(" + ", ".join(to_sql(k) for k in s) + ")" for s in sets)
+    return Composition(parts, f"GROUPING SETS of {len(sets)} groupings: {spelled}", False, order, limit, offset)
+
+
+def _resolved(key: exp.Expression, aliases: dict[str, exp.Expression],
+              expressions: list[exp.Expression]) -> exp.Expression:
+    """A grouping key as the expression it names: an output column's alias or position, as PostgreSQL reads them."""
+    if isinstance(key, exp.Column) and not key.table and key.name in aliases:
+        return aliases[key.name]
+    if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(expressions):
+        chosen = expressions[int(key.this) - 1]
+        return chosen.this if isinstance(chosen, exp.Alias) else chosen
+    return key
+
+
+def _sets_of(element: exp.Expression) -> list[list[exp.Expression]]:
+    """The grouping sets one GROUP BY element stands for (a plain key: one set of itself)."""
+    if isinstance(element, exp.Rollup):
+        keys = list(element.expressions)
+        return [keys[:n] for n in range(len(keys), -1, -1)]
+    if isinstance(element, exp.Cube):
+        keys = list(element.expressions)
+        return [[k for k, keep in zip(keys, mask, strict=True) if keep]
+                for mask in itertools.product((True, False), repeat=len(keys))]
+    if isinstance(element, exp.GroupingSets):
+        sets = []
+        for item in element.expressions:
+            if isinstance(item, GROUPINGS):
+                raise UnsupportedQuery("nested GROUPING SETS, ROLLUP or CUBE are not supported")
+            sets.append(list(item.expressions) if isinstance(item, exp.Tuple)
+                        else [item.this] if isinstance(item, exp.Paren) else [item])
+        return sets
+    return [[element]]
+
+
+def _in_set(expression: exp.Expression, present: set[str], keys: dict[str, exp.Expression]) -> exp.Expression:
+    """A SELECT expression within one grouping set: a key the set leaves out is NULL, GROUPING(k, …) the bits of
+    the keys left out, each under the name PostgreSQL gives the column. Any other use of a left-out key is
+    refused (PostgreSQL would compute it on NULL)."""
+    name = output_name(expression)
+    value = expression.this if isinstance(expression, exp.Alias) else expression
+    if to_sql(value) in keys and to_sql(value) not in present:
+        return exp.alias_(exp.Null(), name)
+    changed = value.copy()
+    for grouping in list(changed.find_all(exp.Grouping)):
+        bits = 0
+        for argument in grouping.expressions:
+            bits = bits * 2 + (to_sql(argument) not in present)
+        if grouping is changed:
+            changed = exp.Literal.number(bits)
+        else:
+            grouping.replace(exp.Literal.number(bits))
+    missing = [key for sql, key in keys.items() if sql not in present and any(
+        to_sql(c) == sql for c in changed.find_all(type(key)))]
+    if missing:
+        raise UnsupportedQuery(f"{to_sql(value)} uses {to_sql(missing[0])}, which a grouping set leaves out",
+                               "select the grouping keys themselves; expressions of them are not computed on "
+                               "their NULLs")
+    return exp.alias_(changed, name) if to_sql(changed) != to_sql(value) else expression.copy()
+
+
+def _outer_order(tree: exp.Expression, names: list[str],
+                 expressions: list[exp.Expression]) -> tuple[tuple[tuple[int, bool, bool], ...], int | None, int]:
+    """ORDER BY, LIMIT and OFFSET of the whole statement, as output columns: a position, an output name, or an
+    expression of the SELECT list."""
+    order = []
+    spelled = [to_sql(e.this if isinstance(e, exp.Alias) else e) for e in expressions]
+    for ordered in (tree.args["order"].expressions if tree.args.get("order") else []):
+        target = ordered.this
+        if isinstance(target, exp.Literal) and not target.is_string and target.is_int:
+            column = int(target.this) - 1
+        elif isinstance(target, exp.Column) and not target.table and target.name in names:
+            column = names.index(target.name)
+        elif to_sql(target) in spelled:
+            column = spelled.index(to_sql(target))
+        else:
+            raise UnsupportedQuery(f"ORDER BY {to_sql(target)} of a UNION or grouping sets is not an output column",
+                                   "order by an output column's name or position")
+        if not 0 <= column < len(names):
+            raise UnsupportedQuery(f"ORDER BY position {column + 1} is not in the select list")
+        descending = bool(ordered.args.get("desc"))
+        nulls_first = ordered.args.get("nulls_first")
+        order.append((column, descending, descending if nulls_first is None else bool(nulls_first)))
+    return tuple(order), _constant(tree, "limit"), _constant(tree, "offset") or 0
+
+
+def _constant(tree: exp.Expression, key: str) -> int | None:
+    node = tree.args.get(key)
+    if node is None:
+        return None
+    value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+    if isinstance(value, exp.Literal) and value.is_int and int(value.this) >= 0:
+        return int(value.this)
+    raise UnsupportedQuery(f"{key.upper()} must be a whole number")
