@@ -44,7 +44,7 @@ from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
-from dpsql.sql.compose import Composition, compose
+from dpsql.sql.compose import SCALAR, Composition, compose
 
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
@@ -177,7 +177,8 @@ class Engine:
             return None, [self.prepare(sql, params, epsilon, options)]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
         share = resolved.epsilon / len(composition.parts)
-        return composition, [self.prepare(part, None, share, options) for part in composition.parts]
+        return composition, [self.prepare(part, _stand_ins(composition, number), share, options)
+                             for number, part in enumerate(composition.parts)]
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
               options: Options | None = None, cancel: Cancellation | None = None) -> Answer:
@@ -199,7 +200,12 @@ class Engine:
             raise BudgetExhausted(f"privacy budget exhausted: the {len(parts)} parts cost ε={cost.epsilon:g}, "
                                   f"δ={cost.delta:g} but {before.epsilon_left:g}, {before.delta_left:g} are left; "
                                   "nothing was run", "ask a smaller ε, or send fewer parts")
-        return combine(composition, parts, [self._query(p, analyst, cancel) for p in parts])
+        if not composition.sequential:
+            return combine(composition, parts, [self._query(p, analyst, cancel) for p in parts])
+        scalars = [self._query(p, analyst, cancel) for p in parts[:-1]]
+        values = {f"{SCALAR}{i}": a.rows[0][0] if a.rows else None for i, a in enumerate(scalars)}
+        last = self.prepare(composition.parts[-1], values, parts[-1].options.epsilon, parts[-1].options)
+        return combine(composition, parts, [*scalars, self._query(last, analyst, cancel)])
 
     def _query(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
         arrived = time.monotonic()
@@ -263,9 +269,22 @@ class Engine:
         return resolved
 
 
-def columns_of(parts: list[Prepared]) -> tuple[list[str], list[str], list[bool]]:
+def _stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
+    """Parameters of part `number` before the answers it takes exist: the scalar subqueries' values as 0, so the
+    query the statement ends with is checked and priced before anything is charged (its bounds hold for any
+    constant)."""
+    if not composition.sequential or number < composition.scalars:
+        return None
+    return {f"{SCALAR}{i}": 0 for i in range(composition.scalars)}
+
+
+def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],
+                                                                                       list[bool]]:
     """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
-    the first part where it is not a NULL a grouping set put there; noisy where any part's is."""
+    the first part where it is not a NULL a grouping set put there; noisy where any part's is. After scalar
+    subqueries, the last part's."""
+    if composition is not None and composition.sequential:
+        parts = parts[-1:]
     outputs = [p.plan.outputs for p in parts]
     names = [o.name for o in outputs[0]]
     types = [next((part[i].type_name for part in outputs if not isinstance(part[i].expr, exp.Null)),
@@ -277,8 +296,9 @@ def columns_of(parts: list[Prepared]) -> tuple[list[str], list[str], list[bool]]
 def combine(composition: Composition, parts: list[Prepared], answers: list[Answer]) -> Answer:
     """One answer from its parts' answers: their rows in order (UNION without ALL: each distinct row once), then
     the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs."""
-    names, types, noisy = columns_of(parts)
-    rows = [(row, accuracy) for answer in answers for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
+    names, types, noisy = columns_of(parts, composition)
+    shown = answers[-1:] if composition.sequential else answers
+    rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
     if composition.distinct:
         seen: set = set()
         rows = [r for r in rows if not (repr(r[0]) in seen or seen.add(repr(r[0])))]

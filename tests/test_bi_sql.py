@@ -31,7 +31,7 @@ def test_a_filtered_count_is_answered(engine, analyst):
 
 
 @pytest.mark.parametrize(("sql", "named"), [
-    ("SELECT to_char(day, 'YYYY-MM'), COUNT(*) FROM visits GROUP BY 1", "function to_char()"),
+    ("SELECT to_number(state, '99'), COUNT(*) FROM people GROUP BY 1", "function to_number()"),
     ("SELECT bool_or(age > 30) FROM people", "function bool_or()"),
     ("SELECT string_agg(state, ',') FROM people", "function string_agg()"),
 ])
@@ -365,3 +365,71 @@ def test_a_rollup_through_the_server_has_the_key_types(served):
         assert [d.type_code for d in cur.description] == [25, 20]  # text, bigint
         rows = cur.fetchall()
     assert [r[0] for r in rows] == ["F", "M", None]
+
+
+# --- scalar subqueries: answered first, their noisy value a constant of the outer query (issue 17) ---------------
+
+def test_a_scalar_subquery_is_a_first_answer_the_query_takes_as_a_constant(engine, analyst):
+    sql = "SELECT sex, COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people) GROUP BY sex"
+    answer = engine.query(sql, analyst=analyst, epsilon=0.8)
+    assert [row[0] for row in answer.rows] == ["F", "M"] and answer.epsilon == pytest.approx(0.8)
+    composition, parts = engine.prepare_parts(sql, epsilon=0.8)
+    assert composition.parts[-1] == ("SELECT sex, COUNT(*) FROM people WHERE income > %(dpsql_scalar_0)s "
+                                      "GROUP BY sex")
+    (mean,), = engine.query(composition.parts[0], analyst=analyst, epsilon=0.4).rows  # the stored first answer
+    outer = engine.prepare(composition.parts[-1], {"dpsql_scalar_0": mean}, 0.4)
+    assert engine.ledger.answers.get(analyst, outer.key) is not None  # the query ran with that noisy mean
+    assert engine.query(sql, analyst=analyst, epsilon=0.8).cached
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT COUNT(*) FROM people p WHERE income > (SELECT AVG(amount) FROM visits v WHERE v.person_id = "
+     "p.person_id)", "refers to the outer query"),
+    ("SELECT COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people GROUP BY sex)",
+     "not one aggregate value"),
+    ("SELECT COUNT(*) FROM people WHERE income > (SELECT income FROM people)", "not one aggregate value"),
+])
+def test_scalar_subqueries_that_are_not_one_answer_are_refused(engine, sql, message):
+    with pytest.raises(errors.UnsupportedQuery, match=message):
+        engine.prepare_parts(sql)
+
+
+# --- Grafana's and Superset's time keys (issue 17) ----------------------------------------------------------------
+
+def test_to_char_and_epoch_buckets_are_private_keys(engine, analyst):
+    months = engine.query("SELECT to_char(day, 'YYYY-MM') AS month, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1",
+                          analyst=analyst, epsilon=1.0)
+    assert months.types[0] == "text" and {row[0][:4] for row in months.rows} == {"2024"}
+    grafana = engine.query("SELECT floor(extract(epoch from day) / 604800) * 604800 AS time, COUNT(*) AS value "
+                           "FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=1.0)
+    assert grafana.rows and all(row[0] % 604800 == 0 for row in grafana.rows)  # the weeks partition selection keeps
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT to_char(age, '999'), COUNT(*) FROM people GROUP BY 1", "dates and timestamps only"),
+    ("SELECT to_char(day, state), COUNT(*) FROM visits v JOIN people p ON p.person_id = v.person_id GROUP BY 1",
+     "constant format"),
+])
+def test_to_char_of_what_is_not_a_date_is_refused(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery, match=message):
+        plan(sql, demo_schema)
+
+
+# --- an aggregate computed in a WITH query or subquery and post-processed outside (issue 17) ---------------------
+
+def test_a_projection_of_an_aggregate_query_is_that_query_post_processed(demo_schema):
+    projected = check_query("WITH t AS (SELECT COUNT(*) AS c FROM visits) SELECT c FROM t", demo_schema)
+    assert projected.canonical == check_query("SELECT COUNT(*) AS c FROM visits", demo_schema).canonical
+    filtered = check_query("SELECT category, n * 2 AS twice FROM (SELECT category, COUNT(*) AS n FROM visits GROUP "
+                           "BY category) s WHERE n > 500 ORDER BY twice DESC LIMIT 3", demo_schema)
+    spelled = check_query("SELECT category, COUNT(*) * 2 AS twice FROM visits GROUP BY category HAVING COUNT(*) > 500 "
+                          "ORDER BY twice DESC LIMIT 3", demo_schema)
+    assert filtered.canonical == spelled.canonical and filtered.output_names == ("category", "twice")
+    starred = check_query("WITH t AS (SELECT sex, AVG(income) AS a FROM people GROUP BY sex) SELECT * FROM t",
+                          demo_schema)
+    assert starred.output_names == ("sex", "a")
+
+
+def test_a_projection_of_per_unit_values_is_still_refused(demo_schema):
+    with pytest.raises(errors.UnsupportedQuery, match="groups by the privacy unit"):
+        plan("SELECT n FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t", demo_schema)

@@ -81,6 +81,9 @@ TOTAL = [
     "SELECT COUNT(*) FROM visits WHERE note LIKE 'back\\\\%'",
     "SELECT MIN(born), MAX(seen), percentile_disc(0.5) WITHIN GROUP (ORDER BY seen) FROM people",  # declared bounds
     "SELECT sex, MAX(born), MIN(seen) FROM people GROUP BY sex",
+    "SELECT to_char(day, 'YYYY-MM'), COUNT(*) FROM visits GROUP BY 1",  # year 1000000 would fail a cast
+    "SELECT floor(extract(epoch from day) / 86400) * 86400, COUNT(*) FROM visits GROUP BY 1",  # ±infinity
+    "SELECT to_char(seen, 'YYYY-\"Q\"Q HH24'), COUNT(*) FROM people GROUP BY 1",
 ]
 
 

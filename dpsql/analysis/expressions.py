@@ -32,6 +32,8 @@ PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Bet
 EXTRACT_RANGES = {
     "YEAR": (-4713, 5874897), "MONTH": (1, 12), "DAY": (1, 31), "DOW": (0, 6), "ISODOW": (1, 7),
     "DOY": (1, 366), "WEEK": (1, 53), "QUARTER": (1, 4), "HOUR": (0, 23), "MINUTE": (0, 59),
+    # seconds since 1970 of the guarded value (inside SAFE_TEMPORAL, a day of time zones to spare)
+    "EPOCH": (-188_500_000_000.0, 9_225_000_000_000.0),
 }
 INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT: 2**31 - 1,
                    exp.DataType.Type.BIGINT: 2**63 - 1}
@@ -104,7 +106,7 @@ class Expressions:
             return node
         if isinstance(node, exp.Extract):
             node.set("expression", _temporal_guard(node.expression, keep_infinite=False))
-        elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+        elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.TimeToStr):
             node.set("this", _temporal_guard(node.this, keep_infinite=False))
         elif isinstance(node, exp.Cast) and node.to.this in TIMESTAMP_CASTS:
             node.set("this", _temporal_guard(node.this, keep_infinite=True))
@@ -183,6 +185,8 @@ class Expressions:
             _check_like_pattern(node)
         elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
             _check_trunc(node)
+        elif isinstance(node, exp.TimeToStr):
+            self._check_to_char(node)
         for child in node.iter_expressions():
             if not isinstance(child, exp.DataType | exp.Var | exp.Identifier):
                 self.value_range(child)
@@ -415,6 +419,15 @@ class Expressions:
         low = math.log(a.lo) if a.lo > 0 else (0.0 if a.integer else math.log(5e-324))
         return Range(low, math.log(a.hi))
 
+    def _check_to_char(self, node: exp.TimeToStr) -> None:
+        """to_char(date or timestamp, 'constant format'): text, NULL outside SAFE_TEMPORAL (a date past 294276 AD
+        would fail its cast to timestamp) as for ±infinity."""
+        if not isinstance(node.args.get("format"), exp.Literal) or not node.args["format"].is_string:
+            raise UnsupportedQuery("to_char needs a constant format", "e.g. to_char(day, 'YYYY-MM')")
+        if not self._is_temporal(node.this):
+            raise UnsupportedQuery(f"to_char of {to_sql(node.this)} is answered for dates and timestamps only",
+                                   "group numbers by width_bucket or floor(x / w) instead")
+
     def _range_extract(self, node: exp.Extract) -> Range:
         field = node.this.name.upper()
         if field not in EXTRACT_RANGES:
@@ -426,7 +439,7 @@ class Expressions:
                                    f"cast it: EXTRACT({field} FROM CAST(x AS timestamp))")
         self.value_range(node.expression)
         lo, hi = EXTRACT_RANGES[field]
-        return Range(lo, hi, True)
+        return Range(lo, hi, field != "EPOCH")  # seconds since 1970 have fractions
 
     def _range_length(self, node: exp.Length) -> Range:
         self.value_range(node.this)

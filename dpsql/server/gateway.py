@@ -161,10 +161,10 @@ class ClientSession:
         placeholders stand in for them; if the engine refuses those, PostgreSQL's own types are used."""
         params = [_PLACEHOLDERS.get(t, "") for t in param_types] or None
         try:
-            _, parts = self.gateway.engine.prepare_parts(statement.sql, params, options=self.options)
+            composition, parts = self.gateway.engine.prepare_parts(statement.sql, params, options=self.options)
         except Error:
             return [Column(c.name, c.type_oid) for c in shadow_columns or []]
-        names, types, noisy = columns_of(parts)
+        names, types, noisy = columns_of(parts, composition)
         answer = Answer(names, types, [], [], 0.0, 0.0, noisy=noisy)
         return _columns(self._presented(answer))
 

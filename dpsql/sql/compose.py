@@ -1,8 +1,9 @@
-"""Compose: statements that are several DP answers in one — `UNION [ALL]` of SELECTs, and `GROUP BY` with
+"""Compose: statements that are several DP answers in one — `UNION [ALL]` of SELECTs, `GROUP BY` with
 `GROUPING SETS`, `ROLLUP` or `CUBE` (one grouped SELECT per grouping set, the keys a set leaves out as NULL, as
-PostgreSQL returns them). Each part is an ordinary query, analysed, noised and charged on its own; the statement
-costs the sum of its parts. ORDER BY, LIMIT and OFFSET of the whole statement, and UNION's removal of duplicate
-rows, act on the released rows only (post-processing).
+PostgreSQL returns them), and scalar subqueries (`WHERE income > (SELECT AVG(income) FROM people)`: the
+subquery is answered first, and its noisy value is a constant of the outer query). Each part is an ordinary
+query, analysed, noised and charged on its own; the statement costs the sum of its parts. ORDER BY, LIMIT and
+OFFSET of the whole statement, and UNION's removal of duplicate rows, act on the released rows only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQuery
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.parse import parse_statement
-from dpsql.sql.query import output_name, to_sql
+from dpsql.sql.query import AGGREGATES, output_name, to_sql
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
 
@@ -30,6 +31,12 @@ class Composition:
     order: tuple[tuple[int, bool, bool], ...] = ()  # (output column, descending, nulls first) over all rows
     limit: int | None = None
     offset: int = 0
+    scalars: int = 0  # the first `scalars` parts are scalar subqueries whose values the last part takes as
+    # parameters %(dpsql_scalar_<i>)s; the statement's rows are the last part's
+
+    @property
+    def sequential(self) -> bool:
+        return self.scalars > 0
 
 
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Composition | None:
@@ -44,7 +51,49 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -
     group = tree.args.get("group")
     if isinstance(tree, exp.Select) and group and any(isinstance(e, GROUPINGS) for e in group.expressions):
         return _grouping_sets(bind_parameters(tree, params))
+    if isinstance(tree, exp.Select) and _scalar_subqueries(tree):
+        return _sequential(bind_parameters(tree, params))
     return None
+
+
+SCALAR = "dpsql_scalar_"
+
+
+def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
+    """Subqueries used as values (not in FROM, a join, a CTE, IN or EXISTS)."""
+    return [node for node in tree.find_all(exp.Subquery)
+            if not isinstance(node.parent, exp.From | exp.Join | exp.In | exp.Exists | exp.CTE)
+            and node.find_ancestor(exp.Subquery) is None]
+
+
+def _sequential(tree: exp.Select) -> Composition:
+    """Each scalar subquery a first part; the outer query the last, with the subqueries' noisy values as
+    parameters. A subquery must be uncorrelated, one aggregate row: then each answer is an ordinary DP answer,
+    and the outer query's bounds hold for any constant."""
+    outer = tree.copy()
+    subqueries = _scalar_subqueries(outer)
+    if len(subqueries) + 1 > MAX_PARTS:
+        raise UnsupportedQuery(f"{len(subqueries)} scalar subqueries are more than dpsql answers in one statement")
+    inner_tables = set()
+    parts = []
+    for index, subquery in enumerate(subqueries):
+        select = subquery.this
+        if not isinstance(select, exp.Select) or select.args.get("group") or len(select.expressions) != 1 \
+                or not select.expressions[0].find(*AGGREGATES):
+            raise UnsupportedQuery(f"the subquery ({to_sql(select)}) is not one aggregate value",
+                                   "a scalar subquery is answered when it is one aggregate without GROUP BY, e.g. "
+                                   "(SELECT AVG(income) FROM people)")
+        own = {t.alias_or_name for t in select.find_all(exp.Table)}
+        outside = [c for c in select.find_all(exp.Column) if c.table and c.table not in own]
+        if outside:
+            raise UnsupportedQuery(f"the subquery ({to_sql(select)}) refers to the outer query's "
+                                   f"{to_sql(outside[0])}", "a scalar subquery must stand on its own (uncorrelated)")
+        inner_tables |= own
+        parts.append(to_sql(select))
+        subquery.replace(exp.Placeholder(this=f"{SCALAR}{index}"))
+    parts.append(to_sql(outer))
+    return Composition(parts, f"{len(subqueries)} scalar subquer{'y' if len(subqueries) == 1 else 'ies'} answered "
+                       "first, then the query with their noisy values", scalars=len(subqueries))
 
 
 GROUPINGS = (exp.Rollup, exp.Cube, exp.GroupingSets)

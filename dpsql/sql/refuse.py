@@ -22,6 +22,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
     exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists,
+    exp.TimeToStr,
     *AGGREGATES,
 )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
-from dpsql.sql.query import AGGREGATES
+from dpsql.sql.query import AGGREGATES, output_name
 
 
 def filters_as_case(tree: exp.Select) -> exp.Select:
@@ -100,15 +100,57 @@ def _unparenthesised_parent(node: exp.Expression) -> exp.Expression | None:
 
 def derived_select(tree: exp.Select) -> exp.Select | None:
     """The grouped SELECT that `tree` reads FROM, as a subquery or a WITH query (None if it reads tables)."""
+    source = _source_select(tree)
+    return source if source is not None and source.args.get("group") else None
+
+
+def _source_select(tree: exp.Select) -> exp.Select | None:
+    """The SELECT that `tree` reads FROM alone, as a subquery or its one WITH query (None if it reads tables)."""
     source = tree.args["from_"].this if tree.args.get("from_") else None
-    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select) and source.this.args.get("group"):
+    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
         return source.this
     if isinstance(source, exp.Table) and not source.db and tree.args.get("with_"):
         ctes = tree.args["with_"].expressions
-        if len(ctes) == 1 and ctes[0].alias_or_name == source.name and isinstance(ctes[0].this, exp.Select) \
-                and ctes[0].this.args.get("group"):
+        if len(ctes) == 1 and ctes[0].alias_or_name == source.name and isinstance(ctes[0].this, exp.Select):
             return ctes[0].this
     return None
+
+
+def projection_over_aggregates(tree: exp.Select) -> exp.Select:
+    """`SELECT f(c) FROM (SELECT k, COUNT(*) AS c FROM … GROUP BY k) t WHERE g(c) ORDER BY h(c) LIMIT n` (or the
+    same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
+    GROUP BY k HAVING g(COUNT(*)) ORDER BY h(COUNT(*)) LIMIT n`. Anything else is left as written."""
+    inner = _source_select(tree)
+    if (inner is None or tree.args.get("joins") or tree.args.get("group") or tree.args.get("having")
+            or tree.args.get("distinct") or any(e.find(*AGGREGATES) for e in tree.expressions)
+            or not any(e.find(*AGGREGATES) for e in inner.expressions) or tree.find(exp.Window)
+            or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct", "with_"))):
+        return tree
+    alias = tree.args["from_"].this.alias_or_name
+    defined = {output_name(e): (e.this if isinstance(e, exp.Alias) else e) for e in inner.expressions}
+
+    def inlined(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.name in defined and node.table in ("", alias):
+            value = defined[node.name].copy()
+            return value if isinstance(value, exp.Func | exp.Column | exp.Literal | exp.Paren) else exp.Paren(
+                this=value)
+        return node
+
+    if any(isinstance(e, exp.Star) for e in tree.expressions):
+        outputs = [e.copy() for e in inner.expressions]
+    else:
+        outputs = [exp.alias_(e.this if isinstance(e, exp.Alias) else e, output_name(e)).transform(inlined)
+                   for e in tree.expressions]
+    merged = inner.copy()
+    merged.set("expressions", outputs)
+    if tree.args.get("where"):
+        condition = tree.args["where"].this.transform(inlined)
+        having = merged.args.get("having")
+        merged.set("having", exp.Having(this=exp.and_(having.this, condition) if having else condition))
+    for key in ("order", "limit", "offset"):
+        if tree.args.get(key):
+            merged.set(key, tree.args[key].transform(inlined))
+    return merged
 
 
 def semijoin_selects(tree: exp.Select) -> list[exp.Select]:
