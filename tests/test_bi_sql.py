@@ -32,6 +32,7 @@ def test_a_filtered_count_is_answered(engine, analyst):
 
 @pytest.mark.parametrize(("sql", "named"), [
     ("SELECT to_number(state, '99'), COUNT(*) FROM people GROUP BY 1", "function to_number()"),
+    ("SELECT approx_count_distinct(person_id) FROM visits", "function approx_count_distinct()"),
     ("SELECT bool_or(age > 30) FROM people", "function bool_or()"),
     ("SELECT string_agg(state, ',') FROM people", "function string_agg()"),
 ])
@@ -403,6 +404,9 @@ def test_to_char_and_epoch_buckets_are_private_keys(engine, analyst):
     grafana = engine.query("SELECT floor(extract(epoch from day) / 604800) * 604800 AS time, COUNT(*) AS value "
                            "FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=1.0)
     assert grafana.rows and all(row[0] % 604800 == 0 for row in grafana.rows)  # the weeks partition selection keeps
+    stamped = engine.query("SELECT to_timestamp(floor(extract(epoch from day) / 604800) * 604800) AS time, "
+                           "COUNT(*) FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=1.0)
+    assert stamped.types[0] == "timestamptz" and all(row[0].year in (2023, 2024) for row in stamped.rows)
 
 
 @pytest.mark.parametrize(("sql", "message"), [

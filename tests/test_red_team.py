@@ -84,6 +84,8 @@ TOTAL = [
     "SELECT to_char(day, 'YYYY-MM'), COUNT(*) FROM visits GROUP BY 1",  # year 1000000 would fail a cast
     "SELECT floor(extract(epoch from day) / 86400) * 86400, COUNT(*) FROM visits GROUP BY 1",  # ±infinity
     "SELECT to_char(seen, 'YYYY-\"Q\"Q HH24'), COUNT(*) FROM people GROUP BY 1",
+    "SELECT to_timestamp(floor(extract(epoch from day) / 86400) * 86400), COUNT(*) FROM visits GROUP BY 1",
+    "SELECT to_timestamp(score), COUNT(*) FROM people GROUP BY 1",  # NaN, ±Infinity and 1e300 seconds
 ]
 
 

@@ -42,6 +42,7 @@ TIMESTAMP_CASTS = {exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ}
 # Dates and timestamps inside this range survive a cast to timestamp(tz) in any time zone and date_trunc to
 # any unit (date_trunc('millennium', 4001 BC) and dates past 294276 AD overflow; PostgreSQL's dates reach 5874897 AD)
 SAFE_TEMPORAL = ("4000-01-01 BC", "294276-12-01")
+EPOCH_TIMESTAMPS = (-210_866_803_200, 9_224_318_015_999)  # the seconds to_timestamp accepts (4714 BC to 294276 AD)
 TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week", "month", "quarter",
                "year", "decade", "century", "millennium")
 TIME_FIELDS = ("HOUR", "MINUTE")  # EXTRACT of these fails on a date (PostgreSQL 14+)
@@ -110,6 +111,10 @@ class Expressions:
             node.set("this", _temporal_guard(node.this, keep_infinite=False))
         elif isinstance(node, exp.Cast) and node.to.this in TIMESTAMP_CASTS:
             node.set("this", _temporal_guard(node.this, keep_infinite=True))
+        elif isinstance(node, exp.UnixToTime):  # to_timestamp fails on NaN and past the timestamps' range
+            low, high = (number(v) for v in EPOCH_TIMESTAMPS)
+            inside = exp.Between(this=node.this.copy(), low=low, high=high)
+            node.set("this", exp.Case(ifs=[exp.If(this=inside, true=node.this)]))
         elif isinstance(node, exp.WidthBucket) and self.kind(node.this) != "integer":
             nan = exp.Literal.string("NaN")  # width_bucket raises on a NaN operand
             node.set("this", exp.Nullif(this=node.this, expression=nan))
@@ -187,6 +192,10 @@ class Expressions:
             _check_trunc(node)
         elif isinstance(node, exp.TimeToStr):
             self._check_to_char(node)
+        elif isinstance(node, exp.UnixToTime) and (node.args.get("scale") is not None
+                                                   or self.value_range(node.this) is None):
+            raise UnsupportedQuery("to_timestamp takes one number (seconds since 1970) here",
+                                   "e.g. to_timestamp(floor(extract(epoch from day) / 86400) * 86400)")
         for child in node.iter_expressions():
             if not isinstance(child, exp.DataType | exp.Var | exp.Identifier):
                 self.value_range(child)
@@ -372,7 +381,7 @@ class Expressions:
 
     def _is_timestamp(self, node: exp.Expression) -> bool:
         """Whether `node` is certainly a timestamp (with or without time zone), not a date."""
-        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
             return True
         if isinstance(node, exp.Cast):
             return node.to.this in TIMESTAMP_CASTS
@@ -380,7 +389,7 @@ class Expressions:
         return column is not None and column.type in ("timestamp", "timestamptz")
 
     def _is_temporal(self, node: exp.Expression) -> bool:
-        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
             return True
         column = self.column(node) if isinstance(node, exp.Column) else None
         return column is not None and column.type in ("date", "timestamp", "timestamptz")

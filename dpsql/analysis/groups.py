@@ -189,7 +189,7 @@ def key_type(node: exp.Expression, exprs: Expressions) -> str:
     value_range = exprs.value_range(node)
     if value_range is not None:
         return "int8" if value_range.integer else "float8"
-    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
         return "timestamptz"
     if isinstance(node, exp.Column):
         column = exprs.column(node)

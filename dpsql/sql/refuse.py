@@ -22,7 +22,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
     exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists,
-    exp.TimeToStr,
+    exp.TimeToStr, exp.UnixToTime,
     *AGGREGATES,
 )
 
@@ -84,6 +84,8 @@ def _describe(node: exp.Expression) -> str:
     """What the user wrote, as PostgreSQL spells it (to_char, not sqlglot's TimeToStr)."""
     if isinstance(node, exp.Anonymous):
         return f"function {node.name}()"
+    if isinstance(node, exp.ApproxDistinct):  # PostgreSQL has none; sqlglot names it approx_distinct
+        return "function approx_count_distinct()"
     if isinstance(node, exp.Func):
         text = to_sql(node)  # an operator (x ~ 'a') or a keyword (CURRENT_TIMESTAMP) has no parenthesis
         return f"function {text.split('(')[0].strip().lower()}()" if "(" in text else text
