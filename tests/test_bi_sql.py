@@ -437,3 +437,11 @@ def test_a_projection_of_an_aggregate_query_is_that_query_post_processed(demo_sc
 def test_a_projection_of_per_unit_values_is_still_refused(demo_schema):
     with pytest.raises(errors.UnsupportedQuery, match="groups by the privacy unit"):
         plan("SELECT n FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t", demo_schema)
+
+
+def test_a_with_query_read_twice_is_a_self_join(demo_schema):
+    twice = plan("WITH r AS (SELECT person_id, amount FROM visits WHERE category = 'lab') SELECT COUNT(*) "
+                 "FROM r r1 JOIN r r2 ON r1.person_id = r2.person_id", demo_schema)
+    spelled = plan("SELECT COUNT(*) FROM visits r1 JOIN visits r2 ON r1.person_id = r2.person_id "
+                   "WHERE r1.category = 'lab' AND r2.category = 'lab'", demo_schema)
+    assert [m.sensitivity for m in twice.measures] == [m.sensitivity for m in spelled.measures] == [100]

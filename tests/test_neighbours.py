@@ -20,6 +20,8 @@ from dpsql.session import Options
 from tests.conftest import copy_database
 
 QUERIES = [
+    "WITH r AS (SELECT person_id, amount FROM visits WHERE category = 'lab') SELECT COUNT(*), SUM(r1.amount) "
+    "FROM r r1 JOIN r r2 ON r1.person_id = r2.person_id",
     "WITH t AS (SELECT category, SUM(amount) AS s FROM visits GROUP BY category) SELECT category, s / 2 FROM t "
     "WHERE s > 0",
     "SELECT COUNT(*) FROM people",

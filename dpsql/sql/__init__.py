@@ -24,6 +24,7 @@ from dpsql.sql.shape import (
     distinct_as_group_by,
     drop_nulls_under_not_in,
     filters_as_case,
+    inline_repeated_ctes,
     projection_over_aggregates,
     require_flat,
     semijoin_selects,
@@ -36,7 +37,7 @@ def check_query(sql: str, schema: PrivacySchema,
     tree = bind_parameters(parse_select(sql), params)
     timed = tree.find(*CLOCKS) is not None
     tree = filters_as_case(fix_the_time(tree, datetime.datetime.now(datetime.UTC)) if timed else tree)
-    tree = projection_over_aggregates(tree)
+    tree = projection_over_aggregates(inline_repeated_ctes(tree))
     names = tuple(output_name(e) for e in tree.expressions)
     refuse_unsafe(distinct_as_group_by(tree))
     tree = qualify_columns(tree, schema)

@@ -116,6 +116,26 @@ def _source_select(tree: exp.Select) -> exp.Select | None:
     return None
 
 
+def inline_repeated_ctes(tree: exp.Select) -> exp.Select:
+    """A WITH query read more than once (`FROM r r1 JOIN r r2`) as a subquery at each place it is read, so that each
+    merges into the outer query as a plain SELECT does (sqlglot merges a WITH query read once only)."""
+    with_ = tree.args.get("with_")
+    if with_ is None or with_.args.get("recursive"):
+        return tree
+    for cte in list(with_.expressions):
+        readers = [t for t in tree.find_all(exp.Table) if not t.db and t.name == cte.alias_or_name
+                   and t.find_ancestor(exp.CTE) is None]
+        if len(readers) < 2 or not isinstance(cte.this, exp.Select) or cte.this.find(*AGGREGATES):
+            continue
+        for table in readers:
+            table.replace(exp.Subquery(this=cte.this.copy(), alias=exp.TableAlias(
+                this=exp.to_identifier(table.alias_or_name))))
+        cte.pop()
+    if not with_.expressions:
+        tree.set("with_", None)
+    return tree
+
+
 def projection_over_aggregates(tree: exp.Select) -> exp.Select:
     """`SELECT f(c) FROM (SELECT k, COUNT(*) AS c FROM … GROUP BY k) t WHERE g(c) ORDER BY h(c) LIMIT n` (or the
     same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
