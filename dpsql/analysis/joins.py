@@ -11,6 +11,7 @@ flips the condition for at most the outer key's frequency of joined rows per cha
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -38,6 +39,10 @@ def join_stability(scope: Scope, joins: list[exp.Join], equalities: list[Equalit
     plan = _join_plan(scope, joins, equalities, semijoins, keys, group_key)
     if plan.used != keys:  # an equality no bound relies on still filters rows, it needs no truncation
         plan = _join_plan(scope, joins, equalities, semijoins, plan.used, group_key)
+    beside_public = {alias: names - plan.beside_public.get(alias, set()) for alias, names in plan.used.items()}
+    if beside_public != plan.used:  # a key joined only to a public table bounds nothing a change reaches
+        with contextlib.suppress(UnsupportedQuery):  # ... unless a later join keys on the public table's columns
+            plan = _join_plan(scope, joins, equalities, semijoins, beside_public, group_key)
     scope.truncate = plan.truncate
     for name, columns in scope.truncate.items():
         scope.notes.append(f"{name} is read truncated to " + ", ".join(f"{f} row(s) per {c}" for c, f in columns)
@@ -54,6 +59,7 @@ class _JoinPlan:
     truncate: dict[str, tuple[tuple[str, int], ...]]  # table -> (key, max rows per value) it is read cut to
     used: dict[str, set[str]]  # alias -> the keys whose frequencies the chosen bounds rely on
     notes: list[str]
+    beside_public: dict[str, set[str]] | None = None  # alias -> keys used only in a join to an unchanging side
 
 
 def _join_plan(scope: Scope, joins: list[exp.Join], equalities: list[Equality], semijoins: list[Semijoin],
@@ -69,6 +75,7 @@ def _join_plan(scope: Scope, joins: list[exp.Join], equalities: list[Equality], 
             if frequency is not None and (table.name, name) not in scope.unique:
                 truncate.setdefault(table.name, {})[name] = frequency
     used: dict[str, set[str]] = {group_key.table: {group_key.name}} if group_key is not None else {}
+    beside_public: dict[str, set[str]] = {}
     notes: list[str] = []
 
     def relation(alias: str) -> stability.Relation:
@@ -94,17 +101,22 @@ def _join_plan(scope: Scope, joins: list[exp.Join], equalities: list[Equality], 
         if sides.get(alias) and alias != pending[0]:
             raise UnsupportedQuery(f"outer join of {alias} must follow the tables its ON clause names")
         new = relation(alias)
+        # a key's frequency is needed where the other side changes (a public side never does)
         pairs = [(o, m) for m, o in keys_to_joined(alias)
-                 if f"{o.table}.{o.name}" in current.frequencies and f"{m.table}.{m.name}" in new.frequencies]
+                 if (f"{o.table}.{o.name}" in current.frequencies or not new.stability)
+                 and (f"{m.table}.{m.name}" in new.frequencies or not current.stability)]
         if not pairs:
             mine, other = keys_to_joined(alias)[0]
             missing = mine if f"{mine.table}.{mine.name}" not in new.frequencies else other
             scope.frequency(scope.aliases[missing.table], missing)  # raises: the key's frequency is undeclared
         options = [(stability.join(current, new, f"{o.table}.{o.name}", f"{m.table}.{m.name}",
                                    sides.get(alias, "")), o, m) for o, m in pairs]
+        before = current
         current, o, m = min(options, key=lambda option: option[0].stability)
-        for column in (o, m):
+        for column, other_side in ((o, new), (m, before)):
             used.setdefault(column.table, set()).add(column.name)
+            if not other_side.stability:
+                beside_public.setdefault(column.table, set()).add(column.name)
         joined.append(alias)
         pending.remove(alias)
         notes.append(f"join {scope.aliases[alias].name} ({alias}) on {to_sql(o)} = "
@@ -113,7 +125,8 @@ def _join_plan(scope: Scope, joins: list[exp.Join], equalities: list[Equality], 
         current, key = _semijoin_stability(scope, current, semijoin, notes)
         if key is not None:
             used.setdefault(key.table, set()).add(key.name)
-    return _JoinPlan(current, {t: tuple(sorted(c.items())) for t, c in truncate.items()}, used, notes)
+    return _JoinPlan(current, {t: tuple(sorted(c.items())) for t, c in truncate.items()}, used, notes,
+                     beside_public)
 
 
 def _semijoin_stability(scope: Scope, outer: stability.Relation, semijoin: Semijoin,

@@ -13,7 +13,9 @@ Rules, for an equijoin of r1 and r2 on r1.a1 = r2.a2:
   a NULL-extended row into a matched one: a change on that side costs twice as many rows;
 - a semijoin (EXISTS / IN) or antijoin (NOT EXISTS / NOT IN) of r on r.a = s.b keeps or drops r's rows without
   repeating them: S = max(S(r), mf(a)·S(s)), or the sum of the two when r and s share a base table;
-- a public table has stability 0.
+- a public table has stability 0: a change never reaches it, so the other side's key frequency bounds nothing
+  but the public side's column frequencies, which are unknown (and refused as join keys later) when it is
+  undeclared.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ class Relation:
     frequencies: dict[str, int]  # "alias.column" -> max rows sharing one value
     bases: frozenset[str]
 
-    def frequency(self, column: str) -> int:
-        return self.frequencies[column]
+    def frequency(self, column: str) -> int | None:
+        return self.frequencies.get(column)
 
 
 def base(table: str, alias: str, stability: int, frequencies: dict[str, int]) -> Relation:
@@ -42,21 +44,24 @@ def base(table: str, alias: str, stability: int, frequencies: dict[str, int]) ->
 
 
 def join(left: Relation, right: Relation, left_key: str, right_key: str, side: str = "") -> Relation:
-    """`left JOIN right ON left_key = right_key`; side is "", "LEFT" or "RIGHT" (which side is preserved)."""
+    """`left JOIN right ON left_key = right_key`; side is "", "LEFT" or "RIGHT" (which side is preserved). A key's
+    frequency may be unknown (None) only where the other side never changes (public tables)."""
     mf_left, mf_right = left.frequency(left_key), right.frequency(right_key)
+    if (mf_left is None and right.stability) or (mf_right is None and left.stability):
+        raise KeyError(left_key if mf_left is None else right_key)
     # a changed row on one side meets at most the other side's key frequency of rows; if the other side is
     # preserved, each of those may also lose (or regain) its NULL-extended row
-    per_right_change = mf_left * right.stability * (2 if side == "LEFT" else 1)
-    per_left_change = mf_right * left.stability * (2 if side == "RIGHT" else 1)
+    per_right_change = (mf_left or 0) * right.stability * (2 if side == "LEFT" else 1)
+    per_left_change = (mf_right or 0) * left.stability * (2 if side == "RIGHT" else 1)
     if left.bases & right.bases:
         stability = per_right_change + per_left_change + left.stability * right.stability
     else:
         stability = max(per_right_change, per_left_change)
     # unmatched preserved rows still appear once, so their frequencies grow by at least one
-    grow_left = max(mf_right, 1) if side == "LEFT" else mf_right
-    grow_right = max(mf_left, 1) if side == "RIGHT" else mf_left
-    frequencies = {c: f * grow_left for c, f in left.frequencies.items()}
-    frequencies.update({c: f * grow_right for c, f in right.frequencies.items()})
+    grow_left = None if mf_right is None else max(mf_right, 1) if side == "LEFT" else mf_right
+    grow_right = None if mf_left is None else max(mf_left, 1) if side == "RIGHT" else mf_left
+    frequencies = {c: f * grow_left for c, f in left.frequencies.items() if grow_left is not None}
+    frequencies.update({c: f * grow_right for c, f in right.frequencies.items() if grow_right is not None})
     return Relation(stability, frequencies, left.bases | right.bases)
 
 
