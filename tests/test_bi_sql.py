@@ -445,3 +445,16 @@ def test_a_with_query_read_twice_is_a_self_join(demo_schema):
     spelled = plan("SELECT COUNT(*) FROM visits r1 JOIN visits r2 ON r1.person_id = r2.person_id "
                    "WHERE r1.category = 'lab' AND r2.category = 'lab'", demo_schema)
     assert [m.sensitivity for m in twice.measures] == [m.sensitivity for m in spelled.measures] == [100]
+
+
+def test_count_of_rounded_unbounded_values_counts_their_rows():
+    from dpsql.schema import parse_schema
+    from tests.fuzzing import UNIT_SCHEMA
+
+    p = plan("SELECT COUNT(ROUND(balance, 1)), COUNT(score * 2 + balance) FROM people", parse_schema(UNIT_SCHEMA))
+    assert [m.expr.sql("postgres") for m in p.measures] == [
+        "CASE WHEN NOT people.balance IS NULL THEN 1 END",
+        "CASE WHEN NOT people.balance IS NULL AND NOT people.score IS NULL THEN 1 END"]
+    assert [m.sensitivity for m in p.measures] == [1, 1]
+    with pytest.raises(errors.UnsupportedQuery):  # round(text) fails in PostgreSQL on every database
+        plan("SELECT COUNT(ROUND(state)) FROM people", parse_schema(UNIT_SCHEMA))

@@ -86,6 +86,7 @@ TOTAL = [
     "SELECT to_char(seen, 'YYYY-\"Q\"Q HH24'), COUNT(*) FROM people GROUP BY 1",
     "SELECT to_timestamp(floor(extract(epoch from day) / 86400) * 86400), COUNT(*) FROM visits GROUP BY 1",
     "SELECT to_timestamp(score), COUNT(*) FROM people GROUP BY 1",  # NaN, ±Infinity and 1e300 seconds
+    "SELECT COUNT(ROUND(balance, 1)), COUNT(score * 2 + balance) FROM people",  # 1e400 would overflow
 ]
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from sqlglot import exp
 
 from dpsql.analysis import quantiles
-from dpsql.analysis.expressions import Range, clamp_to, number
+from dpsql.analysis.expressions import Expressions, Range, clamp_to, number
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
@@ -76,6 +76,25 @@ def _lists_a_domain(scope: Scope) -> bool:
     return True
 
 
+NULL_PRESERVING = (exp.Column, exp.Identifier, exp.Literal, exp.Paren, exp.Round, exp.Floor, exp.Ceil, exp.Abs,
+                   exp.Neg, exp.Add, exp.Sub, exp.Mul)
+
+
+def _not_null_of(arg: exp.Expression, exprs: Expressions) -> exp.Expression | None:
+    """For COUNT(f(x, …)) where f is NULL exactly when one of its columns is (rounding, absolute value, sums and
+    products): `CASE WHEN x IS NOT NULL AND … THEN 1 END`, which counts the same rows without computing f, so an
+    unbounded column does not stop it (f could overflow where PostgreSQL would fail). None for anything else."""
+    if not all(isinstance(n, NULL_PRESERVING) for n in arg.walk()) or isinstance(arg, exp.Column):
+        return None
+    if any(isinstance(n, exp.Literal) and n.is_string for n in arg.walk()):
+        return None
+    columns = list({to_sql(c): c for c in arg.find_all(exp.Column)}.values())
+    if not columns or any(exprs.value_range(c) is None for c in columns):  # numbers only (round(text) fails)
+        return None
+    present = exp.and_(*(exp.Not(this=exp.Is(this=c.copy(), expression=exp.Null())) for c in columns))
+    return exp.Case(ifs=[exp.If(this=present, true=exp.Literal.number(1))])
+
+
 def is_window_function(node: exp.Expression) -> bool:
     """Whether `node` is the function of a window (computed over the released rows), not an aggregate."""
     return isinstance(node.parent, exp.Window) and node is node.parent.this
@@ -111,9 +130,15 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
                                    "count distinct units, or count rows with COUNT(*)")
         if arg is None or isinstance(arg, exp.Star):
             return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
-        scope.exprs.check(arg)
         label = f"COUNT({to_sql(arg)})"
-        return Aggregate(name, "count", (measure_of(label, "count", scope.exprs.guard(arg), BIT),), None, sql)
+        try:
+            scope.exprs.check(arg)
+            counted = scope.exprs.guard(arg)
+        except UnsupportedQuery:
+            counted = _not_null_of(arg, scope.exprs)  # COUNT sees only whether its argument is NULL
+            if counted is None:
+                raise
+        return Aggregate(name, "count", (measure_of(label, "count", counted, BIT),), None, sql)
     if isinstance(arg, exp.Distinct):
         raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
     if kind in BIVARIATE:
