@@ -37,8 +37,10 @@ def test_a_filtered_count_is_answered(engine, analyst):
     ("SELECT string_agg(state, ',') FROM people", "function string_agg()"),
 ])
 def test_refusals_name_the_function_the_user_wrote(demo_schema, sql, named):
-    with pytest.raises(errors.UnsupportedQuery, match=named.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(errors.UnsupportedQuery, match=named.replace("(", r"\(").replace(")", r"\)")) as caught:
         check_query(sql, demo_schema)
+    if named != "function to_number()":  # what to write instead, for the aggregates BI tools send
+        assert "README" not in caught.value.hint
 
 
 def test_a_limit_that_cannot_cut_is_a_row_limit_not_a_top_k(demo_schema, engine, analyst):

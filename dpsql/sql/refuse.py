@@ -27,6 +27,15 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
 )
 
 
+# what to write instead of functions BI tools send
+INSTEAD = {
+    exp.LogicalOr: "count the rows instead: COUNT(*) FILTER (WHERE condition) > 0 is noisy but answered",
+    exp.LogicalAnd: "count the rows that fail it: COUNT(*) FILTER (WHERE NOT condition) = 0",
+    exp.ApproxDistinct: "count distinct people with COUNT(DISTINCT <the privacy unit's column>)",
+    exp.GroupConcat: "list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c",
+    exp.ArrayAgg: "list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c",
+}
+
 # functions a window may compute over the released rows
 WINDOW_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
 
@@ -58,7 +67,7 @@ def refuse_unsafe(tree: exp.Select) -> None:
             continue
         if not isinstance(node, ALLOWED_NODES):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
-                                   "see the README for the SQL dpsql answers")
+                                   INSTEAD.get(type(node), "see the README for the SQL dpsql answers"))
 
 
 def _check_window(window: exp.Window, tree: exp.Select) -> None:
