@@ -29,7 +29,9 @@ class Settings:
     histogram: str | None = None  # plain | noisefirst | structurefirst, for histograms over ordered buckets
     max_epsilon: float = 10.0  # no single query may ask for more
     delta: float = 1e-6  # δ of one query that needs DP partition selection
-    selection_share: float = 0.5  # part of a query's ε spent on partition selection, when it needs it
+    # part of a query's ε spent on partition selection, when it needs it; None: an equal share beside each
+    # statistic the query releases, from a half (one statistic) down to a quarter (three or more)
+    selection_share: float | None = None
     statement_timeout_ms: int = 30_000
     connect_timeout_s: float = 10.0  # wait for a working PostgreSQL connection this long, then fail (08006, no charge)
     max_groups_per_unit: int | None = None  # overrides the schema's bound when set

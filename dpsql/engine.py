@@ -121,6 +121,7 @@ class Engine:
                                        connect_wait=settings.connect_timeout_s)
         self.ledger = Ledger(settings.database, connect_wait=settings.connect_timeout_s)
         self._unique = self.backend.unique_columns()
+        self._not_null = self.backend.not_null_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
         self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
@@ -152,7 +153,8 @@ class Engine:
                 self._plans.move_to_end(cache_key)
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
-        plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency)
+        plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
+                       self._not_null)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}

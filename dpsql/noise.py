@@ -80,23 +80,27 @@ class NoisyGroup:
     # interval is than its mechanism's (smoothed histograms: noise averaged over a bucket)
 
 
-def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float,
+def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float | None,
               mechanism: str = "laplace", histogram: str = "plain") -> Calibration:
     """The mechanisms that answer `plan` for a total of `epsilon` (and `delta` if keys are private or the
-    mechanism is Gaussian). `histogram` applies to ordered bins only; elsewhere it is plain."""
+    mechanism is Gaussian). `histogram` applies to ordered bins only; elsewhere it is plain. Partition selection
+    takes `selection_share` of ε, or by default an equal share beside the released statistics (a half for one,
+    a third for two, a quarter for more: selection needs only to find groups, each statistic must be precise)."""
     histogram = _histogram_method(plan, histogram)
     gaussian = mechanism == "gaussian" and bool(plan.measures) and histogram != "structurefirst"
     selection, selection_epsilon, cost, structure = None, 0.0, NO_COST, None
     if plan.partition_selection:
+        if selection_share is None:
+            released = len(plan.measures) + sum(a.chosen for a in plan.aggregates) + (plan.top_k is not None)
+            selection_share = min(0.5, max(0.25, 1 / (released + 1)))
         selection_epsilon = epsilon * selection_share
         selection_delta = delta / 2 if gaussian else delta
         # under "replace" a neighbour is a removal plus an addition: group privacy over two steps
         steps = 2 if plan.neighbouring == "replace" else 1
         step_epsilon = selection_epsilon / steps
         step_delta = selection_delta if steps == 1 else selection_delta / (1 + math.exp(step_epsilon))
-        rows = plan.stability or 1  # joined rows per group and in all, under row-level joins; else 1 unit
-        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta, rows, plan.stability,
-                                       plan.min_units)
+        per_group, total = plan.selection_moves  # what one neighbour moves in the counts selection reads
+        selection = PartitionSelection(plan.max_groups, step_epsilon, step_delta, per_group, total, plan.min_units)
         cost = Cost(selection_epsilon, selection_delta, selection_epsilon**2 / 2, selection_delta)
     chosen = [a for a in plan.aggregates if a.chosen]
     parts = len(plan.measures) + len(chosen) + (plan.top_k is not None)  # none when the keys' domain is listed

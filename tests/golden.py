@@ -124,7 +124,8 @@ def replay(entry: dict) -> dict:
         out["canonical"] = query.canonical
         out["output_names"] = list(query.output_names)
         unique = frozenset(tuple(pair) for pair in entry["unique"])
-        plan = analyze(query, schema, unique, entry["max_groups"])
+        not_null = frozenset(tuple(pair) for pair in entry.get("not_null", []))
+        plan = analyze(query, schema, unique, entry["max_groups"], not_null=not_null)
         out["plan"] = plain(plan)
         rewritten = rewrite(plan, HASH_SEED)
         out["sql"], out["histograms"] = rewritten.sql, rewritten.histograms
@@ -166,12 +167,12 @@ def install_recorder(path: str) -> None:
         checked[id(query)] = (query, record)  # the query object is kept, so its id stays its own
         return query
 
-    def analyze(query, schema, unique_columns, max_groups=None):
+    def analyze(query, schema, unique_columns, max_groups=None, min_frequency=1, not_null=frozenset()):
         found = checked.get(id(query))
-        if found is not None:
+        if found is not None and min_frequency == 1:  # the corpus replays analyses without a minimum frequency
             write({**found[1], "schema": encode_schema(schema), "unique": sorted(map(list, unique_columns)),
-                   "max_groups": max_groups})
-        return original_analyze(query, schema, unique_columns, max_groups)
+                   "max_groups": max_groups, **({"not_null": sorted(map(list, not_null))} if not_null else {})})
+        return original_analyze(query, schema, unique_columns, max_groups, min_frequency, not_null)
 
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").startswith(("dpsql", "tests")):

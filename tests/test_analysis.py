@@ -25,10 +25,16 @@ def test_sensitivities_follow_the_declared_bounds(demo_schema):
              demo_schema)
     assert p.rows_per_unit == 10 and p.rows_total and p.max_groups == 8 and not p.cap_groups
     assert [m.sensitivity for m in p.measures] == [10, 10 * 1000, 8]
-    # private keys: partition selection pays for every group a unit reaches, so max_groups_per_unit caps them
+    # private keys: partition selection pays for every group a unit reaches; with k = 10 rows a unit reaches at
+    # most 10 days, within 4 × max_groups_per_unit, so no cap drops a unit's other days (a bias)
     p = plan("SELECT day, COUNT(*), SUM(amount) FROM visits GROUP BY day", demo_schema)
-    assert p.rows_total and p.max_groups == 4 and p.cap_groups and p.partition_selection
+    assert p.rows_total and p.max_groups == 10 and not p.cap_groups and p.partition_selection
     assert [m.sensitivity for m in p.measures] == [10, 10 * 1000]
+    # ... but a reach far beyond it is capped at max_groups_per_unit
+    import dataclasses
+    tight = dataclasses.replace(demo_schema, max_groups_per_unit=2)
+    p = plan("SELECT day, COUNT(*), SUM(amount) FROM visits GROUP BY day", tight)
+    assert p.max_groups == 2 and p.cap_groups and [m.sensitivity for m in p.measures] == [10, 10 * 1000]
     p = plan("SELECT p.state, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id GROUP BY 1",
              demo_schema)
     assert p.max_groups == 1 and not p.cap_groups  # a person has one state

@@ -115,7 +115,7 @@ def test_running_totals_and_partitions_follow_postgresql(engine, analyst):
                           "SUM(COUNT(*)) OVER (PARTITION BY state ORDER BY category) AS running, "
                           "DENSE_RANK() OVER (ORDER BY state) AS s FROM visits JOIN people USING (person_id) "
                           "WHERE state IN ('CA', 'TX') AND category IN ('lab', 'emergency', 'pharmacy') "
-                          "GROUP BY state, category ORDER BY state, category", analyst=analyst, epsilon=1.0)
+                          "GROUP BY state, category ORDER BY state, category", analyst=analyst, epsilon=4.0)
     rows = answer.rows
     states = sorted({r[0] for r in rows})
     assert rows
@@ -403,11 +403,12 @@ def test_to_char_and_epoch_buckets_are_private_keys(engine, analyst):
     months = engine.query("SELECT to_char(day, 'YYYY-MM') AS month, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1",
                           analyst=analyst, epsilon=1.0)
     assert months.types[0] == "text" and {row[0][:4] for row in months.rows} == {"2024"}
+    # weeks of about 140 visits: a unit reaching 10 of them needs ε = 8 for partition selection to keep some
     grafana = engine.query("SELECT floor(extract(epoch from day) / 604800) * 604800 AS time, COUNT(*) AS value "
-                           "FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=1.0)
+                           "FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=8.0)
     assert grafana.rows and all(row[0] % 604800 == 0 for row in grafana.rows)  # the weeks partition selection keeps
     stamped = engine.query("SELECT to_timestamp(floor(extract(epoch from day) / 604800) * 604800) AS time, "
-                           "COUNT(*) FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=1.0)
+                           "COUNT(*) FROM visits GROUP BY 1 ORDER BY 1", analyst=analyst, epsilon=8.0)
     assert stamped.types[0] == "timestamptz" and all(row[0].year in (2023, 2024) for row in stamped.rows)
 
 

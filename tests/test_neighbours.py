@@ -147,11 +147,10 @@ def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbou
         changes.append(moved)
     unit_moves = [abs(after.get(k, [0.0] * width)[-1] - before.get(k, [0.0] * width)[-1])
                   for k in before.keys() | after.keys()]
-    if plan.stability is None:
-        assert all(m <= 1 for m in unit_moves), sql  # a unit counts once per group
-        assert sum(unit_moves) <= plan.max_groups, sql  # ... in at most max_groups groups
-    else:  # row-level joins: the counts partition selection sees are of joined rows, `stability` of them change
-        assert sum(unit_moves) <= plan.stability, (sql, unit_moves)
+    per_group, total = plan.selection_moves  # a unit once per group in max_groups groups; or rows (k per unit,
+    # or the joined rows under row-level joins)
+    assert all(m <= per_group for m in unit_moves), (sql, unit_moves)
+    assert sum(unit_moves) <= (plan.max_groups * per_group if total is None else total), (sql, unit_moves)
     return changes
 
 

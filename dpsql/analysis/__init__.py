@@ -40,13 +40,14 @@ PASSES: tuple[Callable[[Scope], None], ...] = (
 
 
 def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozenset[tuple[str, str]],
-            max_groups: int | None = None, min_frequency: int = 1) -> Plan:
+            max_groups: int | None = None, min_frequency: int = 1,
+            not_null: frozenset[tuple[str, str]] = frozenset()) -> Plan:
     """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
     key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound;
     `min_frequency` > 1 releases only groups of at least that many units (DP partition selection, also for
-    declared keys)."""
+    declared keys); `not_null` are (table, column) pairs the catalog declares NOT NULL (COUNT of one is COUNT(*))."""
     scope = Scope(query, schema, unique_columns, max_groups or schema.max_groups_per_unit)
-    scope.min_units = max(min_frequency, 1)
+    scope.min_units, scope.not_null = max(min_frequency, 1), not_null
     for step in PASSES:
         step(scope)
     return _plan(scope)

@@ -80,6 +80,19 @@ NULL_PRESERVING = (exp.Column, exp.Identifier, exp.Literal, exp.Paren, exp.Round
                    exp.Neg, exp.Add, exp.Sub, exp.Mul)
 
 
+def _never_null(scope: Scope, arg: exp.Expression) -> bool:
+    """Whether `arg` is a column the catalog declares NOT NULL, of a type without NaN (which the clamp reads as
+    NULL), in a query without outer joins (which NULL-extend columns)."""
+    if not isinstance(arg, exp.Column) or scope.outer_join or arg.table not in scope.aliases:
+        return False
+    table = scope.aliases[arg.table]
+    column = scope.declared_column(arg)
+    return (column is not None and column.type not in NAN_TYPES and (table.name, arg.name) in scope.not_null)
+
+
+NAN_TYPES = ("double precision", "real", "numeric")
+
+
 def _not_null_of(arg: exp.Expression, exprs: Expressions) -> exp.Expression | None:
     """For COUNT(f(x, …)) where f is NULL exactly when one of its columns is (rounding, absolute value, sums and
     products): `CASE WHEN x IS NOT NULL AND … THEN 1 END`, which counts the same rows without computing f, so an
@@ -131,6 +144,8 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
         if arg is None or isinstance(arg, exp.Star):
             return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
         label = f"COUNT({to_sql(arg)})"
+        if _never_null(scope, arg):  # the same rows as COUNT(*): one measure, not two
+            return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
         try:
             scope.exprs.check(arg)
             counted = scope.exprs.guard(arg)
@@ -155,7 +170,9 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
     # in exact arithmetic the centred sum is SUM(value) - mid·COUNT(value), which shares PostgreSQL's
     # aggregate states with the other measures; a float sum would round differently, so it is summed centred
     exact = scope.exprs.kind(arg) != "float"
-    parts = [measure_of(f"COUNT({label})", "count", value, BIT),
+    counted = (measure_of("COUNT(*)", "count", None, ONE) if _never_null(scope, arg)
+               else measure_of(f"COUNT({label})", "count", value, BIT))
+    parts = [counted,
              measure_of(f"SUM({label} - {mid:g})", "sum", value if exact else centred, Range(-half, half, integral),
                         mid if exact else 0.0)]
     if kind != "avg":

@@ -61,13 +61,24 @@ def bound_groups(scope: Scope) -> None:
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
 
 
+CAP_FACTOR = 4  # cap a unit's groups at max_groups_per_unit only when it could reach more than this many times as many
+
+
 def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) -> tuple[int, bool]:
     """The per-unit rewrite keeps at most k of a unit's rows over all groups together, so its values add up to
     k rows' worth across groups (sensitivity k·c, not G·k·c) and it reaches at most k groups, or as many as
-    the public domain has. Only private keys, whose partition selection pays for every group a unit may
-    reach, keep the cap of max_groups_per_unit below that."""
+    the public domain has. Private keys' partition selection pays for every group a unit may reach; capping
+    the groups at max_groups_per_unit (G) makes it cheaper but drops the rows of a unit's other groups, a bias
+    no interval shows. So the cap is kept only where the reach is far beyond G (more than CAP_FACTOR·G), where
+    an uncapped threshold would release few groups."""
     scope.rows_total = True
     reach = k if domain is None else max(1, min(k, len(domain)))
+    if domain is None and scope.max_groups_setting < reach <= CAP_FACTOR * scope.max_groups_setting:
+        scope.notes.append(f"each unit keeps at most {k} row(s) over all groups (enforced by the rewrite), so it "
+                           f"reaches at most {reach} group(s): partition selection pays for {reach} rather than "
+                           f"capping at max_groups_per_unit = {scope.max_groups_setting}, which would drop the "
+                           "rows of a unit's other groups")
+        return reach, False
     if domain is None and scope.max_groups_setting < reach:
         scope.notes.append(f"each unit keeps at most {k} row(s) over all groups, in at most "
                            f"{scope.max_groups_setting} group(s) (enforced by the rewrite)")

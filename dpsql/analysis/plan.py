@@ -174,6 +174,24 @@ class Plan:
         return self.grouped and (self.domain is None or self.min_units > 1)
 
     @property
+    def selects_on_rows(self) -> bool:
+        """Whether partition selection counts a group's rows rather than its units: under row-level joins (the
+        joined rows), and where a unit keeps at most k rows over all groups without a cap on its groups (its rows
+        move one group's count by at most k and all groups' by k, as its distinct units would move them by the k
+        groups it may reach, and counting rows spares PostgreSQL a COUNT(DISTINCT))."""
+        return self.stability is not None or (self.rows_total and not self.cap_groups)
+
+    @property
+    def selection_moves(self) -> tuple[int, int | None]:
+        """How far one neighbour moves one group's selection count, and all groups' together (None: the groups
+        it reaches times the first)."""
+        if self.stability is not None:
+            return self.stability, self.stability
+        if self.selects_on_rows:
+            return self.rows_per_unit, self.rows_per_unit
+        return 1, None
+
+    @property
     def needs_statistics(self) -> bool:
         """Whether the answer reads the statistics statement (measures to noise, or distinct units for partition
         selection): MIN, MAX, quantiles and mode() alone need only their histograms, one pass over the data."""

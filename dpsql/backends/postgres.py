@@ -161,6 +161,18 @@ class PostgresBackend:
         """
         return frozenset((table, column) for table, column in self.execute(sql))
 
+    def not_null_columns(self) -> frozenset[tuple[str, str]]:
+        """(table, column) pairs whose NOT NULL constraint the catalog holds."""
+        sql = """
+            SELECT c.relname, a.attname
+            FROM pg_attribute a
+            JOIN pg_class c ON c.oid = a.attrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE a.attnotnull AND a.attnum > 0 AND NOT a.attisdropped AND n.nspname = 'public'
+              AND c.relkind IN ('r', 'p')
+        """
+        return frozenset((table, column) for table, column in self.execute(sql))
+
     def close(self) -> None:
         self._pool.close()
 

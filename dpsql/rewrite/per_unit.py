@@ -63,9 +63,9 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     """The sums per group straight from the kept rows. With at most k rows per unit over all groups, a unit's
     total in any group already lies in its per-unit range (k rows, each clamped to the row range), so the
     per-unit step and its clamp change nothing, and skipping them spares PostgreSQL one aggregate over every
-    (unit, group) and its sort. Units are counted per group only where partition selection reads them."""
+    (unit, group) and its sort. Partition selection reads each group's kept rows (`Plan.selects_on_rows`)."""
     keys = [k.name for k in plan.group_keys]
     sums = [f"COUNT(DISTINCT dpsql_unit) AS {m.name}" if m.kind == "units"
             else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
-    units = f"{'COUNT(DISTINCT dpsql_unit)' if plan.partition_selection else '0'} AS {UNITS}"
+    units = f"{'COUNT(*)' if plan.partition_selection else '0'} AS {UNITS}"
     return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"
