@@ -170,8 +170,9 @@ def measure(url: str, people: int, reps: int) -> list[dict]:
                 if smartnoise is not None:
                     runs["SmartNoise"] = lambda q=sql, s=systems: _smartnoise_rows(smartnoise, q, s["SmartNoise"])
                 if matched is not None:  # its own analyst: the same query at the same ε would be the stored answer
-                    engine.ledger.add_analyst(f"{analyst}_matched", 1e6, 1e-3)
-                    runs["dpsql at SmartNoise's ε"] = lambda a=f"{analyst}_matched", q=sql, e=matched, s=systems: _dpsql(
+                    other = f"{analyst}_matched"
+                    engine.ledger.add_analyst(other, 1e6, 1e-3)
+                    runs["dpsql at SmartNoise's ε"] = lambda a=other, q=sql, e=matched, s=systems: _dpsql(
                         engine, q, a, e, s["dpsql at SmartNoise's ε"])
                 for system, run in runs.items():
                     stats = row["systems"][system]

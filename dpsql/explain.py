@@ -60,7 +60,9 @@ def explain_text(prepared: Prepared) -> str:
     if cost.selection is not None:
         sel = cost.selection
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "
-                     f"keep a group when its noisy count of units reaches {sel.threshold}"
+                     f"keep a group when its noisy count of "
+                     f"{'units (the released count itself, with all of ε)' if cost.selected_by else 'units'} "
+                     f"reaches {sel.threshold}"
                      + (f" (min_frequency = {sel.min_units}: a group of fewer units is released with probability "
                         f"at most δ)" if sel.min_units > 1 else ""))
     lines.append("Output columns:")

@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from dpsql.accounting import NO_COST, Cost, zcdp
@@ -60,6 +61,7 @@ class Calibration:
     mechanism: str = "laplace"  # laplace | gaussian: the noise on measures
     histogram: str = "plain"  # plain | noisefirst | structurefirst: how ordered bins are released
     structure: StructureFirst | None = None
+    selected_by: str | None = None  # a units measure whose noisy value is also its group's selection count
 
     @property
     def epsilon(self) -> float:
@@ -88,6 +90,9 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
     a third for two, a quarter for more: selection needs only to find groups, each statistic must be precise)."""
     histogram = _histogram_method(plan, histogram)
     gaussian = mechanism == "gaussian" and bool(plan.measures) and histogram != "structurefirst"
+    self_selected = _self_selected(plan, epsilon, delta) if not gaussian else None
+    if self_selected is not None:
+        return self_selected
     selection, selection_epsilon, cost, structure = None, 0.0, NO_COST, None
     if plan.partition_selection:
         if selection_share is None:
@@ -135,6 +140,32 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
                        "gaussian" if gaussian else "laplace", histogram, structure)
 
 
+def _counts_select_themselves(plan: Plan) -> bool:
+    """Whether the query releases one count of distinct units per group of private keys and nothing else: then
+    that noisy count can be the partition selection's too (one unit moves it by at most 1 in each of the
+    max_groups groups it reaches, as selection assumes), and the count gets the whole ε instead of a share."""
+    if not plan.partition_selection or len(plan.measures) != 1 or plan.top_k is not None \
+            or any(a.chosen for a in plan.aggregates) or plan.neighbouring != "add-remove":
+        return False
+    measure = plan.measures[0]
+    return measure.kind == "units" and measure.sensitivity == plan.max_groups and plan.stability is None
+
+
+def _self_selected(plan: Plan, epsilon: float, delta: float) -> Calibration | None:
+    """The calibration where the count selects itself (`_counts_select_themselves`), or None. The threshold is
+    the selection's for exactly the noise the count gets, so the two must have one scale."""
+    if not _counts_select_themselves(plan):
+        return None
+    measure = plan.measures[0]
+    selection = PartitionSelection(plan.max_groups, epsilon, delta, 1, None, plan.min_units)
+    count = LaplaceMechanism.calibrate(measure.sensitivity, epsilon, True, measure.coordinates)
+    if count.grid != 1 or Fraction(count.scale_units) != selection.scale:
+        return None
+    cost = Cost(epsilon, delta, epsilon**2 / 2, delta)
+    return Calibration({measure.name: count}, {}, selection, None, cost, epsilon, "laplace", "plain",
+                       selected_by=measure.name)
+
+
 def _histogram_method(plan: Plan, requested: str) -> str:
     """The histogram method that applies: NoiseFirst to any ordered bins; StructureFirst to ordered bins of
     a single count with nothing else chosen or selected."""
@@ -169,7 +200,16 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     exact: dict[tuple, tuple[list[float], int]] = {}
     for row in rows:
         exact[tuple(row[:n_keys])] = ([_number(v) for v in row[n_keys:n_keys + len(names)]], int(row[-1] or 0))
-    if plan.domain is not None:
+    presampled: dict[tuple, dict[str, float]] = {}
+    if calibration.selected_by is not None:  # the noisy count is released and selects its group
+        index, mechanism = names.index(calibration.selected_by), calibration.mechanisms[calibration.selected_by]
+        pool = [(key, exact.get(key, ([0.0] * len(names), 0))) for key in plan.domain] if plan.domain is not None \
+            else list(exact.items())
+        for key, (values, _units) in pool:
+            presampled[key] = {calibration.selected_by: mechanism.release(values[index])}
+        candidates = [(key, value) for key, value in pool
+                      if presampled[key][calibration.selected_by] >= calibration.selection.threshold]
+    elif plan.domain is not None:
         zero = ([0.0] * len(names), 0)
         candidates = [(key, exact.get(key, zero)) for key in plan.domain]
         if plan.partition_selection:  # the minimum frequency: declared keys are selected too
@@ -189,7 +229,8 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     chosen = [(a, plan.histogram[a.measures[0]], calibration.choosers[a.name]) for a in plan.aggregates if a.chosen]
     groups = []
     for key, (values, _units) in candidates:
-        noisy = {name: calibration.mechanisms[name].release(value) for name, value in zip(names, values, strict=True)}
+        noisy = presampled.get(key) or {name: calibration.mechanisms[name].release(value)
+                                        for name, value in zip(names, values, strict=True)}
         choices = {}
         for agg, histogram, chooser in chosen:
             cells = counts[histogram.name].get(key, [0] * histogram.cells)

@@ -382,3 +382,21 @@ def test_minimum_frequency_and_group_size_are_validated():
         parse_schema(raw)
     assert "min_frequency = 0 must be a whole number >= 1" in str(caught.value)
     assert "group_size = 'four' must be a whole number >= 1" in str(caught.value)
+
+
+def test_a_lone_count_of_people_per_private_key_selects_itself_with_all_of_epsilon(engine, analyst):
+    """One noisy count of distinct units per group is also its group's selection count (its noise is the
+    selection's, one scale): the count gets all of ε instead of half, and the threshold is the selection's."""
+    sql = "SELECT p.state, COUNT(DISTINCT v.person_id) FROM visits v JOIN people p ON p.person_id = v.person_id " \
+          "GROUP BY p.state"
+    prepared = engine.prepare(sql, epsilon=1.0)
+    cost = prepared.calibration
+    (measure,) = prepared.plan.measures
+    assert cost.selected_by == measure.name and cost.epsilon == 1.0 and cost.delta == 1e-6
+    assert cost.mechanisms[measure.name].epsilon == pytest.approx(1.0)
+    assert cost.selection.scale == cost.mechanisms[measure.name].scale_units
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.rows and all(count >= cost.selection.threshold for _, count in answer.rows)
+    # with anything else released beside it, selection has its own share as before
+    assert engine.prepare(sql.replace("COUNT(DISTINCT", "COUNT(*), COUNT(DISTINCT"), epsilon=1.0
+                          ).calibration.selected_by is None
