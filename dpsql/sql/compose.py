@@ -42,6 +42,8 @@ class Composition:
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Composition | None:
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement; None for any other statement (which
     the ordinary stages check, and refuse if they must)."""
+    if not _may_compose(sql):  # most statements: spare a second parse
+        return None
     try:
         tree = parse_statement(sql)
     except Exception:  # noqa: BLE001 - a statement that does not parse is the ordinary stages' to report
@@ -97,6 +99,13 @@ def _sequential(tree: exp.Select) -> Composition:
 
 
 GROUPINGS = (exp.Rollup, exp.Cube, exp.GroupingSets)
+
+
+def _may_compose(sql: str) -> bool:
+    """Whether the text could hold a composition at all (a cheap test; the parse decides)."""
+    text = sql.upper()
+    return any(word in text for word in ("UNION", "INTERSECT", "EXCEPT", "GROUPING", "ROLLUP", "CUBE")) \
+        or text.count("SELECT") > 1
 
 
 def _set_operation(tree: exp.SetOperation) -> Composition:
