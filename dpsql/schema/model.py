@@ -46,6 +46,22 @@ def temporal_value(type_name: str, number: float) -> datetime.date:
     return value.replace(tzinfo=datetime.UTC) if type_name == "timestamptz" else value
 
 
+LOCAL_MECHANISMS = ("rr", "krr", "oue", "geo", "geo-lp")
+LOCAL_TYPES = {"boolean[]"}  # optimized unary encoding's reports: one bit per domain value
+
+
+@dataclass(frozen=True)
+class LocalRandomizer:
+    """How a locally private column's values were randomized on each person's device before collection: the
+    column holds reports, and ε is each report's guarantee (per unit of distance for locations)."""
+
+    mechanism: str  # rr | krr | oue | geo (planar Laplace on a grid) | geo-lp (optimal obfuscation on a grid)
+    epsilon: float
+    labels: tuple | None = None  # krr and oue: the values a person may hold
+    grid: tuple[float, float, float, float, float] | None = None  # geo: x0, x1, y0, y1, step
+    prior: tuple[float, ...] | None = None  # geo-lp: where people are, by cell
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -55,6 +71,7 @@ class Column:
     domain: tuple[Any, ...] | None = None
     max_frequency: int | None = None
     unique: bool = False
+    local: LocalRandomizer | None = None  # set for a column of locally randomized reports
 
     @property
     def is_numeric(self) -> bool:

@@ -8,8 +8,11 @@ import math
 from typing import Any
 
 from dpsql.errors import SchemaError
+from dpsql.mechanisms.local import MAX_LP_CELLS, Grid
 from dpsql.schema.model import (
     INTEGER_TYPES,
+    LOCAL_MECHANISMS,
+    LOCAL_TYPES,
     MECHANISMS,
     NEIGHBOURING,
     NUMERIC_TYPES,
@@ -18,6 +21,7 @@ from dpsql.schema.model import (
     TEMPORAL_TYPES,
     TYPE_ALIASES,
     Column,
+    LocalRandomizer,
     ParentKey,
     PrivacySchema,
     Table,
@@ -171,14 +175,15 @@ def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Colu
     if not isinstance(spec, dict):
         problems.append(f"column {where} must be a type name or a table like {{ type = \"integer\" }}")
         return None
-    unknown = set(spec) - {"type", "lower", "upper", "domain", "max_frequency", "unique"}
+    unknown = set(spec) - {"type", "lower", "upper", "domain", "max_frequency", "unique", "local"}
     if unknown:
         problems.append(f"column {where} has unknown settings: {', '.join(sorted(unknown))}")
     raw_type = str(spec.get("type", "")).strip().lower()
     col_type = TYPE_ALIASES.get(raw_type, raw_type)
-    if col_type not in NUMERIC_TYPES | OTHER_TYPES:
+    if col_type not in NUMERIC_TYPES | OTHER_TYPES | (LOCAL_TYPES if "local" in spec else set()):
         problems.append(f"column {where} has type {raw_type!r}; supported: "
-                        + ", ".join(sorted(NUMERIC_TYPES | OTHER_TYPES)))
+                        + ", ".join(sorted(NUMERIC_TYPES | OTHER_TYPES))
+                        + (" (and boolean[] for local = { mechanism = \"oue\" })" if col_type in LOCAL_TYPES else ""))
         return None
     lower, upper = spec.get("lower"), spec.get("upper")
     if (lower is None) != (upper is None):
@@ -218,8 +223,77 @@ def _parse_column(where: str, name: str, spec: Any, problems: list[str]) -> Colu
     if not isinstance(unique, bool):
         problems.append(f"column {where} unique must be true or false")
         unique = False
+    local = None
+    if "local" in spec:
+        if lower is not None:
+            problems.append(f"column {where} holds local reports: bounds do not apply (its values are the reports)")
+        local = _parse_local(where, col_type, spec["local"], domain, problems)
+        if local is not None and local.mechanism == "oue":
+            domain = None  # the domain names the bits; the column's values are arrays of them
+        elif local is not None and local.grid is not None:
+            domain = tuple(range(_grid_cells(local.grid)))  # the cell ids a report may take
     return Column(name, col_type, None if lower is None else float(lower), None if upper is None else float(upper),
-                  domain, max_frequency, unique)
+                  domain, max_frequency, unique, local)
+
+
+LOCAL_TYPE = {"rr": {"boolean"}, "krr": {"text", *INTEGER_TYPES}, "oue": {"boolean[]"}, "geo": INTEGER_TYPES,
+              "geo-lp": INTEGER_TYPES}
+
+
+def _parse_local(where: str, col_type: str, spec: Any, domain: tuple | None,
+                 problems: list[str]) -> LocalRandomizer | None:
+    """`local = { mechanism = ..., epsilon = ... }`: the randomizer each person's device applied."""
+    example = 'local = { mechanism = "rr", epsilon = 1.0 }'
+    if not isinstance(spec, dict):
+        problems.append(f"column {where} local must be a table like {example}")
+        return None
+    mechanism, epsilon = spec.get("mechanism"), spec.get("epsilon")
+    allowed = {"mechanism", "epsilon"} | ({"grid"} if mechanism in ("geo", "geo-lp") else set()) \
+        | ({"prior"} if mechanism == "geo-lp" else set())
+    problem_count = len(problems)
+    if set(spec) - allowed:
+        problems.append(f"column {where} local has unknown settings: {', '.join(sorted(set(spec) - allowed))}")
+    if mechanism not in LOCAL_MECHANISMS:
+        problems.append(f"column {where} local mechanism {mechanism!r} must be one of {', '.join(LOCAL_MECHANISMS)}")
+        return None
+    if not (isinstance(epsilon, int | float) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
+            and epsilon > 0):
+        problems.append(f"column {where} local epsilon must be a number > 0")
+    if col_type not in LOCAL_TYPE[mechanism]:
+        problems.append(f"column {where} local mechanism {mechanism} needs a column of type "
+                        f"{' or '.join(sorted(LOCAL_TYPE[mechanism]))}, not {col_type}")
+    if mechanism in ("krr", "oue") and (domain is None or len(domain) < 2):
+        problems.append(f"column {where} local mechanism {mechanism} needs a domain of at least two values (the "
+                        "values a person may hold)")
+    grid = _parse_grid(where, spec.get("grid"), problems) if mechanism in ("geo", "geo-lp") else None
+    if grid is not None and mechanism == "geo-lp" and _grid_cells(grid) > MAX_LP_CELLS:
+        problems.append(f"column {where} local geo-lp grid has {_grid_cells(grid)} cells: an optimal obfuscation is "
+                        f"solved for at most {MAX_LP_CELLS}; use a larger step, or mechanism = \"geo\"")
+    prior = spec.get("prior")
+    if prior is not None and not (isinstance(prior, list) and all(isinstance(v, int | float) and v >= 0
+                                                                  for v in prior) and sum(prior) > 0
+                                  and (grid is None or len(prior) == _grid_cells(grid))):
+        problems.append(f"column {where} local prior must list one weight >= 0 per grid cell")
+    if len(problems) > problem_count:
+        return None
+    return LocalRandomizer(mechanism, float(epsilon), domain if mechanism in ("krr", "oue") else None, grid,
+                           None if prior is None else tuple(float(v) for v in prior))
+
+
+def _parse_grid(where: str, spec: Any, problems: list[str]) -> tuple[float, float, float, float, float] | None:
+    """`grid = { x = [x0, x1], y = [y0, y1], step = s }`, checked by the mechanism's own rules."""
+    try:
+        grid = Grid(*spec["x"], *spec["y"], spec["step"])
+        return grid.x0, grid.x1, grid.y0, grid.y1, grid.step
+    except (TypeError, KeyError, ValueError) as exc:
+        detail = f": {exc}" if isinstance(exc, ValueError) else ""
+        problems.append(f"column {where} local grid must look like {{ x = [0, 10], y = [0, 10], step = 1 }}{detail}")
+        return None
+
+
+def _grid_cells(grid: tuple[float, ...]) -> int:
+    x0, x1, y0, y1, step = grid
+    return round((x1 - x0) / step) * round((y1 - y0) / step)
 
 
 def _temporal_bound(where: str, col_type: str, value: Any, problems: list[str]) -> float | None:
