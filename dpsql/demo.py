@@ -35,14 +35,22 @@ DRUGS = ["amoxicillin", "atorvastatin", "ibuprofen", "insulin", "lisinopril", "m
          "salbutamol"]
 
 DDL = """
-DROP TABLE IF EXISTS prescriptions, visits, people, states;
+DROP TABLE IF EXISTS prescriptions, visits, screenings, people, states, survey, checkins;
 CREATE TABLE states (code text PRIMARY KEY, name text NOT NULL, region text NOT NULL);
 CREATE TABLE people (person_id bigint PRIMARY KEY, age integer, sex text, state text, income double precision);
 CREATE TABLE visits (visit_id bigint PRIMARY KEY, person_id bigint NOT NULL REFERENCES people(person_id),
                      day date NOT NULL, category text NOT NULL, amount double precision);
 CREATE TABLE prescriptions (prescription_id bigint PRIMARY KEY, visit_id bigint NOT NULL REFERENCES visits(visit_id),
                             drug text NOT NULL, cost double precision);
+CREATE TABLE survey (respondent_id bigint PRIMARY KEY, region text NOT NULL, smoker boolean, diet text,
+                     symptom boolean[]);
+CREATE TABLE checkins (checkin_id bigint PRIMARY KEY, hour integer NOT NULL, cell integer);
+CREATE TABLE screenings (person_id bigint PRIMARY KEY, positive boolean);
 """
+REGIONS = ["Midwest", "Northeast", "South", "West"]
+DIETS = ["omnivore", "pescatarian", "vegetarian", "vegan"]
+SYMPTOMS = ["cough", "fatigue", "fever", "headache", "none"]
+HOTSPOTS = [(2.5, 2.5, 1.0, 0.5), (7.0, 6.0, 1.5, 0.35), (4.0, 8.5, 0.8, 0.15)]  # x, y, spread (km), share
 CHUNK = 50_000
 
 DEMO_QUERIES = [
@@ -58,6 +66,10 @@ DEMO_QUERIES = [
      "SELECT state, COUNT(*) AS people FROM people GROUP BY state ORDER BY people DESC LIMIT 5"),
     ("Prescription costs per drug (prescriptions reach a person through their visit)",
      "SELECT drug, COUNT(*) AS prescriptions, AVG(cost) AS avg_cost FROM prescriptions GROUP BY drug ORDER BY drug"),
+    ("Smokers among survey respondents (randomized response on each phone: estimates, free)",
+     "SELECT smoker, COUNT(*) AS respondents FROM survey GROUP BY smoker"),
+    ("Check-ins per 2 km cell, busiest first (planar Laplace on each phone: estimates, free)",
+     "SELECT cell, COUNT(*) AS checkins FROM checkins GROUP BY cell ORDER BY checkins DESC LIMIT 5"),
     ("Emergency visits by region (join to a public table)",
      "SELECT s.region, COUNT(*) AS visits FROM visits v JOIN people p ON v.person_id = p.person_id "
      "JOIN states s ON s.code = p.state WHERE v.category = 'emergency' GROUP BY s.region ORDER BY s.region"),
@@ -98,10 +110,57 @@ def load_demo_data(url: str, people: int = 100_000, seed: int = 7,
             if progress:
                 progress("visits", end, total_visits)
         prescriptions = _load_prescriptions(conn, category, np.random.default_rng(seed + 1), progress)
+        local = _load_local_reports(conn, people, seed + 2, progress)
         conn.execute("CREATE INDEX visits_person ON visits (person_id); "
                      "CREATE INDEX prescriptions_visit ON prescriptions (visit_id); "
                      "ANALYZE people; ANALYZE visits; ANALYZE prescriptions")
-    return {"people": people, "visits": total_visits, "prescriptions": prescriptions, "states": len(STATES)}
+    return {"people": people, "visits": total_visits, "prescriptions": prescriptions, "states": len(STATES),
+            **local}
+
+
+def _load_local_reports(conn: psycopg.Connection, people: int, seed: int,
+                        progress: Callable[[str, int, int], None] | None) -> dict[str, int]:
+    """Tables of reports randomized as each person's phone would before sending them, with the randomizers the
+    demo schema declares: a survey and check-ins (public tables: who answered is public, the answers are not),
+    and screening results of half the people (a private table). Seeded, as all demo data is; a real device
+    uses `dpsql.local.randomize`, which draws from the OS."""
+    import random
+    from importlib.resources import files
+
+    from dpsql.local import randomizer
+    from dpsql.schema import load_schema
+
+    tables = load_schema(str(files("dpsql") / "schemas" / "demo.toml")).tables
+    device = random.Random(seed)  # simulated devices: reproducible demo data, not a privacy mechanism
+    rng = np.random.default_rng(seed)
+    spec = {f"{t}.{c}": randomizer(tables[t].columns[c].local) for t, c in
+            [("survey", "smoker"), ("survey", "diet"), ("survey", "symptom"), ("checkins", "cell"),
+             ("screenings", "positive")]}
+    respondents = people // 2
+    smoker = rng.random(respondents) < 0.18
+    diet = rng.choice(DIETS, respondents, p=[0.72, 0.08, 0.14, 0.06])
+    symptom = rng.choice(SYMPTOMS, respondents, p=[0.2, 0.25, 0.1, 0.15, 0.3])
+    region = rng.choice(REGIONS, respondents, p=[0.21, 0.17, 0.38, 0.24])
+    lines = []
+    for i in range(respondents):
+        bits = ",".join("t" if b else "f" for b in spec["survey.symptom"].randomize(symptom[i], device))
+        lines.append(f"{i + 1}\t{region[i]}\t{spec['survey.smoker'].randomize(bool(smoker[i]), device)}\t"
+                     f"{spec['survey.diet'].randomize(diet[i], device)}\t{{{bits}}}\n")
+    _copy(conn, "survey", lines)
+    checkins = people // 2
+    spot = rng.choice(len(HOTSPOTS), checkins, p=[s[3] for s in HOTSPOTS] / np.sum([s[3] for s in HOTSPOTS]))
+    centre = np.array([s[:2] for s in HOTSPOTS])[spot]
+    where = centre + rng.normal(0, 1, (checkins, 2)) * np.array([s[2] for s in HOTSPOTS])[spot][:, None]
+    hour = rng.integers(6, 23, checkins)
+    _copy(conn, "checkins", [f"{i + 1}\t{hour[i]}\t{spec['checkins.cell'].randomize(tuple(where[i]), device)}\n"
+                             for i in range(checkins)])
+    screened = rng.choice(np.arange(1, people + 1), people // 2, replace=False)
+    positive = rng.random(len(screened)) < 0.1
+    _copy(conn, "screenings", [f"{p}\t{spec['screenings.positive'].randomize(bool(v), device)}\n"
+                               for p, v in zip(screened, positive, strict=True)])
+    if progress:
+        progress("local reports", 1, 1)
+    return {"survey": respondents, "checkins": checkins, "screenings": len(screened)}
 
 
 def _load_prescriptions(conn: psycopg.Connection, category: np.ndarray, rng: np.random.Generator,

@@ -26,6 +26,7 @@ from sqlglot import exp
 from dpsql.accounting import NO_COST, Budget, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
+from dpsql.analysis.plan import Output
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
 from dpsql.config import Settings
@@ -38,6 +39,7 @@ from dpsql.errors import (
     InvalidParameter,
     QueryCancelled,
 )
+from dpsql.estimates import LocalQuery, answer_local, debias, plan_local
 from dpsql.noise import Calibration, add_noise, calibrate
 from dpsql.postprocess import Accuracy, Result, evaluate, finish, sort_rows, window_inputs
 from dpsql.rewrite import Rewritten, rewrite
@@ -100,12 +102,23 @@ class Prepared:
     """Everything known about a query before it runs: what `dpsql explain` shows."""
 
     query: CheckedQuery
-    plan: Plan
-    rewritten: Rewritten
-    calibration: Calibration
+    plan: Plan | None  # None for a query answered from locally randomized reports alone
+    rewritten: Rewritten | None
+    calibration: Calibration | None
     key: str  # the answer cache's key
     options: Options  # epsilon, mechanism and histogram, resolved
     group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
+    local: LocalQuery | None = None  # the estimates' plan, where no central noise is needed
+
+    @property
+    def outputs(self) -> list[Output]:
+        """The answer's columns (name, type, whether noisy) before it runs."""
+        return self.local.outputs if self.local is not None else self.plan.outputs
+
+    @property
+    def free(self) -> bool:
+        """Whether answering costs nothing: local estimates, or a declared domain with no data read."""
+        return self.local is not None or not self.plan.aggregates
 
 
 class Engine:
@@ -137,15 +150,19 @@ class Engine:
         query's and session's; `epsilon` overrides theirs."""
         options = self.options(Options(epsilon=epsilon).over(options or Options()))
         query, plan, rewritten = self._plan(sql, params, options.min_frequency)
+        if isinstance(plan, LocalQuery):
+            return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
         calibration = calibrate(plan, options.epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
         key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
                                          self.settings.delta, self.settings.selection_share, plan.max_groups,
-                                         self._schema_digest, *([plan.min_units] if plan.min_units > 1 else [])]
+                                         self._schema_digest, *([plan.min_units] if plan.min_units > 1 else []),
+                                         *([options.local_estimate] if plan.local_key else [])]
                                         ).encode()).hexdigest()
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size)
 
-    def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan, Rewritten]:
+    def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery,
+                                                                         Rewritten | None]:
         """The ε-independent stages, remembered for recently seen (SQL text, parameters, minimum frequency)."""
         cache_key = (sql, repr(params), min_frequency)
         with self._plans_lock:
@@ -153,6 +170,9 @@ class Engine:
                 self._plans.move_to_end(cache_key)
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
+        local = plan_local(query, self.schema)
+        if local is not None:  # reports randomized on the devices, in a public table: estimates, no noise
+            return query, local, None
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
                        self._not_null)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
@@ -195,7 +215,7 @@ class Engine:
             raise _internal(exc, "the query did not run and was not charged") from exc
         if composition is None:
             return self._query(parts[0], analyst, cancel)
-        unpaid = [p for p in parts if p.plan.aggregates and self.ledger.answers.get(analyst, p.key) is None]
+        unpaid = [p for p in parts if not p.free and self.ledger.answers.get(analyst, p.key) is None]
         cost = sum((p.calibration.cost for p in unpaid), NO_COST)
         before = self.ledger.budget(analyst)
         if unpaid and not before.plus(cost).within:  # no part runs if the whole cannot be paid
@@ -211,6 +231,8 @@ class Engine:
 
     def _query(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
         arrived = time.monotonic()
+        if prepared.local is not None:
+            return self._estimate(prepared, analyst, cancel)
         if not prepared.plan.aggregates:  # the declared domain of the keys: no data read, nothing to pay
             result = finish(prepared.plan, prepared.calibration, add_noise(prepared.plan, prepared.calibration, [], {}))
             return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
@@ -227,6 +249,15 @@ class Engine:
                         _wait_until(arrived + self.settings.latency_floor_ms / 1000)
         return _decode(stored, prepared, cached=True, budget=self.ledger.budget(analyst))
 
+    def _estimate(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
+        """Estimates from locally randomized reports in a public table: post-processing, so nothing is charged."""
+        local = prepared.local
+        with self.backend.session(cancel) as backend:
+            rows = backend.run(local.sql)
+        result = answer_local(local, rows, prepared.options.local_estimate == "simplex")
+        return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
+                      budget=self.ledger.budget(analyst), noisy=[o.noisy for o in local.outputs])
+
     def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         cost = prepared.calibration
@@ -241,6 +272,8 @@ class Engine:
             raise  # else a fault cut the attempt short: the charge pays for the next one
         try:
             groups = add_noise(prepared.plan, cost, rows, histograms)
+            groups = debias(prepared.plan.local_key, _count_measures(prepared.plan), cost, groups,
+                            prepared.options.local_estimate == "simplex")
             result = finish(prepared.plan, cost, groups)
             answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
             encoded = _encode(answer)
@@ -258,7 +291,7 @@ class Engine:
         """The query's options with every gap filled: session, then settings, then the privacy schema."""
         configured = Options(self.settings.epsilon, self.settings.mechanism, self.settings.histogram)
         resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain",
-                                                         intervals=False))
+                                                         intervals=False, local_estimate="unbiased"))
         # the schema's minimum frequency is a floor: a session may ask for more, never for less
         resolved = replace(resolved, min_frequency=max(resolved.min_frequency or 1, self.schema.min_frequency))
         for name in OPTION_NAMES:
@@ -269,6 +302,10 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
         return resolved
+
+
+def _count_measures(plan: Plan) -> list[str]:
+    return [m.name for m in plan.measures if m.kind == "count" and m.expr is None]
 
 
 def _stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
@@ -287,7 +324,7 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     subqueries, the last part's."""
     if composition is not None and composition.sequential:
         parts = parts[-1:]
-    outputs = [p.plan.outputs for p in parts]
+    outputs = [p.outputs for p in parts]
     names = [o.name for o in outputs[0]]
     types = [next((part[i].type_name for part in outputs if not isinstance(part[i].expr, exp.Null)),
                   outputs[0][i].type_name) for i in range(len(names))]

@@ -6,6 +6,7 @@ from sqlglot import exp
 
 from dpsql.accounting import group_guarantee
 from dpsql.engine import Prepared
+from dpsql.estimates import LocalQuery
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
 from dpsql.sql.compose import Composition
 
@@ -14,8 +15,8 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
     """`explain_text` of a statement: of its one query, or part by part for a UNION or GROUPING SETS."""
     if composition is None:
         return explain_text(parts[0])
-    epsilon = sum(p.calibration.epsilon for p in parts)
-    delta = sum(p.calibration.delta for p in parts)
+    epsilon = sum(p.calibration.epsilon for p in parts if p.calibration is not None)
+    delta = sum(p.calibration.delta for p in parts if p.calibration is not None)
     lines = [f"Statement: {composition.description}, answered part by part, each with 1/{len(parts)} of ε; the "
              f"statement costs the sum of its parts: ε = {epsilon:.6g}, δ = {delta:.3g}"
              + ("; rows released twice are returned once" if composition.distinct else "")
@@ -28,6 +29,8 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
 
 
 def explain_text(prepared: Prepared) -> str:
+    if prepared.local is not None:
+        return _explain_local(prepared.local)
     plan, cost = prepared.plan, prepared.calibration
     lines = ["Plan:"]
     lines += [f"  {note}" for note in plan.notes]
@@ -102,4 +105,18 @@ def explain_text(prepared: Prepared) -> str:
     lines.append(f"  {prepared.rewritten.sql}")
     for name, sql in prepared.rewritten.histograms.items():
         lines.append(f"  {histograms[name].label}: {sql}")
+    return "\n".join(lines)
+
+
+def _explain_local(local: LocalQuery) -> str:
+    lines = ["Plan: estimates from locally randomized reports"]
+    lines += [f"  {note}" for note in local.notes]
+    lines.append("Output columns:")
+    for output in local.outputs:
+        what = ("an unbiased estimate with its 95% interval (exact variance)" if output.noisy
+                else "exact (a public key, or the number of rows of a public table)")
+        lines.append(f"  {output.name} ({output.type_name}): {what}")
+    lines.append("Cost: ε = 0, δ = 0 (nothing is charged: each report was randomized before collection)")
+    lines.append("SQL (counts of reports):")
+    lines.append(f"  {local.sql}")
     return "\n".join(lines)

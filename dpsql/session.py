@@ -5,6 +5,7 @@
     SET dpsql.histogram = 'noisefirst'; -- histograms over ordered buckets: plain | noisefirst | structurefirst
     SET dpsql.intervals = on;           -- add each noisy column's 95% interval bounds as two more columns
     SET dpsql.min_frequency = 10;       -- release only groups of at least 10 units (never below the schema's)
+    SET dpsql.local_estimate = 'simplex'; -- locally randomized columns: unbiased (default) | simplex
     SHOW dpsql.budget;                  -- spent and left (answered by whoever holds the budget)
 
 A query's own options override the session's, which override the configuration, which overrides the privacy
@@ -22,6 +23,7 @@ from dpsql.errors import InvalidParameter
 from dpsql.schema import MECHANISMS
 
 HISTOGRAMS = ("plain", "noisefirst", "structurefirst")
+LOCAL_ESTIMATES = ("unbiased", "simplex")
 SHOW_ONLY = ("budget",)
 
 _COMMAND = re.compile(
@@ -39,6 +41,7 @@ class Options:
     histogram: str | None = None
     intervals: bool | None = None
     min_frequency: int | None = None
+    local_estimate: str | None = None  # locally randomized columns: unbiased | simplex
 
     def over(self, other: Options) -> Options:
         """These options, with `other` filling in what these leave unset."""
@@ -60,7 +63,7 @@ def validate_option(name: str, value: Any) -> Any:
         return _boolean(name, value)
     if name == "min_frequency":
         return _whole_number(name, value)
-    allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS}.get(name)
+    allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS, "local_estimate": LOCAL_ESTIMATES}.get(name)
     if allowed is None:
         raise _unknown(name)
     text = str(value).strip().lower()

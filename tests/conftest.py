@@ -91,6 +91,7 @@ def neighbour_url(server: EmbeddedPostgres, template: str) -> str:
             prescriptions = [(EXTREME_ID * 100 + i, EXTREME_ID * 10 + i // 3, drugs[i % 3], costs[i % len(costs)])
                              for i in range(9000)]
             cur.executemany("INSERT INTO prescriptions VALUES (%s, %s, %s, %s::double precision)", prescriptions)
+            cur.execute("INSERT INTO screenings VALUES (%s, true)", (EXTREME_ID,))
     return url
 
 

@@ -20,6 +20,10 @@ from dpsql.session import Options
 from tests.conftest import copy_database
 
 QUERIES = [
+    # a locally randomized key: ordinary counts of reports before noise (de-biased after it)
+    "SELECT positive, COUNT(*) FROM screenings GROUP BY positive",
+    "SELECT p.sex, s.positive, COUNT(*) FROM screenings s JOIN people p ON p.person_id = s.person_id "
+    "GROUP BY p.sex, s.positive",
     "WITH r AS (SELECT person_id, amount FROM visits WHERE category = 'lab') SELECT COUNT(*), SUM(r1.amount) "
     "FROM r r1 JOIN r r2 ON r1.person_id = r2.person_id",
     "WITH t AS (SELECT category, SUM(amount) AS s FROM visits GROUP BY category) SELECT category, s / 2 FROM t "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dpsql.analysis import aggregates, derived, groups, outputs, relations, top_k, units
+from dpsql.analysis import aggregates, derived, groups, local_columns, outputs, relations, top_k, units
 from dpsql.analysis.plan import CHOSEN, COUNTS, Aggregate, GroupKey, Histogram, Measure, Output, Plan, TopK
 from dpsql.analysis.scope import Scope
 from dpsql.schema import PrivacySchema
@@ -36,6 +36,7 @@ PASSES: tuple[Callable[[Scope], None], ...] = (
     aggregates.measure,      # aggregates as measures with sensitivities, or choices from histograms
     outputs.post_process,    # SELECT, HAVING, ORDER BY, LIMIT over released values
     top_k.select,            # ORDER BY count DESC LIMIT k: top-k selection
+    local_columns.only_counted,  # locally randomized columns: only grouped on and counted (de-biased later)
 )
 
 
@@ -66,7 +67,7 @@ def _plan(scope: Scope) -> Plan:
         aggregates=scope.aggregates, outputs=scope.outputs, having=scope.having, order=scope.order,
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
         notes=scope.notes, stability=scope.stability, truncate=scope.truncate, rows_total=scope.rows_total,
-        windows=scope.windows, min_units=scope.min_units)
+        windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key)
 
 
 __all__ = ["CHOSEN", "COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",

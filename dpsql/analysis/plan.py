@@ -13,6 +13,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.analysis.expressions import Range
+from dpsql.schema.model import LocalRandomizer
 
 COUNTS = ("count", "count_units")
 CHOSEN = ("quantile", "mode")
@@ -144,6 +145,7 @@ class Plan:
     # group-key names), computed once the rows are known
     windows: list[tuple[str, exp.Window]] = field(default_factory=list)
     min_units: int = 1  # the minimum frequency: above 1, every group (declared keys too) goes through selection
+    local_key: tuple[int, LocalRandomizer] | None = None  # a group key of local reports, de-biased after noise
 
     @cached_property
     def aggregate(self) -> dict[str, Aggregate]:

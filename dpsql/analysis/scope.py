@@ -18,6 +18,7 @@ from dpsql.analysis.expressions import Expressions
 from dpsql.analysis.plan import Aggregate, GroupKey, Histogram, Measure, Output, TopK
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import Column, ParentKey, PrivacySchema, Table
+from dpsql.schema.model import LocalRandomizer
 from dpsql.sql import CheckedQuery
 
 Equality = tuple[exp.Column, exp.Column]  # a column = column condition between two tables
@@ -79,6 +80,7 @@ class Scope:
     limit: int | None = None
     offset: int = 0
     top_k: TopK | None = None
+    local_key: tuple[int, LocalRandomizer] | None = None  # a locally randomized group key: (position, randomizer)
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.declared_column)

@@ -1,0 +1,418 @@
+"""Local differential privacy: the randomizers' exact distributions and guarantees, the estimators' bias and
+interval coverage, and queries over locally randomized columns (free when only reports are read, central noise
+and de-biasing when private tables are read too, refusals of biased uses)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import psycopg
+import pytest
+from scipy import stats
+
+from dpsql.errors import PrivacyRefusal, SchemaError, UnsupportedQuery
+from dpsql.local import local_spec, randomize, randomizer
+from dpsql.mechanisms.local import (
+    Grid,
+    KaryResponse,
+    OptimalObfuscation,
+    PlanarLaplace,
+    UnaryEncoding,
+    estimate_counts,
+    randomized_response,
+)
+from dpsql.schema import parse_schema
+
+SAMPLES = 40_000
+
+
+def _assert_frequencies(samples: list, probabilities: dict) -> None:
+    """Chi-square goodness of fit of samples to the given probabilities (cells under 20 expected pooled)."""
+    counts = Counter(samples)
+    n = len(samples)
+    big = [v for v, p in probabilities.items() if p * n >= 20]
+    observed = [counts.get(v, 0) for v in big] + [n - sum(counts.get(v, 0) for v in big)]
+    expected = [probabilities[v] * n for v in big] + [n - sum(probabilities[v] * n for v in big)]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    for o, e in zip(observed, expected, strict=True):
+        assert abs(o - e) <= 5 * math.sqrt(e) + 1, (o, e)
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+# --- randomizers ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0])
+def test_randomized_response_keeps_with_probability_e_eps_over_one_plus_e_eps(epsilon):
+    rr = randomized_response(epsilon)
+    keep = math.exp(epsilon) / (1 + math.exp(epsilon))
+    assert rr.transition == pytest.approx(np.array([[keep, 1 - keep], [1 - keep, keep]]))
+    rng = random.Random(1)
+    _assert_frequencies([rr.randomize(True, rng) for _ in range(SAMPLES)], {True: keep, False: 1 - keep})
+
+
+@pytest.mark.parametrize("epsilon,k", [(1.0, 3), (0.5, 5), (2.0, 8)])
+def test_k_ary_response_transition_and_ratio(epsilon, k):
+    domain = tuple(f"v{i}" for i in range(k))
+    krr = KaryResponse(epsilon, domain)
+    keep = math.exp(epsilon) / (math.exp(epsilon) + k - 1)
+    other = 1 / (math.exp(epsilon) + k - 1)
+    rng = random.Random(2)
+    _assert_frequencies([krr.randomize("v1", rng) for _ in range(SAMPLES)],
+                        {v: keep if v == "v1" else other for v in domain})
+    m = krr.transition
+    ratio = (m[:, None, :] / m[None, :, :]).max()  # the largest ratio of two inputs' probabilities of one report
+    assert ratio == pytest.approx(math.exp(epsilon)) and ratio <= math.exp(epsilon) * (1 + 1e-12)
+    assert np.allclose(m.sum(axis=1), 1)
+
+
+def test_unary_encoding_bit_probabilities():
+    oue = UnaryEncoding(1.0, ("a", "b", "c", "d"))
+    rng = random.Random(3)
+    reports = [oue.randomize("b", rng) for _ in range(SAMPLES)]
+    q = 1 / (math.e + 1)
+    for i, p in enumerate([q, 0.5, q, q]):
+        ones = sum(r[i] for r in reports)
+        assert abs(ones - p * SAMPLES) <= 5 * math.sqrt(SAMPLES * p * (1 - p))
+    # values x and x' change only bits x and x': the likeliest report of x over that of x' is (1/2)/q at bit x
+    # times (1 - q)/(1/2) at bit x', which is e^ε
+    assert (0.5 / q) * ((1 - q) / 0.5) == pytest.approx(math.e)
+
+
+def test_planar_laplace_radius_is_gamma_two_over_epsilon():
+    """Unclipped, the distance moved is Gamma(2, 1/ε): mean 2/ε; the angle is uniform."""
+    grid = Grid(-1000, 1000, -1000, 1000, 40.0)  # cells of 40, small beside the mean move of 200
+    geo = PlanarLaplace(0.01, grid)
+    rng = random.Random(4)
+    moves = [np.hypot(*(np.array(grid.centre(geo.randomize((20.0, 20.0), rng))) - 20)) for _ in range(4000)]
+    assert np.mean(moves) == pytest.approx(2 / 0.01, rel=0.05)
+
+
+def test_planar_laplace_on_a_grid_is_epsilon_d_indistinguishable_and_sampled_as_computed():
+    grid = Grid(0, 5, 0, 4, 1.0)
+    epsilon = 0.7
+    geo = PlanarLaplace(epsilon, grid)
+    m = geo.transition
+    assert np.allclose(m.sum(axis=1), 1, atol=1e-9)
+    d = grid.distances
+    log_ratio = np.log(m[:, None, :] / m[None, :, :]).max(axis=2)  # over reports, for every pair of cells
+    off = d > 0
+    assert (log_ratio[off] <= epsilon * d[off] * (1 + 1e-5)).all()
+    # the sampler draws exactly the matrix's row (for a person at a cell's centre)
+    rng = random.Random(5)
+    samples = [geo.randomize(grid.centre(7), rng) for _ in range(SAMPLES)]
+    _assert_frequencies(samples, dict(enumerate(m[7])))
+
+
+def test_optimal_obfuscation_of_two_cells_is_randomized_response():
+    """By hand: with two cells at distance 1 and a uniform prior, the LP maximises the diagonal subject to
+    a ≤ e^ε(1 - b) and b ≤ e^ε(1 - a), so a = b = e^ε / (1 + e^ε)."""
+    lp = OptimalObfuscation(1.0, Grid(0, 2, 0, 1, 1.0))
+    keep = math.e / (1 + math.e)
+    assert lp.transition == pytest.approx(np.array([[keep, 1 - keep], [1 - keep, keep]]), abs=1e-6)
+
+
+def test_optimal_obfuscation_satisfies_the_constraint_as_sampled_and_beats_planar_laplace():
+    grid, epsilon = Grid(0, 4, 0, 4, 1.0), 0.7
+    lp = OptimalObfuscation(epsilon, grid)
+    p = lp.weights / lp.weights.sum(axis=1, keepdims=True)  # exactly what randomize draws from
+    ratio = p[:, None, :] / p[None, :, :]
+    assert (ratio <= np.exp(epsilon * grid.distances)[:, :, None] * (1 + 1e-12)).all()
+    assert lp.expected_distance_error() < PlanarLaplace(epsilon, grid).expected_distance_error()
+    rng = random.Random(6)
+    _assert_frequencies([lp.randomize(grid.centre(5), rng) for _ in range(SAMPLES)], dict(enumerate(p[5])))
+
+
+def test_invalid_randomizers_are_refused():
+    with pytest.raises(ValueError):
+        KaryResponse(1.0, ("a",))
+    with pytest.raises(ValueError):
+        Grid(0, 10, 0, 10, 3.0)  # not a whole number of steps
+    with pytest.raises(ValueError):
+        OptimalObfuscation(1.0, Grid(0, 10, 0, 10, 1.0))  # too many cells for the LP
+    with pytest.raises(ValueError):
+        randomized_response(0)
+
+
+# --- estimators -------------------------------------------------------------------------------------------------
+
+
+def _coverage(true_counts, simulate, estimate, runs: int = 1500) -> tuple[np.ndarray, float]:
+    """Mean estimate and the share of 95% intervals covering the truth, over seeded simulations."""
+    estimates, covered = [], 0
+    for run in range(runs):
+        result = estimate(simulate(np.random.default_rng(run)))
+        estimates.append(result.counts)
+        covered += sum(lo <= t <= hi for (lo, hi), t in zip(result.intervals(), true_counts, strict=True))
+    return np.mean(estimates, axis=0), covered / (runs * len(true_counts))
+
+
+@pytest.mark.parametrize("mechanism", ["krr", "geo", "geo-lp"])
+def test_matrix_estimates_are_unbiased_and_their_intervals_cover(mechanism):
+    if mechanism == "krr":
+        randomizer_ = KaryResponse(1.0, ("a", "b", "c", "d"))
+        true = np.array([600, 250, 100, 50])
+    else:
+        grid = Grid(0, 3, 0, 2, 1.0)
+        randomizer_ = PlanarLaplace(1.5, grid) if mechanism == "geo" else OptimalObfuscation(1.5, grid)
+        true = np.array([400, 100, 50, 300, 100, 50])
+    m = randomizer_.transition
+
+    def simulate(rng):
+        return sum(rng.multinomial(n, row) for n, row in zip(true, m, strict=True))
+
+    mean, coverage = _coverage(true, simulate, randomizer_.estimate)
+    spread = np.sqrt(randomizer_.estimate(true @ m).variances / 1500)
+    assert np.all(np.abs(mean - true) <= 4 * spread + 1e-9), (mean, true)
+    assert 0.93 <= coverage <= 0.97
+
+
+def test_estimates_with_central_noise_cover_both():
+    krr = KaryResponse(1.0, ("a", "b", "c"))
+    true, scale = np.array([500, 300, 200]), 8.0
+
+    def simulate(rng):
+        reported = sum(rng.multinomial(n, row) for n, row in zip(true, krr.transition, strict=True))
+        return reported + rng.laplace(0, scale, 3)
+
+    mean, coverage = _coverage(true, simulate, lambda c: krr.estimate(c, noise_variance=2 * scale**2))
+    assert np.allclose(mean, true, atol=6)
+    assert 0.93 <= coverage <= 0.975
+
+
+def test_unary_encoding_estimates_are_unbiased_and_cover():
+    oue = UnaryEncoding(1.0, ("a", "b", "c", "d", "e"))
+    true = np.array([400, 300, 200, 80, 20])
+    n = true.sum()
+
+    def simulate(rng):
+        return rng.binomial(true, 0.5) + rng.binomial(n - true, oue.q)
+
+    mean, coverage = _coverage(true, simulate, lambda ones: oue.estimate(ones, n))
+    assert np.allclose(mean, true, rtol=0.03, atol=5)
+    assert 0.93 <= coverage <= 0.97
+
+
+def test_simplex_estimates_are_counts():
+    krr = KaryResponse(0.5, ("a", "b", "c", "d"))
+    reported = np.array([200.0, 240, 230, 330])  # its unbiased estimate is negative somewhere
+    assert (krr.estimate(reported).counts < 0).any()
+    simplex = krr.estimate(reported, simplex=True).counts
+    assert (simplex >= 0).all() and simplex.sum() == pytest.approx(reported.sum())
+
+
+def test_singular_randomization_asks_for_the_simplex():
+    matrix = np.array([[0.5, 0.5], [0.5, 0.5]])
+    with pytest.raises(ValueError, match="simplex"):
+        estimate_counts(matrix, np.array([10.0, 10.0]))
+    assert estimate_counts(matrix, np.array([10.0, 10.0]), simplex=True).counts.sum() == pytest.approx(20)
+
+
+# --- the schema and collection ------------------------------------------------------------------------------------
+
+
+def test_client_randomize_and_column_specs():
+    assert randomize(True, {"mechanism": "rr", "epsilon": 1.0}) in (True, False)
+    assert randomize("b", {"mechanism": "krr", "epsilon": 1.0, "domain": ["a", "b", "c"]}) in ("a", "b", "c")
+    cell = randomize((3.2, 7.9), {"mechanism": "geo", "epsilon": 0.5, "grid": {"x": [0, 10], "y": [0, 10],
+                                                                             "step": 1}})
+    assert 0 <= cell < 100
+    bits = randomize(2, {"mechanism": "oue", "epsilon": 1.0, "domain": [1, 2, 3]})
+    assert len(bits) == 3 and all(isinstance(b, bool) for b in bits)
+    with pytest.raises(SchemaError, match="domain"):
+        local_spec({"mechanism": "krr", "epsilon": 1.0})
+
+
+@pytest.mark.parametrize("column,message", [
+    ({"type": "text", "local": {"mechanism": "rr", "epsilon": 1}}, "type boolean"),
+    ({"type": "boolean", "local": {"mechanism": "rr", "epsilon": 0}}, "epsilon must be a number > 0"),
+    ({"type": "boolean", "local": {"mechanism": "coin", "epsilon": 1}}, "must be one of"),
+    ({"type": "integer", "local": {"mechanism": "geo", "epsilon": 1}}, "grid must look like"),
+    ({"type": "integer", "local": {"mechanism": "geo-lp", "epsilon": 1,
+                                   "grid": {"x": [0, 10], "y": [0, 10], "step": 1}}}, "at most 49"),
+    ({"type": "boolean[]", "local": {"mechanism": "oue", "epsilon": 1}}, "needs a domain"),
+    ({"type": "boolean[]"}, r"boolean\[\] for local"),
+    ({"type": "integer", "lower": 0, "upper": 3, "domain": [0, 1, 2, 3], "local": {"mechanism": "krr",
+                                                                                   "epsilon": 1}},
+     "bounds do not apply"),
+])
+def test_schema_refuses_bad_local_columns(column, message):
+    raw = {"privacy": {"unit": "row"}, "tables": {"t": {"columns": {"c": column}}}}
+    with pytest.raises(SchemaError, match=message):
+        parse_schema(raw)
+
+
+# --- queries ------------------------------------------------------------------------------------------------------
+
+
+def _raw(base_url: str, sql: str) -> list[tuple]:
+    with psycopg.connect(base_url) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_counts_per_value_of_a_report_column_are_free_and_are_the_estimates(engine, base_url, analyst,
+                                                                            demo_schema):
+    before = engine.budget(analyst)
+    answer = engine.query("SELECT diet, COUNT(*) AS n FROM survey GROUP BY diet", analyst=analyst)
+    assert answer.epsilon == 0 and engine.budget(analyst).epsilon_spent == before.epsilon_spent
+    krr = randomizer(demo_schema.tables["survey"].columns["diet"].local)
+    reported = dict(_raw(base_url, "SELECT diet, COUNT(*) FROM survey GROUP BY diet"))
+    expected = krr.estimate([reported.get(v, 0) for v in krr.outputs])
+    got = {row[0]: (row[1], acc[1]) for row, acc in zip(answer.rows, answer.accuracy, strict=True)}
+    assert set(got) == set(krr.inputs)
+    for value, count, (low, high) in zip(krr.inputs, expected.counts, expected.intervals(), strict=True):
+        assert got[value][0] == pytest.approx(count)
+        assert (got[value][1].ci_low, got[value][1].ci_high) == pytest.approx((low, high))
+    assert answer.noisy == [False, True]
+
+
+def test_the_share_of_a_randomized_response_boolean_per_public_group(engine, base_url, analyst):
+    answer = engine.query("SELECT region, AVG(smoker::int) AS share, COUNT(*) FROM survey WHERE region <> 'South' "
+                          "GROUP BY region HAVING COUNT(*) > 10 ORDER BY region", analyst=analyst)
+    raw = _raw(base_url, "SELECT region, COUNT(*), SUM(smoker::int) FROM survey WHERE region <> 'South' "
+               "GROUP BY region ORDER BY region")
+    keep = math.e / (1 + math.e)
+    assert [r[0] for r in answer.rows] == [r[0] for r in raw]
+    for (_, share, count), (_, n, true_reports) in zip(answer.rows, raw, strict=True):
+        assert count == n
+        assert share == pytest.approx((true_reports / n - (1 - keep)) / (2 * keep - 1))
+
+
+def test_unary_encoded_counts_and_location_cells(engine, analyst):
+    symptoms = engine.query("SELECT symptom, COUNT(*) FROM survey GROUP BY symptom", analyst=analyst)
+    assert [r[0] for r in symptoms.rows] == ["cough", "fatigue", "fever", "headache", "none"]
+    cells = engine.query("SELECT cell, COUNT(*) AS c FROM checkins GROUP BY cell ORDER BY c DESC LIMIT 3",
+                         analyst=analyst)
+    assert len(cells.rows) == 3 and cells.rows[0][1] >= cells.rows[2][1]
+    assert engine.budget(analyst).epsilon_spent == 0
+
+
+def test_simplex_estimates_on_request(engine, analyst):
+    from dpsql.session import Options
+
+    answer = engine.query("SELECT cell, COUNT(*) FROM checkins GROUP BY cell", analyst=analyst,
+                          options=Options(local_estimate="simplex"))
+    counts = [r[1] for r in answer.rows]
+    assert min(counts) >= 0 and sum(counts) == pytest.approx(_total(engine, "checkins"))
+
+
+def _total(engine, table: str) -> int:
+    with engine.backend.session() as backend:
+        return backend.run(f"SELECT COUNT(*) FROM {table}")[0][0]
+
+
+def test_explain_says_estimates_cost_nothing(engine):
+    from dpsql.explain import explain_statement
+
+    text = explain_statement(*engine.prepare_parts("SELECT smoker, COUNT(*) FROM survey GROUP BY smoker"))
+    assert "no budget is charged" in text and "ε = 0" in text and "randomized response" in text
+
+
+def test_a_query_over_private_tables_gets_central_noise_and_is_de_biased(engine, analyst, base_url):
+    sql = "SELECT positive, COUNT(*) FROM screenings GROUP BY positive"
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.epsilon == pytest.approx(1.0)
+    reported = dict(_raw(base_url, sql))
+    keep = math.e / (1 + math.e)
+    n = sum(reported.values())
+    true_positive = (reported[True] - n * (1 - keep)) / (2 * keep - 1)
+    got = dict(answer.rows)
+    assert abs(got[True] - true_positive) < 60  # de-biased: the raw report count is far off
+    assert abs(reported[True] - true_positive) > 200
+    accuracy = dict(zip([r[0] for r in answer.rows], [a[1] for a in answer.accuracy], strict=True))
+    laplace_only = 2 * math.log(20)  # a count's 95% interval at ε = 1 without the randomization
+    assert accuracy[True].ci_high - accuracy[True].ci_low > 10 * laplace_only
+
+
+@pytest.mark.parametrize("sql,error,message", [
+    ("SELECT COUNT(*) FROM screenings WHERE positive", UnsupportedQuery, "only count them per value"),
+    ("SELECT p.state, s.positive, COUNT(*) FROM screenings s JOIN people p ON p.person_id = s.person_id "
+     "GROUP BY p.state, s.positive", UnsupportedQuery, "every value of it released"),
+    ("SELECT s.positive, AVG(p.income) FROM screenings s JOIN people p ON p.person_id = s.person_id "
+     "GROUP BY s.positive", UnsupportedQuery, "cannot be de-biased"),
+    ("SELECT positive, COUNT(*) FROM screenings WHERE positive OR person_id > 5 GROUP BY positive",
+     UnsupportedQuery, "filtering, joining or computing"),
+    ("SELECT smoker, COUNT(*) FROM survey WHERE smoker GROUP BY smoker", PrivacyRefusal, "selects reports"),
+    ("SELECT smoker, diet, COUNT(*) FROM survey GROUP BY smoker, diet", UnsupportedQuery, "one locally"),
+    ("SELECT smoker FROM survey", UnsupportedQuery, "cannot be estimated"),
+    ("SELECT AVG(diet::int) FROM survey", UnsupportedQuery, "cannot be estimated"),
+    ("SELECT cell, COUNT(*) FROM checkins c JOIN states s ON s.code = 'CA' GROUP BY cell", UnsupportedQuery,
+     "without joins"),
+    ("SELECT s.symptom, COUNT(*) FROM survey s JOIN people p ON s.respondent_id = p.person_id GROUP BY s.symptom",
+     UnsupportedQuery, "only count them per value"),
+])
+def test_biased_uses_of_reports_are_refused_before_anything_is_charged(engine, analyst, sql, error, message):
+    with pytest.raises(error, match=message):
+        engine.query(sql, analyst=analyst)
+    assert engine.budget(analyst).epsilon_spent == 0
+
+
+def test_reports_filtered_by_a_private_subquery_are_not_answered_for_free(engine, analyst):
+    """A subquery over private tables is not post-processing of reports: the free path does not take it (and
+    the central analysis does not answer a query whose own tables are all public)."""
+    sql = ("SELECT smoker, COUNT(*) FROM survey WHERE respondent_id IN (SELECT person_id FROM people WHERE age > 50) "
+           "GROUP BY smoker")
+    with pytest.raises(PrivacyRefusal, match="only public tables"):
+        engine.query(sql, analyst=analyst)
+    assert engine.budget(analyst).epsilon_spent == 0
+
+
+def test_reports_joined_to_private_tables_go_through_central_noise(engine, analyst):
+    answer = engine.query("SELECT s.smoker, COUNT(*) FROM survey s JOIN people p ON s.respondent_id = p.person_id "
+                          "GROUP BY s.smoker", analyst=analyst, epsilon=0.5)
+    assert answer.epsilon == pytest.approx(0.5) and {r[0] for r in answer.rows} == {False, True}
+
+
+# --- ingest -------------------------------------------------------------------------------------------------------
+
+
+INGEST_SCHEMA = """
+[privacy]
+unit = "row"
+[tables.poll]
+public = true
+[tables.poll.columns]
+id = "bigint"
+answer = { type = "boolean", local = { mechanism = "rr", epsilon = 1.0 } }
+where_ = { type = "integer", local = { mechanism = "geo", epsilon = 1.0, grid = { x = [0, 4], y = [0, 2], step = 1 } } }
+items = { type = "boolean[]", domain = ["a", "b", "c"], local = { mechanism = "oue", epsilon = 1.0 } }
+[tables.private]
+[tables.private.columns]
+x = "integer"
+"""
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "dpsql.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_ingest_checks_every_report_and_loads_all_or_nothing(tmp_path, server):
+    from tests.conftest import database_url
+
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS dpsql_ingest")
+        conn.execute("CREATE DATABASE dpsql_ingest")
+    url = database_url(server, "dpsql_ingest")
+    schema = tmp_path / "poll.toml"
+    schema.write_text(INGEST_SCHEMA)
+    bad = tmp_path / "bad.csv"
+    bad.write_text('id,answer,where_,items\n1,true,3,"{t,f,f}"\n2,maybe,8,101\n3,f,,1101\n4,t,1,{t,f,f}\n')
+    result = _cli("ingest", "poll", str(bad), "--database", url, "--schema", str(schema))
+    assert result.returncode == 1
+    assert "line 3, answer = 'maybe'" in result.stderr and "line 3, where_ = '8'" in result.stderr
+    assert "line 4, items = '1101'" in result.stderr and "nothing was loaded" in result.stderr
+    assert "line 5 has 6 values where the header names 4" in result.stderr
+    good = tmp_path / "good.csv"
+    good.write_text('id,answer,where_,items\n1,true,3,"{t,f,f}"\n2,f,7,101\n3,,0,"[false,false,true]"\n')
+    result = _cli("ingest", "poll", str(good), "--database", url, "--schema", str(schema))
+    assert result.returncode == 0, result.stderr
+    assert "loaded 3 rows into poll" in result.stdout
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT * FROM poll ORDER BY id").fetchall() == [
+            (1, True, 3, [True, False, False]), (2, False, 7, [True, False, True]), (3, None, 0, [False, False, True])]
