@@ -32,22 +32,24 @@ def ingest(database: str, schema: PrivacySchema, table: str, path: str | Path,
         raise UnknownObject(f'table "{table}" is not declared in the privacy schema',
                             f"declared tables: {', '.join(sorted(schema.tables))}")
     header, rows = _read(Path(path))
+    csv_file = Path(path).suffix.lower() != ".parquet"
+    where, first = ("line", 2) if csv_file else ("row", 1)  # a CSV's line 1 is its header
     unknown = [name for name in header if name not in declared.columns]
     if unknown:
         raise InvalidParameter(f"{path} has columns that {declared.name} does not declare: {', '.join(unknown)}",
                                f"declared columns: {', '.join(declared.columns)}")
     columns = [declared.columns[name] for name in header]
     checked, problems = [], []
-    for number, row in enumerate(rows, start=2):  # line 1 is the header
+    for number, row in enumerate(rows, start=first):
         if len(row) != len(columns):
-            problems.append(f"line {number} has {len(row)} values where the header names {len(columns)} (quote a "
+            problems.append(f"{where} {number} has {len(row)} values where the header names {len(columns)} (quote a "
                             "value that holds a comma, such as \"{t,f}\")")
             continue
         values = []
         for column, raw in zip(columns, row, strict=True):
             value, problem = _value(column, raw)
             if problem:
-                problems.append(f"line {number}, {column.name} = {raw!r}: {problem}")
+                problems.append(f"{where} {number}, {column.name} = {raw!r}: {problem}")
             values.append(value)
         checked.append(values)
     if problems:
@@ -119,6 +121,8 @@ def _boolean(raw: Any) -> bool:
 
 def _bits(raw: Any) -> tuple[bool, ...]:
     """A unary-encoded report: a list of booleans, PostgreSQL's {t,f,...}, [true, false, ...] or a 0/1 string."""
+    if hasattr(raw, "tolist"):  # a Parquet list arrives as a numpy array
+        raw = raw.tolist()
     if isinstance(raw, list | tuple):
         return tuple(_boolean(b) for b in raw)
     text = str(raw).strip()

@@ -416,3 +416,24 @@ def test_ingest_checks_every_report_and_loads_all_or_nothing(tmp_path, server):
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT * FROM poll ORDER BY id").fetchall() == [
             (1, True, 3, [True, False, False]), (2, False, 7, [True, False, True]), (3, None, 0, [False, False, True])]
+
+
+def test_ingest_reads_parquet(tmp_path, server):
+    import pandas as pd
+
+    from tests.conftest import database_url
+
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS dpsql_ingest_parquet")
+        conn.execute("CREATE DATABASE dpsql_ingest_parquet")
+    url = database_url(server, "dpsql_ingest_parquet")
+    schema = tmp_path / "poll.toml"
+    schema.write_text(INGEST_SCHEMA)
+    path = tmp_path / "poll.parquet"
+    pd.DataFrame({"id": [1, 2], "answer": [True, None], "where_": [5, 2],
+                  "items": [[True, False, False], [False, True, True]]}).to_parquet(path)
+    result = _cli("ingest", "poll", str(path), "--database", url, "--schema", str(schema))
+    assert result.returncode == 0, result.stderr
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT * FROM poll ORDER BY id").fetchall() == [
+            (1, True, 5, [True, False, False]), (2, None, 2, [False, True, True])]
