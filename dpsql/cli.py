@@ -115,6 +115,28 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("file", help="CSV with a header line naming the columns, or .parquet")
     ingest.set_defaults(run=_ingest)
 
+    density = sub.add_parser("density", parents=[common],
+                             help="a DP kernel density estimate of a bounded column (Gaussian-process mechanism)")
+    density.add_argument("column", help="TABLE.COLUMN, a numeric column with declared bounds")
+    density.add_argument("--epsilon", type=float, required=True)
+    density.add_argument("--delta", type=float, required=True, help="the δ of the (ε, δ) charged (e.g. 1e-6)")
+    density.add_argument("--bandwidth", type=float, help="the kernel's h (default: 1/20 of the declared range)")
+    density.add_argument("--points", type=int, default=64, help="grid points the density is released on")
+    density.add_argument("--format", choices=("table", "json"), default="table")
+    density.add_argument("--plot", metavar="FILE", help="also draw it (PNG or SVG, matplotlib)")
+    density.set_defaults(run=_density)
+
+    tree = sub.add_parser("tree", parents=[common], help="a DP decision tree classifier (exponential mechanism)")
+    tree.add_argument("table")
+    tree.add_argument("--label", required=True, help="the column to predict (declared domain or boolean)")
+    tree.add_argument("--features", required=True, help="comma-separated columns with domains or numeric bounds")
+    tree.add_argument("--epsilon", type=float, required=True)
+    tree.add_argument("--depth", type=int, default=3)
+    tree.add_argument("--bins", type=int, default=4, help="equal cells of each numeric feature's range")
+    tree.add_argument("--format", choices=("text", "json"), default="text")
+    tree.add_argument("--plot", metavar="FILE", help="also draw it (PNG or SVG, matplotlib)")
+    tree.set_defaults(run=_tree)
+
     schema = sub.add_parser("schema", help="privacy schema tools")
     schema.set_defaults(usage_of=schema)
     schema_sub = schema.add_subparsers(metavar="ACTION")
@@ -221,6 +243,62 @@ def _explain(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def _release(args: argparse.Namespace, make) -> dict:
+    """Run a release (density, tree) for the configured analyst, closing the engine after."""
+    settings = _settings(args)
+    analyst = _require_analyst(settings)
+    engine = _engine(settings)
+    try:
+        return make(engine, analyst)
+    finally:
+        engine.close()
+
+
+def _density(args: argparse.Namespace) -> int:
+    import json
+
+    from dpsql.releases import density, plot_density
+    table, _, column = args.column.partition(".")
+    if not column:
+        _parser().error("density takes TABLE.COLUMN")
+    output = _release(args, lambda engine, analyst: density(engine, analyst, table, column, args.epsilon, args.delta,
+                                                            args.bandwidth, args.points))
+    if args.plot:
+        plot_density(output, args.plot)
+    if args.format == "json":
+        print(json.dumps(output, indent=1))
+        return 0
+    rows = [(round(x, 6), round(y, 8), round(lo, 8), round(hi, 8)) for x, y, lo, hi in
+            zip(output["points"], output["density"], output["low"], output["high"], strict=True)]
+    print(render_rows([args.column, "density", "ci_low", "ci_high"], rows, "table"))
+    print(f"pointwise 95% band ±{output['halfwidth']:.4g}; no (ε, δ) mechanism could promise under "
+          f"±{output['lower_bound']:.4g} at one point ({output['halfwidth'] / output['lower_bound']:.2g}×)")
+    print(_spent(output))
+    return 0
+
+
+def _tree(args: argparse.Namespace) -> int:
+    import json
+
+    from dpsql.releases import decision_tree, plot_tree
+    from dpsql.releases.tree import render_tree
+    features = args.features.split(",")
+    output = _release(args, lambda engine, analyst: decision_tree(engine, analyst, args.table, args.label, features,
+                                                                  args.epsilon, args.depth, args.bins))
+    if args.plot:
+        plot_tree(output, args.plot)
+    print(json.dumps(output, indent=1) if args.format == "json" else render_tree(output))
+    if args.format != "json":
+        print(_spent(output))
+    return 0
+
+
+def _spent(output: dict) -> str:
+    if output["cached"]:
+        return "released before: the same output again, at no cost"
+    return f"spent ε = {output['epsilon_spent']:g}, δ = {output.get('delta_spent', 0.0):g} (the whole release)"
 
 
 def _ingest(args: argparse.Namespace) -> int:

@@ -146,6 +146,17 @@ class Connection:
         """This analyst's budget: total, spent and left."""
         return self.engine.budget(self.analyst)
 
+    def density(self, table: str, column: str, epsilon: float, delta: float, **options: Any) -> dict:
+        """A DP kernel density estimate of `table.column` (see dpsql.releases.density), charged once."""
+        from dpsql.releases import density
+        return density(self.engine, self.analyst, table, column, epsilon, delta, **options)
+
+    def decision_tree(self, table: str, label: str, features: list[str], epsilon: float, **options: Any) -> dict:
+        """A DP decision tree predicting `label` (see dpsql.releases.tree), charged once; predict with
+        dpsql.releases.tree.predict."""
+        from dpsql.releases import decision_tree
+        return decision_tree(self.engine, self.analyst, table, label, features, epsilon, **options)
+
     def explain(self, sql: str, params: Any = None, epsilon: float | None = None, **options: Any) -> str:
         """What the query would cost and why (`dpsql explain`); runs and spends nothing."""
         return explain_statement(*self.engine.prepare_parts(sql, params, epsilon,

@@ -18,12 +18,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 from sqlglot import exp
 
-from dpsql.accounting import NO_COST, Budget, Ledger, new_hash_seed, validate_query_privacy
+from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
 from dpsql.analysis.plan import Output
@@ -38,6 +39,7 @@ from dpsql.errors import (
     InternalError,
     InvalidParameter,
     QueryCancelled,
+    UnsupportedQuery,
 )
 from dpsql.estimates import LocalQuery, answer_local, debias, plan_local
 from dpsql.noise import Calibration, add_noise, calibrate
@@ -119,6 +121,35 @@ class Prepared:
     def free(self) -> bool:
         """Whether answering costs nothing: local estimates, or a declared domain with no data read."""
         return self.local is not None or not self.plan.aggregates
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """The exact, bounded rows of one query of a release (group keys, then measures, then distinct units), for
+    the release's own mechanism: they never leave the process unnoised."""
+
+    plan: Plan
+    rows: list[tuple]
+
+    def totals(self, measure: int = 0) -> dict[tuple, float]:
+        """Each group's value of one measure (every key of the declared domain, 0 where no row fell)."""
+        n_keys = len(self.plan.group_keys)
+        found = {tuple(r[:n_keys]): float(r[n_keys + measure] or 0) for r in self.rows}
+        keys = self.plan.domain if self.plan.domain is not None else [()]
+        return {tuple(k): found.get(tuple(k), 0.0) for k in keys}
+
+    @property
+    def sensitivity(self) -> float:
+        """How far one unit moves the first measure over all groups together (L1)."""
+        return self.plan.measures[0].sensitivity
+
+
+@dataclass(frozen=True)
+class Released:
+    output: dict
+    budget: Budget | None
+    cost: Cost
+    cached: bool
 
 
 class Engine:
@@ -283,6 +314,43 @@ class Engine:
             raise _internal(exc, "the query ran and its charge stands") from exc
         stored = self.ledger.answers.keep(analyst, prepared.key, encoded)
         return _decode(stored, prepared, cached=False, budget=budget)
+
+    def release(self, analyst: str, kind: str, queries: list[str], cost: Cost,
+                mechanism: Callable[[list[Statistic]], dict]) -> Released:
+        """A multi-query release (a density, a tree, a synthetic table): each query is checked, analysed and
+        rewritten as any query is, so its declared bounds are enforced; the whole release is charged once, at
+        the `cost` its own mechanisms report; `mechanism` gets the exact rows and returns the released output
+        (JSON), which is kept: the same release asked again returns the same output at no cost."""
+        if cost.epsilon > self.settings.max_epsilon:
+            raise InvalidParameter(f"epsilon {cost.epsilon:g} is above the per-query cap of "
+                                   f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon; the cap is the "
+                                   "max_epsilon setting")
+        statistics = [self.prepare(sql, epsilon=1.0) for sql in queries]  # ε here only prices nothing
+        for sql, prepared in zip(queries, statistics, strict=True):
+            plan = prepared.plan
+            if plan is None or plan.partition_selection or plan.histograms or plan.top_k or plan.local_key \
+                    or any(m.kind not in ("count", "sum") for m in plan.measures):
+                raise UnsupportedQuery(f"a release reads counts and sums over declared domains; {sql} is not one",
+                                       "declare a domain for its keys")
+        key = hashlib.sha256(json.dumps([kind, [p.query.canonical for p in statistics], astuple(cost),
+                                         self._schema_digest]).encode()).hexdigest()
+        stored = self.ledger.answers.get(analyst, key)
+        if stored is not None:
+            return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
+        with self.backend.session() as backend:
+            backend.hold(f"dpsql release {analyst} {key}")
+            stored = self.ledger.answers.get(analyst, key)
+            if stored is not None:
+                return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
+            text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
+            budget = self.ledger.charge(analyst, cost, key, text)
+            rows = [backend.run(p.rewritten.sql) for p in statistics]
+            try:
+                output = mechanism([Statistic(p.plan, r) for p, r in zip(statistics, rows, strict=True)])
+            except Exception as exc:
+                raise _internal(exc, "the release ran and its charge stands") from exc
+            stored = self.ledger.answers.keep(analyst, key, {"release": output})
+        return Released(stored["release"], budget, cost, cached=False)
 
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)

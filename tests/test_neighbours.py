@@ -20,6 +20,11 @@ from dpsql.session import Options
 from tests.conftest import copy_database
 
 QUERIES = [
+    # what the releases read: a density's cells, a tree's contingency table
+    "SELECT width_bucket(income, 0.0, 250000.0, 256) AS cell, COUNT(*) FROM people GROUP BY cell",
+    "SELECT width_bucket(amount, 0.0, 1000.0, 256) AS cell, COUNT(*) FROM visits GROUP BY cell",
+    "SELECT sex AS c0, width_bucket(age, 0.0, 100.0, 4) AS c1, category AS c2, COUNT(*) FROM visits v "
+    "JOIN people p ON p.person_id = v.person_id GROUP BY c0, c1, c2",
     # a locally randomized key: ordinary counts of reports before noise (de-biased after it)
     "SELECT positive, COUNT(*) FROM screenings GROUP BY positive",
     "SELECT p.sex, s.positive, COUNT(*) FROM screenings s JOIN people p ON p.person_id = s.person_id "

@@ -1,0 +1,169 @@
+"""Releases beyond one query: the Gaussian-process mechanism's distribution and calibration, the tree's split
+scores, each release charged once on the ledger (and free when asked again), and what the releases are good for."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import psycopg
+import pytest
+
+from dpsql.accounting import zcdp
+from dpsql.config import Settings
+from dpsql.engine import Engine
+from dpsql.errors import InvalidParameter, UnknownColumn
+from dpsql.mechanisms.gaussian_process import GaussianProcessMechanism, gaussian_kernel
+from dpsql.releases.density import release_density
+from dpsql.releases.tree import gini_score, predict, render_tree
+from dpsql.schema import parse_schema
+
+# --- the Gaussian-process mechanism -------------------------------------------------------------------------------
+
+
+def test_gaussian_process_noise_has_the_kernel_as_covariance():
+    gp = GaussianProcessMechanism.calibrate(sensitivity=2.0, bandwidth=0.3, rho=0.5)
+    assert gp.scale == pytest.approx(2.0 / math.sqrt(2 * 0.5)) and gp.rho == pytest.approx(0.5)
+    points = np.linspace(0, 1, 7)
+    rng = np.random.default_rng(7)
+    draws = np.array([gp.noise(points, rng) for _ in range(20_000)])
+    expected = gp.scale**2 * gaussian_kernel(points, points, 0.3)
+    assert np.allclose(np.cov(draws.T), expected, atol=0.04 * gp.scale**2)
+    assert np.allclose(draws.mean(axis=0), 0, atol=0.05 * gp.scale)
+
+
+def test_the_kde_moves_by_at_most_its_rkhs_sensitivity_on_any_grid():
+    """Hall et al.'s calibration: for datasets differing in k points, the change v of c·Σ K(·, x_i) on any grid
+    has vᵀM⁻¹v ≤ (c·k)², M the grid's Gram matrix; so the release on the grid is the Gaussian mechanism with that
+    sensitivity."""
+    rng = np.random.default_rng(3)
+    h = 0.2
+    c = 1 / (math.sqrt(2 * math.pi) * h)
+    grid = np.linspace(0, 1, 12)
+    gram = gaussian_kernel(grid, grid, h) + 1e-10 * np.eye(len(grid))
+    for k in (1, 3, 10):
+        for _ in range(50):
+            moved = rng.uniform(-0.5, 1.5, k)  # the neighbour's extra rows, anywhere
+            v = c * gaussian_kernel(grid, moved, h).sum(axis=1)
+            assert v @ np.linalg.solve(gram, v) <= (c * k) ** 2 * (1 + 1e-6)
+
+
+def test_the_release_costs_its_epsilon_delta():
+    rho = zcdp.rho_for(0.5, 1e-6)
+    assert zcdp.epsilon_of(rho, 1e-6) == pytest.approx(0.5, rel=1e-6)
+
+
+def test_density_error_shrinks_with_n():
+    """The noise is fixed in F = c·Σ K(·, x_i), which grows like n, so the normalised density's L2 error from
+    the noise falls like 1/n: about tenfold per tenfold n (counts here are a normal's expected counts, so the
+    error is the mechanism's alone)."""
+    rng = np.random.default_rng(1)
+    edges = np.linspace(0, 1, 257)
+    centres = (edges[:-1] + edges[1:]) / 2
+    shares = np.diff([0.5 * (1 + math.erf((e - 0.4) / (0.1 * math.sqrt(2)))) for e in edges])
+    rho = zcdp.rho_for(1.0, 1e-6)
+    errors = []
+    for n in (1_000, 10_000, 100_000):
+        exact = release_density(centres, n * shares, 0.0, 1.0, 0.05, 1.0, 1e12, 64)  # noiseless at this ρ
+        trials = [release_density(centres, n * shares, 0.0, 1.0, 0.05, 1.0, rho, 64, rng) for _ in range(30)]
+        errors.append(np.mean([np.sqrt(np.trapezoid((np.array(t["density"]) - exact["density"]) ** 2,
+                                                     exact["points"])) for t in trials]))
+    for larger, smaller in zip(errors, errors[1:], strict=False):
+        assert 6 < larger / smaller < 15, errors
+
+
+# --- the tree's splits ---------------------------------------------------------------------------------------------
+
+
+def test_one_row_moves_the_gini_score_by_at_most_two():
+    rng = random.Random(5)
+    for _ in range(2000):
+        counts = {v: {c: rng.randrange(0, 30) for c in "ab"} for v in range(rng.randrange(1, 4))}
+        value, label = rng.choice(list(counts)), rng.choice("ab")
+        before = gini_score(counts)
+        counts[value][label] += 1
+        assert abs(gini_score(counts) - before) <= 2 + 1e-12
+
+
+# --- through the engine ---------------------------------------------------------------------------------------------
+
+
+def test_density_is_charged_once_and_asked_again_is_free(engine, analyst):
+    from dpsql.releases import density
+
+    first = density(engine, analyst, "people", "income", epsilon=0.5, delta=1e-6, points=16)
+    budget = engine.budget(analyst)
+    assert budget.epsilon_basic == pytest.approx(0.5) and budget.delta_basic == pytest.approx(1e-6)
+    assert len(engine.ledger.charges(analyst)) == 1 and first["cached"] is False
+    again = density(engine, analyst, "people", "income", epsilon=0.5, delta=1e-6, points=16)
+    assert again["cached"] and again["density"] == first["density"]
+    assert engine.budget(analyst).epsilon_basic == pytest.approx(0.5)
+    assert np.trapezoid(np.clip(first["density"], 0, None), first["points"]) == pytest.approx(1.0)
+    assert first["halfwidth"] > first["lower_bound"] > 0
+
+
+def test_tree_is_charged_once(engine, analyst):
+    from dpsql.releases import decision_tree
+
+    tree = decision_tree(engine, analyst, "people", "sex", ["age", "income"], epsilon=1.0, depth=2)
+    assert engine.budget(analyst).epsilon_basic == pytest.approx(1.0)
+    assert len(engine.ledger.charges(analyst)) == 1
+    assert "DP decision tree for sex" in render_tree(tree)
+    assert predict(tree, {"age": 2, "income": 1}) in ("F", "M")
+
+
+@pytest.mark.parametrize("call,error", [
+    (lambda e, a: __import__("dpsql.releases").releases.density(e, a, "people", "state", 1.0, 1e-6), UnknownColumn),
+    (lambda e, a: __import__("dpsql.releases").releases.density(e, a, "people", "income", 1.0, 0.0),
+     InvalidParameter),
+    (lambda e, a: __import__("dpsql.releases").releases.decision_tree(e, a, "people", "sex", ["state"], 1.0),
+     InvalidParameter),
+    (lambda e, a: __import__("dpsql.releases").releases.decision_tree(e, a, "people", "sex", ["sex"], 1.0),
+     InvalidParameter),
+])
+def test_bad_releases_are_refused_before_any_charge(engine, analyst, call, error):
+    with pytest.raises(error):
+        call(engine, analyst)
+    assert engine.budget(analyst).epsilon_spent == 0
+
+
+TREE_SCHEMA = {
+    "privacy": {"unit": "patients.id"},
+    "tables": {"patients": {"columns": {
+        "id": "bigint",
+        "smoker": {"type": "boolean"},
+        "region": {"type": "text", "domain": ["n", "s", "e", "w"]},
+        "age": {"type": "integer", "lower": 0, "upper": 100},
+        "sick": {"type": "boolean"},
+    }}},
+}
+
+
+def test_tree_finds_a_known_rule(server):
+    """sick = smoker, with region and age irrelevant: at ε = 1 the tree predicts the rule."""
+    from tests.conftest import database_url
+
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS dpsql_tree")
+        conn.execute("CREATE DATABASE dpsql_tree")
+    url = database_url(server, "dpsql_tree")
+    rng = random.Random(2)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE patients (id bigint PRIMARY KEY, smoker boolean, region text, age integer, "
+                      "sick boolean)")
+        with conn.cursor().copy("COPY patients FROM STDIN") as copy:
+            for i in range(4000):
+                smoker = rng.random() < 0.3
+                copy.write_row((i, smoker, rng.choice("nsew"), rng.randrange(0, 100), smoker))
+    engine = Engine(Settings(database=url), parse_schema(TREE_SCHEMA))
+    try:
+        engine.ledger.add_analyst("t", 10.0, 0.0)
+        from dpsql.releases import decision_tree
+        tree = decision_tree(engine, "t", "patients", "sick", ["region", "smoker", "age"], epsilon=1.0, depth=2)
+    finally:
+        engine.close()
+    assert tree["features"][tree["tree"]["split"]] == "smoker"
+    for smoker in (False, True):
+        for region in "nsew":
+            assert predict(tree, {"smoker": smoker, "region": region, "age": 2}) == str(smoker)
