@@ -137,6 +137,19 @@ def _parser() -> argparse.ArgumentParser:
     tree.add_argument("--plot", metavar="FILE", help="also draw it (PNG or SVG, matplotlib)")
     tree.set_defaults(run=_tree)
 
+    synth = sub.add_parser("synth", parents=[common], help="a DP synthetic version of a table (MWEM)")
+    synth.add_argument("table")
+    synth.add_argument("--columns", required=True, help="comma-separated columns with domains or numeric bounds")
+    synth.add_argument("--epsilon", type=float, required=True)
+    synth.add_argument("--rounds", type=int, help="MWEM rounds (default: twice the columns, at most the "
+                                                 "1- and 2-way marginals)")
+    synth.add_argument("--bins", type=int, default=4, help="equal cells of each numeric column's range")
+    synth.add_argument("--out", required=True, help="a table to create in the database, or FILE.csv")
+    synth.add_argument("--replace", action="store_true", help="replace the --out table if it exists")
+    synth.add_argument("--format", choices=("table", "json"), default="table")
+    synth.add_argument("--plot", metavar="FILE", help="also draw its 1-way marginals (PNG or SVG, matplotlib)")
+    synth.set_defaults(run=_synth)
+
     schema = sub.add_parser("schema", help="privacy schema tools")
     schema.set_defaults(usage_of=schema)
     schema_sub = schema.add_subparsers(metavar="ACTION")
@@ -292,6 +305,27 @@ def _tree(args: argparse.Namespace) -> int:
     print(json.dumps(output, indent=1) if args.format == "json" else render_tree(output))
     if args.format != "json":
         print(_spent(output))
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    import json
+
+    from dpsql.releases.synth import plot_marginals, publish, synthesize
+    output = _release(args, lambda engine, analyst: synthesize(engine, analyst, args.table, args.columns.split(","),
+                                                               args.epsilon, args.rounds, args.bins))
+    declaration = publish(output, _settings(args).database, args.out, args.replace)
+    if args.plot:
+        plot_marginals(output, args.plot)
+    if args.format == "json":
+        print(json.dumps(output, indent=1))
+        return 0
+    print(f"{output['rows']} synthetic rows of {', '.join(output['columns'])} written to {args.out} (MWEM, "
+          f"{output['rounds']} rounds; measured: {'; '.join(' × '.join(m) for m in output['measured'])})")
+    if declaration:
+        print("Declare it in the privacy schema as released data; dpsql then answers its queries exactly, free:")
+        print(declaration)
+    print(_spent(output))
     return 0
 
 

@@ -157,6 +157,11 @@ class Connection:
         from dpsql.releases import decision_tree
         return decision_tree(self.engine, self.analyst, table, label, features, epsilon, **options)
 
+    def synthesize(self, table: str, columns: list[str], epsilon: float, **options: Any) -> dict:
+        """A DP synthetic version of `table` over `columns` (see dpsql.releases.synth), charged once."""
+        from dpsql.releases.synth import synthesize
+        return synthesize(self.engine, self.analyst, table, columns, epsilon, **options)
+
     def explain(self, sql: str, params: Any = None, epsilon: float | None = None, **options: Any) -> str:
         """What the query would cost and why (`dpsql explain`); runs and spends nothing."""
         return explain_statement(*self.engine.prepare_parts(sql, params, epsilon,

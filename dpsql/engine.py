@@ -44,6 +44,7 @@ from dpsql.errors import (
 from dpsql.estimates import LocalQuery, answer_local, debias, plan_local
 from dpsql.noise import Calibration, add_noise, calibrate
 from dpsql.postprocess import Accuracy, Result, evaluate, finish, sort_rows, window_inputs
+from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.session import OPTION_NAMES, Options
@@ -110,7 +111,7 @@ class Prepared:
     key: str  # the answer cache's key
     options: Options  # epsilon, mechanism and histogram, resolved
     group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
-    local: LocalQuery | None = None  # the estimates' plan, where no central noise is needed
+    local: LocalQuery | PublishedQuery | None = None  # estimates, or released data: no central noise needed
 
     @property
     def outputs(self) -> list[Output]:
@@ -119,7 +120,8 @@ class Prepared:
 
     @property
     def free(self) -> bool:
-        """Whether answering costs nothing: local estimates, or a declared domain with no data read."""
+        """Whether answering costs nothing: local estimates, released data, or a declared domain with no data
+        read."""
         return self.local is not None or not self.plan.aggregates
 
 
@@ -181,7 +183,7 @@ class Engine:
         query's and session's; `epsilon` overrides theirs."""
         options = self.options(Options(epsilon=epsilon).over(options or Options()))
         query, plan, rewritten = self._plan(sql, params, options.min_frequency)
-        if isinstance(plan, LocalQuery):
+        if isinstance(plan, LocalQuery | PublishedQuery):
             return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
         calibration = calibrate(plan, options.epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
@@ -192,8 +194,8 @@ class Engine:
                                         ).encode()).hexdigest()
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size)
 
-    def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery,
-                                                                         Rewritten | None]:
+    def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery |
+                                                                         PublishedQuery, Rewritten | None]:
         """The ε-independent stages, remembered for recently seen (SQL text, parameters, minimum frequency)."""
         cache_key = (sql, repr(params), min_frequency)
         with self._plans_lock:
@@ -201,8 +203,8 @@ class Engine:
                 self._plans.move_to_end(cache_key)
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
-        local = plan_local(query, self.schema)
-        if local is not None:  # reports randomized on the devices, in a public table: estimates, no noise
+        local = plan_published(query, self.schema) or plan_local(query, self.schema)
+        if local is not None:  # released data, or reports randomized on the devices: no noise
             return query, local, None
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
                        self._not_null)
@@ -285,6 +287,11 @@ class Engine:
         local = prepared.local
         with self.backend.session(cancel) as backend:
             rows = backend.run(local.sql)
+        if isinstance(local, PublishedQuery):
+            rows = exact_rows(local, rows)
+            return Answer([o.name for o in local.outputs], [o.type_name for o in local.outputs], rows,
+                          [(None,) * len(local.outputs)] * len(rows), 0.0, 0.0, budget=self.ledger.budget(analyst),
+                          noisy=[False] * len(local.outputs))
         result = answer_local(local, rows, prepared.options.local_estimate == "simplex")
         return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
                       budget=self.ledger.budget(analyst), noisy=[o.noisy for o in local.outputs])

@@ -8,6 +8,7 @@ from dpsql.accounting import group_guarantee
 from dpsql.engine import Prepared
 from dpsql.estimates import LocalQuery
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
+from dpsql.releases.published import PublishedQuery
 from dpsql.sql.compose import Composition
 
 
@@ -29,6 +30,9 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
 
 
 def explain_text(prepared: Prepared) -> str:
+    if isinstance(prepared.local, PublishedQuery):
+        return "\n".join(["Plan: released data", *(f"  {n}" for n in prepared.local.notes),
+                           "Cost: ε = 0, δ = 0", "SQL:", f"  {prepared.local.sql}"])
     if prepared.local is not None:
         return _explain_local(prepared.local)
     plan, cost = prepared.plan, prepared.calibration

@@ -116,6 +116,7 @@ class Table:
     unit_column: str | None = None  # the column holding the privacy unit's id (None: row-level or public)
     max_rows_per_unit: int = 1
     parent: ParentKey | None = None  # for a private table without unit_column: the link towards the unit
+    released: str | None = None  # a public table a release published (what it was): answered exactly, free
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     if not isinstance(spec, dict):
         problems.append(f"{where} must be a table of settings")
         return None
-    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent"}
+    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent", "released"}
     if unknown:
         problems.append(f"{where} has unknown settings: {', '.join(sorted(unknown))}")
     public = spec.get("public", False)
@@ -106,10 +106,15 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     table_unit_column = spec.get("unit_column")
     max_rows = spec.get("max_rows_per_unit", 1 if name == unit_table else None)
     parent = _parse_parent(where, spec["parent"], columns, problems) if "parent" in spec else None
+    released = spec.get("released")
+    if released is not None and not (public and isinstance(released, str) and released):
+        problems.append(f'{where} released = "..." describes a public table that a release published: it needs '
+                        "public = true and a description")
+        released = None
     if public:
         if table_unit_column is not None or "max_rows_per_unit" in spec or parent is not None:
             problems.append(f"{where} is public: unit_column, parent and max_rows_per_unit do not apply")
-        return Table(name, columns, public=True)
+        return Table(name, columns, public=True, released=released)
     if unit_table is None:  # row-level privacy
         if table_unit_column is not None or parent is not None:
             problems.append(f"{where} unit_column and parent do not apply under row-level privacy")

@@ -1,0 +1,60 @@
+"""Queries over released data: tables a release published (declared `public = true` with `released = "..."`) are
+answered exactly and at no cost, because they are post-processing of a release already charged. A query whose
+every table is public, at least one of them released, runs as checked (one regenerated SELECT, read-only, with the
+statement timeout); any other query goes through the analysis as always."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlglot import exp
+from sqlglot.optimizer.annotate_types import annotate_types
+
+from dpsql.analysis.plan import Output
+from dpsql.schema import PrivacySchema
+from dpsql.sql import CheckedQuery, to_sql
+
+TYPE_NAMES = {"BIGINT": "int8", "INT": "int8", "SMALLINT": "int8", "DOUBLE": "float8", "FLOAT": "float8",
+              "DECIMAL": "float8", "TEXT": "text", "VARCHAR": "text", "BOOLEAN": "bool", "DATE": "date",
+              "TIMESTAMP": "timestamp", "TIMESTAMPTZ": "timestamptz"}
+
+
+@dataclass(frozen=True)
+class PublishedQuery:
+    sql: str
+    outputs: list[Output]
+    tables: tuple[str, ...]  # the released tables it reads
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"{', '.join(self.tables)}: released data (post-processing of a release already charged): "
+                "answered exactly, at no cost"]
+
+
+def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery | None:
+    """The exact plan of a query over public tables of which at least one holds released data, else None."""
+    tables = [schema.tables.get(t.name) for t in query.tree.find_all(exp.Table)]
+    if not tables or any(t is None or not t.public for t in tables) or not any(t.released for t in tables):
+        return None
+    typed = annotate_types(query.tree.copy(), schema=schema.sqlglot_schema(), dialect="postgres")
+    outputs = [Output(name, exp.column(name), _type_name(e), False)
+               for name, e in zip(query.output_names, typed.expressions, strict=True)]
+    return PublishedQuery(to_sql(query.tree), outputs, tuple(sorted({t.name for t in tables if t.released})))
+
+
+def _type_name(node: exp.Expression) -> str:
+    kind = node.type.this.name if node.type is not None else "TEXT"
+    return TYPE_NAMES.get(kind, "text")
+
+
+def exact_rows(plan: PublishedQuery, rows: list[tuple]) -> list[tuple]:
+    """The rows as the declared output types hold them (PostgreSQL's numeric SUM as a float or an integer)."""
+    kinds = [o.type_name for o in plan.outputs]
+    return [tuple(float(v) if isinstance(v, Decimal) and kind == "float8" else
+                  int(v) if isinstance(v, Decimal) and kind == "int8" else v for v, kind in zip(row, kinds,
+                                                                                               strict=True))
+            for row in rows]
+
+
+__all__ = ["PublishedQuery", "exact_rows", "plan_published"]

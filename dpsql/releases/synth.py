@@ -1,0 +1,201 @@
+"""A DP synthetic table by MWEM (Hardt, Ligett and McSherry, "A simple and practical algorithm for
+differentially private data release", NeurIPS 2012), over whole marginals.
+
+The engine counts the rows of every combination of the chosen columns (each a declared domain, a boolean, or a
+bounded number cut into equal bins), with each unit's rows bounded as in any query: one unit moves these counts
+by at most k in all, so it moves every marginal of them by at most k (L1). The workload is every 1- and 2-way
+marginal. MWEM keeps a distribution A over the full domain (uniform at first, scaled to a noisy total) and, for
+T rounds, (1) picks the marginal A answers worst, by the exponential mechanism on its L1 error (sensitivity k),
+(2) measures it with Laplace noise (L1 sensitivity k), (3) corrects A towards every measurement so far. The
+correction is multiplicative as MWEM's, but with the step that fits each measured marginal exactly (iterative
+proportional fitting, repeated over the measurements): MWEM's own step, exp(gap / 2n), moves a table of many
+rows too little per pass to fit its measurements. It reads only noisy measurements: post-processing.
+ε: 5% for the total, the rest split evenly over the rounds, half for picking and half for
+measuring. The synthetic rows are the final A rounded to whole rows (largest remainders); once published, any
+query of them is post-processing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from dpsql.accounting import Cost, validate_query_privacy
+from dpsql.errors import InvalidParameter, UnknownColumn
+from dpsql.mechanisms.exponential import ExponentialMechanism
+from dpsql.mechanisms.laplace import LaplaceMechanism
+from dpsql.releases.tree import _column, _key
+
+TOTAL_SHARE = 0.05  # of ε, for the noisy number of rows
+UPDATE_PASSES = 10  # multiplicative-weights passes over the measurements after each round
+MAX_CELLS = 10_000  # the analysis releases at most this many key combinations in full
+
+
+def marginals(columns: int, ways: tuple[int, ...] = (1, 2)) -> list[tuple[int, ...]]:
+    """The workload: every set of `ways` columns."""
+    return [m for w in ways for m in itertools.combinations(range(columns), w)]
+
+
+def marginal(table: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """The counts of `table` (one axis per column) over the columns `axes`."""
+    return table.sum(axis=tuple(i for i in range(table.ndim) if i not in axes))
+
+
+def mwem(exact: np.ndarray, sensitivity: float, epsilon: float, rounds: int,
+         workload: list[tuple[int, ...]], rng: Any = None) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """MWEM's synthetic counts for the exact contingency table `exact` (and the marginals it measured)."""
+    extra = {} if rng is None else {"rng": rng}
+    total_mech = LaplaceMechanism.calibrate(sensitivity, epsilon * TOTAL_SHARE, integer_valued=True)
+    total = max(1.0, total_mech.release(float(exact.sum()), **extra))
+    per_round = epsilon * (1 - TOTAL_SHARE) / rounds
+    chooser = ExponentialMechanism(sensitivity, per_round / 2)
+    measure = LaplaceMechanism.calibrate(sensitivity, per_round / 2, integer_valued=True)
+    synthetic = np.full(exact.shape, total / exact.size)
+    measured: list[tuple[tuple[int, ...], np.ndarray]] = []
+    truth = {axes: marginal(exact, axes) for axes in workload}
+    for _ in range(rounds):
+        errors = [float(np.abs(marginal(synthetic, axes) - truth[axes]).sum()) for axes in workload]
+        axes = workload[chooser.select(errors, **extra)]
+        noisy = np.vectorize(lambda v: measure.release(float(v), **extra))(truth[axes]).astype(float)
+        measured.append((axes, noisy))
+        for _ in range(UPDATE_PASSES):
+            for seen, values in measured:
+                current = marginal(synthetic, seen)
+                factor = np.clip(values, 0.0, None) / np.maximum(current, 1e-12)
+                shape = [exact.shape[i] if i in seen else 1 for i in range(exact.ndim)]
+                synthetic = synthetic * factor.reshape(shape)
+                synthetic *= total / max(synthetic.sum(), 1e-12)
+    return synthetic, [axes for axes, _ in measured]
+
+
+def whole_rows(counts: np.ndarray) -> np.ndarray:
+    """Counts rounded to whole rows that keep the (rounded) total: largest remainders."""
+    flat = np.clip(counts.ravel(), 0.0, None)
+    target = int(round(flat.sum()))
+    floors = np.floor(flat)
+    short = target - int(floors.sum())
+    if short > 0:
+        floors[np.argsort(floors - flat)[:short]] += 1  # the largest remainders first
+    return floors.reshape(counts.shape).astype(int)
+
+
+def synthesize(engine: Any, analyst: str, table: str, columns: list[str], epsilon: float, rounds: int | None = None,
+               bins: int = 4) -> dict:
+    """Release a synthetic version of `table` over `columns` (JSON: the columns' values and the synthetic counts
+    per combination), charged to `analyst` once."""
+    validate_query_privacy(epsilon)
+    declared = engine.schema.tables.get(table.lower())
+    if declared is None:
+        raise UnknownColumn(f'table "{table}" is not declared in the privacy schema')
+    names = [c.strip().lower() for c in columns if c.strip()]
+    if not names or len(set(names)) != len(names):
+        raise InvalidParameter("give one or more distinct columns")
+    if not 2 <= bins <= 32:
+        raise InvalidParameter("bins must be from 2 to 32")
+    cols = [_column(declared.columns, name, table) for name in names]
+    workload = marginals(len(cols))
+    rounds = rounds or min(len(workload), max(3, 2 * len(cols)))
+    if not 1 <= rounds <= 100:
+        raise InvalidParameter("rounds must be from 1 to 100")
+    keys = [_key(c, bins) for c in cols]
+    sql = (f"SELECT {', '.join(f'{k} AS c{i}' for i, k in enumerate(keys))}, COUNT(*) FROM {declared.name} "
+           f"GROUP BY {', '.join(f'c{i}' for i in range(len(keys)))}")
+
+    def mechanism(statistics: list) -> dict:
+        (counts,) = statistics
+        totals = {k: v for k, v in counts.totals().items() if None not in k}
+        domains = [sorted({key[i] for key in totals}, key=repr) for i in range(len(cols))]
+        shape = tuple(len(d) for d in domains)
+        if math.prod(shape) > MAX_CELLS:
+            raise InvalidParameter(f"the columns have {math.prod(shape)} combinations; at most {MAX_CELLS}")
+        exact = np.zeros(shape)
+        index = [{v: i for i, v in enumerate(d)} for d in domains]
+        for key, count in totals.items():
+            exact[tuple(index[i][v] for i, v in enumerate(key))] = count
+        synthetic, measured = mwem(exact, counts.sensitivity, epsilon, rounds, workload)
+        rows = whole_rows(synthetic)
+        values = [[_value(c, v, bins) for v in d] for c, d in zip(cols, domains, strict=True)]
+        cells = [[list(i), int(n)] for i, n in np.ndenumerate(rows) if n]
+        return {"table": declared.name, "columns": names, "types": [c.type for c in cols], "values": values,
+                "cells": cells, "rows": int(rows.sum()), "method": "mwem", "rounds": rounds, "epsilon": epsilon,
+                "measured": [[names[i] for i in axes] for axes in measured]}
+
+    released = engine.release(analyst, "synth mwem", [sql], Cost.pure(epsilon), mechanism)
+    return {**released.output, "cached": released.cached, "epsilon_spent": 0.0 if released.cached else epsilon}
+
+
+def _value(column: Any, cell: Any, bins: int) -> Any:
+    """A synthetic row's value for a cell: the domain value, or a numeric cell's midpoint."""
+    if column.domain or column.type == "boolean":
+        return cell
+    width = (column.upper - column.lower) / bins
+    middle = column.lower if cell <= 0 else column.upper if cell > bins else column.lower + (cell - 0.5) * width
+    return round(middle) if column.is_integer else middle
+
+
+def synthetic_rows(release: dict) -> list[tuple]:
+    """The synthetic table's rows."""
+    rows = []
+    for index, count in release["cells"]:
+        row = tuple(release["values"][i][j] for i, j in enumerate(index))
+        rows += [row] * count
+    return rows
+
+
+def plot_marginals(release: dict, path: str) -> None:
+    """Each column's synthetic counts per value (drawn from the released rows only)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = release["columns"]
+    fig, axes = plt.subplots(1, len(columns), figsize=(3.2 * len(columns), 3.2), squeeze=False)
+    for i, (name, ax) in enumerate(zip(columns, axes[0], strict=True)):
+        counts = [0] * len(release["values"][i])
+        for index, n in release["cells"]:
+            counts[index[i]] += n
+        ax.bar([str(v) for v in release["values"][i]], counts)
+        ax.set_title(name)
+        ax.tick_params(axis="x", labelrotation=45)
+    fig.suptitle(f"synthetic {release['table']} (MWEM, ε = {release['epsilon']:g}): 1-way marginals")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def publish(release: dict, database: str, out: str, replace: bool = False) -> str:
+    """Write the synthetic rows to table `out` (or a .csv file); return the privacy schema lines that declare
+    it released data, which dpsql then answers exactly and at no cost."""
+    import csv
+
+    import psycopg
+    from psycopg import sql
+
+    rows = synthetic_rows(release)
+    if out.lower().endswith(".csv"):
+        with open(out, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(release["columns"])
+            writer.writerows(rows)
+        return ""
+    with psycopg.connect(database) as conn:
+        if replace:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(out)))
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(out), sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t))
+            for n, t in zip(release["columns"], release["types"], strict=True))))
+        with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(out))) as copy:
+            for row in rows:
+                copy.write_row(row)
+    lines = [f"[tables.{out}]", "public = true",
+             f'released = "{release["method"]}, ε = {release["epsilon"]:g}, from {release["table"]}"',
+             f"[tables.{out}.columns]"]
+    lines += [f'{n} = {{ type = "{t}" }}' for n, t in zip(release["columns"], release["types"], strict=True)]
+    return "\n".join(lines)
+
+
+__all__ = ["marginal", "marginals", "mwem", "plot_marginals", "publish", "synthesize", "synthetic_rows",
+           "whole_rows"]
