@@ -144,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--rounds", type=int, help="MWEM rounds (default: twice the columns, at most the "
                                                  "1- and 2-way marginals)")
     synth.add_argument("--bins", type=int, default=4, help="equal cells of each numeric column's range")
+    synth.add_argument("--method", choices=("auto", "mwem", "perturb"), default="auto",
+                       help="perturb: the noisy full table; mwem; auto: the one expected to answer 2-way marginals "
+                            "better (from declared sizes only)")
     synth.add_argument("--out", required=True, help="a table to create in the database, or FILE.csv")
     synth.add_argument("--replace", action="store_true", help="replace the --out table if it exists")
     synth.add_argument("--format", choices=("table", "json"), default="table")
@@ -313,15 +316,16 @@ def _synth(args: argparse.Namespace) -> int:
 
     from dpsql.releases.synth import plot_marginals, publish, synthesize
     output = _release(args, lambda engine, analyst: synthesize(engine, analyst, args.table, args.columns.split(","),
-                                                               args.epsilon, args.rounds, args.bins))
+                                                               args.epsilon, args.rounds, args.bins, args.method))
     declaration = publish(output, _settings(args).database, args.out, args.replace)
     if args.plot:
         plot_marginals(output, args.plot)
     if args.format == "json":
         print(json.dumps(output, indent=1))
         return 0
-    print(f"{output['rows']} synthetic rows of {', '.join(output['columns'])} written to {args.out} (MWEM, "
-          f"{output['rounds']} rounds; measured: {'; '.join(' × '.join(m) for m in output['measured'])})")
+    how = (f"MWEM, {output['rounds']} rounds; measured: {'; '.join(' × '.join(m) for m in output['measured'])}"
+           if output["method"] == "mwem" else "the noisy full table, projected onto counts")
+    print(f"{output['rows']} synthetic rows of {', '.join(output['columns'])} written to {args.out} ({how})")
     if declaration:
         print("Declare it in the privacy schema as released data; dpsql then answers its queries exactly, free:")
         print(declaration)

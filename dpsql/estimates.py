@@ -21,12 +21,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from sqlglot import exp
 
 from dpsql.analysis.plan import Output
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.local import randomizer
+from dpsql.mechanisms.histograms import onto_simplex
 from dpsql.mechanisms.local import CategoricalRandomizer, Estimate, UnaryEncoding
 from dpsql.noise import Calibration, NoisyGroup
 from dpsql.postprocess import Accuracy, Result, evaluate, sort_rows
@@ -270,7 +270,7 @@ def _estimate_group(plan: LocalQuery, mechanism: Any, shared: dict[str, Any], co
         ones = [float(v or 0) for v in ones]
         estimate = mechanism.estimate(ones, float(reports))
         if simplex:
-            estimate = Estimate(_onto_simplex(estimate.counts, float(reports)), estimate.variances)
+            estimate = Estimate(onto_simplex(estimate.counts, float(reports)), estimate.variances)
         return _per_value(plan, env, mechanism.domain, estimate)
     if plan.local_key:
         by_report = {row[0]: row[1] for row in counts}
@@ -309,18 +309,6 @@ def _per_value(plan: LocalQuery, shared: dict[str, Any], values: tuple, estimate
 def _interval(value: float, variance: float) -> tuple[float, float]:
     spread = Z95 * math.sqrt(max(variance, 0.0))
     return value - spread, value + spread
-
-
-def _onto_simplex(counts: np.ndarray, total: float) -> np.ndarray:
-    """The nearest point (in L2) with counts >= 0 summing to `total` (unary encoding has no likelihood to
-    maximise over one simplex: its bits are independent)."""
-    if total <= 0:
-        return np.zeros_like(counts)
-    ordered = np.sort(counts)[::-1]
-    cumulative = np.cumsum(ordered) - total
-    index = np.arange(1, len(counts) + 1)
-    rho = index[ordered - cumulative / index > 0][-1]
-    return np.maximum(counts - cumulative[rho - 1] / rho, 0.0)
 
 
 # --- the central path: noisy counts of reports, de-biased ------------------------------------------------------

@@ -180,3 +180,15 @@ def structure_first(counts: Sequence[float], k: int, count_bound: float, structu
         out.extend([total / (end - start)] * (end - start))
     sse_of_choice = float(sum(sse[a, b] for a, b in partition.buckets))
     return out, Partition(partition.boundaries, sse_of_choice)
+
+
+def onto_simplex(counts: np.ndarray, total: float) -> np.ndarray:
+    """The nearest point (in L2) with counts >= 0 summing to `total`: post-processing of noisy counts into counts
+    (for unary-encoded estimates, whose bits have no joint likelihood, and for perturbed contingency tables)."""
+    if total <= 0:
+        return np.zeros_like(counts)
+    ordered = np.sort(counts)[::-1]
+    cumulative = np.cumsum(ordered) - total
+    index = np.arange(1, len(counts) + 1)
+    rho = index[ordered - cumulative / index > 0][-1]
+    return np.maximum(counts - cumulative[rho - 1] / rho, 0.0)

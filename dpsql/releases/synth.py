@@ -1,5 +1,9 @@
-"""A DP synthetic table by MWEM (Hardt, Ligett and McSherry, "A simple and practical algorithm for
-differentially private data release", NeurIPS 2012), over whole marginals.
+"""A DP synthetic table: the noisy full contingency table ("database perturbation"), or MWEM (Hardt, Ligett and
+McSherry, "A simple and practical algorithm for differentially private data release", NeurIPS 2012) over whole
+marginals, whichever is expected to answer 2-way marginals better from the declared sizes alone (`auto`).
+Perturbation puts Laplace noise (L1 sensitivity k, at all of ε) on every cell and projects the table onto counts;
+it wins while the table has fewer than about 4T²·m cells (m a 2-way marginal's cells, T MWEM's rounds), which
+is every table dpsql releases in full today (at most 10,000 combinations); MWEM is for wider ones.
 
 The engine counts the rows of every combination of the chosen columns (each a declared domain, a boolean, or a
 bounded number cut into equal bins), with each unit's rows bounded as in any query: one unit moves these counts
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from typing import Any
 
 import numpy as np
@@ -26,6 +31,7 @@ import numpy as np
 from dpsql.accounting import Cost, validate_query_privacy
 from dpsql.errors import InvalidParameter, UnknownColumn
 from dpsql.mechanisms.exponential import ExponentialMechanism
+from dpsql.mechanisms.histograms import onto_simplex
 from dpsql.mechanisms.laplace import LaplaceMechanism
 from dpsql.releases.tree import _column, _key
 
@@ -54,21 +60,47 @@ def mwem(exact: np.ndarray, sensitivity: float, epsilon: float, rounds: int,
     chooser = ExponentialMechanism(sensitivity, per_round / 2)
     measure = LaplaceMechanism.calibrate(sensitivity, per_round / 2, integer_valued=True)
     synthetic = np.full(exact.shape, total / exact.size)
-    measured: list[tuple[tuple[int, ...], np.ndarray]] = []
+    measured: dict[tuple[int, ...], list[np.ndarray]] = {}  # a marginal measured twice: fitted to the mean
+    chosen = []
     truth = {axes: marginal(exact, axes) for axes in workload}
     for _ in range(rounds):
         errors = [float(np.abs(marginal(synthetic, axes) - truth[axes]).sum()) for axes in workload]
         axes = workload[chooser.select(errors, **extra)]
-        noisy = np.vectorize(lambda v: measure.release(float(v), **extra))(truth[axes]).astype(float)
-        measured.append((axes, noisy))
+        chosen.append(axes)
+        measured.setdefault(axes, []).append(
+            np.vectorize(lambda v: measure.release(float(v), **extra))(truth[axes]).astype(float))
         for _ in range(UPDATE_PASSES):
-            for seen, values in measured:
+            for seen, measurements in measured.items():
+                values = np.mean(measurements, axis=0)
                 current = marginal(synthetic, seen)
                 factor = np.clip(values, 0.0, None) / np.maximum(current, 1e-12)
                 shape = [exact.shape[i] if i in seen else 1 for i in range(exact.ndim)]
                 synthetic = synthetic * factor.reshape(shape)
                 synthetic *= total / max(synthetic.sum(), 1e-12)
-    return synthetic, [axes for axes, _ in measured]
+    return synthetic, chosen
+
+
+def perturb(exact: np.ndarray, sensitivity: float, epsilon: float, rng: Any = None) -> np.ndarray:
+    """The whole contingency table with Laplace noise on every cell (one unit moves the cells by at most
+    `sensitivity` in all), projected onto counts: ≥ 0, summing to the noisy total ("database perturbation")."""
+    extra = {} if rng is None else {"rng": rng}
+    noise = LaplaceMechanism.calibrate(sensitivity, epsilon, integer_valued=float(sensitivity).is_integer(),
+                                       coordinates=max(1, int(math.ceil(sensitivity))))
+    noisy = np.array([noise.release(float(v), **extra) for v in exact.ravel()])
+    return onto_simplex(noisy, max(float(noisy.sum()), 0.0)).reshape(exact.shape)
+
+
+def predicted_errors(shape: tuple[int, ...], sensitivity: float, epsilon: float, rounds: int) -> dict[str, float]:
+    """The mean L1 error each method is expected to leave on a 2-way marginal, from declared sizes only:
+    perturbation sums the noise of the D / m cells behind each of a marginal's m cells, √(2/π)·√(2Dm)·b in all
+    (b = Δ/ε); MWEM measures a marginal at ε / 2T at best, √(2/π)·m·√2·b·2T/(1 - 5%), and leaves more on the
+    marginals it does not measure."""
+    cells = math.prod(shape)
+    pairs = [shape[i] * shape[j] for i, j in itertools.combinations(range(len(shape)), 2)] or [cells]
+    b = sensitivity / epsilon
+    factor = math.sqrt(2 / math.pi)
+    return {"perturb": statistics.fmean(factor * math.sqrt(2 * cells * m) * b for m in pairs),
+            "mwem": statistics.fmean(factor * m * math.sqrt(2) * b * 2 * rounds / (1 - TOTAL_SHARE) for m in pairs)}
 
 
 def whole_rows(counts: np.ndarray) -> np.ndarray:
@@ -82,10 +114,16 @@ def whole_rows(counts: np.ndarray) -> np.ndarray:
     return floors.reshape(counts.shape).astype(int)
 
 
+METHODS = ("auto", "mwem", "perturb")
+
+
 def synthesize(engine: Any, analyst: str, table: str, columns: list[str], epsilon: float, rounds: int | None = None,
-               bins: int = 4) -> dict:
+               bins: int = 4, method: str = "auto") -> dict:
     """Release a synthetic version of `table` over `columns` (JSON: the columns' values and the synthetic counts
-    per combination), charged to `analyst` once."""
+    per combination), charged to `analyst` once. `method`: mwem, perturb (the noisy full table), or auto: the
+    one `predicted_errors` expects to be more accurate on 2-way marginals."""
+    if method not in METHODS:
+        raise InvalidParameter(f"method must be one of {', '.join(METHODS)}")
     validate_query_privacy(epsilon)
     declared = engine.schema.tables.get(table.lower())
     if declared is None:
@@ -104,26 +142,34 @@ def synthesize(engine: Any, analyst: str, table: str, columns: list[str], epsilo
     sql = (f"SELECT {', '.join(f'{k} AS c{i}' for i, k in enumerate(keys))}, COUNT(*) FROM {declared.name} "
            f"GROUP BY {', '.join(f'c{i}' for i in range(len(keys)))}")
 
+    plan = engine.prepare(sql).plan  # the declared combinations: the method is chosen before anything is read
+    domains = [sorted({key[i] for key in plan.domain or [] if None not in key}, key=repr) for i in range(len(cols))]
+    shape = tuple(len(d) for d in domains)
+    if not plan.domain or math.prod(shape) > MAX_CELLS:
+        raise InvalidParameter(f"the columns need declared values, at most {MAX_CELLS} combinations in all")
+    predicted = predicted_errors(shape, plan.measures[0].sensitivity, epsilon, rounds)
+    chosen = min(predicted, key=predicted.get) if method == "auto" else method
+
     def mechanism(statistics: list) -> dict:
         (counts,) = statistics
         totals = {k: v for k, v in counts.totals().items() if None not in k}
-        domains = [sorted({key[i] for key in totals}, key=repr) for i in range(len(cols))]
-        shape = tuple(len(d) for d in domains)
-        if math.prod(shape) > MAX_CELLS:
-            raise InvalidParameter(f"the columns have {math.prod(shape)} combinations; at most {MAX_CELLS}")
         exact = np.zeros(shape)
         index = [{v: i for i, v in enumerate(d)} for d in domains]
         for key, count in totals.items():
             exact[tuple(index[i][v] for i, v in enumerate(key))] = count
-        synthetic, measured = mwem(exact, counts.sensitivity, epsilon, rounds, workload)
+        if chosen == "mwem":
+            synthetic, measured = mwem(exact, counts.sensitivity, epsilon, rounds, workload)
+        else:
+            synthetic, measured = perturb(exact, counts.sensitivity, epsilon), []
         rows = whole_rows(synthetic)
         values = [[_value(c, v, bins) for v in d] for c, d in zip(cols, domains, strict=True)]
         cells = [[list(i), int(n)] for i, n in np.ndenumerate(rows) if n]
         return {"table": declared.name, "columns": names, "types": [c.type for c in cols], "values": values,
-                "cells": cells, "rows": int(rows.sum()), "method": "mwem", "rounds": rounds, "epsilon": epsilon,
-                "measured": [[names[i] for i in axes] for axes in measured]}
+                "cells": cells, "rows": int(rows.sum()), "method": chosen, "rounds": rounds if chosen == "mwem" else 0,
+                "epsilon": epsilon, "measured": [[names[i] for i in axes] for axes in measured],
+                "predicted_2way_l1": predicted}
 
-    released = engine.release(analyst, "synth mwem", [sql], Cost.pure(epsilon), mechanism)
+    released = engine.release(analyst, f"synth {chosen}", [sql], Cost.pure(epsilon), mechanism)
     return {**released.output, "cached": released.cached, "epsilon_spent": 0.0 if released.cached else epsilon}
 
 
@@ -197,5 +243,5 @@ def publish(release: dict, database: str, out: str, replace: bool = False) -> st
     return "\n".join(lines)
 
 
-__all__ = ["marginal", "marginals", "mwem", "plot_marginals", "publish", "synthesize", "synthetic_rows",
-           "whole_rows"]
+__all__ = ["marginal", "marginals", "mwem", "perturb", "plot_marginals", "predicted_errors", "publish", "synthesize",
+           "synthetic_rows", "whole_rows"]
