@@ -9,7 +9,7 @@
    tables this small), and the direct answers of the whole 1-, 2- and 3-way workload (Laplace on each marginal at
    ε / 7: one person is in every marginal). One release also runs
    end to end through `dpsql.connect(...).synthesize`.
-2. Decision trees. A task table of --people rows with a known rule (sick = smoker and age > 50, or exercise
+2. Decision trees. A task table of --tree-rows rows with a known rule (sick = smoker and age > 50, or exercise
    low; 10% of labels flipped), features smoker, region, exercise and age in 4 bins; accuracy on 20,000
    held-out rows of the DP tree (through `decision_tree`, charged), the non-private tree (same algorithm,
    argmax and exact counts) and the naive DP tree (noisy counts of every candidate split, ε split over the
@@ -171,11 +171,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--people", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--tree-rows", type=int, default=2000, help="training rows of the tree task (small enough "
+                                                                    "that ε matters)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     lines = ["# Releases: synthetic tables, decision trees, densities", "",
-             f"`python benchmarks/bench_releases.py --people {args.people} --runs {args.runs}`", ""]
+             f"`python benchmarks/bench_releases.py --people {args.people} --runs {args.runs} "
+             f"--tree-rows {args.tree_rows}`", ""]
     pg = EmbeddedPostgres()
     pg.start()
     try:
@@ -231,7 +234,7 @@ def _trees(url: str, ledger: Ledger, args, lines: list[str]) -> dict:
     from dpsql.schema import parse_schema
 
     rng = random.Random(3)
-    train, test = task_rows(args.people, rng), task_rows(20_000, rng)
+    train, test = task_rows(args.tree_rows, rng), task_rows(20_000, rng)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS task; CREATE TABLE task (id bigint PRIMARY KEY, smoker boolean, "
                      "region text, exercise text, age integer, sick boolean)")
@@ -254,7 +257,7 @@ def _trees(url: str, ledger: Ledger, args, lines: list[str]) -> dict:
                 results[(depth, eps)] = (best, statistics.fmean(dp), statistics.fmean(naive))
     finally:
         engine.close()
-    lines += [f"## Decision trees on a task with a known rule ({args.people:,} training rows, 20,000 held out; "
+    lines += [f"## Decision trees on a task with a known rule ({args.tree_rows:,} training rows, 20,000 held out; "
               f"accuracy, mean of {args.runs} runs; the rule with its 10% flipped labels allows 0.90)", "",
               "| depth | ε | non-private | DP tree (exponential mechanism) | naive DP tree (noisy counts) |",
               "|---|---|---|---|---|"]

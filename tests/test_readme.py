@@ -86,6 +86,10 @@ def test_toml_examples(tmp_path):
         if "privacy" in document:  # a privacy schema
             assert parse_schema(document).tables
             continue
+        if "tables" in document:  # tables to add to the demo schema
+            demo = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
+            assert parse_schema({**demo, "tables": {**demo["tables"], **document["tables"]}}).tables
+            continue
         config = tmp_path / "dpsql.toml"  # a config file, or the settings of its [dpsql] table
         config.write_text(block if "dpsql" in document else "[dpsql]\n" + block, encoding="utf-8")
         assert load_settings(config).max_client_connections > 0
