@@ -222,6 +222,18 @@ def test_synthetic_table_is_charged_once_and_published_data_is_answered_exactly_
     assert sum(r[1] for r in answer.rows) == release["rows"]
 
 
+def test_published_data_beside_local_reports_is_not_passed_through(engine):
+    """A query joining released data to a table of local reports does not return the raw reports."""
+    raw = _raw_demo()
+    raw["tables"]["people_synth"] = {"public": True, "released": "test", "columns": {"sex": "text"}}
+    schema = parse_schema(raw)
+    from dpsql.releases.published import plan_published
+    from dpsql.sql import check_query
+    query = check_query("SELECT s.smoker FROM survey s JOIN people_synth p ON p.sex = s.region", schema)
+    assert plan_published(query, schema) is None
+    assert plan_published(check_query("SELECT sex FROM people_synth", schema), schema) is not None
+
+
 def _raw_demo() -> dict:
     import tomllib
 

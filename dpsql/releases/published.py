@@ -37,6 +37,8 @@ def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery
     tables = [schema.tables.get(t.name) for t in query.tree.find_all(exp.Table)]
     if not tables or any(t is None or not t.public for t in tables) or not any(t.released for t in tables):
         return None
+    if any(c.local is not None for t in tables for c in t.columns.values()):
+        return None  # locally randomized reports are only estimated from (dpsql.estimates)
     typed = annotate_types(query.tree.copy(), schema=schema.sqlglot_schema(), dialect="postgres")
     outputs = [Output(name, exp.column(name), _type_name(e), False)
                for name, e in zip(query.output_names, typed.expressions, strict=True)]
