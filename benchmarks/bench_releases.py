@@ -67,8 +67,8 @@ def synth_errors(exact: np.ndarray, epsilon: float, runs: int) -> dict[str, dict
     errors: dict[str, dict[int, list[float]]] = {m: {w: [] for w in (1, 2, 3)} for m in ("mwem", "direct", "full")}
     rng = np.random.default_rng(0)
     for run in range(runs):
-        synthetic, _ = mwem(exact, 1.0, epsilon, 2 * exact.ndim, marginals(exact.ndim), rng=random.Random(run))
-        full = perturb(exact, 1.0, epsilon, rng=random.Random(run))
+        synthetic, _, _ = mwem(exact, 1.0, epsilon, 2 * exact.ndim, marginals(exact.ndim), rng=random.Random(run))
+        full, _ = perturb(exact, 1.0, epsilon, rng=random.Random(run))
         for axes in workload:
             truth = marginal(exact, axes)
             direct = truth + rng.laplace(0, len(workload) / epsilon, truth.shape)

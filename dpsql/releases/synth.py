@@ -51,8 +51,10 @@ def marginal(table: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 
 def mwem(exact: np.ndarray, sensitivity: float, epsilon: float, rounds: int,
-         workload: list[tuple[int, ...]], rng: Any = None) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-    """MWEM's synthetic counts for the exact contingency table `exact` (and the marginals it measured)."""
+         workload: list[tuple[int, ...]], rng: Any = None) -> tuple[np.ndarray, dict[tuple[int, ...], np.ndarray],
+                                                                      list[tuple[int, ...]]]:
+    """MWEM's synthetic counts for the exact contingency table `exact`, its noisy measurements (the mean of each
+    marginal's) and the marginals it chose, in order."""
     extra = {} if rng is None else {"rng": rng}
     total_mech = LaplaceMechanism.calibrate(sensitivity, epsilon * TOTAL_SHARE, integer_valued=True)
     total = max(1.0, total_mech.release(float(exact.sum()), **extra))
@@ -77,17 +79,19 @@ def mwem(exact: np.ndarray, sensitivity: float, epsilon: float, rounds: int,
                 shape = [exact.shape[i] if i in seen else 1 for i in range(exact.ndim)]
                 synthetic = synthetic * factor.reshape(shape)
                 synthetic *= total / max(synthetic.sum(), 1e-12)
-    return synthetic, chosen
+    return synthetic, {axes: np.mean(values, axis=0) for axes, values in measured.items()}, chosen
 
 
-def perturb(exact: np.ndarray, sensitivity: float, epsilon: float, rng: Any = None) -> np.ndarray:
+def perturb(exact: np.ndarray, sensitivity: float, epsilon: float, rng: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The whole contingency table with Laplace noise on every cell (one unit moves the cells by at most
-    `sensitivity` in all), projected onto counts: ≥ 0, summing to the noisy total ("database perturbation")."""
+    `sensitivity` in all), projected onto counts: ≥ 0, summing to the noisy total ("database perturbation");
+    and the noisy table itself."""
     extra = {} if rng is None else {"rng": rng}
     noise = LaplaceMechanism.calibrate(sensitivity, epsilon, integer_valued=float(sensitivity).is_integer(),
                                        coordinates=max(1, int(math.ceil(sensitivity))))
     noisy = np.array([noise.release(float(v), **extra) for v in exact.ravel()])
-    return onto_simplex(noisy, max(float(noisy.sum()), 0.0)).reshape(exact.shape)
+    noisy = noisy.reshape(exact.shape)
+    return onto_simplex(noisy.ravel(), max(float(noisy.sum()), 0.0)).reshape(exact.shape), noisy
 
 
 def predicted_errors(shape: tuple[int, ...], sensitivity: float, epsilon: float, rounds: int) -> dict[str, float]:
@@ -158,16 +162,23 @@ def synthesize(engine: Any, analyst: str, table: str, columns: list[str], epsilo
         for key, count in totals.items():
             exact[tuple(index[i][v] for i, v in enumerate(key))] = count
         if chosen == "mwem":
-            synthetic, measured = mwem(exact, counts.sensitivity, epsilon, rounds, workload)
+            synthetic, measurements, measured = mwem(exact, counts.sensitivity, epsilon, rounds, workload)
         else:
-            synthetic, measured = perturb(exact, counts.sensitivity, epsilon), []
+            synthetic, noisy = perturb(exact, counts.sensitivity, epsilon)
+            measurements, measured = {tuple(range(len(cols))): noisy}, []
+        noisy_marginals = {}  # each column's noisy counts, from a measurement that holds it (post-processing)
+        for i, name in enumerate(names):
+            seen = next((axes for axes in measurements if i in axes), None)
+            if seen is not None:
+                values = measurements[seen]
+                noisy_marginals[name] = values.sum(axis=tuple(j for j, a in enumerate(seen) if a != i)).tolist()
         rows = whole_rows(synthetic)
         values = [[_value(c, v, bins) for v in d] for c, d in zip(cols, domains, strict=True)]
         cells = [[list(i), int(n)] for i, n in np.ndenumerate(rows) if n]
         return {"table": declared.name, "columns": names, "types": [c.type for c in cols], "values": values,
                 "cells": cells, "rows": int(rows.sum()), "method": chosen, "rounds": rounds if chosen == "mwem" else 0,
                 "epsilon": epsilon, "measured": [[names[i] for i in axes] for axes in measured],
-                "predicted_2way_l1": predicted}
+                "predicted_2way_l1": predicted, "noisy_marginals": noisy_marginals}
 
     released = engine.release(analyst, f"synth {chosen}", [sql], Cost.pure(epsilon), mechanism)
     return {**released.output, "cached": released.cached, "epsilon_spent": 0.0 if released.cached else epsilon}
@@ -192,7 +203,7 @@ def synthetic_rows(release: dict) -> list[tuple]:
 
 
 def plot_marginals(release: dict, path: str) -> None:
-    """Each column's synthetic counts per value (drawn from the released rows only)."""
+    """Each column's synthetic counts per value beside the noisy measured ones (released values only)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -203,10 +214,16 @@ def plot_marginals(release: dict, path: str) -> None:
         counts = [0] * len(release["values"][i])
         for index, n in release["cells"]:
             counts[index[i]] += n
-        ax.bar([str(v) for v in release["values"][i]], counts)
+        labels = [str(v) for v in release["values"][i]]
+        positions = np.arange(len(labels))
+        ax.bar(positions - 0.2, counts, width=0.4, label="synthetic")
+        if name in release.get("noisy_marginals", {}):
+            ax.bar(positions + 0.2, release["noisy_marginals"][name], width=0.4, label="noisy measured")
+        ax.set_xticks(positions, labels)
         ax.set_title(name)
+        ax.legend(fontsize=7)
         ax.tick_params(axis="x", labelrotation=45)
-    fig.suptitle(f"synthetic {release['table']} (MWEM, ε = {release['epsilon']:g}): 1-way marginals")
+    fig.suptitle(f"synthetic {release['table']} ({release['method']}, ε = {release['epsilon']:g}): 1-way marginals")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
