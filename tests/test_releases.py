@@ -86,6 +86,40 @@ def test_one_row_moves_the_gini_score_by_at_most_two():
         assert abs(gini_score(counts) - before) <= 2 + 1e-12
 
 
+def test_the_split_is_drawn_with_the_exponential_mechanism_s_probabilities():
+    """The tree's first split over a fixed table: attribute frequencies over many seeded draws match
+    exp(ε·score / 2Δ), normalised."""
+    from dpsql.mechanisms.exponential import ExponentialMechanism
+    from dpsql.releases.tree import _grow
+
+    rows = {(x, y, label): float(10 + 7 * x + 3 * y * label + 5 * (x == label)) for x in (0, 1) for y in (0, 1, 2)
+            for label in (0, 1)}
+    domains = [[0, 1], [0, 1, 2], [0, 1]]
+    mechanism = ExponentialMechanism(2.0, 0.05)
+    scores = []
+    for attribute in (0, 1):
+        split: dict = {}
+        for key, count in rows.items():
+            split.setdefault(key[attribute], {}).setdefault(key[-1], 0.0)
+            split[key[attribute]][key[-1]] += count
+        scores.append(gini_score(split))
+    expected = mechanism.probabilities(scores)
+    rng = random.Random(9)
+
+    class Seeded:
+        def select(self, utilities):
+            return mechanism.select(utilities, rng)
+
+    class Exact:
+        def release(self, value):
+            return value
+
+    draws = 20_000
+    first = sum(_grow(rows, [0, 1], 1, domains, Seeded(), Exact())["split"] == 0 for _ in range(draws))
+    assert abs(first - expected[0] * draws) <= 5 * math.sqrt(draws * expected[0] * (1 - expected[0]))
+    assert 0.2 < expected[0] < 0.8  # a test with both outcomes likely
+
+
 # --- through the engine ---------------------------------------------------------------------------------------------
 
 
@@ -190,10 +224,11 @@ def test_mwem_answers_a_held_out_workload_within_its_error():
     rows = whole_rows(synthetic)
     assert rows.sum() == round(synthetic.sum()) and (rows >= 0).all()
     from dpsql.releases.synth import perturb
-    table, _ = perturb(exact, 1.0, 1.0, rng=random.Random(2))
+    table, _ = perturb(exact, 1.0, 1.0, rng=random.Random(2))  # what dpsql synth picks for a table this small
     assert (table >= 0).all() and abs(table.sum() - 50_000) < 100
-    errors = [np.abs(marginal(table, m) - marginal(exact, m)).sum() / 50_000 for m in marginals(3, (2,))]
-    assert np.mean(errors) < 0.005, errors
+    for way in (2, 3):  # a workload it never saw: every 2-way marginal, and the table itself
+        errors = [np.abs(marginal(table, m) - marginal(exact, m)).sum() / 50_000 for m in marginals(3, (way,))]
+        assert np.mean(errors) < 0.005, (way, errors)
 
 
 def test_synthetic_table_is_charged_once_and_published_data_is_answered_exactly_for_free(engine, analyst, base_url,
