@@ -75,7 +75,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
-    common.add_argument("--database", help="postgresql:// URL (or DPSQL_DATABASE)")
+    common.add_argument("--database", help="postgresql:// URL, or spark://local[N] or sc://HOST:PORT for Apache "
+                                           "Spark (or DPSQL_DATABASE)")
+    common.add_argument("--ledger", help="postgresql:// URL of the ledger when it is not the database (required for "
+                                         "Spark; or DPSQL_LEDGER)")
     common.add_argument("--schema", help="privacy schema TOML file (or DPSQL_SCHEMA)")
     common.add_argument("--analyst", help="whose budget to spend (or DPSQL_ANALYST)")
     common.add_argument("--config", help="config file with a [dpsql] table (or DPSQL_CONFIG, ./dpsql.toml)")
@@ -194,7 +197,8 @@ def _parser() -> argparse.ArgumentParser:
     report.set_defaults(run=_ledger_report)
 
     serve = sub.add_parser("serve", parents=[common], help="serve the PostgreSQL wire protocol on a TCP port")
-    serve.add_argument("--backend", help="postgresql:// URL of the database (same as --database)")
+    serve.add_argument("--backend", help="postgresql:// URL of the database, or spark://local[N] / sc://HOST:PORT "
+                                         "with --ledger postgresql://... (same as --database)")
     serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:6543)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="dpsql's log on stderr: logins, failed logins, failed statements and answers at info "
@@ -213,7 +217,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    return load_settings(args.config, database=args.database, schema=args.schema, analyst=args.analyst, **extra)
+    return load_settings(args.config, database=args.database, schema=args.schema, analyst=args.analyst,
+                         ledger=getattr(args, "ledger", None), **extra)
 
 
 def _engine(settings: Settings):
@@ -369,9 +374,9 @@ def _budget(args: argparse.Namespace) -> int:
 def _ledger(settings: Settings):
     from dpsql.accounting import Ledger
     from dpsql.errors import ConfigError
-    if not settings.database:
+    if not (settings.ledger or settings.database):
         raise ConfigError("no database given", "pass --database URL or set DPSQL_DATABASE")
-    ledger = Ledger(settings.database)
+    ledger = Ledger(settings.ledger or settings.database)
     try:
         yield ledger
     finally:

@@ -16,12 +16,14 @@ from typing import Any
 from dpsql.errors import ConfigError
 
 ENVIRONMENT = {"database": "DPSQL_DATABASE", "schema": "DPSQL_SCHEMA", "analyst": "DPSQL_ANALYST",
-               "epsilon": "DPSQL_EPSILON"}
+               "epsilon": "DPSQL_EPSILON", "ledger": "DPSQL_LEDGER"}
 
 
 @dataclass(frozen=True)
 class Settings:
-    database: str | None = None  # postgresql:// URL of the database holding the private data
+    database: str | None = None  # postgresql:// URL of the database holding the private data, or spark://local[N]
+    #                               or sc://host:port for Apache Spark
+    ledger: str | None = None  # postgresql:// URL of the ledger (budgets, charges, answers); default: database
     schema: str | None = None  # path of the privacy schema (TOML)
     analyst: str | None = None  # whose budget queries spend
     epsilon: float = 1.0  # ε of one query unless the session or the query says otherwise

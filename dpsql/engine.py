@@ -30,6 +30,7 @@ from dpsql.analysis import Plan, analyze
 from dpsql.analysis.plan import Output
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
+from dpsql.backends.spark import SparkBackend, is_spark_url
 from dpsql.config import Settings
 from dpsql.errors import (
     BackendError,
@@ -163,9 +164,8 @@ class Engine:
                 raise ConfigError("no privacy schema given", "pass --schema FILE or set DPSQL_SCHEMA")
             schema = load_schema(settings.schema)
         self.settings, self.schema = settings, schema
-        self.backend = PostgresBackend(settings.database, settings.statement_timeout_ms,
-                                       connect_wait=settings.connect_timeout_s)
-        self.ledger = Ledger(settings.database, connect_wait=settings.connect_timeout_s)
+        self.backend = _backend(settings, schema)
+        self.ledger = Ledger(settings.ledger or settings.database, connect_wait=settings.connect_timeout_s)
         self._unique = self.backend.unique_columns()
         self._not_null = self.backend.not_null_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
@@ -377,6 +377,17 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
         return resolved
+
+
+def _backend(settings: Settings, schema: PrivacySchema) -> PostgresBackend | SparkBackend:
+    """PostgreSQL, or Spark for a spark:// or sc:// URL (whose ledger must live in PostgreSQL)."""
+    if not is_spark_url(settings.database):
+        return PostgresBackend(settings.database, settings.statement_timeout_ms,
+                               connect_wait=settings.connect_timeout_s)
+    if not settings.ledger:
+        raise ConfigError("the Spark backend keeps its ledger in PostgreSQL: no ledger given",
+                          "pass --ledger postgresql://... or set DPSQL_LEDGER (dpsql demo --keep starts one)")
+    return SparkBackend(settings.database, schema, settings.statement_timeout_ms)
 
 
 def _count_measures(plan: Plan) -> list[str]:

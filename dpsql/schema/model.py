@@ -117,6 +117,7 @@ class Table:
     max_rows_per_unit: int = 1
     parent: ParentKey | None = None  # for a private table without unit_column: the link towards the unit
     released: str | None = None  # a public table a release published (what it was): answered exactly, free
+    path: str | None = None  # on Spark: Parquet files holding the table, where the Spark catalog has none
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     if not isinstance(spec, dict):
         problems.append(f"{where} must be a table of settings")
         return None
-    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent", "released"}
+    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent", "released", "path"}
     if unknown:
         problems.append(f"{where} has unknown settings: {', '.join(sorted(unknown))}")
     public = spec.get("public", False)
@@ -106,6 +106,10 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     table_unit_column = spec.get("unit_column")
     max_rows = spec.get("max_rows_per_unit", 1 if name == unit_table else None)
     parent = _parse_parent(where, spec["parent"], columns, problems) if "parent" in spec else None
+    path = spec.get("path")
+    if path is not None and not (isinstance(path, str) and path):
+        problems.append(f'{where} path = "..." names the Parquet files of the table (for the Spark backend)')
+        path = None
     released = spec.get("released")
     if released is not None and not (public and isinstance(released, str) and released):
         problems.append(f'{where} released = "..." describes a public table that a release published: it needs '
@@ -114,13 +118,13 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     if public:
         if table_unit_column is not None or "max_rows_per_unit" in spec or parent is not None:
             problems.append(f"{where} is public: unit_column, parent and max_rows_per_unit do not apply")
-        return Table(name, columns, public=True, released=released)
+        return Table(name, columns, public=True, released=released, path=path)
     if unit_table is None:  # row-level privacy
         if table_unit_column is not None or parent is not None:
             problems.append(f"{where} unit_column and parent do not apply under row-level privacy")
         if max_rows not in (None, 1):
             problems.append(f"{where} max_rows_per_unit must be 1 under row-level privacy")
-        return Table(name, columns, unit_column=None, max_rows_per_unit=1)
+        return Table(name, columns, unit_column=None, max_rows_per_unit=1, path=path)
     if name == unit_table:
         table_unit_column = table_unit_column or unit_column
         if table_unit_column != unit_column:
@@ -137,7 +141,8 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
         problems.append(f"{where} max_rows_per_unit = {max_rows!r}: a private table needs a whole number >= 1 "
                         "(the most rows one unit may have; rows beyond it are bounded away by the rewrite)")
         max_rows = 1
-    return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows), parent=parent)
+    return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows), parent=parent,
+                 path=path)
 
 
 def _parse_parent(where: str, spec: Any, columns: dict[str, Column], problems: list[str]) -> ParentKey | None:

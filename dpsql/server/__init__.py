@@ -210,7 +210,8 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
     """The engine, the shadow database and a server ready to `start()`, from settings."""
     engine = Engine(settings)
     try:
-        shadow_url, role = create_shadow(settings.database, engine.schema, settings.shadow_database)
+        # the shadow catalog lives in PostgreSQL: beside the data, or beside the ledger when the data is on Spark
+        shadow_url, role = create_shadow(settings.ledger or settings.database, engine.schema, settings.shadow_database)
         gateway = Gateway(engine, shadow_url, role)
         server = Server(gateway, parse_listen(listen or settings.listen), auth_method=settings.auth,
                         tls=tls_context(settings), max_clients=settings.max_client_connections,

@@ -1,0 +1,200 @@
+"""Apache Spark as the backend: the same rewritten query, transpiled from PostgreSQL's dialect by sqlglot, run
+by a Spark session (`spark://local[N]` for one machine and the tests, `sc://host:port` for a cluster through
+Spark Connect). The ledger, the answer cache and the shadow catalog stay in PostgreSQL.
+
+What the guarantee rests on must mean the same on Spark; where Spark differs, the rule is here:
+
+- No constraint is trusted: Spark has no primary keys to verify, so `unique_columns` and `not_null_columns` are
+  empty and every bound (rows per unit, key frequencies) is enforced by the rewrite.
+- Integer division: PostgreSQL's `int / int` truncates; Spark's `/` returns a double. The query is typed
+  (sqlglot's qualify and annotate_types over the declared columns), and each integer division becomes
+  `CAST(a / b AS BIGINT)`, which truncates toward zero as PostgreSQL does (exact below 2^53).
+- Sums of integers: PostgreSQL's SUM(bigint) is numeric and cannot overflow; Spark's is a bigint. Integer
+  arguments of SUM are cast to DECIMAL(38, 0).
+- The keyed hash that picks which rows of an over-bound unit are kept: PostgreSQL's
+  `hash_record_extended(ROW(...), seed)` becomes Spark's `xxhash64(seed, ...)`. Both are deterministic functions
+  of the row and the stored seed, so a table is always bounded the same way, but the two backends may keep
+  different rows of a unit that exceeds its bound (the bound holds on both).
+- Dates: the rewrite keeps dates and timestamps inside PostgreSQL's safe range (`SAFE_TEMPORAL`, 4000 BC to
+  294276 AD), whose bounds Spark cannot parse; Spark's dates run from 0001-01-01 to 9999-12-31, where none of
+  its functions overflow, so the guard's bounds become those.
+- NaN: both order NaN above every number and treat NaN = NaN as true, so the rewrite's clamps
+  (`x <> 'NaN'`) mean the same. ANSI mode stays on: an overflow or invalid cast the rewrite did not prevent is an
+  error (DP008), never a silently wrapped value; the session's time zone is UTC.
+- Statement timeout: each statement runs in its own job group, cancelled when the timeout passes.
+
+Tables come from the Spark catalog, or from `path = "..."` in the privacy schema (Parquet), registered as
+temporary views when the backend starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.optimizer.annotate_types import annotate_types
+from sqlglot.optimizer.qualify import qualify
+
+from dpsql.analysis.expressions import SAFE_TEMPORAL
+from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled
+from dpsql.schema import PrivacySchema
+
+log = logging.getLogger("dpsql.spark")
+FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
+LOCAL = "spark://local"
+SPARK_TEMPORAL = dict(zip(SAFE_TEMPORAL, ("0001-01-01", "9999-12-31"), strict=True))
+INTEGER_TYPES = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
+                 exp.DataType.Type.BIGINT}
+
+
+def is_spark_url(url: str | None) -> bool:
+    return bool(url) and (url.startswith(LOCAL) or url.startswith("sc://"))
+
+
+def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
+    """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
+    tree = sqlglot.parse_one(sql, read="postgres")
+    tree = tree.transform(_keyed_hash).transform(_spark_dates)
+    tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
+    tree = annotate_types(tree, schema=schema, dialect="postgres")
+    tree = tree.transform(_decimal_sums)
+    return tree.sql(dialect="spark")
+
+
+def _keyed_hash(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Anonymous) and node.name.lower() == "hash_record_extended":
+        row, seed = node.expressions
+        fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
+        return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
+    return node
+
+
+def _spark_dates(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Literal) and node.is_string and node.this in SPARK_TEMPORAL:
+        return exp.Literal.string(SPARK_TEMPORAL[node.this])
+    return node
+
+
+def _decimal_sums(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Sum) and node.this.type is not None and node.this.type.this in INTEGER_TYPES:
+        return exp.Sum(this=exp.Cast(this=node.this.copy(), to=exp.DataType.build("DECIMAL(38, 0)")))
+    return node
+
+
+class SparkBackend:
+    """Runs rewritten queries on a Spark session; one statement at a time per session, several sessions at once."""
+
+    def __init__(self, url: str, schema: PrivacySchema, statement_timeout_ms: int = 30_000):
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError as exc:
+            raise ConfigError("the Spark backend needs pyspark", "pip install 'dpsql[spark]' (and Java 17)") from exc
+        self._timeout_s = statement_timeout_ms / 1000
+        builder = SparkSession.builder.appName("dpsql")
+        if url.startswith("sc://"):
+            builder = builder.remote(url)
+        else:
+            master = url[len("spark://"):] or "local[2]"
+            builder = (builder.master(master).config("spark.sql.shuffle.partitions", "4")
+                       .config("spark.ui.enabled", "false").config("spark.sql.ansi.enabled", "true")
+                       .config("spark.sql.session.timeZone", "UTC"))
+        try:
+            self.spark = builder.getOrCreate()
+        except Exception as exc:  # noqa: BLE001 - no Java, no cluster: say so, charge nothing
+            log.warning("cannot start Spark: %s", exc)
+            raise BackendUnavailable(f"cannot start a Spark session for {url}",
+                                     "check that Java 17 is installed (or the Spark Connect server is up)") from None
+        self._types = schema.sqlglot_schema()
+        for table in schema.tables.values():
+            if table.path:
+                self.spark.read.parquet(table.path).createOrReplaceTempView(table.name)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    @contextmanager
+    def session(self, cancel: Any = None) -> Iterator[SparkStatements]:
+        session = SparkStatements(self, cancel)
+        try:
+            yield session
+        finally:
+            session.release()
+
+    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+        with self.session() as session:
+            return session.run(sql)
+
+    def unique_columns(self) -> frozenset[tuple[str, str]]:
+        return frozenset()  # Spark verifies no keys: every bound is enforced by the rewrite
+
+    def not_null_columns(self) -> frozenset[tuple[str, str]]:
+        return frozenset()
+
+    def lock(self, name: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.spark.stop()
+
+
+def _value(value: Any, instant: bool) -> Any:
+    """A Spark value as psycopg gives PostgreSQL's: decimals as ints or floats, and a TIMESTAMP (an instant, which
+    pyspark hands over as a naive datetime in the process's local time) with its time zone, as timestamptz."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if instant and isinstance(value, datetime.datetime) and value.tzinfo is None:
+        return value.astimezone(datetime.UTC)
+    return value
+
+
+class SparkStatements:
+    """One answer's statements on the shared Spark session (the name mirrors the PostgreSQL backend's session)."""
+
+    broken = False
+
+    def __init__(self, backend: SparkBackend, cancel: Any):
+        self._backend, self._cancel = backend, cancel
+        self._held: threading.Lock | None = None
+
+    def run(self, sql: str) -> list[tuple[Any, ...]]:
+        if self._cancel is not None and self._cancel.cancelled:
+            raise QueryCancelled("canceling statement due to user request")
+        spark = self._backend.spark
+        group = f"dpsql-{uuid.uuid4().hex}"
+        timer = threading.Timer(self._backend._timeout_s, lambda: spark.sparkContext.cancelJobGroup(group))
+        try:
+            spark.sparkContext.setJobGroup(group, "dpsql statement", interruptOnCancel=True)
+            timer.start()
+            frame = spark.sql(to_spark(sql, self._backend._types))
+            instants = [type(f.dataType).__name__ == "TimestampType" for f in frame.schema.fields]
+            rows = frame.collect()
+        except Exception as exc:  # noqa: BLE001 - Spark's text never reaches the analyst
+            log.warning("Spark query failed: %s: %s", type(exc).__name__, str(exc)[:500])
+            raise BackendError(FAILED, FAILED_HINT) from None
+        finally:
+            timer.cancel()
+        return [tuple(_value(v, instant) for v, instant in zip(row, instants, strict=True)) for row in rows]
+
+    def hold(self, name: str) -> None:
+        """Identical queries of this process wait for each other (there is no advisory lock to share across
+        processes on Spark; the ledger still never charges a query twice)."""
+        self._held = self._backend.lock(name)
+        self._held.acquire()
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+
+
+__all__ = ["SparkBackend", "is_spark_url", "to_spark"]

@@ -1,0 +1,188 @@
+"""The Spark backend: the same rewritten query means the same on Spark as on PostgreSQL, the bounds hold on
+Spark's neighbours, and a query goes through every door's engine with the ledger in PostgreSQL.
+
+Runs on a local Spark session (pyspark and Java 17); skipped, saying why, where Java is missing."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tomllib
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dpsql.config import Settings
+from dpsql.schema import parse_schema
+from tests.conftest import DEMO_SCHEMA, EXTREME_ID, copy_database
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
+if shutil.which("java") is None:
+    pytest.skip("the Spark backend needs Java 17, which is not installed", allow_module_level=True)
+
+import pyarrow as pa  # noqa: E402 - after the skips
+import pyarrow.parquet as pq  # noqa: E402
+
+from dpsql.backends.spark import to_spark  # noqa: E402
+from dpsql.engine import Engine  # noqa: E402
+
+TABLES = {  # the demo tables on Spark, with their columns as Parquet types
+    "people": {"person_id": pa.int64(), "age": pa.int32(), "sex": pa.string(), "state": pa.string(),
+               "income": pa.float64()},
+    "visits": {"visit_id": pa.int64(), "person_id": pa.int64(), "day": pa.date32(), "category": pa.string(),
+               "amount": pa.float64()},
+    "prescriptions": {"prescription_id": pa.int64(), "visit_id": pa.int64(), "drug": pa.string(),
+                      "cost": pa.float64()},
+    "states": {"code": pa.string(), "name": pa.string(), "region": pa.string()},
+}
+QUERIES = [
+    "SELECT COUNT(*) FROM people",
+    "SELECT sex, COUNT(*), AVG(income), SUM(age) FROM people GROUP BY sex",
+    "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
+    "SELECT COUNT(DISTINCT person_id) FROM visits",
+    "SELECT age / 10 AS decade, COUNT(*) FROM people WHERE age BETWEEN 20 AND 69 GROUP BY decade",
+    "SELECT s.region, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id JOIN states s "
+    "ON s.code = p.state GROUP BY s.region",
+    "SELECT date_trunc('month', day) AS month, COUNT(*) FROM visits GROUP BY month",
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) AS median, MIN(age), MAX(age) FROM people",
+    "SELECT state, COUNT(*) FROM people GROUP BY state",
+    "SELECT COUNT(*) FROM visits WHERE person_id IN (SELECT person_id FROM people WHERE age > 60)",
+]
+
+
+def _spark_schema(paths: dict[str, Path]):
+    raw = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
+    raw["tables"] = {name: {**raw["tables"][name], "path": str(path)} for name, path in paths.items()}
+    return parse_schema(raw)
+
+
+def _export(url: str, directory: Path) -> dict[str, Path]:
+    """The demo tables of a PostgreSQL database as Parquet (dates at ±infinity, which Spark cannot hold, as NULL)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    with psycopg.connect(url) as conn:
+        for table, columns in TABLES.items():
+            select = ", ".join(f"CASE WHEN isfinite({c}) THEN {c} END" if t == pa.date32() else c
+                               for c, t in columns.items())
+            rows = conn.execute(f"SELECT {select} FROM {table}").fetchall()
+            arrays = [pa.array([r[i] for r in rows], type=t) for i, t in enumerate(columns.values())]
+            paths[table] = directory / f"{table}.parquet"
+            pq.write_table(pa.Table.from_arrays(arrays, names=list(columns)), paths[table])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def within_bounds(server, template) -> str:
+    """The demo data with no unit over its row bounds (10 visits, 20 prescriptions): which rows a bound keeps then
+    cannot differ between the backends' keyed hashes, so their pre-noise answers must be equal."""
+    url = copy_database(server, template, "dpsql_spark_base")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM prescriptions WHERE visit_id IN (SELECT visit_id FROM (SELECT visit_id, "
+                     "ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_id) AS n FROM visits) v WHERE n > 10)")
+        conn.execute("DELETE FROM visits WHERE visit_id IN (SELECT visit_id FROM (SELECT visit_id, "
+                     "ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_id) AS n FROM visits) v WHERE n > 10)")
+        conn.execute("DELETE FROM prescriptions WHERE prescription_id IN (SELECT prescription_id FROM (SELECT "
+                     "prescription_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY prescription_id) AS n "
+                     "FROM prescriptions p JOIN visits v USING (visit_id)) x WHERE n > 20)")
+    return url
+
+
+@pytest.fixture(scope="module")
+def spark_engine(within_bounds, tmp_path_factory):
+    paths = _export(within_bounds, tmp_path_factory.mktemp("spark_base"))
+    engine = Engine(Settings(database="spark://local[2]", ledger=within_bounds), _spark_schema(paths))
+    yield engine
+    engine.close()
+
+
+def _rows(rows: list[tuple]) -> list[tuple]:
+    """Rows in one order, numbers as floats (sums on Spark are decimals, on PostgreSQL numerics)."""
+    def norm(v):
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+    return sorted((tuple(norm(v) for v in row) for row in rows), key=repr)
+
+
+def _equal(a: list[tuple], b: list[tuple]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(_rows(a), _rows(b), strict=True):
+        for u, v in zip(x, y, strict=True):
+            if isinstance(u, float) and isinstance(v, float):
+                if not (u == v or (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-6)):
+                    return False
+            elif u != v:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_pre_noise_answers_on_spark_equal_postgresql_s(spark_engine, within_bounds, sql):
+    """The rewritten SQL (bounded as Spark needs: no key trusted) run on both backends gives the same rows."""
+    prepared = spark_engine.prepare(sql)
+    statements = [prepared.rewritten.sql, *prepared.rewritten.histograms.values()]
+    with psycopg.connect(within_bounds) as conn:
+        expected = [conn.execute(s).fetchall() for s in statements]
+    with spark_engine.backend.session() as session:
+        got = [session.run(s) for s in statements]
+    for statement, want, have in zip(statements, expected, got, strict=True):
+        assert _equal(want, have), (to_spark(statement, spark_engine.schema.sqlglot_schema()), want[:5], have[:5])
+
+
+def test_a_parent_link_needs_a_key_spark_cannot_verify(spark_engine):
+    """prescriptions reach a person through visits.visit_id, which must be unique; Spark verifies no key, so the
+    query is refused rather than trusted."""
+    from dpsql.errors import UnsupportedQuery
+    with pytest.raises(UnsupportedQuery, match="visits.visit_id"):
+        spark_engine.prepare("SELECT drug, COUNT(*) FROM prescriptions GROUP BY drug")
+
+
+def test_no_constraint_is_trusted_on_spark(spark_engine):
+    assert spark_engine.backend.unique_columns() == frozenset()
+    explain = spark_engine.prepare("SELECT COUNT(*) FROM people").rewritten.sql
+    assert "dpsql_unit" in explain  # people's one row per person is enforced, not read from a primary key
+
+
+def test_integer_division_and_sums_keep_postgresql_s_meaning():
+    schema = {"t": {"a": "int", "b": "bigint", "x": "double"}}
+    spark_sql = to_spark("SELECT a / 3 AS q, SUM(b) AS s, x / 2 AS h FROM t GROUP BY 1, 3", schema)
+    assert "CAST(`t`.`a` / 3 AS BIGINT)" in spark_sql or "CAST(t.a / 3 AS BIGINT)" in spark_sql
+    assert "DECIMAL(38, 0)" in spark_sql
+    keyed = to_spark("SELECT hash_record_extended(ROW(a, b), 7) FROM t", schema)
+    assert "XXHASH64(7," in keyed.upper()
+
+
+def test_neighbour_moves_spark_s_answers_within_the_sensitivity(spark_engine, neighbour_url, base_url,
+                                                                 tmp_path_factory):
+    """On Spark, the base data and its neighbour with one extreme unit (thousands of visits in every category,
+    out-of-bound and NaN values): every exact answer moves by at most its measure's sensitivity."""
+    base = _export(base_url, tmp_path_factory.mktemp("spark_n_base"))
+    neighbour = _export(neighbour_url, tmp_path_factory.mktemp("spark_n_neighbour"))
+    spark = spark_engine.backend.spark
+    for sql in QUERIES[:8]:
+        prepared = spark_engine.prepare(sql)
+        answers = []
+        for paths in (base, neighbour):
+            for name, path in paths.items():
+                spark.read.parquet(str(path)).createOrReplaceTempView(name)
+            with spark_engine.backend.session() as session:
+                answers.append(session.run(prepared.rewritten.sql))
+        plan = prepared.plan
+        n_keys = len(plan.group_keys)
+        before, after = ({tuple(r[:n_keys]): r[n_keys:] for r in rows} for rows in answers)
+        for i, measure in enumerate(plan.measures):
+            moved = sum(abs(float(after.get(k, [0] * 9)[i] or 0) - float(before.get(k, [0] * 9)[i] or 0))
+                        for k in before.keys() | after.keys())
+            assert moved <= measure.sensitivity * (1 + 1e-9), (sql, measure.label, moved, measure.sensitivity)
+    paths = _export(base_url, tmp_path_factory.mktemp("spark_restore"))  # leave base-like views behind
+    for name, path in paths.items():
+        spark.read.parquet(str(path)).createOrReplaceTempView(name)
+    assert EXTREME_ID  # the neighbour's unit is the conftest's
+
+
+def test_a_noisy_answer_through_spark_is_charged_in_the_postgresql_ledger(spark_engine):
+    spark_engine.ledger.add_analyst("spark_analyst", 5.0, 1e-5)
+    answer = spark_engine.query("SELECT sex, COUNT(*) FROM people GROUP BY sex", analyst="spark_analyst",
+                                epsilon=0.5)
+    assert {r[0] for r in answer.rows} == {"F", "M"} and answer.epsilon == pytest.approx(0.5)
+    assert spark_engine.budget("spark_analyst").epsilon_basic == pytest.approx(0.5)
