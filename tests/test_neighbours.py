@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from dpsql import errors
+from dpsql.backends.postgres import SAFE_LOADERS
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.schema import parse_schema
@@ -132,6 +133,8 @@ ROW_LEVEL_QUERIES = [
 
 def _exact(url: str, sql: str, n_keys: int) -> dict[tuple, list[float]]:
     with psycopg.connect(url) as conn:
+        for type_name, loader in SAFE_LOADERS.items():  # as the backend reads them: a key at ±infinity is
+            conn.adapters.register_loader(type_name, loader)  # kept when the keyed hash keeps its row
         rows = conn.execute(sql).fetchall()
     return {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in rows}
 

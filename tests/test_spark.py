@@ -150,6 +150,18 @@ def test_integer_division_and_sums_keep_postgresql_s_meaning():
     assert "DECIMAL(38, 0)" in spark_sql
     keyed = to_spark("SELECT hash_record_extended(ROW(a, b), 7) FROM t", schema)
     assert "XXHASH64(7," in keyed.upper()
+    clamp = to_spark("SELECT numeric_smaller(numeric_larger(CAST(x AS DECIMAL), 0), 10) FROM t", schema)
+    assert "DECIMAL(38, 10)" in clamp and "IS NULL THEN NULL ELSE LEAST(" in clamp
+
+
+def test_strict_clamps_keep_null_and_nan_on_spark(spark_engine):
+    """PostgreSQL's strict smaller/larger keep NULL NULL and move NaN to the upper bound; so must Spark's."""
+    sql = ("SELECT float8smaller(float8larger(x, 0), 10) AS f, numeric_smaller(numeric_larger(CAST(d AS DECIMAL), "
+           "0), 10) AS n FROM (SELECT CAST(NULL AS DOUBLE PRECISION) AS x, CAST(NULL AS NUMERIC) AS d UNION ALL "
+           "SELECT CAST('NaN' AS DOUBLE PRECISION), 12.345 UNION ALL SELECT -3.5, 4.125) AS t")
+    with spark_engine.backend.session() as session:
+        rows = sorted(session.run(sql), key=repr)
+    assert rows == sorted([(None, None), (10.0, 10), (0.0, 4.125)], key=repr)
 
 
 def test_neighbour_moves_spark_s_answers_within_the_sensitivity(spark_engine, neighbour_url, base_url,

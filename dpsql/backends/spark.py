@@ -18,6 +18,11 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 - Dates: the rewrite keeps dates and timestamps inside PostgreSQL's safe range (`SAFE_TEMPORAL`, 4000 BC to
   294276 AD), whose bounds Spark cannot parse; Spark's dates run from 0001-01-01 to 9999-12-31, where none of
   its functions overflow, so the guard's bounds become those.
+- Clamps: the rewrite clamps with PostgreSQL's strict `int8smaller`/`numeric_larger`/... functions, which keep NULL
+  NULL; Spark's LEAST and GREATEST skip NULLs (as PostgreSQL's do), so each becomes
+  `CASE WHEN x IS NULL THEN NULL ELSE LEAST(x, bound) END`. `CAST(x AS DECIMAL)` is PostgreSQL's unbounded
+  numeric but Spark's DECIMAL(10, 0), which would round every price: it becomes DECIMAL(38, 10) (bounds are
+  within ±1e12).
 - NaN: both order NaN above every number and treat NaN = NaN as true, so the rewrite's clamps
   (`x <> 'NaN'`) mean the same. ANSI mode stays on: an overflow or invalid cast the rewrite did not prevent is an
   error (DP008), never a silently wrapped value; the session's time zone is UTC.
@@ -45,12 +50,15 @@ from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
 from dpsql.analysis.expressions import SAFE_TEMPORAL
+from dpsql.analysis.expressions import STRICT_BOUNDS as STRICT_BOUNDS_BY_KIND
 from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled
 from dpsql.schema import PrivacySchema
 
 log = logging.getLogger("dpsql.spark")
 FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
 LOCAL = "spark://local"
+SMALLER = {smaller for _, smaller in STRICT_BOUNDS_BY_KIND.values()}
+STRICT_BOUNDS = SMALLER | {larger for larger, _ in STRICT_BOUNDS_BY_KIND.values()}
 SPARK_TEMPORAL = dict(zip(SAFE_TEMPORAL, ("0001-01-01", "9999-12-31"), strict=True))
 INTEGER_TYPES = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
                  exp.DataType.Type.BIGINT}
@@ -63,7 +71,10 @@ def is_spark_url(url: str | None) -> bool:
 def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = sqlglot.parse_one(sql, read="postgres")
-    tree = tree.transform(_keyed_hash).transform(_spark_dates)
+    tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals)
+    for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
+        if node.name.lower() in STRICT_BOUNDS:
+            node.replace(_strict_bounds(node))
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     tree = tree.transform(_decimal_sums)
@@ -75,6 +86,21 @@ def _keyed_hash(node: exp.Expression) -> exp.Expression:
         row, seed = node.expressions
         fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
         return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
+    return node
+
+
+def _strict_bounds(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Anonymous) and node.name.lower() in STRICT_BOUNDS:
+        value, bound = (e.copy() for e in node.expressions)
+        pick = exp.Least if node.name.lower() in SMALLER else exp.Greatest
+        return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())],
+                        default=pick(this=value, expressions=[bound]))
+    return node
+
+
+def _decimals(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.DECIMAL and not node.expressions:
+        return exp.DataType.build("DECIMAL(38, 10)")
     return node
 
 

@@ -1,0 +1,135 @@
+"""TPC-H on the Spark backend: FLEX's queries, bounded by dpsql's rewrite, against the exact queries on Spark.
+
+    python benchmarks/bench_tpch_spark.py --scale 1 --data-dir /tmp/dpsql-tpch-parquet --runs 3
+
+The data comes from DuckDB's dbgen (the `bench` extra) as Parquet, read by a local Spark session (local[2]).
+Settings, as in bench_tpch.py:
+- (a) every table private at row level (benchmarks/schemas/tpch_rows.toml): join-key frequencies enforced by
+  truncation. On Spark no primary key is trusted, so every key is truncated, the unique ones too.
+- (b) the customer as the unit (tpch_customer.toml). Spark verifies no keys, so a line item cannot reach its
+  customer through orders.o_orderkey (a parent link needs a unique key): the Parquet line items carry l_custkey,
+  their order's customer, declared as their unit column.
+For each query the exact query (transpiled to Spark) and the rewritten one run interleaved, --runs times each;
+the table gives medians, their ratio, and the shuffles (Exchange operators) in each physical plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from bench_tpch import QUERIES  # benchmarks/ is on sys.path when run as a script
+from tpch_load import extension_path
+
+from dpsql.backends.spark import to_spark
+from dpsql.config import Settings
+from dpsql.embedded import EmbeddedPostgres
+from dpsql.engine import Engine
+from dpsql.schema import parse_schema
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = {"a": ROOT / "benchmarks" / "schemas" / "tpch_rows.toml",
+           "b": ROOT / "benchmarks" / "schemas" / "tpch_customer.toml"}
+TABLES = ["region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
+
+
+def generate(scale: float, directory: Path) -> None:
+    """TPC-H at `scale` as one Parquet file per table (line items with their order's customer as l_custkey)."""
+    import duckdb
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if all((directory / f"{t}.parquet").exists() for t in TABLES):
+        return
+    duck = duckdb.connect()
+    duck.execute(f"INSTALL '{extension_path()}'")
+    duck.execute("LOAD tpch")
+    duck.execute(f"CALL dbgen(sf={scale})")
+    for table in TABLES:
+        select = ("SELECT lineitem.*, o_custkey AS l_custkey FROM lineitem JOIN orders ON o_orderkey = l_orderkey"
+                  if table == "lineitem" else f"SELECT * FROM {table}")
+        duck.execute(f"COPY ({select}) TO '{directory / table}.parquet' (FORMAT PARQUET)")
+        print(f"  wrote {table}", file=sys.stderr)
+
+
+def spark_schema(setting: str, directory: Path):
+    raw = tomllib.loads(SCHEMAS[setting].read_text(encoding="utf-8"))
+    for name, table in raw["tables"].items():
+        table["path"] = str(directory / f"{name}.parquet")
+    lineitem = raw["tables"]["lineitem"]
+    lineitem["columns"]["l_custkey"] = {"type": "bigint"}
+    if setting == "b":  # the unit column itself, as Spark cannot verify orders' key
+        del lineitem["parent"]
+        lineitem["unit_column"] = "l_custkey"
+    return parse_schema(raw)
+
+
+def shuffles(spark, sql: str) -> int:
+    plan = spark.sql(sql)._jdf.queryExecution().executedPlan().toString()
+    return len(re.findall(r"Exchange", plan))
+
+
+def timed(session, sql: str) -> float:
+    started = time.perf_counter()
+    session.run(sql)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpsql-tpch-parquet"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tpch_spark.md")
+    args = parser.parse_args()
+    directory = args.data_dir / f"sf{args.scale:g}"
+    generate(args.scale, directory)
+    lines = [f"# TPC-H on Spark local[2], SF{args.scale:g}", "",
+             f"`python benchmarks/bench_tpch_spark.py --scale {args.scale:g} --runs {args.runs}` (medians of "
+             f"{args.runs} interleaved runs)", "",
+             "| setting | query | exact (s) | rewritten (s) | ratio | shuffles exact | shuffles rewritten |",
+             "|---|---|---|---|---|---|---|"]
+    ledger = EmbeddedPostgres()
+    ledger.start()
+    try:
+        engine = None
+        for setting in ("a", "b"):
+            schema = spark_schema(setting, directory)
+            if engine is not None:
+                engine.close()
+            engine = Engine(Settings(database="spark://local[2]", ledger=ledger.url), schema)
+            spark = engine.backend.spark
+            for name, sql in QUERIES[setting].items():
+                try:
+                    prepared = engine.prepare(sql)
+                except Exception as exc:  # noqa: BLE001 - a refusal is a result too
+                    lines.append(f"| ({setting}) | {name} | | refused: {exc} | | | |")
+                    continue
+                if prepared.plan is None or not prepared.plan.aggregates:
+                    continue
+                exact_sql = to_spark(sql, schema.sqlglot_schema())
+                bounded = prepared.rewritten.sql
+                exact_times, bounded_times = [], []
+                with engine.backend.session() as session:
+                    for _ in range(args.runs):
+                        exact_times.append(timed(session, sql))  # run() transpiles it as it does the rewrite
+                        bounded_times.append(timed(session, bounded))
+                e, b = statistics.median(exact_times), statistics.median(bounded_times)
+                lines.append(f"| ({setting}) | {name} | {e:.2f} | {b:.2f} | {b / e:.1f}× | "
+                             f"{shuffles(spark, exact_sql)} | "
+                             f"{shuffles(spark, to_spark(bounded, schema.sqlglot_schema()))} |")
+                print(lines[-1], file=sys.stderr)
+        engine.close()
+    finally:
+        ledger.stop()
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
