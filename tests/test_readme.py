@@ -86,9 +86,10 @@ def test_toml_examples(tmp_path):
         if "privacy" in document:  # a privacy schema
             assert parse_schema(document).tables
             continue
-        if "tables" in document:  # tables to add to the demo schema
+        if "tables" in document:  # tables to add to the demo schema, or settings of its tables
             demo = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
-            assert parse_schema({**demo, "tables": {**demo["tables"], **document["tables"]}}).tables
+            tables = {name: {**demo["tables"].get(name, {}), **table} for name, table in document["tables"].items()}
+            assert parse_schema({**demo, "tables": {**demo["tables"], **tables}}).tables
             continue
         config = tmp_path / "dpsql.toml"  # a config file, or the settings of its [dpsql] table
         config.write_text(block if "dpsql" in document else "[dpsql]\n" + block, encoding="utf-8")

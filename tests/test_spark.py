@@ -192,6 +192,15 @@ def test_neighbour_moves_spark_s_answers_within_the_sensitivity(spark_engine, ne
     assert EXTREME_ID  # the neighbour's unit is the conftest's
 
 
+def test_row_level_privacy_is_refused_on_spark(within_bounds):
+    from dpsql.errors import ConfigError
+    raw = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
+    schema = parse_schema({"privacy": {"unit": "row"}, "tables": {"people": {
+        "columns": raw["tables"]["people"]["columns"]}}})
+    with pytest.raises(ConfigError, match="row-level privacy is not supported on Spark"):
+        Engine(Settings(database="spark://local[2]", ledger=within_bounds), schema)
+
+
 def test_a_noisy_answer_through_spark_is_charged_in_the_postgresql_ledger(spark_engine):
     spark_engine.ledger.add_analyst("spark_analyst", 5.0, 1e-5)
     answer = spark_engine.query("SELECT sex, COUNT(*) FROM people GROUP BY sex", analyst="spark_analyst",

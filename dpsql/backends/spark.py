@@ -28,6 +28,9 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
   error (DP008), never a silently wrapped value; the session's time zone is UTC.
 - Statement timeout: each statement runs in its own job group, cancelled when the timeout passes.
 
+Row-level privacy is refused on Spark for now: its truncation identifies rows by PostgreSQL's (tableoid, ctid),
+which Spark has no stable counterpart of (monotonically_increasing_id changes between runs).
+
 Tables come from the Spark catalog, or from `path = "..."` in the privacy schema (Parquet), registered as
 temporary views when the backend starts.
 """
