@@ -109,11 +109,12 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpsql-tpch-parquet"))
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--memory", default="8g", help="Spark's driver memory (local mode: all of Spark's)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tpch_spark.md")
     args = parser.parse_args()
     directory = args.data_dir / f"sf{args.scale:g}"
     generate(args.scale, directory)
-    lines = [f"# TPC-H on Spark local[2], SF{args.scale:g}", "",
+    lines = [f"# TPC-H on Spark local[2] ({args.memory} of memory), SF{args.scale:g}", "",
              f"`python benchmarks/bench_tpch_spark.py --scale {args.scale:g} --runs {args.runs}` (medians of "
              f"{args.runs} interleaved runs)", "",
              "| setting | query | exact (s) | rewritten (s) | ratio | shuffles exact | shuffles rewritten |",
@@ -128,7 +129,8 @@ def main() -> int:
             schema = spark_schema(setting, directory)
             if engine is not None:
                 engine.close()
-            engine = Engine(Settings(database="spark://local[2]", ledger=ledger.url), schema)
+            engine = Engine(Settings(database=f"spark://local[2]?spark.driver.memory={args.memory}", ledger=ledger.url,
+                                     statement_timeout_ms=3_600_000), schema)
             spark = engine.backend.spark
             for name, sql in spark_queries(setting).items():
                 try:

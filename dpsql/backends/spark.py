@@ -31,8 +31,9 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 Row-level privacy is refused on Spark for now: its truncation identifies rows by PostgreSQL's (tableoid, ctid),
 which Spark has no stable counterpart of (monotonically_increasing_id changes between runs).
 
-Tables come from the Spark catalog, or from `path = "..."` in the privacy schema (Parquet), registered as
-temporary views when the backend starts.
+A URL's query sets Spark options (`spark://local[2]?spark.driver.memory=8g`). Tables come from the Spark
+catalog, or from `path = "..."` in the privacy schema (Parquet), registered as temporary views when the backend
+starts.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
+from urllib.parse import parse_qsl
 
 import sqlglot
 from sqlglot import exp
@@ -129,13 +131,17 @@ class SparkBackend:
             raise ConfigError("the Spark backend needs pyspark", "pip install 'dpsql[spark]' (and Java 17)") from exc
         self._timeout_s = statement_timeout_ms / 1000
         builder = SparkSession.builder.appName("dpsql")
+        url, _, query = url.partition("?")  # spark://local[2]?spark.driver.memory=8g: Spark settings
         if url.startswith("sc://"):
             builder = builder.remote(url)
         else:
             master = url[len("spark://"):] or "local[2]"
             builder = (builder.master(master).config("spark.sql.shuffle.partitions", "4")
-                       .config("spark.ui.enabled", "false").config("spark.sql.ansi.enabled", "true")
-                       .config("spark.sql.session.timeZone", "UTC"))
+                       .config("spark.ui.enabled", "false"))
+        for key, value in parse_qsl(query):
+            builder = builder.config(key, value)
+        if not url.startswith("sc://"):  # what the rules above rest on, whatever the URL says
+            builder = builder.config("spark.sql.ansi.enabled", "true").config("spark.sql.session.timeZone", "UTC")
         try:
             self.spark = builder.getOrCreate()
         except Exception as exc:  # noqa: BLE001 - no Java, no cluster: say so, charge nothing
