@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -392,15 +393,19 @@ def _cli(*args: str):
     return subprocess.run([sys.executable, "-m", "dpsql.cli", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_ingest_checks_every_report_and_loads_all_or_nothing(tmp_path, server):
+def _empty_database_and_schema(server, tmp_path, name: str) -> tuple[str, Path]:
     from tests.conftest import database_url
 
     with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS dpsql_ingest")
-        conn.execute("CREATE DATABASE dpsql_ingest")
-    url = database_url(server, "dpsql_ingest")
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
     schema = tmp_path / "poll.toml"
     schema.write_text(INGEST_SCHEMA)
+    return database_url(server, name), schema
+
+
+def test_ingest_checks_every_report_and_loads_all_or_nothing(tmp_path, server):
+    url, schema = _empty_database_and_schema(server, tmp_path, "dpsql_ingest")
     bad = tmp_path / "bad.csv"
     bad.write_text('id,answer,where_,items\n1,true,3,"{t,f,f}"\n2,maybe,8,101\n3,f,,1101\n4,t,1,{t,f,f}\n')
     result = _cli("ingest", "poll", str(bad), "--database", url, "--schema", str(schema))
@@ -421,14 +426,7 @@ def test_ingest_checks_every_report_and_loads_all_or_nothing(tmp_path, server):
 def test_ingest_reads_parquet(tmp_path, server):
     import pandas as pd
 
-    from tests.conftest import database_url
-
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS dpsql_ingest_parquet")
-        conn.execute("CREATE DATABASE dpsql_ingest_parquet")
-    url = database_url(server, "dpsql_ingest_parquet")
-    schema = tmp_path / "poll.toml"
-    schema.write_text(INGEST_SCHEMA)
+    url, schema = _empty_database_and_schema(server, tmp_path, "dpsql_ingest_parquet")
     path = tmp_path / "poll.parquet"
     pd.DataFrame({"id": [1, 2], "answer": [True, None], "where_": [5, 2],
                   "items": [[True, False, False], [False, True, True]]}).to_parquet(path)

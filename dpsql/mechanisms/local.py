@@ -92,6 +92,12 @@ class CategoricalRandomizer:
         return estimate_counts(self.transition, np.asarray(reported, dtype=float), simplex, noise_variance)
 
 
+def _check_domain(epsilon: float, domain: tuple) -> None:
+    check_positive("epsilon", epsilon)
+    if len(domain) < 2 or len(set(domain)) != len(domain):
+        raise ValueError(f"a randomizer over values needs at least two distinct ones, got {list(domain)}")
+
+
 def _keep_probability_denominator(epsilon: float, others: int) -> float:
     return math.exp(epsilon) + others
 
@@ -117,9 +123,7 @@ class KaryResponse(CategoricalRandomizer):
     domain: tuple
 
     def __post_init__(self) -> None:
-        check_positive("epsilon", self.epsilon)
-        if len(self.domain) < 2 or len(set(self.domain)) != len(self.domain):
-            raise ValueError("randomized response needs a domain of at least two distinct values")
+        _check_domain(self.epsilon, self.domain)
 
     @property
     def inputs(self) -> tuple:
@@ -159,9 +163,7 @@ class UnaryEncoding:
     domain: tuple
 
     def __post_init__(self) -> None:
-        check_positive("epsilon", self.epsilon)
-        if len(self.domain) < 2 or len(set(self.domain)) != len(self.domain):
-            raise ValueError("unary encoding needs a domain of at least two distinct values")
+        _check_domain(self.epsilon, self.domain)
 
     p = 0.5
 
