@@ -332,7 +332,8 @@ class Engine:
             raise InvalidParameter(f"epsilon {cost.epsilon:g} is above the per-query cap of "
                                    f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon; the cap is the "
                                    "max_epsilon setting")
-        statistics = [self.prepare(sql, epsilon=1.0) for sql in queries]  # ε here only prices nothing
+        # the ε given to prepare only prices the query as if it were asked alone; the release's cost is `cost`
+        statistics = [self.prepare(sql, epsilon=min(1.0, self.settings.max_epsilon)) for sql in queries]
         for sql, prepared in zip(queries, statistics, strict=True):
             plan = prepared.plan
             if plan is None or plan.partition_selection or plan.histograms or plan.top_k or plan.local_key \
