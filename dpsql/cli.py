@@ -11,6 +11,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from dpsql.accounting.budget import describe_budget
@@ -212,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--serve", action="store_true", help="then run `dpsql serve` on it until Ctrl-C")
     demo.add_argument("--listen", default="127.0.0.1:6543", help="HOST:PORT for --serve (default 127.0.0.1:6543)")
     demo.add_argument("--stop", metavar="DIR", help="stop the embedded PostgreSQL that `--keep` left running in DIR")
+    demo.add_argument("--backend", choices=("postgresql", "spark"), default="postgresql",
+                      help="spark: answer from Parquet copies on a local Spark session (pip install 'dpsql[spark]', "
+                           "Java 17); the ledger stays in the embedded PostgreSQL")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -526,13 +530,21 @@ def _demo(args: argparse.Namespace) -> int:
         counts = load_demo_data(url, people=args.people, progress=progress_bar)
         print(f"Loaded {counts['people']:,} people, {counts['visits']:,} visits, {counts['prescriptions']:,} "
               f"prescriptions and {counts['states']} states in {time.monotonic() - started:.1f} s.\n")
-        engine = Engine(load_settings(None, database=url, schema=schema_path))
+        settings = load_settings(None, database=url, schema=schema_path)
+        if args.backend == "spark":
+            settings = _spark_demo_settings(url, schema_path, Path(server.data_dir))
+        engine = Engine(settings)
         try:
             with contextlib.suppress(Error):  # the analyst may remain from an earlier run with --keep
                 engine.ledger.add_analyst(DEMO_ANALYST, 10.0, 1e-4)
             for title, sql in DEMO_QUERIES:
                 print(f"-- {title}\n{sql}")
-                print(render_answer(engine.query(sql, analyst=DEMO_ANALYST, epsilon=0.5), "table"))
+                try:
+                    print(render_answer(engine.query(sql, analyst=DEMO_ANALYST, epsilon=0.5), "table"))
+                except Error as exc:
+                    if args.backend != "spark":
+                        raise
+                    print(f"not on Spark: {exc}")  # e.g. a parent link, whose key Spark cannot verify
                 print()
         finally:
             engine.close()
@@ -553,6 +565,18 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _spark_demo_settings(url: str, schema_path: str, data_dir: Path) -> Settings:
+    """The demo's tables as Parquet beside the embedded PostgreSQL's files, and a schema that points at them."""
+    from dpsql.demo import export_parquet, spark_schema_text
+
+    print("Writing the demo tables as Parquet for Spark ...", file=sys.stderr)
+    paths = export_parquet(url, data_dir / "parquet")
+    schema = data_dir / "demo_spark.toml"
+    schema.write_text(spark_schema_text(Path(schema_path).read_text(encoding="utf-8"), paths), encoding="utf-8")
+    print("Starting a local Spark session ...", file=sys.stderr)
+    return load_settings(None, database="spark://local[2]", ledger=url, schema=str(schema))
 
 
 def _demo_serve(url: str, schema_path: str, listen: str, keep: bool) -> None:

@@ -6,6 +6,7 @@ import io
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -209,3 +210,36 @@ def progress_bar(label: str, done: int, total: int, stream=sys.stderr) -> None:
     if done >= total:
         stream.write("\n")
     stream.flush()
+
+
+SPARK_TABLES = ("people", "visits", "prescriptions", "states", "screenings", "survey", "checkins")
+
+
+def export_parquet(url: str, directory: str | Path, tables: tuple[str, ...] = SPARK_TABLES) -> dict[str, Path]:
+    """The demo tables of a PostgreSQL database as Parquet files for the Spark backend (pyarrow; dates at
+    ±infinity, which Spark cannot hold, as NULL). NULL and NaN stay apart, as the bounds' clamps need."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {"bigint": pa.int64(), "integer": pa.int32(), "double precision": pa.float64(), "text": pa.string(),
+             "date": pa.date32(), "boolean": pa.bool_(), "ARRAY": pa.list_(pa.bool_())}  # the demo's boolean[]
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    with psycopg.connect(url) as conn:
+        for table in tables:
+            columns = conn.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = "
+                                   "%s AND table_schema = 'public' ORDER BY ordinal_position", (table,)).fetchall()
+            select = ", ".join(f"CASE WHEN isfinite({c}) THEN {c} END" if t == "date" else c for c, t in columns)
+            rows = conn.execute(f"SELECT {select} FROM {table}").fetchall()
+            arrays = [pa.array([r[i] for r in rows], type=types[t]) for i, (_, t) in enumerate(columns)]
+            paths[table] = directory / f"{table}.parquet"
+            pq.write_table(pa.Table.from_arrays(arrays, names=[c for c, _ in columns]), paths[table])
+    return paths
+
+
+def spark_schema_text(schema_text: str, paths: dict[str, Path]) -> str:
+    """A privacy schema's text with `path = ...` for each exported table (for the Spark backend)."""
+    for table, path in paths.items():
+        schema_text = schema_text.replace(f"[tables.{table}]\n", f'[tables.{table}]\npath = "{path}"\n', 1)
+    return schema_text

@@ -21,21 +21,11 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 if shutil.which("java") is None:
     pytest.skip("the Spark backend needs Java 17, which is not installed", allow_module_level=True)
 
-import pyarrow as pa  # noqa: E402 - after the skips
-import pyarrow.parquet as pq  # noqa: E402
-
 from dpsql.backends.spark import to_spark  # noqa: E402
+from dpsql.demo import export_parquet  # noqa: E402
 from dpsql.engine import Engine  # noqa: E402
 
-TABLES = {  # the demo tables on Spark, with their columns as Parquet types
-    "people": {"person_id": pa.int64(), "age": pa.int32(), "sex": pa.string(), "state": pa.string(),
-               "income": pa.float64()},
-    "visits": {"visit_id": pa.int64(), "person_id": pa.int64(), "day": pa.date32(), "category": pa.string(),
-               "amount": pa.float64()},
-    "prescriptions": {"prescription_id": pa.int64(), "visit_id": pa.int64(), "drug": pa.string(),
-                      "cost": pa.float64()},
-    "states": {"code": pa.string(), "name": pa.string(), "region": pa.string()},
-}
+TABLES = ("people", "visits", "prescriptions", "states")  # the demo tables the tests read on Spark
 QUERIES = [
     "SELECT COUNT(*) FROM people",
     "SELECT sex, COUNT(*), AVG(income), SUM(age) FROM people GROUP BY sex",
@@ -58,18 +48,7 @@ def _spark_schema(paths: dict[str, Path]):
 
 
 def _export(url: str, directory: Path) -> dict[str, Path]:
-    """The demo tables of a PostgreSQL database as Parquet (dates at ±infinity, which Spark cannot hold, as NULL)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    with psycopg.connect(url) as conn:
-        for table, columns in TABLES.items():
-            select = ", ".join(f"CASE WHEN isfinite({c}) THEN {c} END" if t == pa.date32() else c
-                               for c, t in columns.items())
-            rows = conn.execute(f"SELECT {select} FROM {table}").fetchall()
-            arrays = [pa.array([r[i] for r in rows], type=t) for i, t in enumerate(columns.values())]
-            paths[table] = directory / f"{table}.parquet"
-            pq.write_table(pa.Table.from_arrays(arrays, names=list(columns)), paths[table])
-    return paths
+    return export_parquet(url, directory, TABLES)
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +186,14 @@ def test_a_noisy_answer_through_spark_is_charged_in_the_postgresql_ledger(spark_
                                 epsilon=0.5)
     assert {r[0] for r in answer.rows} == {"F", "M"} and answer.epsilon == pytest.approx(0.5)
     assert spark_engine.budget("spark_analyst").epsilon_basic == pytest.approx(0.5)
+
+
+def test_demo_on_spark():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "dpsql.cli", "demo", "--people", "1000", "--backend", "spark"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Smokers among survey respondents" in done.stdout and "(2 rows)" in done.stdout
+    assert "not on Spark: prescriptions reaches the unit through visits.visit_id" in done.stdout
+    assert "give prescriptions the unit column" in done.stdout

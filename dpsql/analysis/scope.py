@@ -184,7 +184,8 @@ class Scope:
         if (link.table, link.key) not in self.unique:
             raise UnsupportedQuery(f"{name} reaches the unit through {link.table}.{link.key}, which no primary key "
                                    "or unique constraint guarantees to be unique",
-                                   f"add a PRIMARY KEY or UNIQUE constraint on {link.table}({link.key})")
+                                   f"add a PRIMARY KEY or UNIQUE constraint on {link.table}({link.key}) (on Spark, "
+                                   f"which verifies no key, give {name} the unit column instead)")
 
     # --- the shape of a neighbour ----------------------------------------------------------------------------
 
