@@ -9,6 +9,8 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 - Integer division: PostgreSQL's `int / int` truncates; Spark's `/` returns a double. The query is typed
   (sqlglot's qualify and annotate_types over the declared columns), and each integer division becomes
   `CAST(a / b AS BIGINT)`, which truncates toward zero as PostgreSQL does (exact below 2^53).
+- Rounding: PostgreSQL's round(double precision) rounds halves to even, Spark's round() away from zero; on a
+  double it becomes bround (numeric rounds halves away from zero on both).
 - Sums of integers: PostgreSQL's SUM(bigint) is numeric and cannot overflow; Spark's is a bigint. Integer
   arguments of SUM are cast to DECIMAL(38, 0).
 - The keyed hash that picks which rows of an over-bound unit are kept: PostgreSQL's
@@ -82,7 +84,7 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
             node.replace(_strict_bounds(node))
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
-    tree = tree.transform(_decimal_sums)
+    tree = tree.transform(_decimal_sums).transform(_half_even)
     return tree.sql(dialect="spark")
 
 
@@ -112,6 +114,13 @@ def _decimals(node: exp.Expression) -> exp.Expression:
 def _spark_dates(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.Literal) and node.is_string and node.this in SPARK_TEMPORAL:
         return exp.Literal.string(SPARK_TEMPORAL[node.this])
+    return node
+
+
+def _half_even(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Round) and node.args.get("decimals") is None and node.this.type is not None \
+            and node.this.type.this in (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT):
+        return exp.Anonymous(this="bround", expressions=[node.this.copy()])
     return node
 
 
