@@ -119,32 +119,33 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("file", help="CSV with a header line naming the columns, or .parquet")
     ingest.set_defaults(run=_ingest)
 
-    density = sub.add_parser("density", parents=[common],
+    releasing = _Parser(add_help=False)  # what every release takes: its ε and a picture
+    releasing.add_argument("--epsilon", type=float, required=True, help="ε of the whole release, charged once")
+    releasing.add_argument("--plot", metavar="FILE", help="also draw it (PNG or SVG, matplotlib)")
+
+    density = sub.add_parser("density", parents=[common, releasing],
                              help="a DP kernel density estimate of a bounded column (Gaussian-process mechanism)")
     density.add_argument("column", help="TABLE.COLUMN, a numeric column with declared bounds")
-    density.add_argument("--epsilon", type=float, required=True)
     density.add_argument("--delta", type=float, required=True, help="the δ of the (ε, δ) charged (e.g. 1e-6)")
     density.add_argument("--bandwidth", type=float, help="the kernel's h (default: 1/20 of the declared range)")
     density.add_argument("--points", type=int, default=64, help="grid points the density is released on")
     density.add_argument("--format", choices=("table", "json"), default="table")
-    density.add_argument("--plot", metavar="FILE", help="also draw it (PNG or SVG, matplotlib)")
     density.set_defaults(run=_density)
 
-    tree = sub.add_parser("tree", parents=[common], help="a DP decision tree classifier (exponential mechanism)")
+    tree = sub.add_parser("tree", parents=[common, releasing],
+                          help="a DP decision tree classifier (exponential mechanism)")
     tree.add_argument("table")
     tree.add_argument("--label", required=True, help="the column to predict (declared domain or boolean)")
     tree.add_argument("--features", required=True, help="comma-separated columns with domains or numeric bounds")
-    tree.add_argument("--epsilon", type=float, required=True)
     tree.add_argument("--depth", type=int, default=3)
     tree.add_argument("--bins", type=int, default=4, help="equal cells of each numeric feature's range")
     tree.add_argument("--format", choices=("text", "json"), default="text")
-    tree.add_argument("--plot", metavar="FILE", help="also draw it (PNG or SVG, matplotlib)")
     tree.set_defaults(run=_tree)
 
-    synth = sub.add_parser("synth", parents=[common], help="a DP synthetic version of a table (MWEM)")
+    synth = sub.add_parser("synth", parents=[common, releasing],
+                           help="a DP synthetic version of a table (the noisy full table or MWEM)")
     synth.add_argument("table")
     synth.add_argument("--columns", required=True, help="comma-separated columns with domains or numeric bounds")
-    synth.add_argument("--epsilon", type=float, required=True)
     synth.add_argument("--rounds", type=int, help="MWEM rounds (default: twice the columns, at most the "
                                                  "1- and 2-way marginals)")
     synth.add_argument("--bins", type=int, default=4, help="equal cells of each numeric column's range")
@@ -154,7 +155,6 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, help="a table to create in the database, or FILE.csv")
     synth.add_argument("--replace", action="store_true", help="replace the --out table if it exists")
     synth.add_argument("--format", choices=("table", "json"), default="table")
-    synth.add_argument("--plot", metavar="FILE", help="also draw its 1-way marginals (PNG or SVG, matplotlib)")
     synth.set_defaults(run=_synth)
 
     schema = sub.add_parser("schema", help="privacy schema tools")
