@@ -204,8 +204,17 @@ class Engine:
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
         local = plan_published(query, self.schema) or plan_local(query, self.schema)
-        if local is not None:  # released data, or reports randomized on the devices: no noise
-            return query, local, None
+        # released data, or reports randomized on the devices, need no noise; anything else is analysed
+        entry = (query, local, None) if local is not None else (query, *self._analysed(query, min_frequency))
+        if query.timed:  # the clock was read: the same text is another query a moment later
+            return entry
+        with self._plans_lock:
+            self._plans[cache_key] = entry
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        return entry
+
+    def _analysed(self, query: CheckedQuery, min_frequency: int) -> tuple[Plan, Rewritten]:
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
                        self._not_null)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
@@ -214,14 +223,7 @@ class Engine:
         for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order), *windows]:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
-        entry = (query, plan, rewrite(plan, self._hash_seed))
-        if query.timed:  # the clock was read: the same text is another query a moment later
-            return entry
-        with self._plans_lock:
-            self._plans[cache_key] = entry
-            if len(self._plans) > PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
-        return entry
+        return plan, rewrite(plan, self._hash_seed)
 
     def prepare_parts(self, sql: str, params: Any = None, epsilon: float | None = None,
                       options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:
