@@ -30,7 +30,7 @@ from dpsql.mechanisms.histograms import onto_simplex
 from dpsql.mechanisms.local import CategoricalRandomizer, Estimate, UnaryEncoding
 from dpsql.noise import Calibration, NoisyGroup
 from dpsql.postprocess import Accuracy, Result, evaluate, sort_rows
-from dpsql.schema import Column, PrivacySchema
+from dpsql.schema import Column, PrivacySchema, Table
 from dpsql.schema.model import LocalRandomizer
 from dpsql.sql import CheckedQuery, to_sql
 
@@ -100,7 +100,7 @@ def plan_local(query: CheckedQuery, schema: PrivacySchema) -> LocalQuery | None:
     if where is not None and _reads(where.this, column, table.name, tables[0].alias_or_name):
         raise PrivacyRefusal(f"a filter on {column.name} selects reports, not people's true values: the estimate "
                              "would be biased", f"group by {column.name} instead, and filter on public columns")
-    return _build(query, table.name, column, tables[0].alias_or_name)
+    return _build(query, table, column, tables[0].alias_or_name)
 
 
 def _local_columns(tree: exp.Expression, schema: PrivacySchema, aliases: dict[str, str]) -> list[tuple[exp.Column,
@@ -118,7 +118,7 @@ def _reads(node: exp.Expression, column: Column, table: str, alias: str) -> bool
     return any(c.name == column.name and c.table in (table, alias) for c in node.find_all(exp.Column))
 
 
-def _build(query: CheckedQuery, table: str, column: Column, alias: str) -> LocalQuery:
+def _build(query: CheckedQuery, table: Table, column: Column, alias: str) -> LocalQuery:
     tree = query.tree
     spec = column.local
     group = list(tree.args["group"].expressions) if tree.args.get("group") else []
@@ -130,7 +130,7 @@ def _build(query: CheckedQuery, table: str, column: Column, alias: str) -> Local
     items, aggregates = [], {}
     for node, name in zip(tree.expressions, query.output_names, strict=True):
         inner = node.this if isinstance(node, exp.Alias) else node
-        items.append(_item(inner, name, column, local_key, key_names, aggregates))
+        items.append(_item(inner, name, column, local_key, key_names, aggregates, table.columns))
     if spec.mechanism == "oue" and not local_key:
         raise UnsupportedQuery(f"{column.name} holds unary-encoded reports: count them per value", HINT)
     if spec.mechanism in ("geo", "geo-lp") and not local_key:
@@ -141,18 +141,19 @@ def _build(query: CheckedQuery, table: str, column: Column, alias: str) -> Local
              for o in (tree.args["order"].expressions if tree.args.get("order") else [])]
     limit = int(tree.args["limit"].expression.to_py()) if tree.args.get("limit") else None
     offset = int(tree.args["offset"].expression.to_py()) if tree.args.get("offset") else 0
-    return LocalQuery(table, column, _counts_sql(tree, column, alias, public_keys, local_key), list(key_names.values()),
-                      local_key, items, having, order, limit, offset, _notes(column, local_key))
+    return LocalQuery(table.name, column, _counts_sql(tree, column, alias, public_keys, local_key),
+                      list(key_names.values()), local_key, items, having, order, limit, offset,
+                      _notes(column, local_key))
 
 
 def _item(node: exp.Expression, name: str, column: Column, local_key: bool, keys: dict[str, str],
-          aggregates: dict[str, str]) -> LocalItem:
+          aggregates: dict[str, str], columns: dict[str, Column]) -> LocalItem:
     """What one select item is: a group key, or an estimate dpsql knows how to make."""
     if isinstance(node, exp.Column):
         if node.name == column.name and local_key:
             return LocalItem(name, "key", _key_type(column))
         if node.name in keys:
-            return LocalItem(name, "key:" + keys[node.name], "text")
+            return LocalItem(name, "key:" + keys[node.name], columns[node.name].wire_type)
     if isinstance(node, exp.Count) and isinstance(node.this, exp.Star) and not node.args.get("distinct"):
         aggregates[to_sql(node)] = name
         return LocalItem(name, "count", "float8" if local_key else "int8")
@@ -167,9 +168,9 @@ def _item(node: exp.Expression, name: str, column: Column, local_key: bool, keys
 
 
 def _key_type(column: Column) -> str:
-    if column.local.mechanism == "oue":
+    if column.local.mechanism == "oue":  # the values the bits stand for
         return "text" if isinstance(column.local.labels[0], str) else "int8"
-    return {"boolean": "bool", "text": "text"}.get(column.type, "int8")
+    return column.wire_type
 
 
 def _over_items(node: exp.Expression, items: list[LocalItem], tree: exp.Select,

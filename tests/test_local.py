@@ -278,6 +278,7 @@ def test_the_share_of_a_randomized_response_boolean_per_public_group(engine, bas
                "GROUP BY region ORDER BY region")
     keep = math.e / (1 + math.e)
     assert [r[0] for r in answer.rows] == [r[0] for r in raw]
+    assert answer.types == ["text", "float8", "int8"]
     for (_, share, count), (_, n, true_reports) in zip(answer.rows, raw, strict=True):
         assert count == n
         assert share == pytest.approx((true_reports / n - (1 - keep)) / (2 * keep - 1))

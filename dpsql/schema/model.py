@@ -89,6 +89,15 @@ class Column:
     def bounded(self) -> bool:
         return self.lower is not None
 
+    @property
+    def wire_type(self) -> str:
+        """The type an answer's column holding this column's values has (as the wire protocol names it)."""
+        if self.is_integer:
+            return "int8"
+        if self.is_numeric:
+            return "float8"
+        return {"boolean": "bool"}.get(self.type, self.type if self.is_temporal else "text")
+
     def describe_bounds(self) -> str:
         if self.is_temporal:
             return f"[{temporal_value(self.type, self.lower)}, {temporal_value(self.type, self.upper)}]"
