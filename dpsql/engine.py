@@ -42,9 +42,9 @@ from dpsql.errors import (
     QueryCancelled,
     UnsupportedQuery,
 )
-from dpsql.estimates import LocalQuery, answer_local, debias, plan_local
+from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
 from dpsql.noise import Calibration, add_noise, calibrate
-from dpsql.postprocess import Accuracy, Result, evaluate, finish, sort_rows, window_inputs
+from dpsql.postprocess import INTERVALS_COVER, Accuracy, Result, evaluate, finish, sort_rows, window_inputs
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, rewrite
 from dpsql.schema import PrivacySchema, load_schema
@@ -69,6 +69,7 @@ class Answer:
     cached: bool = False
     budget: Budget | None = None
     noisy: list[bool] | None = None  # per column: computed from noisy aggregates
+    intervals_cover: str = INTERVALS_COVER  # what the 95% intervals account for, said beside them
 
     def cost(self) -> dict[str, Any]:
         """What this answer cost and what is left, for scripts (JSON output, a DataFrame's attrs)."""
@@ -296,7 +297,8 @@ class Engine:
                           noisy=[False] * len(local.outputs))
         result = answer_local(local, rows, prepared.options.local_estimate == "simplex")
         return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
-                      budget=self.ledger.budget(analyst), noisy=[o.noisy for o in local.outputs])
+                      budget=self.ledger.budget(analyst), noisy=[o.noisy for o in local.outputs],
+                      intervals_cover=LOCAL_INTERVALS)
 
     def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
@@ -474,7 +476,8 @@ def _decode(data: dict, prepared: Prepared, cached: bool, budget: Budget | None)
     rows = [tuple(decode_value(v) for v in row) for row in data["rows"]]
     accuracy = [tuple(None if a is None else Accuracy(*map(decode_value, a)) for a in row) for row in data["accuracy"]]
     return Answer(names, data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
-                  0.0 if cached else data["delta"], cached, budget, noisy)
+                  0.0 if cached else data["delta"], cached, budget, noisy,
+                  DEBIASED_INTERVALS if prepared.plan.local_key else INTERVALS_COVER)
 
 
 __all__ = ["Answer", "Engine", "Prepared", "Result"]

@@ -35,6 +35,10 @@ from dpsql.schema.model import LocalRandomizer
 from dpsql.sql import CheckedQuery, to_sql
 
 Z95 = 1.959963984540054
+LOCAL_INTERVALS = ("the intervals cover the randomization of the reports (each device randomized its own value; a "
+                   "location is counted as if at its cell's centre)")
+DEBIASED_INTERVALS = ("the intervals cover the noise and the randomization of the reports; rows or groups a unit has "
+                      "beyond its bounds move the answer outside")
 HINT = ("write SELECT col, COUNT(*) FROM t GROUP BY col (per value of a locally randomized column), or "
         "SELECT AVG(col::int) FROM t for a randomized-response boolean")
 

@@ -15,12 +15,11 @@ from typing import Any
 
 from dpsql.accounting.budget import Budget, Cost, group_guarantee
 from dpsql.engine import Answer
-from dpsql.postprocess import INTERVALS_COVER, Accuracy, format_value
+from dpsql.postprocess import Accuracy, format_value
 
 FORMATS = ("table", "csv", "json")
 ACCURACY_HEADERS = {"interval": "95% CI", "rank_error": "±ranks (95%)", "count_gap": "count gap (95%)"}
 ACCURACY_NOTES = {
-    "interval": f"95% CI: {INTERVALS_COVER}",
     "rank_error": "±ranks (95%): with probability 95% the value is at most this many ranks from the asked quantile",
     "count_gap": "count gap (95%): with probability 95% the chosen key's count is within this of the largest count "
                  "left to choose from",
@@ -42,7 +41,8 @@ def render_answer(answer: Answer, fmt: str) -> str:
             kinds_seen.append(kind)
     rows = [tuple(column[r] for column in columns) for r in range(len(answer.rows))]
     lines = [table(headers, rows)]
-    lines += [ACCURACY_NOTES[kind] for kind in dict.fromkeys(kinds_seen)]
+    lines += [f"95% CI: {answer.intervals_cover}" if kind == "interval" else ACCURACY_NOTES[kind]
+              for kind in dict.fromkeys(kinds_seen)]
     lines.append(cost_line(answer))
     return "\n".join(lines)
 

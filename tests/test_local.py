@@ -269,6 +269,7 @@ def test_counts_per_value_of_a_report_column_are_free_and_are_the_estimates(engi
         assert got[value][0] == pytest.approx(count)
         assert (got[value][1].ci_low, got[value][1].ci_high) == pytest.approx((low, high))
     assert answer.noisy == [False, True]
+    assert "randomization of the reports" in answer.intervals_cover
 
 
 def test_the_share_of_a_randomized_response_boolean_per_public_group(engine, base_url, analyst):
@@ -326,6 +327,7 @@ def test_a_query_over_private_tables_gets_central_noise_and_is_de_biased(engine,
     assert abs(got[True] - true_positive) < 60  # de-biased: the raw report count is far off
     assert abs(reported[True] - true_positive) > 200
     accuracy = dict(zip([r[0] for r in answer.rows], [a[1] for a in answer.accuracy], strict=True))
+    assert "the noise and the randomization" in answer.intervals_cover
     laplace_only = 2 * math.log(20)  # a count's 95% interval at ε = 1 without the randomization
     assert accuracy[True].ci_high - accuracy[True].ci_low > 10 * laplace_only
 

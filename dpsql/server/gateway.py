@@ -20,7 +20,7 @@ from dpsql.accounting import describe_budget
 from dpsql.backends import Cancellation
 from dpsql.engine import Answer, Engine, columns_of
 from dpsql.errors import Error
-from dpsql.postprocess import INTERVALS_COVER, describe_accuracy
+from dpsql.postprocess import describe_accuracy
 from dpsql.server import codec
 from dpsql.server.codec import Column, Notice
 from dpsql.server.metrics import Metrics
@@ -292,7 +292,7 @@ def _answer_notice(answer: Answer) -> Notice:
             lines.append(f"row {number}: " + "; ".join(described))
     if len(answer.accuracy) > NOTICE_ROWS:
         lines.append(f"({len(answer.accuracy) - NOTICE_ROWS} more rows)")
-    detail = f"95% confidence intervals ({INTERVALS_COVER}):\n" + "\n".join(lines) if lines else None
+    detail = f"95% confidence intervals ({answer.intervals_cover}):\n" + "\n".join(lines) if lines else None
     return Notice("NOTICE", "00000", message, detail=detail)
 
 
