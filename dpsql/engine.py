@@ -54,6 +54,7 @@ from dpsql.sql.compose import SCALAR, Composition, compose
 
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
+UNINDEXED_WORK_MEM = "64MB"  # hashing a million units fits; the server's 4MB default would spill to disk
 
 
 @dataclass
@@ -169,6 +170,7 @@ class Engine:
         self.ledger = Ledger(settings.ledger or settings.database, connect_wait=settings.connect_timeout_s)
         self._unique = self.backend.unique_columns()
         self._not_null = self.backend.not_null_columns()
+        self._indexed = self.backend.indexed_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
         self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
@@ -224,7 +226,15 @@ class Engine:
         for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order), *windows]:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
-        return plan, rewrite(plan, self._hash_seed)
+        rewritten = rewrite(plan, self._hash_seed)
+        unit_column = _unit_column(plan)
+        if unit_column is not None and self._indexed is not None and unit_column not in self._indexed:
+            # no index to read the units in order: PostgreSQL hashes them, in memory rather than on disk
+            plan.notes.append(f"no index leads with {unit_column[0]}.{unit_column[1]}, so PostgreSQL hashes every "
+                              f"unit to bound its rows; CREATE INDEX ON {unit_column[0]} ({unit_column[1]}) "
+                              "would let it group them in index order, usually faster")
+            rewritten = replace(rewritten, work_mem=UNINDEXED_WORK_MEM)
+        return plan, rewritten
 
     def prepare_parts(self, sql: str, params: Any = None, epsilon: float | None = None,
                       options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:
@@ -305,8 +315,9 @@ class Engine:
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key, prepared.query.canonical)
         try:
-            rows = backend.run(prepared.rewritten.sql) if prepared.plan.needs_statistics else []
-            histograms = {name: backend.run(sql) for name, sql in prepared.rewritten.histograms.items()}
+            work_mem = prepared.rewritten.work_mem
+            rows = backend.run(prepared.rewritten.sql, work_mem) if prepared.plan.needs_statistics else []
+            histograms = {name: backend.run(sql, work_mem) for name, sql in prepared.rewritten.histograms.items()}
         except (BackendError, QueryCancelled):
             if not backend.broken:  # a failure, timeout or cancel was released: asking again is a new attempt
                 with contextlib.suppress(Error):  # unsettled, the charge pays for the next attempt instead
@@ -356,7 +367,7 @@ class Engine:
                 return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
             text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
             budget = self.ledger.charge(analyst, cost, key, text)
-            rows = [backend.run(p.rewritten.sql) for p in statistics]
+            rows = [backend.run(p.rewritten.sql, p.rewritten.work_mem) for p in statistics]
             try:
                 output = mechanism([Statistic(p.plan, r) for p, r in zip(statistics, rows, strict=True)])
             except Exception as exc:
@@ -396,6 +407,17 @@ def _backend(settings: Settings, schema: PrivacySchema) -> PostgresBackend | Spa
         raise ConfigError("row-level privacy is not supported on Spark yet: its truncation identifies rows by "
                           "PostgreSQL's physical row ids", "declare a unit column ([privacy] unit = \"table.column\")")
     return SparkBackend(settings.database, schema, settings.statement_timeout_ms)
+
+
+def _unit_column(plan: Plan) -> tuple[str, str] | None:
+    """The (table, column) the rewrite groups by to bound each unit, when it is a plain column of a table read
+    in FROM or JOIN (not of a subquery)."""
+    if not isinstance(plan.unit, exp.Column):
+        return None
+    tables = {t.alias_or_name: t.name for node in [plan.from_, *plan.joins]
+              for t in node.find_all(exp.Table) if not t.find_ancestor(exp.Subquery)}
+    table = tables.get(plan.unit.table)
+    return None if table is None else (table, plan.unit.name)
 
 
 def _count_measures(plan: Plan) -> list[str]:

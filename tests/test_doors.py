@@ -89,7 +89,7 @@ def test_cli_query_explain_budget(capsys, base_url, engine, analyst):
     code, out, _ = _run(capsys, "query", "SELECT COUNT(*) FROM people", "--epsilon", "0.5", *common)
     assert code == 0 and "95% CI" in out and "spent ε = 0.5" in out
     code, out, _ = _run(capsys, "explain", "SELECT category, SUM(amount) FROM visits GROUP BY category", *common)
-    assert code == 0 and "sensitivity 10000" in out and "Rewritten SQL" in out and "dpsql_kept" in out
+    assert code == 0 and "sensitivity 10000" in out and "Rewritten SQL" in out and "dpsql_ranked" in out
     code, out, _ = _run(capsys, "budget", *common)
     assert code == 0 and analyst in out and "99.5" in out
     code, out, _ = _run(capsys, "explain", "SELECT category, COUNT(*) FROM visits GROUP BY category",

@@ -22,9 +22,9 @@ def backend_calls(engine, monkeypatch):
     calls: list[str] = []
     real = BackendSession.run
 
-    def counting(session, sql: str):
+    def counting(session, sql: str, work_mem: str | None = None):
         calls.append(sql)
-        return real(session, sql)
+        return real(session, sql, work_mem)
 
     monkeypatch.setattr(BackendSession, "run", counting)
     return calls

@@ -120,3 +120,40 @@ def test_sqrt_of_null_stays_null(readings):
     got = _measures(readings, "SELECT COUNT(sqrt(y)), SUM(sqrt(y)) FROM readings")
     assert got["COUNT(SQRT(y))"] == sum(v is not None for v in y)
     assert got["SUM(SQRT(y))"] == pytest.approx(sum(math.sqrt(max(v, 0)) for v in y if v is not None))
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT category, COUNT(*), AVG(amount), SUM(amount) FROM visits GROUP BY category",
+    "SELECT category, COUNT(DISTINCT person_id) FROM visits GROUP BY category",
+    "SELECT date_trunc('month', day) AS m, COUNT(*) FROM visits WHERE amount > 10 GROUP BY 1",
+])
+def test_all_rows_corrected_equal_the_kept_rows(neighbour_url, demo_schema, sql):
+    """The statistics over all rows, corrected by the rows of units over k, equal the statistics over the kept
+    rows (at most k per unit by the keyed hash), on the neighbour whose extreme unit has 5,000 visits over
+    every category and undeclared ones, with NaN, NULL and out-of-range amounts."""
+    from dpsql.rewrite import per_unit
+    from dpsql.rewrite.fragments import present, unit_and_keys, within_rows_per_unit
+    from dpsql.rewrite.truncation import rows_cte
+
+    engine = Engine(Settings(database=neighbour_url), demo_schema)
+    try:
+        plan = engine.prepare(sql).plan
+        assert plan.rows_total and not plan.cap_groups
+        corrected = per_unit.statistics(plan, 7)
+        assert "dpsql_ranked" in corrected
+        keys = [k.name for k in plan.group_keys]
+        valued = [m for m in plan.measures if m.expr is not None]
+        items = [*unit_and_keys(plan), *(f"{per_unit.sql(m.expr)} AS {m.name}" for m in valued)]
+        columns = ["dpsql_unit", *keys, *(m.name for m in valued)]
+        ctes = [rows_cte(plan, items, present(plan.unit), 7),
+                *within_rows_per_unit(columns, plan.rows_per_unit, 7)]
+        kept = per_unit._kept_rows_per_group(plan, ctes)
+        by_key = {}
+        for name, statement in (("corrected", corrected), ("kept", kept)):
+            result = engine.backend.execute(statement)
+            by_key[name] = {tuple(r[:len(keys)]): [float(v or 0) for v in r[len(keys):-1]] for r in result}
+        assert by_key["corrected"].keys() == by_key["kept"].keys()
+        for key, values in by_key["kept"].items():
+            assert by_key["corrected"][key] == pytest.approx(values, rel=1e-9, abs=1e-6), key
+    finally:
+        engine.close()

@@ -27,7 +27,6 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from dpsql.errors import BackendError, BackendUnavailable, QueryCancelled
 
 log = logging.getLogger("dpsql.backend")
-WORK_MEM = "128MB"
 FAILED = ("PostgreSQL did not finish the query: it failed or ran past the statement timeout (which of the two, and "
           "why, is withheld: either can depend on the data)")
 CONNECT_WAIT = 10.0  # seconds to wait for a working connection (a PostgreSQL restart takes a few)
@@ -125,10 +124,11 @@ class PostgresBackend:
         conn.add_notice_handler(lambda notice: None)  # backend notices never reach anyone
         for type_name, loader in SAFE_LOADERS.items():
             conn.adapters.register_loader(type_name, loader)
-        # JIT compilation costs more than it saves on these aggregates; per-unit aggregation keeps one hash
-        # entry per unit, which spills to disk under the default 4MB work_mem from about 100k units
+        # JIT compilation costs more than it saves on these aggregates. work_mem stays the server's: a larger one
+        # makes PostgreSQL hash every unit instead of reading the unit's index in order (benchmarks/results/
+        # work_mem.md); a statement that must hash the units raises it for itself (`run`)
         conn.execute(f"SET default_transaction_read_only = on; SET statement_timeout = {self._timeout}; "
-                     f"SET jit = off; SET work_mem = '{WORK_MEM}'")
+                     "SET jit = off")
 
     @contextmanager
     def session(self, cancel: Cancellation | None = None) -> Iterator[BackendSession]:
@@ -161,6 +161,21 @@ class PostgresBackend:
         """
         return frozenset((table, column) for table, column in self.execute(sql))
 
+    def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
+        """(table, column) pairs that lead a valid b-tree index: PostgreSQL can read such a column's rows in order,
+        which makes grouping by it cheap."""
+        sql = """
+            SELECT c.relname, a.attname
+            FROM pg_index i
+            JOIN pg_class c ON c.oid = i.indrelid
+            JOIN pg_class ic ON ic.oid = i.indexrelid
+            JOIN pg_am am ON am.oid = ic.relam
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]
+            WHERE i.indisvalid AND am.amname = 'btree' AND i.indpred IS NULL AND n.nspname = 'public'
+        """
+        return frozenset((table, column) for table, column in self.execute(sql))
+
     def not_null_columns(self) -> frozenset[tuple[str, str]]:
         """(table, column) pairs whose NOT NULL constraint the catalog holds."""
         sql = """
@@ -189,10 +204,15 @@ class BackendSession:
         """Whether the connection died (PostgreSQL restarted, the backend was terminated)."""
         return self._conn.broken
 
-    def run(self, sql: str) -> list[tuple[Any, ...]]:
-        """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
+    def run(self, sql: str, work_mem: str | None = None) -> list[tuple[Any, ...]]:
+        """Rows of one read-only query, with `work_mem` for it alone when given; any failure becomes a dpsql
+        error without PostgreSQL's text."""
         try:
-            return self._rows(sql)
+            if work_mem is None:
+                return self._rows(sql)
+            with self._conn.transaction():
+                self._conn.execute(f"SET LOCAL work_mem = '{int(work_mem.removesuffix('MB'))}MB'")
+                return self._rows(sql)
         except psycopg.Error as exc:
             raise self._failure(exc) from None
 

@@ -78,7 +78,7 @@ def is_spark_url(url: str | None) -> bool:
 def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = sqlglot.parse_one(sql, read="postgres")
-    tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals)
+    tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
         if node.name.lower() in STRICT_BOUNDS:
             node.replace(_strict_bounds(node))
@@ -93,6 +93,14 @@ def _keyed_hash(node: exp.Expression) -> exp.Expression:
         row, seed = node.expressions
         fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
         return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
+    return node
+
+
+def _unhinted(node: exp.Expression) -> exp.Expression:
+    # [NOT] MATERIALIZED tells PostgreSQL's planner how to run a WITH query; Spark has no such hint (and plans
+    # each reference itself), and the result is the same either way
+    if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
+        node.set("materialized", None)
     return node
 
 
@@ -182,6 +190,9 @@ class SparkBackend:
     def not_null_columns(self) -> frozenset[tuple[str, str]]:
         return frozenset()
 
+    def indexed_columns(self) -> None:
+        return None  # no indexes: Spark groups by shuffling, whatever the table
+
     def lock(self, name: str) -> threading.Lock:
         with self._locks_lock:
             return self._locks.setdefault(name, threading.Lock())
@@ -210,7 +221,8 @@ class SparkStatements:
         self._backend, self._cancel = backend, cancel
         self._held: threading.Lock | None = None
 
-    def run(self, sql: str) -> list[tuple[Any, ...]]:
+    def run(self, sql: str, work_mem: str | None = None) -> list[tuple[Any, ...]]:
+        """Rows of one query; `work_mem` is PostgreSQL's and means nothing here."""
         if self._cancel is not None and self._cancel.cancelled:
             raise QueryCancelled("canceling statement due to user request")
         spark = self._backend.spark

@@ -27,6 +27,7 @@ from dpsql.rewrite import direct, histograms, per_unit
 class Rewritten:
     sql: str  # rows: group keys, one exact sum per measure, distinct units
     histograms: dict[str, str]  # histogram name -> SQL whose rows are: group keys, cell, count
+    work_mem: str | None = None  # PostgreSQL's work_mem for these statements, where the server's would not do
 
 
 def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:

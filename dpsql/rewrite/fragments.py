@@ -38,13 +38,29 @@ def within_rows_per_unit(columns: list[str], k: int, seed: int) -> list[str]:
     at k (rows that tie are identical, so which one is kept makes no difference). Only those units' rows are
     ranked, so data within its bounds costs one grouping by unit."""
     names = ", ".join(columns)
-    return [f"dpsql_over AS (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit HAVING COUNT(*) > {int(k)})",
-            f"dpsql_kept AS (SELECT {names} FROM dpsql_rows WHERE NOT EXISTS "
+    return [_over(k), f"dpsql_kept AS (SELECT {names} FROM dpsql_rows WHERE NOT EXISTS "
             "(SELECT 1 FROM dpsql_over WHERE dpsql_over.dpsql_unit = dpsql_rows.dpsql_unit) "
-            f"UNION ALL SELECT {names} FROM (SELECT {names}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY "
-            f"{keyed_hash(columns, seed)}, {names}) AS dpsql_rank FROM dpsql_rows "
-            f"WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)) AS dpsql_ranked_rows "
+            f"UNION ALL SELECT {names} FROM ({_ranked_rows_of_over(columns, seed)}) AS dpsql_ranked_rows "
             f"WHERE dpsql_rank <= {int(k)})"]
+
+
+def ranked_rows_of_over(columns: list[str], k: int, seed: int) -> list[str]:
+    """CTEs over `dpsql_rows` ending in `dpsql_ranked`: the rows of the units with more than k rows, each with
+    its `dpsql_rank` by the keyed hash that `within_rows_per_unit` cuts at, for statistics that correct the
+    aggregate over all rows by those units' rows alone."""
+    return [_over(k), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed)})"]
+
+
+def _over(k: int) -> str:
+    # MATERIALIZED: the few units over k are found once and read by every branch (inlined, each would group again)
+    return (f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit "
+            f"HAVING COUNT(*) > {int(k)})")
+
+
+def _ranked_rows_of_over(columns: list[str], seed: int) -> str:
+    names = ", ".join(columns)
+    return (f"SELECT {names}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {keyed_hash(columns, seed)}, "
+            f"{names}) AS dpsql_rank FROM dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)")
 
 
 def present(node: exp.Expression) -> exp.Expression:

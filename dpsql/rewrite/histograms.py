@@ -12,7 +12,7 @@ from sqlglot import exp
 
 from dpsql.analysis import Histogram, Plan
 from dpsql.rewrite.fragments import group_by, keyed_hash, present, sql, unit_and_keys, within_rows_per_unit
-from dpsql.rewrite.truncation import from_where
+from dpsql.rewrite.truncation import from_where, rows_cte
 
 
 def counts(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
@@ -35,7 +35,7 @@ def counts(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
                      "AS dpsql_group")
         keep.append(f"dpsql_group <= {plan.max_groups}")
     both = exp.and_(present(plan.unit), cell_present)
-    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, both, hash_seed)})"]
+    ctes = [rows_cte(plan, rows, both, hash_seed)]
     rows_of_units = "dpsql_rows"
     if plan.rows_total:  # k rows per unit over all groups together
         ctes += within_rows_per_unit(["dpsql_unit", *keys, "dpsql_cell"], plan.rows_per_unit, hash_seed)

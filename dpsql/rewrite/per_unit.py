@@ -19,11 +19,12 @@ from dpsql.rewrite.fragments import (
     keyed_hash,
     literal,
     present,
+    ranked_rows_of_over,
     sql,
     unit_and_keys,
     within_rows_per_unit,
 )
-from dpsql.rewrite.truncation import from_where
+from dpsql.rewrite.truncation import rows_cte
 
 
 def statistics(plan: Plan, hash_seed: int) -> str:
@@ -38,10 +39,12 @@ def statistics(plan: Plan, hash_seed: int) -> str:
             lo, hi = (literal(v) for v in m.unit_range)
             total = aggregate(m, None if m.expr is None else m.name)
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
-    ctes = [f"dpsql_rows AS (SELECT {', '.join(rows)} {from_where(plan, present(plan.unit), hash_seed)})"]
+    ctes = [rows_cte(plan, rows, present(plan.unit), hash_seed)]
     rows_of_units = "dpsql_rows"
     if plan.rows_total:  # k rows per unit over all groups together
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
+        if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures):
+            return _all_rows_corrected(plan, ctes + ranked_rows_of_over(columns, plan.rows_per_unit, hash_seed))
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed)
         rows_of_units = "dpsql_kept"
         if not plan.cap_groups:
@@ -69,3 +72,29 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
             else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
     units = f"{'COUNT(*)' if plan.partition_selection else '0'} AS {UNITS}"
     return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"
+
+
+def _all_rows_corrected(plan: Plan, ctes: list[str]) -> str:
+    """`_kept_rows_per_group` for counts, sums and distinct units, which add up over disjoint sets of units:
+    each group's statistics over all rows, less those over the rows of the units with more than k rows, plus
+    those over the k rows each such unit keeps. The first part is the exact query's own aggregate (PostgreSQL
+    runs it in parallel); only the rows of units over k are ranked. A group left with no kept row is not
+    returned, as by the other form, so partition selection never sees a group that only dropped rows held."""
+    keys = [k.name for k in plan.group_keys]
+    sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, None if m.expr is None else m.name)
+            for m in plan.measures]
+
+    def part(source: str, sign: str) -> str:
+        items = [*keys, *(f"{sign}{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
+                 f"{sign}COUNT(*) AS {UNITS}"]
+        return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
+
+    parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"),
+             part(f"dpsql_ranked WHERE dpsql_rank <= {int(plan.rows_per_unit)}", "")]
+    # counts stay bigint: a sum of bigints would be numeric
+    totals = [f"SUM({m.name}) AS {m.name}" if m.kind == "sum" else f"CAST(SUM({m.name}) AS BIGINT) AS {m.name}"
+              for m in plan.measures]
+    units = f"CAST(SUM({UNITS}) AS BIGINT)" if plan.partition_selection else "0"
+    having = f" HAVING SUM({UNITS}) > 0" if keys else ""
+    return (f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *totals, f'{units} AS {UNITS}'])} FROM "
+            f"({' UNION ALL '.join(parts)}) AS dpsql_parts{group_by(keys)}{having}")

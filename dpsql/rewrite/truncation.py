@@ -29,6 +29,14 @@ def from_where(plan: Plan, extra: exp.Expression | None = None, hash_seed: int =
     return " ".join(parts)
 
 
+def rows_cte(plan: Plan, items: list[str], extra: exp.Expression, hash_seed: int) -> str:
+    """`dpsql_rows`: the plan's rows as `items`. Read from one table without truncation, it is NOT MATERIALIZED:
+    PostgreSQL then scans the table once per use, in parallel and (for the unit's grouping) from an index,
+    which costs less than storing every row; a join is computed once and stored."""
+    materialized = "" if plan.joins or plan.truncate else " NOT MATERIALIZED"
+    return f"dpsql_rows AS{materialized} (SELECT {', '.join(items)} {from_where(plan, extra, hash_seed)})"
+
+
 def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expression:
     """`node` with every table in `plan.truncate` replaced by that table cut to at most max_frequency rows per value
     of each join key: a row is dropped when, within the rows sharing one of its keys, a keyed hash of the whole row
