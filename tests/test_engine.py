@@ -400,3 +400,33 @@ def test_a_lone_count_of_people_per_private_key_selects_itself_with_all_of_epsil
     # with anything else released beside it, selection has its own share as before
     assert engine.prepare(sql.replace("COUNT(DISTINCT", "COUNT(*), COUNT(DISTINCT"), epsilon=1.0
                           ).calibration.selected_by is None
+
+
+def test_without_an_index_on_the_unit_explain_names_one_and_the_statement_hashes_in_memory(server, template,
+                                                                                            demo_schema):
+    """The demo indexes visits(person_id): the server's work_mem, no hint. Without that index the statement gets
+    work_mem of its own (hashing every unit), explain says which index to create, and the answer is the same."""
+    import psycopg
+
+    from dpsql.explain import explain_text
+    from tests.conftest import copy_database
+
+    sql = "SELECT category, COUNT(*) FROM visits GROUP BY category"
+    url = copy_database(server, template, "dpsql_unindexed")
+    indexed = Engine(Settings(database=url), demo_schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX visits_person")
+    unindexed = Engine(Settings(database=url), demo_schema)
+    try:
+        with_index, without = indexed.prepare(sql), unindexed.prepare(sql)
+        assert with_index.rewritten.work_mem is None and "CREATE INDEX" not in explain_text(with_index)
+        assert without.rewritten.work_mem == "64MB"
+        assert "CREATE INDEX ON visits (person_id)" in explain_text(without)
+        assert sorted(indexed.backend.execute(with_index.rewritten.sql)) == sorted(
+            unindexed.backend.execute(without.rewritten.sql))
+        with unindexed.backend.session() as session:
+            assert session.run("SHOW work_mem", "64MB") == [("64MB",)]
+            assert session.run("SHOW work_mem") != [("64MB",)]  # for that statement alone
+    finally:
+        indexed.close()
+        unindexed.close()
