@@ -205,20 +205,19 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
         index, mechanism = names.index(calibration.selected_by), calibration.mechanisms[calibration.selected_by]
         pool = [(key, exact.get(key, ([0.0] * len(names), 0))) for key in plan.domain] if plan.domain is not None \
             else list(exact.items())
-        for key, (values, _units) in pool:
-            presampled[key] = {calibration.selected_by: mechanism.release(values[index])}
+        released = mechanism.release_many([values[index] for _, (values, _units) in pool])
+        presampled = {key: {calibration.selected_by: value} for (key, _), value in zip(pool, released, strict=True)}
         candidates = [(key, value) for key, value in pool
                       if presampled[key][calibration.selected_by] >= calibration.selection.threshold]
     elif plan.domain is not None:
         zero = ([0.0] * len(names), 0)
         candidates = [(key, exact.get(key, zero)) for key in plan.domain]
         if plan.partition_selection:  # the minimum frequency: declared keys are selected too
-            candidates = [(key, value) for key, value in candidates if calibration.selection.keep(value[1])]
+            candidates = _selected(calibration.selection, candidates)
     elif not plan.grouped:
         candidates = [((), exact.get((), ([0.0] * len(names), 0)))]
     else:
-        candidates = [(key, value) for key, value in exact.items()
-                      if calibration.selection.keep(value[1])]
+        candidates = _selected(calibration.selection, list(exact.items()))
     if calibration.structure is not None:
         return _structure_first_release(calibration.structure, candidates)
     key_gap = None
@@ -227,10 +226,15 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
         candidates = _top_k(plan, calibration, candidates, names.index(plan.top_k.measure))
     counts = {h.name: _cell_counts(h.cells, n_keys, histogram_rows[h.name]) for h in plan.histograms}
     chosen = [(a, plan.histogram[a.measures[0]], calibration.choosers[a.name]) for a in plan.aggregates if a.chosen]
+    if calibration.selected_by is not None:
+        noisy_groups = [presampled[key] for key, _ in candidates]
+    else:  # each measure's noise for every released group in one batch
+        columns = [calibration.mechanisms[name].release_many([values[i] for _, (values, _) in candidates])
+                   for i, name in enumerate(names)]
+        noisy_groups = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)] if names \
+            else [{} for _ in candidates]
     groups = []
-    for key, (values, _units) in candidates:
-        noisy = presampled.get(key) or {name: calibration.mechanisms[name].release(value)
-                                        for name, value in zip(names, values, strict=True)}
+    for (key, _), noisy in zip(candidates, noisy_groups, strict=True):
         choices = {}
         for agg, histogram, chooser in chosen:
             cells = counts[histogram.name].get(key, [0] * histogram.cells)
@@ -238,6 +242,12 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
             choices[agg.name] = histogram.value(chooser.select(scores))
         groups.append(NoisyGroup(key, noisy, choices, key_gap))
     return groups
+
+
+def _selected(selection: PartitionSelection, candidates: list) -> list:
+    """The candidates that partition selection releases, by their distinct units (or kept rows)."""
+    kept = selection.keep_many([value[1] for _, value in candidates])
+    return [candidate for candidate, keep in zip(candidates, kept, strict=True) if keep]
 
 
 def _structure_first_release(structure: StructureFirst, candidates: list) -> list[NoisyGroup]:

@@ -70,16 +70,15 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
     simulate = any(not _exact_interval(o.expr, plan) for o in plan.outputs)
     if calibration.histogram == "noisefirst":
         groups = _noise_first(groups, calibration)
+    unit_draws = _unit_draws(groups, _simulated_measures(plan), mechanisms, rng) if simulate else {}
     kept = []
-    for group in groups:
+    for index, group in enumerate(groups):
         env: dict[str, Any] = {k.name: v for k, v in zip(plan.group_keys, group.keys, strict=True)}
         simulated: dict[str, Any] = dict(env)
         if simulate:
             for name, value in group.measures.items():
                 spread = group.interval_factor.get(name, 1.0) * mechanisms[name].scale
-                draws = rng.normal(0.0, spread, SIMULATIONS) if isinstance(mechanisms[name], GaussianMechanism) \
-                    else rng.laplace(0.0, spread, SIMULATIONS)
-                simulated[name] = value - draws
+                simulated[name] = value - spread * unit_draws[name][index] if name in unit_draws else value
         for agg in plan.aggregates:
             if agg.chosen:
                 env[agg.name] = simulated[agg.name] = group.choices[agg.name]
@@ -92,20 +91,40 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
         kept.append((group, env, simulated))
     if plan.windows:
         _compute_windows(plan.windows, [env for _, env, _ in kept], [s for _, _, s in kept] if simulate else [])
-    rows = []
+    rows, fixed = [], {}
     for group, env, simulated in kept:
         values, accuracy = [], []
         for output in plan.outputs:
             value = _typed(evaluate(output.expr, env), output.type_name)
             values.append(value)
-            accuracy.append(_accuracy(output.expr, plan, calibration, value, simulated, group))
+            accuracy.append(_accuracy(output.expr, plan, calibration, value, simulated, group, fixed))
         order_keys = [evaluate(expr, env) for expr, _, _ in plan.order]
-        rows.append((tuple(values), tuple(accuracy), order_keys))
+        rows.append((tuple(values), accuracy, order_keys))
+    _simulated_intervals([accuracy for _, accuracy, _ in rows])
+    rows = [(values, tuple(accuracy), order_keys) for values, accuracy, order_keys in rows]
     sort_rows(rows, lambda row, i: row[2][i], [(descending, nulls) for _, descending, nulls in plan.order])
     end = None if plan.limit is None else plan.offset + plan.limit
     rows = rows[plan.offset:end]
     return Result([o.name for o in plan.outputs], [o.type_name for o in plan.outputs],
                   [r[0] for r in rows], [r[1] for r in rows])
+
+
+def _simulated_measures(plan: Plan) -> set[str]:
+    """The measures whose noise an interval is simulated over: those of the aggregates in outputs whose interval
+    is not one mechanism's (all of them where windows combine rows)."""
+    if plan.windows:
+        return set(plan.measure)
+    noisy = plan.aggregate
+    return {m for o in plan.outputs if not _exact_interval(o.expr, plan)
+            for c in o.expr.find_all(exp.Column) if c.name in noisy for m in noisy[c.name].measures}
+
+
+def _unit_draws(groups: list[NoisyGroup], names: set[str], mechanisms: dict,
+                rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per measure in `names`, SIMULATIONS draws of its noise at unit scale for every group, in one batch."""
+    size = (len(groups), SIMULATIONS)
+    return {name: rng.normal(0.0, 1.0, size) if isinstance(mechanisms[name], GaussianMechanism)
+            else rng.laplace(0.0, 1.0, size) for name in sorted(names) if name in mechanisms}
 
 
 def _compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, Any]],
@@ -270,7 +289,8 @@ def _exact_interval(expr: exp.Expression, plan: Plan) -> bool:
 
 
 def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value: Any,
-              simulated: dict[str, Any], group: NoisyGroup) -> Accuracy | None:
+              simulated: dict[str, Any], group: NoisyGroup, fixed: dict[str, tuple]) -> Accuracy | None:
+    """The accuracy of one released value; `fixed` keeps what is the same in every group (per aggregate)."""
     mechanisms = calibration.mechanisms
     noisy = plan.aggregate
     used = [noisy[n.name] for n in expr.find_all(exp.Column) if n.name in noisy]
@@ -292,11 +312,14 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
         if agg.kind in (*COUNTS, "sum"):
             mechanism = mechanisms[agg.measures[0]]
             factor = group.interval_factor.get(agg.measures[0], 1.0)
-            width = mechanism.ci_halfwidth() * factor  # smoothed bins: the noise of a bucket's mean
+            if agg.name not in fixed:  # the same for every group: computed once per answer
+                fixed[agg.name] = mechanism.ci_halfwidth(), lower_bounds(agg, plan, calibration)
+            halfwidth, unscaled_bounds = fixed[agg.name]
+            width = halfwidth * factor  # smoothed bins: the noise of a bucket's mean
             low, high = value - width, value + width
             if agg.kind in COUNTS:
                 low, high = max(low, 0), max(high, 0)
-            bounds = lower_bounds(agg, plan, calibration) if factor == 1.0 else (None, None)
+            bounds = unscaled_bounds if factor == 1.0 else (None, None)
             return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high), None, None, *bounds)
     try:
         draws = np.asarray(evaluate(expr, simulated), dtype=float)
@@ -304,11 +327,32 @@ def _accuracy(expr: exp.Expression, plan: Plan, calibration: Calibration, value:
         return None
     if draws.ndim == 0 or not np.isfinite(draws).any():
         return None
-    with np.errstate(invalid="ignore"):  # draws at ±inf (a ratio over a noisy zero) leave a NaN bound
-        low, high = np.nanpercentile(draws, [2.5, 97.5])
     agg = noisy[expr.name] if isinstance(expr, exp.Column) and expr.name in noisy else None
     bounds = (None, None) if agg is None else lower_bounds(agg, plan, calibration, group.measures[agg.measures[0]])
-    return Accuracy(None, float(low), float(high), None, None, *bounds)
+    return _Simulated(np.broadcast_to(draws, (SIMULATIONS,)), bounds)
+
+
+@dataclass
+class _Simulated:
+    """An interval still to be read off its simulated draws: every row's at once (`_simulated_intervals`)."""
+
+    draws: np.ndarray
+    bounds: tuple[float | None, float | None]
+
+
+def _simulated_intervals(accuracies: list[list[Accuracy | _Simulated | None]]) -> None:
+    """Each `_Simulated` in `accuracies` replaced by its 95% interval, all percentiles in one batch."""
+    places = [(row, i) for row, values in enumerate(accuracies) for i, a in enumerate(values)
+              if isinstance(a, _Simulated)]
+    if not places:
+        return
+    draws = np.stack([accuracies[row][i].draws for row, i in places])
+    with np.errstate(invalid="ignore"):  # draws at ±inf (a ratio over a noisy zero) leave a NaN bound
+        # np.percentile works on all rows at once; the NaN-skipping one goes row by row
+        percentile = np.nanpercentile if np.isnan(draws).any() else np.percentile
+        lows, highs = percentile(draws, [2.5, 97.5], axis=1)
+    for (row, i), low, high in zip(places, lows, highs, strict=True):
+        accuracies[row][i] = Accuracy(None, float(low), float(high), None, None, *accuracies[row][i].bounds)
 
 
 def lower_bounds(agg: Aggregate, plan: Plan, calibration: Calibration,

@@ -240,3 +240,42 @@ def test_minimum_frequency_releases_a_group_of_fewer_units_at_rate_at_most_delta
     rng = random.Random(11)  # and drawn: a rate near δ is never seen in 60,000 tries, a group far above passes
     assert not any(ruled.keep(fewer, rng) for _ in range(SAMPLES))
     assert sum(ruled.keep(ruled.threshold + 5 * int(ruled.scale), rng) for _ in range(1000)) > 900
+
+
+def test_batched_laplace_release_is_shifted_discrete_laplace_per_value() -> None:
+    """A query's noise drawn in one batch: each value gets its own independent discrete Laplace draw (the
+    pmf holds for the differences, and two values' noises are uncorrelated)."""
+    mech = LaplaceMechanism.calibrate(sensitivity=3, epsilon=1.5, integer_valued=True)
+    rng = random.Random(11)
+    q = math.exp(-1 / float(mech.scale_units))
+    pairs = [mech.release_many([5, -7], rng) for _ in range(SAMPLES // 2)]
+    samples = [int(a) - 5 for a, _ in pairs] + [int(b) + 7 for _, b in pairs]
+    _assert_matches_pmf(samples, lambda z: (1 - q) / (1 + q) * q ** abs(z))
+    first, second = ([p[i] for p in pairs] for i in (0, 1))
+    assert abs(stats.pearsonr(first, second)[0]) < 5 / math.sqrt(len(pairs))
+
+
+def test_batched_gaussian_release_is_shifted_discrete_gaussian() -> None:
+    mech = GaussianMechanism.calibrate(sensitivity=1, rho=1 / 8, integer_valued=True)  # σ² = 4
+    rng = random.Random(12)
+    norm = sum(math.exp(-z * z / 8) for z in range(-200, 201))
+    samples = [int(v) - 3 for _ in range(SAMPLES // 100) for v in mech.release_many([3] * 100, rng)]
+    _assert_matches_pmf(samples, lambda z: math.exp(-z * z / 8) / norm)
+
+
+def test_batched_partition_selection_keeps_each_group_with_its_probability() -> None:
+    sel = PartitionSelection(max_groups=1, epsilon=1.0, delta=1e-2)
+    rng = random.Random(13)
+    q = math.exp(-1.0)
+    kept = sel.keep_many([sel.threshold, sel.threshold - 1] * (SAMPLES // 2), rng)
+    # P(Z >= 0) = 1 - q/(1+q) and P(Z >= 1) = q/(1+q)
+    for start, p in ((0, 1 - q / (1 + q)), (1, q / (1 + q))):
+        hits, n = sum(kept[start::2]), SAMPLES // 2
+        assert abs(hits - p * n) <= 5 * math.sqrt(n * p * (1 - p))
+
+
+def test_real_values_released_in_a_batch_lie_on_the_grid() -> None:
+    mech = LaplaceMechanism.calibrate(sensitivity=250_000.0, epsilon=0.5, integer_valued=False)
+    out = mech.release_many([0.1, 12345.678, -3.3e5], random.Random(14))
+    assert len(out) == 3 and all((v / mech.grid).is_integer() for v in out)
+    assert mech.release_many([], random.Random(14)) == []

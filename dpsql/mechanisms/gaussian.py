@@ -11,13 +11,14 @@ G·c but L2 sensitivity √G·c.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from dpsql.mechanisms.laplace import CONFIDENCE, grid_for
-from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_gaussian
+from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_gaussian_batch
 
 EXACT_TAIL_LIMIT = 1e6  # above this σ (in grid steps) the 95% interval uses the continuous normal's quantile
 
@@ -68,7 +69,12 @@ class GaussianMechanism:
 
     def release(self, value: float, rng: Randomness = SYSTEM_RANDOM) -> float:
         """The noisy value: the exact value rounded to the grid plus discrete Gaussian noise."""
-        return (round(value / self.grid) + discrete_gaussian(self.sigma_squared_units, rng)) * self.grid
+        return self.release_many([value], rng)[0]
+
+    def release_many(self, values: Sequence[float], rng: Randomness = SYSTEM_RANDOM) -> list[float]:
+        """`release` of each value, with independent noise drawn in one batch."""
+        noise = discrete_gaussian_batch(self.sigma_squared_units, len(values), rng)
+        return [(round(value / self.grid) + z) * self.grid for value, z in zip(values, noise, strict=True)]
 
     def ci_halfwidth(self, confidence: float = CONFIDENCE) -> float:
         """Half-width w with P(|noise| > w) <= 1 - confidence, from the discrete Gaussian's exact tail."""

@@ -12,10 +12,11 @@ which costs about 0.1% more noise per coordinate.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_laplace
+from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_laplace_batch
 
 GRID_STEPS_PER_SCALE = 1024
 CONFIDENCE = 0.95
@@ -66,7 +67,12 @@ class LaplaceMechanism:
 
     def release(self, value: float, rng: Randomness = SYSTEM_RANDOM) -> float:
         """The noisy value: the exact value rounded to the grid plus discrete Laplace noise."""
-        return (round(value / self.grid) + discrete_laplace(self.scale_units, rng)) * self.grid
+        return self.release_many([value], rng)[0]
+
+    def release_many(self, values: Sequence[float], rng: Randomness = SYSTEM_RANDOM) -> list[float]:
+        """`release` of each value, with independent noise drawn in one batch."""
+        noise = discrete_laplace_batch(self.scale_units, len(values), rng)
+        return [(round(value / self.grid) + z) * self.grid for value, z in zip(values, noise, strict=True)]
 
     def ci_halfwidth(self, confidence: float = CONFIDENCE) -> float:
         """Half-width w with P(|noise| > w) <= 1 - confidence.

@@ -11,10 +11,11 @@ all counts by up to `total`, and a group that exists only because of it has coun
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_laplace
+from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive, discrete_laplace_batch
 
 
 @dataclass(frozen=True)
@@ -50,4 +51,10 @@ class PartitionSelection:
 
     def keep(self, distinct_units: int, rng: Randomness = SYSTEM_RANDOM) -> bool:
         """Whether to release a group that `distinct_units` units contributed to."""
-        return distinct_units + discrete_laplace(self.scale, rng) >= self.threshold
+        return self.keep_many([distinct_units], rng)[0]
+
+    def keep_many(self, distinct_units: Sequence[int], rng: Randomness = SYSTEM_RANDOM) -> list[bool]:
+        """`keep` for each group, with independent noise drawn in one batch."""
+        threshold = self.threshold
+        noise = discrete_laplace_batch(self.scale, len(distinct_units), rng)
+        return [units + z >= threshold for units, z in zip(distinct_units, noise, strict=True)]

@@ -37,42 +37,63 @@ def bernoulli_exp(gamma: Fraction, rng: Randomness) -> bool:
     """True with probability exp(-gamma) for a rational gamma >= 0 (CKS Algorithm 1)."""
     if gamma < 0:
         raise ValueError("gamma must be >= 0")
-    while gamma > 1:
-        if not bernoulli_exp(Fraction(1), rng):
+    return _bernoulli_exp(gamma.numerator, gamma.denominator, rng)
+
+
+def _bernoulli_exp(num: int, den: int, rng: Randomness) -> bool:
+    """True with probability exp(-num/den) (num >= 0, den > 0) in integers only: Bernoulli(γ/k) is
+    randrange(den·k) < num, so no Fraction is built inside the loops, where the time went."""
+    while num > den:  # exp(-γ) = exp(-1)·exp(-(γ - 1))
+        if not _bernoulli_exp(1, 1, rng):
             return False
-        gamma -= 1
+        num -= den
     k = 1
-    while bernoulli(gamma / k, rng):
+    while rng.randrange(den * k) < num:
         k += 1
     return k % 2 == 1
 
 
 def discrete_laplace(scale: Fraction, rng: Randomness = SYSTEM_RANDOM) -> int:
     """One sample Z with P(Z = z) proportional to exp(-|z| / scale) (CKS Algorithm 2)."""
+    return discrete_laplace_batch(scale, 1, rng)[0]
+
+
+def discrete_laplace_batch(scale: Fraction, n: int, rng: Randomness = SYSTEM_RANDOM) -> list[int]:
+    """`n` independent samples of `discrete_laplace(scale)`, drawn in one call (the noise of a whole query)."""
     if scale <= 0:
         raise ValueError("scale must be > 0")
     t, s = scale.numerator, scale.denominator  # scale = t / s
-    while True:
+    out: list[int] = []
+    while len(out) < n:
         u = rng.randrange(t)
-        if not bernoulli_exp(Fraction(u, t), rng):
+        if not _bernoulli_exp(u, t, rng):
             continue
         v = 0
-        while bernoulli_exp(Fraction(1), rng):
+        while _bernoulli_exp(1, 1, rng):
             v += 1
         y = (u + t * v) // s
         negative = rng.randrange(2) == 1
         if negative and y == 0:
             continue
-        return -y if negative else y
+        out.append(-y if negative else y)
+    return out
 
 
 def discrete_gaussian(sigma_squared: Fraction, rng: Randomness = SYSTEM_RANDOM) -> int:
     """One sample Z with P(Z = z) proportional to exp(-z² / (2σ²)) (CKS Algorithm 3)."""
+    return discrete_gaussian_batch(sigma_squared, 1, rng)[0]
+
+
+def discrete_gaussian_batch(sigma_squared: Fraction, n: int, rng: Randomness = SYSTEM_RANDOM) -> list[int]:
+    """`n` independent samples of `discrete_gaussian(sigma_squared)`, drawn in one call."""
     if sigma_squared <= 0:
         raise ValueError("sigma_squared must be > 0")
-    t = math.isqrt(math.floor(sigma_squared)) + 1  # floor(sigma) + 1
-    while True:
-        y = discrete_laplace(Fraction(t), rng)
-        gamma = (abs(y) - sigma_squared / t) ** 2 / (2 * sigma_squared)
-        if bernoulli_exp(gamma, rng):
-            return y
+    a, b = sigma_squared.numerator, sigma_squared.denominator  # σ² = a / b
+    t = math.isqrt(a // b) + 1  # floor(σ) + 1
+    den = 2 * a * t * t * b  # γ = (|y| - σ²/t)² / (2σ²) = (|y|·t·b - a)² / (2·a·t²·b)
+    out: list[int] = []
+    while len(out) < n:
+        y = discrete_laplace_batch(Fraction(t), 1, rng)[0]
+        if _bernoulli_exp((abs(y) * t * b - a) ** 2, den, rng):
+            out.append(y)
+    return out
