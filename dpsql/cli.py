@@ -19,7 +19,7 @@ from dpsql.config import Settings, load_settings
 from dpsql.errors import BackendUnavailable, BudgetExhausted, ConfigError, Error, SchemaError, UnknownAnalyst
 from dpsql.output import FORMATS, budget_rows, cost_line, render_answer, render_rows
 from dpsql.schema import MECHANISMS
-from dpsql.session import HISTOGRAMS
+from dpsql.session import HISTOGRAMS, Options
 
 DEMO_ANALYST = "demo"
 
@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     options.add_argument("--epsilon", type=float, help="ε for this query (default from config: 1.0)")
     options.add_argument("--mechanism", choices=MECHANISMS, help="noise on counts and sums (default: the schema's)")
     options.add_argument("--histogram", choices=HISTOGRAMS, help="release of ordered bins (default: plain)")
+    options.add_argument("--bounds-epsilon", type=float, metavar="EPSILON",
+                         help="also estimate, at this ε more, how many units the declared bounds cut or clamp")
 
     query = sub.add_parser("query", parents=[common, options, printing],
                            help="answer a SQL query with noise, spending budget")
@@ -242,7 +244,7 @@ def _query(args: argparse.Namespace) -> int:
     analyst = _require_analyst(settings)
     engine = _engine(settings)
     try:
-        answer = engine.query(args.sql, analyst=analyst)
+        answer = engine.query(args.sql, analyst=analyst, options=Options(bounds_epsilon=args.bounds_epsilon))
     finally:
         engine.close()
     print(render_answer(answer, args.format))
@@ -264,7 +266,8 @@ def _explain(args: argparse.Namespace) -> int:
     settings = _settings(args, epsilon=args.epsilon, mechanism=args.mechanism, histogram=args.histogram)
     engine = _engine(settings)
     try:
-        print(explain_statement(*engine.prepare_parts(args.sql)))
+        print(explain_statement(*engine.prepare_parts(args.sql,
+                                                      options=Options(bounds_epsilon=args.bounds_epsilon))))
     finally:
         engine.close()
     return 0

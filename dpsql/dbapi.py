@@ -202,6 +202,12 @@ class Cursor:
         return [] if self._answer is None else self._answer.accuracy
 
     @property
+    def bounds_effect(self) -> dict | None:
+        """With `dpsql.bounds_epsilon` set: how many of the last query's units its declared bounds touch (rows left
+        out, values clamped), as noisy counts with 95% intervals and shares of the units read; else None."""
+        return None if self._answer is None else self._answer.bounds_effect
+
+    @property
     def epsilon_spent(self) -> float:
         """ε charged for the last query (0 if its answer came from the cache)."""
         return 0.0 if self._answer is None else self._answer.epsilon

@@ -43,7 +43,7 @@ from dpsql.errors import (
     UnsupportedQuery,
 )
 from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
-from dpsql.noise import Calibration, add_noise, calibrate
+from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect
 from dpsql.postprocess import INTERVALS_COVER, Accuracy, Result, evaluate, finish, sort_rows, window_inputs
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, rewrite
@@ -71,12 +71,15 @@ class Answer:
     budget: Budget | None = None
     noisy: list[bool] | None = None  # per column: computed from noisy aggregates
     intervals_cover: str = INTERVALS_COVER  # what the 95% intervals account for, said beside them
+    bounds_effect: dict | None = None  # asked for (dpsql.bounds_epsilon): how many units the bounds cut or clamp
 
     def cost(self) -> dict[str, Any]:
         """What this answer cost and what is left, for scripts (JSON output, a DataFrame's attrs)."""
         cost: dict[str, Any] = {"epsilon_spent": self.epsilon, "delta_spent": self.delta, "cached": self.cached}
         if self.budget is not None:
             cost["budget_left"] = {"epsilon": self.budget.epsilon_left, "delta": self.budget.delta_left}
+        if self.bounds_effect is not None:
+            cost["bounds_effect"] = self.bounds_effect
         return cost
 
     def with_intervals(self, every_measure: bool = False) -> Answer:
@@ -260,7 +263,7 @@ class Engine:
         except Exception as exc:  # a dpsql bug, before anything ran or was charged
             raise _internal(exc, "the query did not run and was not charged") from exc
         if composition is None:
-            return self._query(parts[0], analyst, cancel)
+            return self._with_bounds_effect(self._query(parts[0], analyst, cancel), parts[0], analyst)
         unpaid = [p for p in parts if not p.free and self.ledger.answers.get(analyst, p.key) is None]
         cost = sum((p.calibration.cost for p in unpaid), NO_COST)
         before = self.ledger.budget(analyst)
@@ -274,6 +277,16 @@ class Engine:
         values = {f"{SCALAR}{i}": a.rows[0][0] if a.rows else None for i, a in enumerate(scalars)}
         last = self.prepare(composition.parts[-1], values, parts[-1].options.epsilon, parts[-1].options)
         return combine(composition, parts, [*scalars, self._query(last, analyst, cancel)])
+
+    def _with_bounds_effect(self, answer: Answer, prepared: Prepared, analyst: str) -> Answer:
+        """`answer` with the bounds' effect when the query's options ask for it (dpsql.bounds_epsilon)."""
+        epsilon = prepared.options.bounds_epsilon
+        released = self.bounds_effect(analyst, prepared, epsilon) if epsilon and prepared.plan is not None \
+            and prepared.local is None else None
+        if released is None:
+            return answer
+        return replace(answer, bounds_effect={**released.output, "cached": released.cached},
+                       budget=released.budget or answer.budget)
 
     def _query(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
         arrived = time.monotonic()
@@ -357,6 +370,33 @@ class Engine:
                                        "declare a domain for its keys")
         key = hashlib.sha256(json.dumps([kind, [p.query.canonical for p in statistics], astuple(cost),
                                          self._schema_digest]).encode()).hexdigest()
+        text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
+        return self._charged_once(analyst, key, text, cost,
+                                  [(p.rewritten.sql, p.rewritten.work_mem) for p in statistics],
+                                  lambda rows: mechanism([Statistic(p.plan, r)
+                                                          for p, r in zip(statistics, rows, strict=True)]))
+
+    def bounds_effect(self, analyst: str, prepared: Prepared, epsilon: float) -> Released | None:
+        """How many of the query's units its declared bounds touch (rows left out, values clamped), as noisy
+        counts at `epsilon`, charged once (asked again: the same counts, free); None when no bound can drop or
+        move data (nothing is charged)."""
+        statement = None if prepared.rewritten is None else prepared.rewritten.bounds
+        if statement is None:
+            return None
+        epsilon = validate_query_privacy(epsilon)
+        if epsilon > self.settings.max_epsilon:
+            raise InvalidParameter(f"dpsql.bounds_epsilon {epsilon:g} is above the per-query cap of "
+                                   f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon")
+        key = hashlib.sha256(json.dumps(["bounds", prepared.query.canonical, epsilon,
+                                         self._schema_digest]).encode()).hexdigest()
+        return self._charged_once(analyst, key, f"bounds effect: {prepared.query.canonical}", Cost.pure(epsilon),
+                                  [(statement.sql, prepared.rewritten.work_mem)],
+                                  lambda rows: noisy_bounds_effect(statement.labels, rows[0][0], epsilon))
+
+    def _charged_once(self, analyst: str, key: str, text: str, cost: Cost, statements: list[tuple[str, str | None]],
+                      mechanism: Callable[[list[list[tuple]]], dict]) -> Released:
+        """Runs `statements` and keeps `mechanism`'s output of their rows, charged `cost` once under `key`: asked
+        again, the kept output comes back at no cost."""
         stored = self.ledger.answers.get(analyst, key)
         if stored is not None:
             return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
@@ -365,11 +405,10 @@ class Engine:
             stored = self.ledger.answers.get(analyst, key)
             if stored is not None:
                 return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
-            text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
             budget = self.ledger.charge(analyst, cost, key, text)
-            rows = [backend.run(p.rewritten.sql, p.rewritten.work_mem) for p in statistics]
+            rows = [backend.run(sql, work_mem) for sql, work_mem in statements]
             try:
-                output = mechanism([Statistic(p.plan, r) for p, r in zip(statistics, rows, strict=True)])
+                output = mechanism(rows)
             except Exception as exc:
                 raise _internal(exc, "the release ran and its charge stands") from exc
             stored = self.ledger.answers.keep(analyst, key, {"release": output})

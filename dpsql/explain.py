@@ -98,6 +98,15 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
     lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g} (zCDP: ρ = {cost.cost.rho:.6g}"
                  + (f" beside δ = {cost.cost.approx_delta:.3g})" if cost.cost.approx_delta else ")"))
+    bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
+    if bounds is not None and prepared.options.bounds_epsilon:
+        lines.append(f"Bounds' effect (dpsql.bounds_epsilon): ε = {prepared.options.bounds_epsilon:.6g} more, once, "
+                     "for "
+                     f"noisy counts of the units {'; '.join(bounds.labels[1:])}, beside the units read (sensitivity "
+                     f"{len(bounds.labels)}: one unit moves each count by at most 1)")
+    elif bounds is not None:
+        lines.append("Bounds' effect: not estimated; SET dpsql.bounds_epsilon = 0.05 (say) counts, at that ε more, the "
+                     "units the bounds cut or clamp")
     if prepared.group_size > 1:
         group_epsilon, group_delta = group_guarantee(cost.epsilon, cost.delta, prepared.group_size)
         lines.append(f"Group privacy: for a group of up to {prepared.group_size} units (group_size), this answer is "
@@ -109,6 +118,8 @@ def explain_text(prepared: Prepared) -> str:
     lines.append(f"  {prepared.rewritten.sql}")
     for name, sql in prepared.rewritten.histograms.items():
         lines.append(f"  {histograms[name].label}: {sql}")
+    if bounds is not None and prepared.options.bounds_epsilon:
+        lines.append(f"  bounds' effect: {bounds.sql}")
     return "\n".join(lines)
 
 

@@ -285,3 +285,18 @@ def _number(value: Any) -> float:
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     return value
+
+
+def noisy_bounds_effect(labels: list[str], counts: Sequence[Any], epsilon: float) -> dict:
+    """The bounds' effect (`rewrite.bounds`) released: each count of units with discrete Laplace noise. One unit
+    moves each count by at most 1, so the row's L1 sensitivity is the number of counts. Each count after the
+    first is also given as a share of the first (the units read), with the interval of the ratio's ends."""
+    mechanism = LaplaceMechanism.calibrate(len(labels), epsilon, True)
+    noisy = [max(0.0, v) for v in mechanism.release_many([_number(c) for c in counts])]
+    width = mechanism.ci_halfwidth()
+    released = [{"label": label, "units": value, "low": max(0.0, value - width), "high": value + width}
+                for label, value in zip(labels, noisy, strict=True)]
+    total = noisy[0]
+    for entry in released[1:]:
+        entry["share"] = entry["units"] / total if total > 0 else None
+    return {"epsilon": epsilon, "halfwidth": width, "counts": released}

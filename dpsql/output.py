@@ -15,7 +15,7 @@ from typing import Any
 
 from dpsql.accounting.budget import Budget, Cost, group_guarantee
 from dpsql.engine import Answer
-from dpsql.postprocess import Accuracy, format_value
+from dpsql.postprocess import Accuracy, describe_bounds_effect, format_value
 
 FORMATS = ("table", "csv", "json")
 ACCURACY_HEADERS = {"interval": "95% CI", "rank_error": "±ranks (95%)", "count_gap": "count gap (95%)"}
@@ -43,6 +43,8 @@ def render_answer(answer: Answer, fmt: str) -> str:
     lines = [table(headers, rows)]
     lines += [f"95% CI: {answer.intervals_cover}" if kind == "interval" else ACCURACY_NOTES[kind]
               for kind in dict.fromkeys(kinds_seen)]
+    if answer.bounds_effect is not None:
+        lines += describe_bounds_effect(answer.bounds_effect)
     lines.append(cost_line(answer))
     return "\n".join(lines)
 

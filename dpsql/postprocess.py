@@ -394,6 +394,17 @@ INTERVALS_COVER = ("the intervals cover the noise only: values clamped to their 
                    "a unit has beyond them, move the answer outside")
 
 
+def describe_bounds_effect(effect: dict) -> list[str]:
+    """The bounds' effect (`Engine.bounds_effect`) in lines for people: a heading, then each noisy count of
+    units with its 95% interval and its share of the units read."""
+    spent = "no more budget spent (kept from before)" if effect.get("cached") else f"ε = {effect['epsilon']:.4g} spent"
+    lines = [f"bounds' effect (noisy counts of units, {spent}):"]
+    for entry in effect["counts"]:
+        share = "" if entry.get("share") is None else f" ({100 * entry['share']:.2g}% of the units read)"
+        lines.append(f"  {entry['label']}: {entry['units']:.0f} [{entry['low']:.0f}, {entry['high']:.0f}]{share}")
+    return lines
+
+
 def describe_accuracy(accuracy: Accuracy | None) -> str:
     """A value's accuracy for people: its 95% interval, rank error or count gap ("" for exact values)."""
     if accuracy is None:

@@ -6,6 +6,7 @@
     SET dpsql.intervals = on;           -- add each noisy column's 95% interval bounds as two more columns
     SET dpsql.min_frequency = 10;       -- release only groups of at least 10 units (never below the schema's)
     SET dpsql.local_estimate = 'simplex'; -- locally randomized columns: unbiased (default) | simplex
+    SET dpsql.bounds_epsilon = 0.05;    -- also estimate, at this extra ε, how many units the bounds cut or clamp
     SHOW dpsql.budget;                  -- spent and left (answered by whoever holds the budget)
 
 A query's own options override the session's, which override the configuration, which overrides the privacy
@@ -42,6 +43,7 @@ class Options:
     intervals: bool | None = None
     min_frequency: int | None = None
     local_estimate: str | None = None  # locally randomized columns: unbiased | simplex
+    bounds_epsilon: float | None = None  # > 0: each answer also estimates the bounds' effect, at this extra ε
 
     def over(self, other: Options) -> Options:
         """These options, with `other` filling in what these leave unset."""
@@ -57,7 +59,7 @@ OPTION_NAMES = tuple(f.name for f in fields(Options))
 
 def validate_option(name: str, value: Any) -> Any:
     """The option's value in its type, or InvalidParameter saying what it may be."""
-    if name == "epsilon":
+    if name in ("epsilon", "bounds_epsilon"):
         return validate_query_privacy(value)
     if name == "intervals":
         return _boolean(name, value)

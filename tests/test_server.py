@@ -86,6 +86,17 @@ def test_psycopg(served: Running, prepare: bool):
     assert conn.closed
 
 
+def test_bounds_effect_comes_as_a_second_notice(served: Running):
+    notices = []
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append((d.message_primary, d.message_detail)))
+        conn.execute("SET dpsql.bounds_epsilon = 0.05")
+        conn.execute("SELECT category, SUM(amount) FROM visits WHERE amount > 1 GROUP BY category").fetchall()
+    heading, detail = notices[-1]
+    assert heading == "dpsql: bounds' effect (noisy counts of units, ε = 0.05 spent)"
+    assert "units read" in detail and "with more than 10 rows (the rest left out)" in detail
+
+
 def test_psycopg_transaction_status_follows_postgresql(served: Running):
     with psycopg.connect(served.dsn()) as conn:  # not autocommit: psycopg sends BEGIN
         info = conn.info

@@ -523,11 +523,20 @@ def _check_trunc(node: exp.Expression) -> None:
                                "use one of " + ", ".join(TRUNC_UNITS))
 
 
+CLAMP = "dpsql_clamp"
+
+
 def clamp(node: exp.Expression, column: Column) -> exp.Expression:
     """`node` limited to the column's declared range, NULL and NaN becoming NULL (NaN sorts above every number).
     A CASE, not LEAST/GREATEST: those ignore NULL arguments, so a NULL would come out as the lower bound, and a
-    value inside the range costs two comparisons here."""
+    value inside the range costs two comparisons here. The clamp carries (node, lo, hi) in its meta[CLAMP]."""
     lo, hi = column.lower, column.upper
+    clamped = _clamp(node, column, lo, hi)
+    clamped.meta[CLAMP] = (node.copy(), lo, hi)  # what was clamped, for the bounds' effect (rewrite/bounds.py)
+    return clamped
+
+
+def _clamp(node: exp.Expression, column: Column, lo: float, hi: float) -> exp.Expression:
     if column.is_temporal:  # dates and timestamps have no NaN; ±infinity compare as beyond either bound
         low, high = (temporal_literal(column.type, v) for v in (lo, hi))
         return exp.Case(ifs=[exp.If(this=exp.LT(this=node.copy(), expression=low), true=low.copy()),

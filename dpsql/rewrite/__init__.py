@@ -12,6 +12,7 @@ measure and the number of distinct units, with every bound of the plan enforced 
   same bounded table).
 Percentiles, MIN, MAX and mode() get a second query per histogram: counts per (group, cell), each unit keeping
 at most k rows per group and G groups, chosen by the same keyed hash (`histograms`).
+A last statement, run only when asked (`SET dpsql.bounds_epsilon`), counts the units the bounds touch (`bounds`).
 The SQL is generated from the analysed tree, never from the analyst's text.
 """
 
@@ -20,20 +21,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpsql.analysis import Plan
-from dpsql.rewrite import direct, histograms, per_unit
+from dpsql.rewrite import bounds, direct, histograms, per_unit
+from dpsql.rewrite.bounds import BoundsStatement
 
 
 @dataclass(frozen=True)
 class Rewritten:
     sql: str  # rows: group keys, one exact sum per measure, distinct units
     histograms: dict[str, str]  # histogram name -> SQL whose rows are: group keys, cell, count
+    bounds: BoundsStatement | None = None  # counts of the units the bounds touch (None: no bound drops data)
     work_mem: str | None = None  # PostgreSQL's work_mem for these statements, where the server's would not do
 
 
 def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
     """The bounded, exact aggregation queries for `plan`."""
     sql = direct.statistics(plan, hash_seed) if plan.unit is None else per_unit.statistics(plan, hash_seed)
-    return Rewritten(sql, {h.name: histograms.counts(plan, h, hash_seed) for h in plan.histograms})
+    return Rewritten(sql, {h.name: histograms.counts(plan, h, hash_seed) for h in plan.histograms},
+                     bounds.effect(plan, hash_seed))
 
 
-__all__ = ["Rewritten", "rewrite"]
+__all__ = ["BoundsStatement", "Rewritten", "rewrite"]

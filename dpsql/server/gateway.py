@@ -20,7 +20,7 @@ from dpsql.accounting import describe_budget
 from dpsql.backends import Cancellation
 from dpsql.engine import Answer, Engine, columns_of
 from dpsql.errors import Error
-from dpsql.postprocess import describe_accuracy
+from dpsql.postprocess import describe_accuracy, describe_bounds_effect
 from dpsql.server import codec
 from dpsql.server.codec import Column, Notice
 from dpsql.server.metrics import Metrics
@@ -209,9 +209,12 @@ class ClientSession:
         self.gateway.metrics.count("answers_total", cached="true" if answer.cached else "false")
         log.info("answer analyst=%s epsilon=%.6g delta=%.3g cached=%s", self.analyst, answer.epsilon, answer.delta,
                  answer.cached)
-        notice = _answer_notice(answer)
+        notices = [_answer_notice(answer)]
+        if answer.bounds_effect is not None:
+            heading, *lines = describe_bounds_effect(answer.bounds_effect)
+            notices.append(Notice("NOTICE", "00000", f"dpsql: {heading.rstrip(':')}", detail="\n".join(lines)))
         answer = self._presented(answer)
-        return Outcome(f"SELECT {len(answer.rows)}", _columns(answer), answer.rows, [notice])
+        return Outcome(f"SELECT {len(answer.rows)}", _columns(answer), answer.rows, notices)
 
     def _presented(self, answer: Answer) -> Answer:
         return answer.with_intervals() if self.gateway.engine.options(self.options).intervals else answer
