@@ -7,6 +7,7 @@ from sqlglot import exp
 from dpsql.accounting import group_guarantee
 from dpsql.engine import Prepared
 from dpsql.estimates import LocalQuery
+from dpsql.mechanisms.histograms import STRUCTURE_PAYS
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
 from dpsql.releases.published import PublishedQuery
 from dpsql.sql.compose import Composition
@@ -61,9 +62,12 @@ def explain_text(prepared: Prepared) -> str:
         lines.append("Histogram: NoiseFirst merges adjacent noisy bins where that lowers the estimated error (free)")
     elif cost.structure is not None:
         st = cost.structure
-        lines.append(f"Histogram: StructureFirst into {st.buckets} buckets: ε {st.max_count.epsilon:.6g} for the "
-                     f"count clamp, ε {st.structure_epsilon:.6g} for the boundaries, ε {st.totals.epsilon:.6g} for "
-                     f"bucket totals (scale {st.totals.scale:.6g})")
+        lines.append(f"Histogram: ε {st.total.epsilon:.6g} for a noisy total; where a mean bin's square is within "
+                     f"1/{STRUCTURE_PAYS} of plain bins' noise variance ({st.fallback.variance:.6g}), StructureFirst "
+                     f"into {st.buckets} buckets (ε {st.max_count.epsilon:.6g} for the count clamp, "
+                     f"{st.structure_epsilon:.6g} for the boundaries, {st.totals.epsilon:.6g} for bucket totals of "
+                     f"scale {st.totals.scale:.6g}); elsewhere plain bins at ε {st.fallback.epsilon:.6g} merged by "
+                     "NoiseFirst (StructureFirst would lose there: benchmarks/results/selection.md)")
     if cost.selection is not None:
         sel = cost.selection
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "

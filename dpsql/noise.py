@@ -26,28 +26,15 @@ from dpsql.mechanisms import (
     GaussianMechanism,
     LaplaceMechanism,
     PartitionSelection,
+    StructureFirstPlan,
     rank_scores,
-    structure_first,
+    structure_first_or_noise_first,
     top_k,
 )
 
 Noise = LaplaceMechanism | GaussianMechanism
 
 
-STRUCTURE_SPLIT = (0.1, 0.4, 0.5)  # StructureFirst's share: clamp F, bucket boundaries, bucket totals
-BINS_PER_BUCKET = 4  # StructureFirst merges n bins into ceil(n / 4) buckets
-
-
-@dataclass(frozen=True)
-class StructureFirst:
-    """How StructureFirst answers an ordered histogram of one count measure."""
-
-    measure: str
-    max_count: LaplaceMechanism  # a noisy largest bin count (plus its 95% half-width): the clamp F of the scores
-    structure_epsilon: float  # spent over the k - 1 boundaries
-    score_factor: float  # a boundary score moves by at most score_factor · F
-    buckets: int
-    totals: LaplaceMechanism  # noise on each bucket's total
 
 
 @dataclass(frozen=True)
@@ -60,7 +47,7 @@ class Calibration:
     selection_epsilon: float  # the part of epsilon spent on partition selection
     mechanism: str = "laplace"  # laplace | gaussian: the noise on measures
     histogram: str = "plain"  # plain | noisefirst | structurefirst: how ordered bins are released
-    structure: StructureFirst | None = None
+    structure: StructureFirstPlan | None = None
     selected_by: str | None = None  # a units measure whose noisy value is also its group's selection count
 
     @property
@@ -128,9 +115,10 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
         cost += Cost(measures_epsilon, measures_delta, sum(m.rho for m in mechanisms.values()), 0.0)
     elif histogram == "structurefirst":
         structure = _structure_first(plan, share)
-        mechanisms = {structure.measure: structure.totals}
-        cost += Cost.pure(structure.max_count.epsilon) + Cost.pure(structure.structure_epsilon) \
-            + Cost.pure(structure.totals.epsilon)
+        mechanisms = {plan.measures[0].name: structure.totals}
+        # the fallback's one mechanism at the boundaries' and totals' ε together costs at least what they do
+        cost += Cost.pure(structure.max_count.epsilon) + Cost.pure(structure.total.epsilon) \
+            + Cost.pure(structure.fallback.epsilon)
     else:
         mechanisms = {m.name: LaplaceMechanism.calibrate(m.sensitivity, share, m.integer_valued, m.coordinates)
                       for m in plan.measures}
@@ -177,18 +165,11 @@ def _histogram_method(plan: Plan, requested: str) -> str:
     return requested
 
 
-def _structure_first(plan: Plan, epsilon: float) -> StructureFirst:
+def _structure_first(plan: Plan, epsilon: float) -> StructureFirstPlan:
     measure = plan.measures[0]
-    clamp_share, structure_share, totals_share = (epsilon * share for share in STRUCTURE_SPLIT)
     steps = 2 if plan.neighbouring == "replace" else 1
     per_bin = steps * max(abs(measure.unit_range[0]), abs(measure.unit_range[1]))
-    return StructureFirst(
-        measure.name,
-        max_count=LaplaceMechanism.calibrate(per_bin, clamp_share, True),
-        structure_epsilon=structure_share,
-        score_factor=2 * steps * measure.sensitivity,  # see mechanisms.histograms.structure_first
-        buckets=math.ceil(len(plan.domain) / BINS_PER_BUCKET),
-        totals=LaplaceMechanism.calibrate(measure.sensitivity, totals_share, True))
+    return StructureFirstPlan.calibrate(len(plan.domain), measure.sensitivity, per_bin, epsilon, steps)
 
 
 def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]],
@@ -219,7 +200,7 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     else:
         candidates = _selected(calibration.selection, list(exact.items()))
     if calibration.structure is not None:
-        return _structure_first_release(calibration.structure, candidates)
+        return _structure_first_release(plan, calibration.structure, candidates)
     key_gap = None
     if plan.top_k is not None:
         key_gap = calibration.top_k.utility_gap(max(len(candidates), 1))
@@ -250,17 +231,13 @@ def _selected(selection: PartitionSelection, candidates: list) -> list:
     return [candidate for candidate, keep in zip(candidates, kept, strict=True) if keep]
 
 
-def _structure_first_release(structure: StructureFirst, candidates: list) -> list[NoisyGroup]:
-    """Every bin's released value (its bucket's noisy total over the bucket's width) from the exact counts."""
-    counts = [float(value[0][0]) for _, value in candidates]
-    # the noisy largest count plus its 95% half-width, so that the clamp rarely cuts into the true counts
-    noisy_max = structure.max_count.release(max(counts)) + structure.max_count.ci_halfwidth()
-    clamp = max(1.0, math.ceil(noisy_max))
-    smoothed, partition = structure_first(counts, structure.buckets, clamp, structure.structure_epsilon,
-                                          structure.totals, score_sensitivity=structure.score_factor * clamp)
-    widths = [end - start for start, end in partition.buckets for _ in range(end - start)]
-    return [NoisyGroup(key, {structure.measure: value}, {}, interval_factor={structure.measure: 1 / width})
-            for (key, _), value, width in zip(candidates, smoothed, widths, strict=True)]
+def _structure_first_release(plan: Plan, structure: StructureFirstPlan, candidates: list) -> list[NoisyGroup]:
+    """Every bin's released value: StructureFirst's bucket means, or plain bins smoothed by NoiseFirst where
+    StructureFirst would lose (`structure_first_or_noise_first`), each with its interval's scale factor."""
+    name = plan.measures[0].name
+    released, factors, _ = structure_first_or_noise_first([float(value[0][0]) for _, value in candidates], structure)
+    return [NoisyGroup(key, {name: value}, {}, interval_factor={name: factor})
+            for (key, _), value, factor in zip(candidates, released, factors, strict=True)]
 
 
 def _top_k(plan: Plan, calibration: Calibration, candidates: list, measure: int) -> list:

@@ -2,12 +2,19 @@
 
 from dpsql.mechanisms.exponential import ExponentialMechanism, rank_scores, top_k
 from dpsql.mechanisms.gaussian import GaussianMechanism
-from dpsql.mechanisms.histograms import noise_first, structure_first, v_optimal
+from dpsql.mechanisms.histograms import (
+    StructureFirstPlan,
+    noise_first,
+    structure_first,
+    structure_first_or_noise_first,
+    v_optimal,
+)
 from dpsql.mechanisms.laplace import LaplaceMechanism
 from dpsql.mechanisms.lower_bounds import expected_error_lower_bound, halfwidth_lower_bound
 from dpsql.mechanisms.partition import PartitionSelection
 from dpsql.mechanisms.samplers import bernoulli_exp, discrete_gaussian, discrete_laplace
 
-__all__ = ["ExponentialMechanism", "GaussianMechanism", "LaplaceMechanism", "PartitionSelection", "bernoulli_exp",
-           "discrete_gaussian", "discrete_laplace", "expected_error_lower_bound", "halfwidth_lower_bound",
-           "noise_first", "rank_scores", "structure_first", "top_k", "v_optimal"]
+__all__ = ["ExponentialMechanism", "GaussianMechanism", "LaplaceMechanism", "PartitionSelection", "StructureFirstPlan",
+           "bernoulli_exp", "discrete_gaussian", "discrete_laplace", "expected_error_lower_bound",
+           "halfwidth_lower_bound", "noise_first", "rank_scores", "structure_first", "structure_first_or_noise_first",
+           "top_k", "v_optimal"]
