@@ -44,11 +44,12 @@ def within_rows_per_unit(columns: list[str], k: int, seed: int) -> list[str]:
             f"WHERE dpsql_rank <= {int(k)})"]
 
 
-def ranked_rows_of_over(columns: list[str], k: int, seed: int) -> list[str]:
+def ranked_rows_of_over(columns: list[str], k: int, seed: int, distinct: bool = False) -> list[str]:
     """CTEs over `dpsql_rows` ending in `dpsql_ranked`: the rows of the units with more than k rows, each with
     its `dpsql_rank` by the keyed hash that `within_rows_per_unit` cuts at, for statistics that correct the
-    aggregate over all rows by those units' rows alone."""
-    return [_over(k), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed)})"]
+    aggregate over all rows by those units' rows alone. `distinct`: their distinct rows are ranked (a unit then
+    keeps k distinct rows; only a unit with more than k rows can have more than k distinct ones)."""
+    return [_over(k), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed, distinct)})"]
 
 
 def _over(k: int) -> str:
@@ -57,10 +58,12 @@ def _over(k: int) -> str:
             f"HAVING COUNT(*) > {int(k)})")
 
 
-def _ranked_rows_of_over(columns: list[str], seed: int) -> str:
+def _ranked_rows_of_over(columns: list[str], seed: int, distinct: bool = False) -> str:
     names = ", ".join(columns)
+    rows = (f"(SELECT DISTINCT {names} FROM dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)) "
+            "AS dpsql_rows" if distinct else "dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)")
     return (f"SELECT {names}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {keyed_hash(columns, seed)}, "
-            f"{names}) AS dpsql_rank FROM dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)")
+            f"{names}) AS dpsql_rank FROM {rows}")
 
 
 def present(node: exp.Expression) -> exp.Expression:

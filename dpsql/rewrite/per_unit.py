@@ -2,7 +2,8 @@
 (`rows_total`), keep at most k of them (by keyed hash); sum per (unit, group), clamp each unit's totals to what
 k rows could give, keep at most G groups per unit (by keyed hash) when the plan says so, then sum per group.
 With k rows over all groups and no group cap, the kept rows are summed per group directly (the per-unit clamp
-could not bind).
+could not bind); counts of distinct units keep k of a unit's distinct groups instead of k of its rows (the same
+sensitivity, k groups of 1 each, without dropping a group whose rows all ranked past k).
 
 Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
 G groups: exactly the sensitivity the analysis computed. Rows without a unit are dropped (an outer join's
@@ -44,7 +45,10 @@ def statistics(plan: Plan, hash_seed: int) -> str:
     if plan.rows_total:  # k rows per unit over all groups together
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
         if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures):
-            return _all_rows_corrected(plan, ctes + ranked_rows_of_over(columns, plan.rows_per_unit, hash_seed))
+            # distinct units read only which groups a unit is in: it keeps k of its groups, not k of its rows
+            units_only = all(m.kind == "units" for m in plan.measures)
+            return _all_rows_corrected(plan, ctes + ranked_rows_of_over(columns, plan.rows_per_unit, hash_seed,
+                                                                        distinct=units_only), units_only)
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed)
         rows_of_units = "dpsql_kept"
         if not plan.cap_groups:
@@ -74,19 +78,21 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"
 
 
-def _all_rows_corrected(plan: Plan, ctes: list[str]) -> str:
+def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -> str:
     """`_kept_rows_per_group` for counts, sums and distinct units, which add up over disjoint sets of units:
     each group's statistics over all rows, less those over the rows of the units with more than k rows, plus
     those over the k rows each such unit keeps. The first part is the exact query's own aggregate (PostgreSQL
     runs it in parallel); only the rows of units over k are ranked. A group left with no kept row is not
-    returned, as by the other form, so partition selection never sees a group that only dropped rows held."""
+    returned, as by the other form, so partition selection never sees a group that only dropped rows held.
+    `units_only`: the units over k keep k distinct groups, and what partition selection reads per group is its
+    kept units, not rows (an over unit's rows beyond its kept groups would count otherwise)."""
     keys = [k.name for k in plan.group_keys]
     sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, None if m.expr is None else m.name)
             for m in plan.measures]
 
     def part(source: str, sign: str) -> str:
         items = [*keys, *(f"{sign}{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
-                 f"{sign}COUNT(*) AS {UNITS}"]
+                 f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'} AS {UNITS}"]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
     parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"),
