@@ -430,6 +430,7 @@ class Exact:
 
     rows: dict[tuple, list[float]]
     histograms: dict[str, dict[tuple, list[int]]]
+    bounds: list[int] | None = None  # the bounds' effect: counts of units (rewrite/bounds.py)
 
 
 def run_exact(prepared: Prepared, backend: PostgresBackend) -> Exact:
@@ -444,7 +445,9 @@ def run_exact(prepared: Prepared, backend: PostgresBackend) -> Exact:
         for r in backend.execute(prepared.rewritten.histograms[histogram.name]):
             cells.setdefault(tuple(r[:n_keys]), [0] * histogram.cells)[int(r[n_keys])] += int(r[n_keys + 1])
         histograms[histogram.name] = cells
-    return Exact(rows, histograms)
+    statement = prepared.rewritten.bounds
+    bounds = None if statement is None else [int(v or 0) for v in backend.execute(statement.sql)[0]]
+    return Exact(rows, histograms, bounds)
 
 
 def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[str]:
@@ -491,6 +494,8 @@ def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[st
         if moves and (max(moves) > histogram.rows or sum(moves) > histogram.sensitivity):
             found.append(f"{agg.sql}: scores moved {max(moves)} in a group, {sum(moves)} in all "
                          f"(claims {histogram.rows}, {histogram.sensitivity:g})")
+    if before.bounds is not None and any(abs(a - b) > 1 for a, b in zip(before.bounds, after.bounds, strict=True)):
+        found.append(f"bounds' effect counts moved from {before.bounds} to {after.bounds} (each at most 1)")
     return found
 
 

@@ -221,3 +221,61 @@ def test_demo_on_spark():
     assert "Smokers among survey respondents" in done.stdout and "(2 rows)" in done.stdout
     assert "not on Spark: prescriptions reaches the unit through visits.visit_id" in done.stdout
     assert "give prescriptions the unit column" in done.stdout
+
+
+# --- Spark Connect (sc://): how a cluster is reached -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    """A Spark Connect server (pyspark's own, on local[2]) on a free port, for the sc:// door."""
+    import os
+    import socket
+    import subprocess
+    import time
+
+    pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio): pip install 'dpsql[spark]'")
+    home = Path(pyspark.__file__).parent
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tmp_path_factory.mktemp("spark_connect")
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(folder), "SPARK_PID_DIR": str(folder),
+           "SPARK_IDENT_STRING": f"dpsql{port}"}
+    subprocess.run(["bash", str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]", "--conf",
+                    f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false"],
+                   env=env, check=True, capture_output=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                logs = "".join(p.read_text(errors="replace")[-2000:] for p in folder.glob("*.out"))
+                pytest.fail(f"the Spark Connect server did not start in 120 s:\n{logs}")
+            time.sleep(0.5)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        subprocess.run(["bash", str(home / "sbin" / "stop-connect-server.sh")], env=env, capture_output=True)
+
+
+def test_spark_connect_answers_as_the_local_session_does(connect_url, spark_engine, within_bounds):
+    """Through sc:// (a Spark Connect server), the same schema gives the same pre-noise rows as PostgreSQL (as the
+    local session does), the session keeps the rules the rewrite rests on (ANSI arithmetic, UTC), and an answer
+    is charged in the PostgreSQL ledger."""
+    engine = Engine(Settings(database=connect_url, ledger=within_bounds), spark_engine.schema)
+    try:
+        assert engine.backend.spark.conf.get("spark.sql.ansi.enabled") == "true"
+        assert engine.backend.spark.conf.get("spark.sql.session.timeZone") == "UTC"
+        for sql in QUERIES[:4] + QUERIES[6:8]:
+            statements = [(p := engine.prepare(sql)).rewritten.sql, *p.rewritten.histograms.values()]
+            with psycopg.connect(within_bounds) as conn, engine.backend.session() as remote:
+                for statement in statements:
+                    assert _equal(conn.execute(statement).fetchall(), remote.run(statement)), sql
+        engine.ledger.add_analyst("connect", 5.0, 1e-6)
+        answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst="connect",
+                              epsilon=0.5)
+        assert len(answer.rows) == 8 and engine.budget("connect").epsilon_basic == pytest.approx(0.5)
+    finally:
+        engine.close()

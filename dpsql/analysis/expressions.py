@@ -532,7 +532,8 @@ def clamp(node: exp.Expression, column: Column) -> exp.Expression:
     value inside the range costs two comparisons here. The clamp carries (node, lo, hi) in its meta[CLAMP]."""
     lo, hi = column.lower, column.upper
     clamped = _clamp(node, column, lo, hi)
-    clamped.meta[CLAMP] = (node.copy(), lo, hi)  # what was clamped, for the bounds' effect (rewrite/bounds.py)
+    if not column.is_temporal:  # what was clamped, for the bounds' effect (rewrite/bounds.py), which compares numbers
+        clamped.meta[CLAMP] = (node.copy(), lo, hi)
     return clamped
 
 

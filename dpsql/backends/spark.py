@@ -64,6 +64,9 @@ from dpsql.schema import PrivacySchema
 log = logging.getLogger("dpsql.spark")
 FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
 LOCAL = "spark://local"
+# ANSI: integer overflow and bad casts fail (as in PostgreSQL) instead of wrapping or giving NULL; UTC: dates and
+# timestamps mean what the shadow and the ledger say
+SESSION_RULES = {"spark.sql.ansi.enabled": "true", "spark.sql.session.timeZone": "UTC"}
 SMALLER = {smaller for _, smaller in STRICT_BOUNDS_BY_KIND.values()}
 STRICT_BOUNDS = SMALLER | {larger for larger, _ in STRICT_BOUNDS_BY_KIND.values()}
 SPARK_TEMPORAL = dict(zip(SAFE_TEMPORAL, ("0001-01-01", "9999-12-31"), strict=True))
@@ -147,20 +150,27 @@ class SparkBackend:
         except ImportError as exc:
             raise ConfigError("the Spark backend needs pyspark", "pip install 'dpsql[spark]' (and Java 17)") from exc
         self._timeout_s = statement_timeout_ms / 1000
-        builder = SparkSession.builder.appName("dpsql")
         url, _, query = url.partition("?")  # spark://local[2]?spark.driver.memory=8g: Spark settings
-        if url.startswith("sc://"):
-            builder = builder.remote(url)
+        if url.startswith("sc://"):  # Spark Connect's own builder: one process may also hold a local session
+            try:
+                from pyspark.sql.connect.session import SparkSession as ConnectSession
+            except ImportError as exc:
+                raise ConfigError("Spark Connect (sc://) needs pyspark's connect client",
+                                  "pip install 'dpsql[spark]' (pyspark[connect]: grpcio, pandas)") from exc
+            builder = ConnectSession.builder.remote(url).appName("dpsql")
         else:
+            builder = SparkSession.builder.appName("dpsql")
             master = url[len("spark://"):] or "local[2]"
             builder = (builder.master(master).config("spark.sql.shuffle.partitions", "4")
                        .config("spark.ui.enabled", "false"))
         for key, value in parse_qsl(query):
             builder = builder.config(key, value)
-        if not url.startswith("sc://"):  # what the rules above rest on, whatever the URL says
-            builder = builder.config("spark.sql.ansi.enabled", "true").config("spark.sql.session.timeZone", "UTC")
         try:
             self.spark = builder.getOrCreate()
+            # what the rules above rest on, whatever the URL or the cluster says: set on the session itself, which
+            # a Spark Connect session allows too (a builder's settings would not reach a running server)
+            for key, value in SESSION_RULES.items():
+                self.spark.conf.set(key, value)
         except Exception as exc:  # noqa: BLE001 - no Java, no cluster: say so, charge nothing
             log.warning("cannot start Spark: %s", exc)
             raise BackendUnavailable(f"cannot start a Spark session for {url}",
@@ -226,10 +236,12 @@ class SparkStatements:
         if self._cancel is not None and self._cancel.cancelled:
             raise QueryCancelled("canceling statement due to user request")
         spark = self._backend.spark
-        group = f"dpsql-{uuid.uuid4().hex}"
-        timer = threading.Timer(self._backend._timeout_s, lambda: spark.sparkContext.cancelJobGroup(group))
+        # a tag on this thread's operations, interrupted at the timeout (job groups need the JVM's SparkContext,
+        # which a Spark Connect session has not)
+        tag = f"dpsql-{uuid.uuid4().hex}"
+        timer = threading.Timer(self._backend._timeout_s, lambda: spark.interruptTag(tag))
         try:
-            spark.sparkContext.setJobGroup(group, "dpsql statement", interruptOnCancel=True)
+            spark.addTag(tag)
             timer.start()
             frame = spark.sql(to_spark(sql, self._backend._types))
             instants = [type(f.dataType).__name__ == "TimestampType" for f in frame.schema.fields]
@@ -239,6 +251,8 @@ class SparkStatements:
             raise BackendError(FAILED, FAILED_HINT) from None
         finally:
             timer.cancel()
+            with contextlib.suppress(Exception):
+                spark.removeTag(tag)
         return [tuple(_value(v, instant) for v, instant in zip(row, instants, strict=True)) for row in rows]
 
     def hold(self, name: str) -> None:
