@@ -13,6 +13,9 @@ Settings, as in bench_tpch.py:
   equate l_custkey with their order's customer (the same rows), which is how they reach the unit.
 For each query the exact query (transpiled to Spark) and the rewritten one run interleaved, --runs times each;
 the table gives medians, their ratio, and the shuffles (Exchange operators) in each physical plan.
+`--bucketed N` also runs (b) on tables laid out by the unit: customer, orders and lineitem saved as tables of N
+buckets by their customer column (the rest as plain tables), read from the session's catalog; a grouping by the
+customer then needs no shuffle, which is what partitioning by the unit does on a cluster.
 """
 
 from __future__ import annotations
@@ -60,10 +63,16 @@ def generate(scale: float, directory: Path) -> None:
         print(f"  wrote {table}", file=sys.stderr)
 
 
-def spark_schema(setting: str, directory: Path):
+UNIT_COLUMNS = {"customer": "c_custkey", "orders": "o_custkey", "lineitem": "l_custkey"}
+
+
+def spark_schema(setting: str, directory: Path | None):
+    """The setting's privacy schema for Spark, its tables read from Parquet in `directory` (None: from the
+    session's catalog)."""
     raw = tomllib.loads(SCHEMAS[setting].read_text(encoding="utf-8"))
     for name, table in raw["tables"].items():
-        table["path"] = str(directory / f"{name}.parquet")
+        if directory is not None:
+            table["path"] = str(directory / f"{name}.parquet")
     lineitem = raw["tables"]["lineitem"]
     lineitem["columns"]["l_custkey"] = {"type": "bigint"}
     if setting == "a":  # keys PostgreSQL's primary keys guarantee are declared instead (and truncated on Spark)
@@ -93,6 +102,17 @@ def spark_queries(setting: str) -> dict[str, str]:
     return queries
 
 
+def save_bucketed(spark, directory: Path, buckets: int) -> None:
+    """Every table in the session's catalog; those with a customer column in `buckets` buckets by it."""
+    for table in TABLES:
+        frame = spark.read.parquet(str(directory / f"{table}.parquet"))
+        writer = frame.write.mode("overwrite").format("parquet")
+        if table in UNIT_COLUMNS:
+            writer = writer.bucketBy(buckets, UNIT_COLUMNS[table])
+        writer.saveAsTable(table)
+        print(f"  saved {table}" + (f" in {buckets} buckets" if table in UNIT_COLUMNS else ""), file=sys.stderr)
+
+
 def shuffles(spark, sql: str) -> int:
     plan = spark.sql(sql)._jdf.queryExecution().executedPlan().toString()
     return len(re.findall(r"Exchange", plan))
@@ -111,6 +131,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--memory", default="8g", help="Spark's driver memory (local mode: all of Spark's)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tpch_spark.md")
+    parser.add_argument("--bucketed", type=int, metavar="N", help="also run (b) on tables in N buckets by the unit")
     args = parser.parse_args()
     directory = args.data_dir / f"sf{args.scale:g}"
     generate(args.scale, directory)
@@ -125,18 +146,24 @@ def main() -> int:
         engine = None
         lines.append("| (a) | all | | refused: row-level privacy is not supported on Spark yet (its truncation "
                      "identifies rows by PostgreSQL's tableoid, ctid) | | | |")
-        for setting in ("b",):
-            schema = spark_schema(setting, directory)
+        layouts = [("b", "(b)", directory)] + ([("b", f"(b), {args.bucketed} buckets by the unit", None)]
+                                               if args.bucketed else [])
+        warehouse = args.data_dir / f"warehouse-sf{args.scale:g}"
+        for setting, label, source in layouts:
+            schema = spark_schema(setting, source)
             if engine is not None:
                 engine.close()
-            engine = Engine(Settings(database=f"spark://local[2]?spark.driver.memory={args.memory}", ledger=ledger.url,
+            engine = Engine(Settings(database=f"spark://local[2]?spark.driver.memory={args.memory}"
+                                              f"&spark.sql.warehouse.dir={warehouse}", ledger=ledger.url,
                                      statement_timeout_ms=3_600_000), schema)
             spark = engine.backend.spark
+            if source is None:
+                save_bucketed(spark, directory, args.bucketed)
             for name, sql in spark_queries(setting).items():
                 try:
                     prepared = engine.prepare(sql)
                 except Exception as exc:  # noqa: BLE001 - a refusal is a result too
-                    lines.append(f"| ({setting}) | {name} | | refused: {exc} | | | |")
+                    lines.append(f"| {label} | {name} | | refused: {exc} | | | |")
                     continue
                 if prepared.plan is None or not prepared.plan.aggregates:
                     continue
@@ -148,7 +175,7 @@ def main() -> int:
                         exact_times.append(timed(session, sql))  # run() transpiles it as it does the rewrite
                         bounded_times.append(timed(session, bounded))
                 e, b = statistics.median(exact_times), statistics.median(bounded_times)
-                lines.append(f"| ({setting}) | {name} | {e:.2f} | {b:.2f} | {b / e:.1f}× | "
+                lines.append(f"| {label} | {name} | {e:.2f} | {b:.2f} | {b / e:.1f}× | "
                              f"{shuffles(spark, exact_sql)} | "
                              f"{shuffles(spark, to_spark(bounded, schema.sqlglot_schema()))} |")
                 print(lines[-1], file=sys.stderr)
