@@ -73,18 +73,21 @@ def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) ->
     an uncapped threshold would release few groups."""
     scope.rows_total = True
     reach = k if domain is None else max(1, min(k, len(domain)))
+    # the bounding not chosen, for explain: k rows in each of G groups moves a COUNT by G·k in all, not k
+    other = (f"; a COUNT moves by at most {k} in all, against {scope.max_groups_setting * k} had each of "
+             f"max_groups_per_unit = {scope.max_groups_setting} groups kept {k} rows")
     if domain is None and scope.max_groups_setting < reach <= CAP_FACTOR * scope.max_groups_setting:
         scope.notes.append(f"each unit keeps at most {k} row(s) over all groups (enforced by the rewrite), so it "
                            f"reaches at most {reach} group(s): partition selection pays for {reach} rather than "
                            f"capping at max_groups_per_unit = {scope.max_groups_setting}, which would drop the "
-                           "rows of a unit's other groups")
+                           f"rows of a unit's other groups{other}")
         return reach, False
     if domain is None and scope.max_groups_setting < reach:
         scope.notes.append(f"each unit keeps at most {k} row(s) over all groups, in at most "
-                           f"{scope.max_groups_setting} group(s) (enforced by the rewrite)")
+                           f"{scope.max_groups_setting} group(s) (enforced by the rewrite){other}")
         return scope.max_groups_setting, True
     scope.notes.append(f"each unit keeps at most {k} row(s) over all groups (enforced by the rewrite), so it "
-                       f"reaches at most {reach} group(s)")
+                       f"reaches at most {reach} group(s){other}")
     return reach, False
 
 
