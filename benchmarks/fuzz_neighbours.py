@@ -6,28 +6,72 @@ every extreme neighbour (see tests/fuzzing.py for the grammar, the worlds and wh
 Prints a table per world (queries, refused before execution, pairs compared, violations, time) and every
 violation with the seed and query number that reproduce it; exits 1 if it found any. CI runs a few hundred
 pairs of the same fuzzer (tests/test_fuzz.py); a violation found here becomes a regression test there.
+
+`--backend spark` runs the unit world's rewritten queries on a local Spark session instead: each database is
+exported as Parquet (values Spark cannot hold become NULL, so its neighbours are Spark's own), and every query
+is compared between Spark's base and Spark's neighbours. The row-level world is PostgreSQL-only.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.fuzzing lives with the tests
 
+from dpsql.config import Settings  # noqa: E402
 from dpsql.embedded import EmbeddedPostgres  # noqa: E402
+from dpsql.engine import Engine  # noqa: E402
 from tests import fuzzing  # noqa: E402
 
 BATCH = 100  # queries between progress lines
 
 
-def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int) -> tuple[fuzzing.Report, float]:
+class SparkDatabase:
+    """One exported database on the shared Spark session: its Parquet files become the tables' views before each
+    statement (the fuzzer runs one statement at a time)."""
+
+    def __init__(self, engine, paths: dict[str, Path]):
+        self.engine, self.paths = engine, paths
+
+    def execute(self, sql: str) -> list[tuple]:
+        spark = self.engine.backend.spark
+        for table, path in self.paths.items():
+            spark.read.parquet(str(path)).createOrReplaceTempView(table)
+        return self.engine.backend.execute(sql)
+
+
+@contextmanager
+def spark_world(name: str, base: str, neighbours: dict[str, str], folder: Path):
+    """An engine on a local Spark session over world `name`, and a database per exported copy."""
+    from dpsql.demo import export_parquet
+    from dpsql.schema import parse_schema
+
+    world = fuzzing.WORLDS[name]
+    tables = tuple(t for t, spec in world.schema["tables"].items())
+    exported = {n: export_parquet(url, folder / n, tables) for n, url in {"base": base, **neighbours}.items()}
+    raw = {**world.schema, "tables": {t: {**spec, "path": str(exported["base"][t])}
+                                      for t, spec in world.schema["tables"].items()}}
+    engine = Engine(Settings(database="spark://local[2]", ledger=base), parse_schema(raw))
+    try:
+        yield engine, {n: SparkDatabase(engine, paths) for n, paths in exported.items()}
+    finally:
+        engine.close()
+
+
+def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int,
+              backend: str = "postgresql") -> tuple[fuzzing.Report, float]:
     base, neighbours = fuzzing.build_world(server.url, lambda db: server.url.replace("/postgres?", f"/{db}?"), name)
     report, started = fuzzing.Report(), time.perf_counter()
-    with fuzzing.open_world(name, base, neighbours) as (engine, backends):
+    folder = Path(tempfile.mkdtemp(prefix="dpsql-fuzz-spark-"))
+    world = spark_world(name, base, neighbours, folder) if backend == "spark" \
+        else fuzzing.open_world(name, base, neighbours)
+    with world as (engine, backends):
         others = {n: b for n, b in backends.items() if n != "base"}
         for batch, first in enumerate(range(0, queries, BATCH)):
             fuzzing.fuzz(engine, fuzzing.WORLDS[name].generate, backends["base"], others,
@@ -41,15 +85,20 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=2000, help="queries per world")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--world", choices=[*fuzzing.WORLDS, "all"], default="all")
+    parser.add_argument("--backend", choices=["postgresql", "spark"], default="postgresql")
     args = parser.parse_args()
+    if args.backend == "spark" and args.world != "unit":
+        parser.error("--backend spark runs the unit world only (--world unit): row-level privacy is "
+                     "PostgreSQL-only")
     server = EmbeddedPostgres()
     server.start()
     try:
-        results = {name: run_world(server, name, args.queries, args.seed)
+        results = {name: run_world(server, name, args.queries, args.seed, args.backend)
                    for name in (fuzzing.WORLDS if args.world == "all" else [args.world])}
     finally:
         server.stop()
-    print(f"\nneighbour fuzz, seed {args.seed} (batch b of a world uses seed {args.seed} * 1000003 + b)\n")
+    print(f"\nneighbour fuzz on {args.backend}, seed {args.seed} (batch b of a world uses seed "
+          f"{args.seed} * 1000003 + b)\n")
     print("| world | queries | refused before execution | neighbour pairs | violations | time (s) |")
     print("|---|---|---|---|---|---|")
     for name, (report, seconds) in results.items():

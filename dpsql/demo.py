@@ -216,13 +216,18 @@ SPARK_TABLES = ("people", "visits", "prescriptions", "states", "screenings", "su
 
 
 def export_parquet(url: str, directory: str | Path, tables: tuple[str, ...] = SPARK_TABLES) -> dict[str, Path]:
-    """The demo tables of a PostgreSQL database as Parquet files for the Spark backend (pyarrow; dates at
-    ±infinity, which Spark cannot hold, as NULL). NULL and NaN stay apart, as the bounds' clamps need."""
+    """The demo tables of a PostgreSQL database as Parquet files for the Spark backend (pyarrow; dates and
+    timestamps Spark cannot hold, ±infinity or outside years 1 to 9999, as NULL). NULL and NaN stay apart, as the
+    bounds' clamps need. An unbounded numeric becomes a double (Spark's decimals stop at 38 digits and hold no
+    NaN)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     types = {"bigint": pa.int64(), "integer": pa.int32(), "double precision": pa.float64(), "text": pa.string(),
-             "date": pa.date32(), "boolean": pa.bool_(), "ARRAY": pa.list_(pa.bool_())}  # the demo's boolean[]
+             "date": pa.date32(), "boolean": pa.bool_(), "ARRAY": pa.list_(pa.bool_()),  # the demo's boolean[]
+             "numeric": pa.float64(), "timestamp with time zone": pa.timestamp("us", tz="UTC")}
+    spark_range = {"date": ("'0001-01-01'", "'9999-12-31'"),
+                   "timestamp with time zone": ("'0001-01-01 00:00+00'", "'9999-12-31 23:59:59+00'")}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -230,12 +235,24 @@ def export_parquet(url: str, directory: str | Path, tables: tuple[str, ...] = SP
         for table in tables:
             columns = conn.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = "
                                    "%s AND table_schema = 'public' ORDER BY ordinal_position", (table,)).fetchall()
-            select = ", ".join(f"CASE WHEN isfinite({c}) THEN {c} END" if t == "date" else c for c, t in columns)
+            select = ", ".join(_spark_value(c, t, spark_range) for c, t in columns)
             rows = conn.execute(f"SELECT {select} FROM {table}").fetchall()
             arrays = [pa.array([r[i] for r in rows], type=types[t]) for i, (_, t) in enumerate(columns)]
             paths[table] = directory / f"{table}.parquet"
             pq.write_table(pa.Table.from_arrays(arrays, names=[c for c, _ in columns]), paths[table])
     return paths
+
+
+def _spark_value(column: str, type_name: str, spark_range: dict[str, tuple[str, str]]) -> str:
+    """`column` as Spark can hold it: dates and timestamps within Spark's years, numerics as doubles (NaN kept;
+    beyond a double's range, NULL), other types as they are."""
+    if type_name in spark_range:
+        low, high = spark_range[type_name]
+        return f"CASE WHEN {column} BETWEEN {low} AND {high} THEN {column} END"
+    if type_name == "numeric":
+        return (f"CASE WHEN abs({column}) <= 1e300 THEN {column}::float8 WHEN {column} = 'NaN' THEN 'NaN'::float8 "
+                "END")
+    return column
 
 
 def spark_schema_text(schema_text: str, paths: dict[str, Path]) -> str:

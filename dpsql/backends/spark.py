@@ -81,13 +81,14 @@ def is_spark_url(url: str | None) -> bool:
 def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = sqlglot.parse_one(sql, read="postgres")
-    tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted)
+    tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
+        .transform(_finite)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
         if node.name.lower() in STRICT_BOUNDS:
             node.replace(_strict_bounds(node))
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
-    tree = tree.transform(_decimal_sums).transform(_half_even)
+    tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch)
     return tree.sql(dialect="spark")
 
 
@@ -97,6 +98,29 @@ def _keyed_hash(node: exp.Expression) -> exp.Expression:
         fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
         return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
     return node
+
+
+def _finite(node: exp.Expression) -> exp.Expression:
+    # Spark's dates and timestamps have no ±infinity: isfinite(x) is TRUE, or NULL for NULL as in PostgreSQL
+    if isinstance(node, exp.Anonymous) and node.name.lower() == "isfinite":
+        value = node.expressions[0].copy()
+        return exp.paren(exp.or_(exp.Not(this=exp.Is(this=value, expression=exp.Null())), exp.Null()))
+    return node
+
+
+def _epoch(node: exp.Expression) -> exp.Expression:
+    # Spark has no EXTRACT(EPOCH ...): a date's is its days since 1970 times 86400, a timestamp's its microseconds
+    # over 10⁶, both exact decimals as PostgreSQL's numeric
+    if not (isinstance(node, exp.Extract) and node.this.name.upper() == "EPOCH"):
+        return node
+    value = node.expression.copy()
+    if value.type is not None and value.type.this == exp.DataType.Type.DATE:
+        days = exp.Cast(this=exp.Anonymous(this="unix_date", expressions=[value]),
+                        to=exp.DataType.build("DECIMAL(38, 0)"))
+        return exp.paren(exp.Mul(this=days, expression=exp.Literal.number(86400)))
+    micros = exp.Cast(this=exp.Anonymous(this="unix_micros", expressions=[value]),
+                      to=exp.DataType.build("DECIMAL(38, 6)"))
+    return exp.paren(exp.Div(this=micros, expression=exp.Literal.number(1000000)))
 
 
 def _unhinted(node: exp.Expression) -> exp.Expression:
