@@ -230,6 +230,8 @@ class Engine:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
         rewritten = rewrite(plan, self._hash_seed)
+        for statement in [rewritten.sql, *rewritten.histograms.values()]:
+            self.backend.check(statement)  # a statement the backend cannot run is refused before any charge
         unit_column = _unit_column(plan)
         if unit_column is not None and self._indexed is not None and unit_column not in self._indexed:
             # no index to read the units in order: PostgreSQL hashes them, in memory rather than on disk

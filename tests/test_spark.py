@@ -279,3 +279,23 @@ def test_spark_connect_answers_as_the_local_session_does(connect_url, spark_engi
         assert len(answer.rows) == 8 and engine.budget("connect").epsilon_basic == pytest.approx(0.5)
     finally:
         engine.close()
+
+
+def test_spark_sql_for_what_postgresql_has_and_spark_lacks(spark_engine):
+    """What the neighbour fuzzer on Spark found: EXTRACT(EPOCH ...), isfinite and a date minus a date mean on
+    Spark what they mean on PostgreSQL; to_char's ISO week fields, which Spark has no pattern for, are refused
+    when the query is prepared (before any charge), not when it runs."""
+    from dpsql.errors import UnsupportedQuery
+
+    types = {"t": {"d": "date", "ts": "timestamptz"}}
+    sql = to_spark("SELECT EXTRACT(EPOCH FROM t.d), EXTRACT(EPOCH FROM t.ts), isfinite(t.d), "
+                   "width_bucket(t.d - CAST('1970-01-01' AS DATE), 0, 100, 4) FROM t", types)
+    assert "UNIX_DATE" in sql and "UNIX_MICROS" in sql and "DATEDIFF" in sql and "ISFINITE" not in sql.upper()
+    spark = spark_engine.backend.spark
+    (row,) = spark.sql("SELECT " + to_spark("SELECT EXTRACT(EPOCH FROM CAST('2024-03-01' AS DATE)), "
+                                             "EXTRACT(EPOCH FROM CAST('2024-03-01 12:00:00.5+00' AS TIMESTAMPTZ)), "
+                                             "CAST('2024-03-01' AS DATE) - CAST('2024-01-01' AS DATE)",
+                                             {})[len("SELECT "):]).collect()
+    assert [float(v) for v in row] == [1709251200.0, 1709294400.5, 60.0]
+    with pytest.raises(UnsupportedQuery, match="ISO week"):
+        spark_engine.prepare("SELECT to_char(day, 'IYYY-IW') AS w, COUNT(*) FROM visits GROUP BY w")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -58,7 +59,7 @@ from sqlglot.optimizer.qualify import qualify
 
 from dpsql.analysis.expressions import SAFE_TEMPORAL
 from dpsql.analysis.expressions import STRICT_BOUNDS as STRICT_BOUNDS_BY_KIND
-from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled
+from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled, UnsupportedQuery
 from dpsql.schema import PrivacySchema
 
 log = logging.getLogger("dpsql.spark")
@@ -82,13 +83,13 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = sqlglot.parse_one(sql, read="postgres")
     tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
-        .transform(_finite)
+        .transform(_finite).transform(_spark_patterns)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
         if node.name.lower() in STRICT_BOUNDS:
             node.replace(_strict_bounds(node))
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
-    tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch)
+    tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences)
     return tree.sql(dialect="spark")
 
 
@@ -97,6 +98,16 @@ def _keyed_hash(node: exp.Expression) -> exp.Expression:
         row, seed = node.expressions
         fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
         return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
+    return node
+
+
+def _spark_patterns(node: exp.Expression) -> exp.Expression:
+    # Spark's datetime patterns have no ISO week-numbering fields: sqlglot leaves them as strftime codes, which
+    # Spark would reject only when the query runs, after its charge; refused here, before it
+    if isinstance(node, exp.TimeToStr) and isinstance(node.args.get("format"), exp.Literal) \
+            and re.search(r"%[GgVu]", node.args["format"].this):
+        raise UnsupportedQuery("to_char's ISO week fields (IYYY, IW, ID) have no Spark datetime pattern",
+                               "use EXTRACT(WEEK FROM ...) or date_trunc('week', ...) as the key")
     return node
 
 
@@ -121,6 +132,14 @@ def _epoch(node: exp.Expression) -> exp.Expression:
     micros = exp.Cast(this=exp.Anonymous(this="unix_micros", expressions=[value]),
                       to=exp.DataType.build("DECIMAL(38, 6)"))
     return exp.paren(exp.Div(this=micros, expression=exp.Literal.number(1000000)))
+
+
+def _date_differences(node: exp.Expression) -> exp.Expression:
+    # a date minus a date is PostgreSQL's integer of days; Spark's is an INTERVAL DAY, which no number accepts
+    if isinstance(node, exp.Sub) and all(side.type is not None and side.type.this == exp.DataType.Type.DATE
+                                         for side in (node.this, node.expression)):
+        return exp.Anonymous(this="datediff", expressions=[node.this.copy(), node.expression.copy()])
+    return node
 
 
 def _unhinted(node: exp.Expression) -> exp.Expression:
@@ -226,6 +245,20 @@ class SparkBackend:
 
     def indexed_columns(self) -> None:
         return None  # no indexes: Spark groups by shuffling, whatever the table
+
+    def check(self, sql: str) -> None:
+        """Refuses, before anything is charged, a rewritten statement Spark cannot analyse (a function or pattern
+        it lacks). Spark's analysis reads the tables' types only, never their rows, so its verdict cannot depend
+        on the data."""
+        try:
+            self.spark.sql(to_spark(sql, self._types)).schema  # noqa: B018 - analysis only, no job runs
+        except UnsupportedQuery:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure here is Spark's SQL, not the data's
+            found = re.search(r"\[([A-Z_.]+)\]", str(exc))
+            reason = found.group(1) if found else type(exc).__name__
+            raise UnsupportedQuery(f"Spark cannot run this query's rewritten SQL ({reason})",
+                                   "rephrase it, or ask it on the PostgreSQL backend") from None
 
     def lock(self, name: str) -> threading.Lock:
         with self._locks_lock:
