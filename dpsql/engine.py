@@ -389,6 +389,7 @@ class Engine:
         if epsilon > self.settings.max_epsilon:
             raise InvalidParameter(f"dpsql.bounds_epsilon {epsilon:g} is above the per-query cap of "
                                    f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon")
+        self.backend.check(statement.sql)  # as the answer's own statements: refused before any charge
         key = hashlib.sha256(json.dumps(["bounds", prepared.query.canonical, epsilon,
                                          self._schema_digest]).encode()).hexdigest()
         return self._charged_once(analyst, key, f"bounds effect: {prepared.query.canonical}", Cost.pure(epsilon),
