@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--memory", default="8g", help="Spark's driver memory (local mode: all of Spark's)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tpch_spark.md")
+    parser.add_argument("--settings", default="ab", help="which settings to run: a, b or ab")
     parser.add_argument("--bucketed", type=int, metavar="N", help="also run (b) on tables in N buckets by the unit")
     args = parser.parse_args()
     directory = args.data_dir / f"sf{args.scale:g}"
@@ -144,10 +145,9 @@ def main() -> int:
     ledger.start()
     try:
         engine = None
-        lines.append("| (a) | all | | refused: row-level privacy is not supported on Spark yet (its truncation "
-                     "identifies rows by PostgreSQL's tableoid, ctid) | | | |")
-        layouts = [("b", "(b)", directory)] + ([("b", f"(b), {args.bucketed} buckets by the unit", None)]
-                                               if args.bucketed else [])
+        layouts = [(setting, f"({setting})", directory) for setting in args.settings]
+        if args.bucketed and "b" in args.settings:
+            layouts.append(("b", f"(b), {args.bucketed} buckets by the unit", None))
         warehouse = args.data_dir / f"warehouse-sf{args.scale:g}"
         for setting, label, source in layouts:
             schema = spark_schema(setting, source)

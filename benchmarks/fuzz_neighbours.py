@@ -7,9 +7,9 @@ Prints a table per world (queries, refused before execution, pairs compared, vio
 violation with the seed and query number that reproduce it; exits 1 if it found any. CI runs a few hundred
 pairs of the same fuzzer (tests/test_fuzz.py); a violation found here becomes a regression test there.
 
-`--backend spark` runs the unit world's rewritten queries on a local Spark session instead: each database is
+`--backend spark` runs the worlds' rewritten queries on a local Spark session instead: each database is
 exported as Parquet (values Spark cannot hold become NULL, so its neighbours are Spark's own), and every query
-is compared between Spark's base and Spark's neighbours. The row-level world is PostgreSQL-only.
+is compared between Spark's base and Spark's neighbours.
 """
 
 from __future__ import annotations
@@ -18,50 +18,15 @@ import argparse
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.fuzzing lives with the tests
 
-from dpsql.config import Settings  # noqa: E402
 from dpsql.embedded import EmbeddedPostgres  # noqa: E402
-from dpsql.engine import Engine  # noqa: E402
 from tests import fuzzing  # noqa: E402
 
 BATCH = 100  # queries between progress lines
-
-
-class SparkDatabase:
-    """One exported database on the shared Spark session: its Parquet files become the tables' views before each
-    statement (the fuzzer runs one statement at a time)."""
-
-    def __init__(self, engine, paths: dict[str, Path]):
-        self.engine, self.paths = engine, paths
-
-    def execute(self, sql: str) -> list[tuple]:
-        spark = self.engine.backend.spark
-        for table, path in self.paths.items():
-            spark.read.parquet(str(path)).createOrReplaceTempView(table)
-        return self.engine.backend.execute(sql)
-
-
-@contextmanager
-def spark_world(name: str, base: str, neighbours: dict[str, str], folder: Path):
-    """An engine on a local Spark session over world `name`, and a database per exported copy."""
-    from dpsql.demo import export_parquet
-    from dpsql.schema import parse_schema
-
-    world = fuzzing.WORLDS[name]
-    tables = tuple(t for t, spec in world.schema["tables"].items())
-    exported = {n: export_parquet(url, folder / n, tables) for n, url in {"base": base, **neighbours}.items()}
-    raw = {**world.schema, "tables": {t: {**spec, "path": str(exported["base"][t])}
-                                      for t, spec in world.schema["tables"].items()}}
-    engine = Engine(Settings(database="spark://local[2]", ledger=base), parse_schema(raw))
-    try:
-        yield engine, {n: SparkDatabase(engine, paths) for n, paths in exported.items()}
-    finally:
-        engine.close()
 
 
 def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int,
@@ -69,7 +34,7 @@ def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int,
     base, neighbours = fuzzing.build_world(server.url, lambda db: server.url.replace("/postgres?", f"/{db}?"), name)
     report, started = fuzzing.Report(), time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="dpsql-fuzz-spark-"))
-    world = spark_world(name, base, neighbours, folder) if backend == "spark" \
+    world = fuzzing.spark_world(name, base, neighbours, folder) if backend == "spark" \
         else fuzzing.open_world(name, base, neighbours)
     with world as (engine, backends):
         others = {n: b for n, b in backends.items() if n != "base"}
@@ -87,9 +52,6 @@ def main() -> int:
     parser.add_argument("--world", choices=[*fuzzing.WORLDS, "all"], default="all")
     parser.add_argument("--backend", choices=["postgresql", "spark"], default="postgresql")
     args = parser.parse_args()
-    if args.backend == "spark" and args.world != "unit":
-        parser.error("--backend spark runs the unit world only (--world unit): row-level privacy is "
-                     "PostgreSQL-only")
     server = EmbeddedPostgres()
     server.start()
     try:

@@ -445,9 +445,6 @@ def _backend(settings: Settings, schema: PrivacySchema) -> PostgresBackend | Spa
     if not settings.ledger:
         raise ConfigError("the Spark backend keeps its ledger in PostgreSQL: no ledger given",
                           "pass --ledger postgresql://... or set DPSQL_LEDGER (dpsql demo --keep starts one)")
-    if schema.row_level:  # truncating a row-level table identifies its rows by PostgreSQL's (tableoid, ctid)
-        raise ConfigError("row-level privacy is not supported on Spark yet: its truncation identifies rows by "
-                          "PostgreSQL's physical row ids", "declare a unit column ([privacy] unit = \"table.column\")")
     return SparkBackend(settings.database, schema, settings.statement_timeout_ms)
 
 

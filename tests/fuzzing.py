@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -419,6 +420,37 @@ def open_world(name: str, base: str, neighbours: dict[str, str]) -> Iterator[tup
     finally:
         for backend in backends.values():
             backend.close()
+        engine.close()
+
+
+class SparkDatabase:
+    """One exported database on the shared Spark session: its Parquet files become the tables' views before each
+    statement (the fuzzer runs one statement at a time)."""
+
+    def __init__(self, engine, paths: dict[str, Path]):
+        self.engine, self.paths = engine, paths
+
+    def execute(self, sql: str) -> list[tuple]:
+        spark = self.engine.backend.spark
+        for table, path in self.paths.items():
+            spark.read.parquet(str(path)).createOrReplaceTempView(table)
+        return self.engine.backend.execute(sql)
+
+
+@contextmanager
+def spark_world(name: str, base: str, neighbours: dict[str, str], folder: Path):
+    """An engine on a local Spark session over world `name`, and a database per exported copy."""
+    from dpsql.demo import export_parquet
+
+    world = WORLDS[name]
+    tables = tuple(t for t, spec in world.schema["tables"].items())
+    exported = {n: export_parquet(url, folder / n, tables) for n, url in {"base": base, **neighbours}.items()}
+    raw = {**world.schema, "tables": {t: {**spec, "path": str(exported["base"][t])}
+                                      for t, spec in world.schema["tables"].items()}}
+    engine = Engine(Settings(database="spark://local[2]", ledger=base), parse_schema(raw))
+    try:
+        yield engine, {n: SparkDatabase(engine, paths) for n, paths in exported.items()}
+    finally:
         engine.close()
 
 

@@ -30,8 +30,13 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
   error (DP008), never a silently wrapped value; the session's time zone is UTC.
 - Statement timeout: each statement runs in its own job group, cancelled when the timeout passes.
 
-Row-level privacy is refused on Spark for now: its truncation identifies rows by PostgreSQL's (tableoid, ctid),
-which Spark has no stable counterpart of (monotonically_increasing_id changes between runs).
+- Row identity: under row-level privacy the rewrite identifies a row by PostgreSQL's physical (tableoid, ctid).
+  Spark has no stable row id (monotonically_increasing_id changes between runs, and between two reads of one
+  table in a query), so a table read for its row ids becomes a subquery where `tableoid` is the table's name and
+  `ctid` is the row's content (each column as text, in a JSON array: unambiguous) with its copy number among the
+  rows of the same content. Identical rows are interchangeable, so which of them gets which copy number changes
+  no answer, and adding a row adds one id. A whole row's text (`alias::text`, which truncation ranks by) becomes
+  that id too, and `NOT IN` over ids, which Spark runs as a nested loop, `NOT EXISTS` (an id is never NULL).
 
 A URL's query sets Spark options (`spark://local[2]?spark.driver.memory=8g`). Tables come from the Spark
 catalog, or from `path = "..."` in the privacy schema (Parquet), registered as temporary views when the backend
@@ -71,6 +76,9 @@ SESSION_RULES = {"spark.sql.ansi.enabled": "true", "spark.sql.session.timeZone":
 SMALLER = {smaller for _, smaller in STRICT_BOUNDS_BY_KIND.values()}
 STRICT_BOUNDS = SMALLER | {larger for larger, _ in STRICT_BOUNDS_BY_KIND.values()}
 SPARK_TEMPORAL = dict(zip(SAFE_TEMPORAL, ("0001-01-01", "9999-12-31"), strict=True))
+_SESSION_USERS: dict[int, int] = {}  # id(session) -> open backends using it
+_SESSIONS_LOCK = threading.Lock()
+ROW_ID_COLUMNS = ("tableoid", "ctid")  # PostgreSQL's physical row id, which Spark lacks (see the docstring)
 INTEGER_TYPES = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
                  exp.DataType.Type.BIGINT}
 
@@ -81,7 +89,7 @@ def is_spark_url(url: str | None) -> bool:
 
 def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
-    tree = sqlglot.parse_one(sql, read="postgres")
+    tree = _row_identities(sqlglot.parse_one(sql, read="postgres"), schema)
     tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
         .transform(_finite).transform(_spark_patterns)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
@@ -91,6 +99,66 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences)
     return tree.sql(dialect="spark")
+
+
+def _row_identities(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> exp.Expression:
+    """Every table the query reads row ids of (`t.tableoid`, `t.ctid`, `t::text`) as a subquery that has them."""
+    def whole_row(node: exp.Expression) -> bool:
+        return isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and not node.this.table \
+            and node.this.name in aliases and not any(node.this.name in columns for columns in schema.values())
+
+    aliases = {c.table for c in tree.find_all(exp.Column) if c.table and c.name in ROW_ID_COLUMNS}
+    if not aliases:
+        return tree
+    for node in list(tree.find_all(exp.Cast)):  # a whole row as text: its id (the hash below keys it)
+        if whole_row(node):
+            node.replace(exp.column("ctid", table=node.this.name))
+    for node in list(tree.find_all(exp.Anonymous)):
+        if node.name.lower() == "hashtextextended":
+            text, seed = node.expressions
+            node.replace(exp.Anonymous(this="xxhash64", expressions=[seed.copy(), text.copy()]))
+    for node in list(tree.find_all(exp.Not)):
+        if isinstance(node.this, exp.In) and node.this.args.get("query") is not None and _ids(node.this.this):
+            node.replace(_not_exists(node.this))
+    for table in list(tree.find_all(exp.Table)):
+        if table.alias_or_name in aliases and table.name in schema and not table.args.get("db"):
+            table.replace(_identified(table, schema[table.name]))
+    return tree
+
+
+def _ids(node: exp.Expression) -> list[exp.Column]:
+    """The row-id columns `node` is made of ((t.tableoid, t.ctid) or t.ctid), or none."""
+    columns = node.expressions if isinstance(node, exp.Tuple) else [node]
+    return columns if all(isinstance(c, exp.Column) and c.name in ROW_ID_COLUMNS for c in columns) else []
+
+
+def _not_exists(within: exp.In) -> exp.Expression:
+    """`ids NOT IN (SELECT ids ...)` as `NOT EXISTS (SELECT 1 FROM (...) WHERE ids match)`: the same rows, as ids
+    are never NULL, and Spark runs it as a hashed anti join rather than a nested loop."""
+    query = within.args["query"]
+    query = query.this if isinstance(query, exp.Subquery) else query
+    match = exp.and_(*(exp.EQ(this=exp.column(c.name, table="dpsql_ids"), expression=c.copy())
+                       for c in _ids(within.this)))
+    inner = exp.select("1").from_(exp.Subquery(this=query.copy(), alias=exp.TableAlias(
+        this=exp.to_identifier("dpsql_ids")))).where(match)
+    return exp.Not(this=exp.Exists(this=inner))
+
+
+def _identified(table: exp.Table, columns: dict[str, str]) -> exp.Expression:
+    """`table` with its declared columns, `tableoid` (its name) and `ctid` (content and copy number)."""
+    name = exp.to_identifier(table.name)
+    texts = [exp.Hex(this=exp.column(c)) if kind.lower() == "bytea"
+             else exp.cast(exp.column(c), "text") for c, kind in columns.items()]
+    content = exp.Anonymous(this="to_json", expressions=[exp.Array(expressions=texts)])
+    copy = exp.Window(this=exp.RowNumber(), partition_by=[exp.column("dpsql_content")],
+                      order=exp.Order(expressions=[exp.Ordered(this=exp.column("dpsql_content"))]))
+    ctid = exp.func("concat", exp.column("dpsql_content"), exp.Literal.string(":"), exp.cast(copy, "text"))
+    contents = exp.select(*[exp.column(c) for c in columns], exp.alias_(content, "dpsql_content")).from_(
+        exp.Table(this=name))
+    rows = exp.select(*[exp.column(c) for c in columns], exp.alias_(exp.Literal.string(table.name), "tableoid"),
+                      exp.alias_(ctid, "ctid")).from_(exp.Subquery(this=contents,
+                                                                  alias=exp.TableAlias(this=exp.to_identifier("dpsql_c"))))
+    return exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
 
 
 def _keyed_hash(node: exp.Expression) -> exp.Expression:
@@ -218,6 +286,8 @@ class SparkBackend:
             log.warning("cannot start Spark: %s", exc)
             raise BackendUnavailable(f"cannot start a Spark session for {url}",
                                      "check that Java 17 is installed (or the Spark Connect server is up)") from None
+        with _SESSIONS_LOCK:  # a process's backends share one session (getOrCreate): the last to close stops it
+            _SESSION_USERS[id(self.spark)] = _SESSION_USERS.get(id(self.spark), 0) + 1
         self._types = schema.sqlglot_schema()
         for table in schema.tables.values():
             if table.path:
@@ -265,8 +335,13 @@ class SparkBackend:
             return self._locks.setdefault(name, threading.Lock())
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.spark.stop()
+        with _SESSIONS_LOCK:
+            users = _SESSION_USERS.pop(id(self.spark), 1) - 1
+            if users:
+                _SESSION_USERS[id(self.spark)] = users
+        if not users:
+            with contextlib.suppress(Exception):
+                self.spark.stop()
 
 
 def _value(value: Any, instant: bool) -> Any:
