@@ -76,6 +76,7 @@ SESSION_RULES = {"spark.sql.ansi.enabled": "true", "spark.sql.session.timeZone":
 SMALLER = {smaller for _, smaller in STRICT_BOUNDS_BY_KIND.values()}
 STRICT_BOUNDS = SMALLER | {larger for larger, _ in STRICT_BOUNDS_BY_KIND.values()}
 SPARK_TEMPORAL = dict(zip(SAFE_TEMPORAL, ("0001-01-01", "9999-12-31"), strict=True))
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _SESSION_USERS: dict[int, int] = {}  # id(session) -> open backends using it
 _SESSIONS_LOCK = threading.Lock()
 ROW_ID_COLUMNS = ("tableoid", "ctid")  # PostgreSQL's physical row id, which Spark lacks (see the docstring)
@@ -345,13 +346,21 @@ class SparkBackend:
 
 
 def _value(value: Any, instant: bool) -> Any:
-    """A Spark value as psycopg gives PostgreSQL's: decimals as ints or floats, and a TIMESTAMP (an instant, which
-    pyspark hands over as a naive datetime in the process's local time) with its time zone, as timestamptz."""
+    """A Spark value as psycopg gives PostgreSQL's: decimals as ints or floats, and a TIMESTAMP (an instant, fetched
+    as microseconds since 1970: pyspark's own conversion goes through local time and fails on 0001-01-01) as an
+    aware datetime, as timestamptz is."""
+    if instant and value is not None:
+        return EPOCH + datetime.timedelta(microseconds=value)
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
-    if instant and isinstance(value, datetime.datetime) and value.tzinfo is None:
-        return value.astimezone(datetime.UTC)
     return value
+
+
+def _instants_as_micros(frame: Any, instants: list[bool]) -> Any:
+    """`frame` with every TIMESTAMP column as its microseconds since 1970 (columns renamed by position, as a
+    query's may share names)."""
+    frame = frame.toDF(*(f"c{i}" for i in range(len(instants))))
+    return frame.selectExpr(*(f"unix_micros(c{i})" if instant else f"c{i}" for i, instant in enumerate(instants)))
 
 
 class SparkStatements:
@@ -377,6 +386,8 @@ class SparkStatements:
             timer.start()
             frame = spark.sql(to_spark(sql, self._backend._types))
             instants = [type(f.dataType).__name__ == "TimestampType" for f in frame.schema.fields]
+            if any(instants):
+                frame = _instants_as_micros(frame, instants)
             rows = frame.collect()
         except Exception as exc:  # noqa: BLE001 - Spark's text never reaches the analyst
             log.warning("Spark query failed: %s: %s", type(exc).__name__, str(exc)[:500])

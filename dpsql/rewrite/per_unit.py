@@ -81,7 +81,8 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
 def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -> str:
     """`_kept_rows_per_group` for counts, sums and distinct units, which add up over disjoint sets of units:
     each group's statistics over all rows, less those over the rows of the units with more than k rows, plus
-    those over the k rows each such unit keeps. The first part is the exact query's own aggregate (PostgreSQL
+    those over the k rows each such unit keeps (for counts and sums: less those over the rows such a unit
+    drops). The first part is the exact query's own aggregate (PostgreSQL
     runs it in parallel); only the rows of units over k are ranked. A group left with no kept row is not
     returned, as by the other form, so partition selection never sees a group that only dropped rows held.
     `units_only`: the units over k keep k distinct groups, and what partition selection reads per group is its
@@ -95,8 +96,11 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
                  f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'} AS {UNITS}"]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
-    parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"),
-             part(f"dpsql_ranked WHERE dpsql_rank <= {int(plan.rows_per_unit)}", "")]
+    k = int(plan.rows_per_unit)
+    if units_only or any(m.kind == "units" for m in plan.measures):  # distinct counts do not subtract row by row
+        parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"), part(f"dpsql_ranked WHERE dpsql_rank <= {k}", "")]
+    else:  # less the rows a unit over k drops: one pass over its ranked rows (Spark would rank them twice)
+        parts = [part("dpsql_rows", ""), part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-")]
     # counts stay bigint: a sum of bigints would be numeric
     totals = [f"SUM({m.name}) AS {m.name}" if m.kind == "sum" else f"CAST(SUM({m.name}) AS BIGINT) AS {m.name}"
               for m in plan.measures]
