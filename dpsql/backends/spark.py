@@ -32,11 +32,12 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 
 - Row identity: under row-level privacy the rewrite identifies a row by PostgreSQL's physical (tableoid, ctid).
   Spark has no stable row id (monotonically_increasing_id changes between runs, and between two reads of one
-  table in a query), so a table read for its row ids becomes a subquery where `tableoid` is the table's name and
-  `ctid` is the row's content (each column as text, in a JSON array: unambiguous) with its copy number among the
-  rows of the same content. Identical rows are interchangeable, so which of them gets which copy number changes
-  no answer, and adding a row adds one id. A whole row's text (`alias::text`, which truncation ranks by) becomes
-  that id too, and `NOT IN` over ids, which Spark runs as a nested loop, `NOT EXISTS` (an id is never NULL).
+  table in a query). A truncation (rows past a key's frequency, dropped by NOT IN over row ids) becomes a
+  ranking of every row within each key, kept if no key ranks it past its limit: the same rule, one shuffle per
+  key, no row id. Elsewhere (a row as its own unit) a table read for its row ids becomes a subquery where
+  `tableoid` is the table's name and `ctid` is the row's text (each column as text, in a JSON array:
+  unambiguous) with its copy number among identical rows. Identical rows are interchangeable, so which of them
+  gets which copy number changes no answer, and adding a row adds one id.
 
 A URL's query sets Spark options (`spark://local[2]?spark.driver.memory=8g`). Tables come from the Spark
 catalog, or from `path = "..."` in the privacy schema (Parquet), registered as temporary views when the backend
@@ -103,62 +104,87 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
 
 
 def _row_identities(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> exp.Expression:
-    """Every table the query reads row ids of (`t.tableoid`, `t.ctid`, `t::text`) as a subquery that has them."""
-    def whole_row(node: exp.Expression) -> bool:
-        return isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and not node.this.table \
-            and node.this.name in aliases and not any(node.this.name in columns for columns in schema.values())
-
+    """Row-level truncations in Spark's form, and every other table the query reads row ids of (`t.tableoid`,
+    `t.ctid`) as a subquery that has them."""
+    for node in list(tree.find_all(exp.Subquery)):
+        truncation = _truncation(node)
+        if truncation is not None and truncation[0] in schema:
+            node.replace(_ranked_truncation(*truncation, node.alias_or_name, schema[truncation[0]]))
     aliases = {c.table for c in tree.find_all(exp.Column) if c.table and c.name in ROW_ID_COLUMNS}
-    if not aliases:
-        return tree
-    for node in list(tree.find_all(exp.Cast)):  # a whole row as text: its id (the hash below keys it)
-        if whole_row(node):
-            node.replace(exp.column("ctid", table=node.this.name))
-    for node in list(tree.find_all(exp.Anonymous)):
-        if node.name.lower() == "hashtextextended":
-            text, seed = node.expressions
-            node.replace(exp.Anonymous(this="xxhash64", expressions=[seed.copy(), text.copy()]))
-    for node in list(tree.find_all(exp.Not)):
-        if isinstance(node.this, exp.In) and node.this.args.get("query") is not None and _ids(node.this.this):
-            node.replace(_not_exists(node.this))
     for table in list(tree.find_all(exp.Table)):
         if table.alias_or_name in aliases and table.name in schema and not table.args.get("db"):
             table.replace(_identified(table, schema[table.name]))
     return tree
 
 
-def _ids(node: exp.Expression) -> list[exp.Column]:
-    """The row-id columns `node` is made of ((t.tableoid, t.ctid) or t.ctid), or none."""
-    columns = node.expressions if isinstance(node, exp.Tuple) else [node]
-    return columns if all(isinstance(c, exp.Column) and c.name in ROW_ID_COLUMNS for c in columns) else []
+def _truncation(node: exp.Subquery) -> tuple[str, list[tuple[str, int]], exp.Expression] | None:
+    """(table, [(key column, max frequency)], hash seed) of a truncation as `rewrite/truncation.py` writes it
+    (`SELECT * FROM t AS dpsql_t WHERE (tableoid, ctid) NOT IN (rows ranked past a key's limit)`), or None."""
+    select = node.this
+    source = select.args.get("from_") if isinstance(select, exp.Select) else None
+    where = select.args.get("where") if isinstance(select, exp.Select) else None
+    if source is None or where is None or not isinstance(source.this, exp.Table) \
+            or source.this.alias_or_name != "dpsql_t" or not isinstance(where.this, exp.Not) \
+            or not isinstance(where.this.this, exp.In):
+        return None
+    keys, seed = [], None
+    for window in where.this.this.find_all(exp.Window):  # one per key, in a branch ... WHERE dpsql_rank > f
+        ranked = window.find_ancestor(exp.Subquery).parent_select
+        keys.append((window.args["partition_by"][0].name, int(ranked.args["where"].this.expression.name)))
+        seed = window.args["order"].expressions[0].this.expressions[1]
+    return (source.this.name, keys, seed) if keys else None
 
 
-def _not_exists(within: exp.In) -> exp.Expression:
-    """`ids NOT IN (SELECT ids ...)` as `NOT EXISTS (SELECT 1 FROM (...) WHERE ids match)`: the same rows, as ids
-    are never NULL, and Spark runs it as a hashed anti join rather than a nested loop."""
-    query = within.args["query"]
-    query = query.this if isinstance(query, exp.Subquery) else query
-    match = exp.and_(*(exp.EQ(this=exp.column(c.name, table="dpsql_ids"), expression=c.copy())
-                       for c in _ids(within.this)))
-    inner = exp.select("1").from_(exp.Subquery(this=query.copy(), alias=exp.TableAlias(
-        this=exp.to_identifier("dpsql_ids")))).where(match)
-    return exp.Not(this=exp.Exists(this=inner))
+def _ranked_truncation(table: str, keys: list[tuple[str, int]], seed: exp.Expression, alias: str,
+                       columns: dict[str, str]) -> exp.Expression:
+    """Spark's form of a truncation: every row ranked within each key by the keyed hash of its text, then its
+    text, kept if no key ranks it past that key's limit (a NULL key never does). It is the rule PostgreSQL's
+    form applies with NOT IN over (tableoid, ctid), written so Spark needs no row id and one shuffle per key.
+    Identical rows tie; with several keys they are told apart by one position, computed once, so that every
+    key orders them alike and two keys never drop two different copies where one would do."""
+    def window(partition: str, order: list[str]) -> exp.Window:
+        return exp.Window(this=exp.RowNumber(), partition_by=[exp.column(partition)],
+                          order=exp.Order(expressions=[exp.Ordered(this=exp.column(o)) for o in order]))
+
+    def derived(select: exp.Select, name: str) -> exp.Subquery:
+        return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(name)))
+
+    names = [exp.column(c) for c in columns]
+    text = _row_text(columns)
+    rows = exp.select(*names, exp.alias_(text, "dpsql_text"), exp.alias_(exp.Anonymous(
+        this="xxhash64", expressions=[seed.copy(), text.copy()]), "dpsql_hash")).from_(exp.Table(
+            this=exp.to_identifier(table)))
+    order = ["dpsql_hash", "dpsql_text"]
+    if len(keys) > 1:
+        rows = exp.select("*", exp.alias_(window(keys[0][0], ["dpsql_text"]), "dpsql_tie")).from_(
+            derived(rows, "dpsql_rows"))
+        order.append("dpsql_tie")
+    ranked = exp.select("*", *(exp.alias_(window(key, order), f"dpsql_rank{i}") for i, (key, _) in
+                               enumerate(keys))).from_(derived(rows, "dpsql_texts"))
+    kept = exp.and_(*(exp.or_(exp.Is(this=exp.column(key), expression=exp.Null()),
+                              exp.LTE(this=exp.column(f"dpsql_rank{i}"), expression=exp.Literal.number(limit)))
+                      for i, (key, limit) in enumerate(keys)))
+    return derived(exp.select(*[n.copy() for n in names]).from_(derived(ranked, "dpsql_ranked")).where(kept), alias)
+
+
+def _row_text(columns: dict[str, str]) -> exp.Expression:
+    """A row as unambiguous text: each column as text (bytes as hex) in a JSON array, so no two different rows,
+    and no NULL and 'null', share one."""
+    texts = [exp.Hex(this=exp.column(c)) if kind.lower() == "bytea"
+             else exp.cast(exp.column(c), "text") for c, kind in columns.items()]
+    return exp.Anonymous(this="to_json", expressions=[exp.Array(expressions=texts)])
 
 
 def _identified(table: exp.Table, columns: dict[str, str]) -> exp.Expression:
-    """`table` with its declared columns, `tableoid` (its name) and `ctid` (content and copy number)."""
-    name = exp.to_identifier(table.name)
-    texts = [exp.Hex(this=exp.column(c)) if kind.lower() == "bytea"
-             else exp.cast(exp.column(c), "text") for c, kind in columns.items()]
-    content = exp.Anonymous(this="to_json", expressions=[exp.Array(expressions=texts)])
-    copy = exp.Window(this=exp.RowNumber(), partition_by=[exp.column("dpsql_content")],
-                      order=exp.Order(expressions=[exp.Ordered(this=exp.column("dpsql_content"))]))
-    ctid = exp.func("concat", exp.column("dpsql_content"), exp.Literal.string(":"), exp.cast(copy, "text"))
-    contents = exp.select(*[exp.column(c) for c in columns], exp.alias_(content, "dpsql_content")).from_(
-        exp.Table(this=name))
+    """`table` with its declared columns, `tableoid` (its name) and `ctid` (its text and copy number)."""
+    copy = exp.Window(this=exp.RowNumber(), partition_by=[exp.column("dpsql_text")],
+                      order=exp.Order(expressions=[exp.Ordered(this=exp.column("dpsql_text"))]))
+    ctid = exp.func("concat", exp.column("dpsql_text"), exp.Literal.string(":"), exp.cast(copy, "text"))
+    texts = exp.select(*[exp.column(c) for c in columns], exp.alias_(_row_text(columns), "dpsql_text")).from_(
+        exp.Table(this=exp.to_identifier(table.name)))
     rows = exp.select(*[exp.column(c) for c in columns], exp.alias_(exp.Literal.string(table.name), "tableoid"),
-                      exp.alias_(ctid, "ctid")).from_(exp.Subquery(this=contents,
-                                                                  alias=exp.TableAlias(this=exp.to_identifier("dpsql_c"))))
+                      exp.alias_(ctid, "ctid")).from_(
+        exp.Subquery(this=texts, alias=exp.TableAlias(this=exp.to_identifier("dpsql_c"))))
     return exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
 
 
