@@ -137,34 +137,38 @@ def _truncation(node: exp.Subquery) -> tuple[str, list[tuple[str, int]], exp.Exp
 
 def _ranked_truncation(table: str, keys: list[tuple[str, int]], seed: exp.Expression, alias: str,
                        columns: dict[str, str]) -> exp.Expression:
-    """Spark's form of a truncation: every row ranked within each key by the keyed hash of its text, then its
-    text, kept if no key ranks it past that key's limit (a NULL key never does). It is the rule PostgreSQL's
-    form applies with NOT IN over (tableoid, ctid), written so Spark needs no row id and one shuffle per key.
-    Identical rows tie; with several keys they are told apart by one position, computed once, so that every
-    key orders them alike and two keys never drop two different copies where one would do."""
-    def window(partition: str, order: list[str]) -> exp.Window:
+    """Spark's form of a truncation: every row ranked within each key by the keyed hash of its columns, then by
+    the columns themselves, kept if no key ranks it past that key's limit (a NULL key never does). It is the rule
+    PostgreSQL's form applies with NOT IN over (tableoid, ctid), written so Spark needs no row id and one shuffle
+    per key. Floating columns are ordered by their text, as Spark's ordering ties -0.0 with 0.0, which text and
+    division tell apart; so only identical rows tie. With several keys those are told apart by one position,
+    computed once, so every key orders them alike and two keys never drop two different copies where one
+    would do."""
+    def window(partition: str, order: list[exp.Expression]) -> exp.Window:
         return exp.Window(this=exp.RowNumber(), partition_by=[exp.column(partition)],
-                          order=exp.Order(expressions=[exp.Ordered(this=exp.column(o)) for o in order]))
+                          order=exp.Order(expressions=[exp.Ordered(this=o.copy()) for o in order]))
 
     def derived(select: exp.Select, name: str) -> exp.Subquery:
         return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(name)))
 
     names = [exp.column(c) for c in columns]
-    text = _row_text(columns)
-    rows = exp.select(*names, exp.alias_(text, "dpsql_text"), exp.alias_(exp.Anonymous(
-        this="xxhash64", expressions=[seed.copy(), text.copy()]), "dpsql_hash")).from_(exp.Table(
-            this=exp.to_identifier(table)))
-    order = ["dpsql_hash", "dpsql_text"]
+    hashed = exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *(n.copy() for n in names)])
+    order = [exp.column("dpsql_hash"), *(exp.cast(exp.column(c), "text") if _floating(kind) else exp.column(c)
+                                         for c, kind in columns.items())]
+    rows = exp.select(*names, exp.alias_(hashed, "dpsql_hash")).from_(exp.Table(this=exp.to_identifier(table)))
     if len(keys) > 1:
-        rows = exp.select("*", exp.alias_(window(keys[0][0], ["dpsql_text"]), "dpsql_tie")).from_(
-            derived(rows, "dpsql_rows"))
-        order.append("dpsql_tie")
+        rows = exp.select("*", exp.alias_(window(keys[0][0], order), "dpsql_tie")).from_(derived(rows, "dpsql_rows"))
+        order.append(exp.column("dpsql_tie"))
     ranked = exp.select("*", *(exp.alias_(window(key, order), f"dpsql_rank{i}") for i, (key, _) in
-                               enumerate(keys))).from_(derived(rows, "dpsql_texts"))
+                               enumerate(keys))).from_(derived(rows, "dpsql_hashed"))
     kept = exp.and_(*(exp.or_(exp.Is(this=exp.column(key), expression=exp.Null()),
                               exp.LTE(this=exp.column(f"dpsql_rank{i}"), expression=exp.Literal.number(limit)))
                       for i, (key, limit) in enumerate(keys)))
     return derived(exp.select(*[n.copy() for n in names]).from_(derived(ranked, "dpsql_ranked")).where(kept), alias)
+
+
+def _floating(kind: str) -> bool:
+    return exp.DataType.build(kind, dialect="postgres").this in (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT)
 
 
 def _row_text(columns: dict[str, str]) -> exp.Expression:
