@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -157,7 +158,8 @@ def main() -> int:
                                               f"&spark.sql.warehouse.dir={warehouse}", ledger=ledger.url,
                                      statement_timeout_ms=3_600_000), schema)
             spark = engine.backend.spark
-            if source is None:
+            if source is None:  # the warehouse a run before left holds tables this session's catalog lacks
+                shutil.rmtree(warehouse, ignore_errors=True)
                 save_bucketed(spark, directory, args.bucketed)
             for name, sql in spark_queries(setting).items():
                 try:

@@ -28,8 +28,7 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 - NaN: both order NaN above every number and treat NaN = NaN as true, so the rewrite's clamps
   (`x <> 'NaN'`) mean the same. ANSI mode stays on: an overflow or invalid cast the rewrite did not prevent is an
   error (DP008), never a silently wrapped value; the session's time zone is UTC.
-- Statement timeout: each statement runs in its own job group, cancelled when the timeout passes.
-
+- Statement timeout: each statement is tagged, and its tag interrupted when the timeout passes.
 - Row identity: under row-level privacy the rewrite identifies a row by PostgreSQL's physical (tableoid, ctid).
   Spark has no stable row id (monotonically_increasing_id changes between runs, and between two reads of one
   table in a query). A truncation (rows past a key's frequency, dropped by NOT IN over row ids) becomes a
