@@ -548,10 +548,12 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
     """Generate `count` queries with `seed` and compare each, run on `base`, with every neighbour."""
     report = report or Report()
     rng = random.Random(seed)
+    # which rows a bound keeps follows the ledger's keyed-hash seed, drawn when a world's ledger is created
+    hash_seed = engine.ledger.setting("hash_seed", lambda: "unset")
     for number in range(count):
         sql = generate(rng)
         report.queries += 1
-        where = f"[seed {seed}, query {number}] {sql}"
+        where = f"[seed {seed}, query {number}, hash seed {hash_seed}] {sql}"
         try:
             prepared = engine.prepare(sql)
         except errors.Error:

@@ -112,13 +112,18 @@ def test_pre_noise_answers_on_spark_equal_postgresql_s(spark_engine, within_boun
     except Error as exc:
         assert any(reason in str(exc) for reason in REFUSED_ON_SPARK), exc
         return
+    _assert_same_rows(spark_engine, prepared, within_bounds, sql)
+
+
+def _assert_same_rows(engine, prepared, url: str, sql: str) -> None:
+    """The prepared query's statements give the same rows on PostgreSQL (at `url`) and on the engine's Spark."""
     statements = [prepared.rewritten.sql, *prepared.rewritten.histograms.values()]
-    with psycopg.connect(within_bounds) as conn:
+    with psycopg.connect(url) as conn:
         expected = [conn.execute(s).fetchall() for s in statements]
-    with spark_engine.backend.session() as session:
+    with engine.backend.session() as session:
         got = [session.run(s) for s in statements]
     for statement, want, have in zip(statements, expected, got, strict=True):
-        assert _equal(want, have), (to_spark(statement, spark_engine.schema.sqlglot_schema()), want[:5], have[:5])
+        assert _equal(want, have), (sql, to_spark(statement, engine.schema.sqlglot_schema()), want[:5], have[:5])
 
 
 def test_a_parent_link_needs_a_key_spark_cannot_verify(spark_engine):
@@ -253,13 +258,7 @@ def test_row_level_answers_on_spark_equal_postgresql_s(row_world_within_bounds):
             prepared = engine.prepare(sql)
         except Error:
             continue
-        statements = [prepared.rewritten.sql, *prepared.rewritten.histograms.values()]
-        with psycopg.connect(url) as conn:
-            expected = [conn.execute(s).fetchall() for s in statements]
-        with engine.backend.session() as session:
-            got = [session.run(s) for s in statements]
-        for statement, want, have in zip(statements, expected, got, strict=True):
-            assert _equal(want, have), (sql, to_spark(statement, engine.schema.sqlglot_schema()), want[:5], have[:5])
+        _assert_same_rows(engine, prepared, url, sql)
         compared += 1
     assert compared >= 15
 
