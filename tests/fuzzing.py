@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from dpsql import errors
+from dpsql.accounting import new_hash_seed
 from dpsql.backends import PostgresBackend
 from dpsql.config import Settings
 from dpsql.engine import Engine, Prepared
@@ -549,7 +550,7 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
     report = report or Report()
     rng = random.Random(seed)
     # which rows a bound keeps follows the ledger's keyed-hash seed, drawn when a world's ledger is created
-    hash_seed = engine.ledger.setting("hash_seed", lambda: "unset")
+    hash_seed = engine.ledger.setting("hash_seed", new_hash_seed)  # the engine stored it; this only reads it
     for number in range(count):
         sql = generate(rng)
         report.queries += 1

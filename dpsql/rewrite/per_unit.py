@@ -81,9 +81,9 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
 def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -> str:
     """`_kept_rows_per_group` for counts, sums and distinct units, which add up over disjoint sets of units:
     each group's statistics over all rows, less those over the rows of the units with more than k rows, plus
-    those over the k rows each such unit keeps (for counts and sums: less those over the rows such a unit
-    drops). The first part is the exact query's own aggregate (PostgreSQL
-    runs it in parallel); only the rows of units over k are ranked. A group left with no kept row is not
+    those over the k rows each such unit keeps (for counts and sums, in one pass: less those over the rows
+    such a unit drops). The first part is the exact query's own aggregate (PostgreSQL runs it in parallel);
+    only the rows of units over k are ranked. A group left with no kept row is not
     returned, as by the other form, so partition selection never sees a group that only dropped rows held.
     `units_only`: the units over k keep k distinct groups, and what partition selection reads per group is its
     kept units, not rows (an over unit's rows beyond its kept groups would count otherwise)."""
