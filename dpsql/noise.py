@@ -8,6 +8,8 @@ zCDP conversion gives exactly that; ρ is split equally across the measures, eac
 sensitivity (δ is split in half when partition selection needs some too).
 `add_noise` turns the backend's exact rows into noisy groups: declared domains release every key (missing
 ones as exact zeros before noise) and nothing else; private keys pass partition selection or are dropped.
+A key is read in one canonical form per type (`released_key`): the backend returns a group's key as the first of
+its rows spells it, and a released key must be a function of the group alone.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     names = [m.name for m in plan.measures]
     exact: dict[tuple, tuple[list[float], int]] = {}
     for row in rows:
-        exact[tuple(row[:n_keys])] = ([_number(v) for v in row[n_keys:n_keys + len(names)]], int(row[-1] or 0))
+        exact[released_key(row[:n_keys])] = ([_number(v) for v in row[n_keys:n_keys + len(names)]], int(row[-1] or 0))
     presampled: dict[tuple, dict[str, float]] = {}
     if calibration.selected_by is not None:  # the noisy count is released and selects its group
         index, mechanism = names.index(calibration.selected_by), calibration.mechanisms[calibration.selected_by]
@@ -252,8 +254,32 @@ def _cell_counts(cells: int, n_keys: int, rows: Iterable[Sequence[Any]]) -> dict
     """Dense per-group cell counts from (keys..., cell, count) rows."""
     out: dict[tuple, list[int]] = {}
     for row in rows:
-        out.setdefault(tuple(row[:n_keys]), [0] * cells)[int(row[n_keys])] += int(row[n_keys + 1])
+        out.setdefault(released_key(row[:n_keys]), [0] * cells)[int(row[n_keys])] += int(row[n_keys + 1])
     return out
+
+
+def released_key(values: Sequence[Any]) -> tuple:
+    """A group's key as it is released: one spelling for every value its group's equality holds equal. The
+    backend groups 5.0 with 5.00 (numeric) and -0 with 0 (float) and returns the spelling of the first row it met,
+    so one unit's row would decide the text a client sees (probability 1 against 0, whatever ε). Numerics lose
+    trailing fractional zeros (exactly: no rounding to a context's precision), -0.0 becomes 0.0 and every NaN one
+    NaN. Text keys are grouped bytewise by the rewrite (`analysis.groups`); other types print one way per value."""
+    return tuple(_canonical(v) for v in values)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float):
+        return 0.0 if value == 0 else math.nan if math.isnan(value) else value
+    if isinstance(value, Decimal) and value.is_finite():
+        if value.is_zero():
+            return Decimal(0)
+        sign, digits, exponent = value.as_tuple()
+        while exponent < 0 and digits[-1] == 0:
+            digits, exponent = digits[:-1], exponent + 1
+        return Decimal((sign, digits, exponent))
+    if isinstance(value, Decimal) and value.is_nan():
+        return Decimal("NaN")
+    return value
 
 
 def _number(value: Any) -> float:

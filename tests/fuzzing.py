@@ -6,7 +6,10 @@ extreme values. For every pair it asserts what the privacy argument needs:
   side only is a membership test; an error on both is an accepted query that is not total);
 - every exact pre-noise statistic moves by no more than the analysis claims (L1, L2, groups touched), the count
   of units per group moves within the group cap, histogram and top-k scores within their sensitivities, and a
-  key released by partition selection appears or disappears only with its count of units.
+  key released by partition selection appears or disappears only with its count of units;
+- a key present on both sides reads the same as a client would receive it (its exact text, after the engine's
+  `released_key`): PostgreSQL returns a group's key as its first row spells it, so a neighbour that only spells
+  a value differently (`5.0`/`5.00`, `0`/`-0`), stored first, must not change the text.
 
 `tests/test_fuzz.py` runs a few hundred pairs in CI; `benchmarks/fuzz_neighbours.py` runs as many as asked and
 reports what it tried and found. Everything is seeded: a violation is reproduced by its seed and query number.
@@ -30,6 +33,7 @@ from dpsql.backends import PostgresBackend
 from dpsql.config import Settings
 from dpsql.engine import Engine, Prepared
 from dpsql.mechanisms import rank_scores
+from dpsql.noise import released_key
 from dpsql.schema import parse_schema
 
 EXTREME = 10**9
@@ -149,9 +153,25 @@ def _unit_removed(conn: psycopg.Connection) -> None:
     conn.execute("DELETE FROM people WHERE person_id = %s", (heavy,))
 
 
+def _spelling(conn: psycopg.Connection) -> None:
+    """One person added, stored before everyone else, whose values equal others' but are spelled otherwise: the
+    first person's balance with trailing zeros, an income whose key rounds to -0 where others' round to 0, and
+    a visit on the first visit's day in the first visit's category with its amount spelled with zeros."""
+    first = conn.execute("SELECT balance FROM people WHERE balance IS NOT NULL ORDER BY person_id LIMIT 1").fetchone()
+    balance = f"{first[0]:f}" + ("000" if "." in f"{first[0]:f}" else ".000")
+    for table in ("people", "visits"):
+        conn.execute(f"CREATE TEMP TABLE kept_{table} AS SELECT * FROM {table}")
+        conn.execute(f"TRUNCATE {table}")  # a new, empty heap: the added person's rows are read first
+    _add_person(conn, (EXTREME, 40, "40000", "-0", balance, "CA", "F", "1980-01-01", "2024-03-03 10:00+00"),
+                [("2024-03-03", "lab", "100.000", "ok")], ["insulin"], ["10.00"])
+    for table in ("people", "visits"):
+        conn.execute(f"INSERT INTO {table} SELECT * FROM kept_{table}")
+    conn.execute("ANALYZE")
+
+
 UNIT_NEIGHBOURS: dict[str, Callable[[psycopg.Connection], None]] = {
     "extreme_numbers": _extreme_numbers, "extreme_dates": _extreme_dates, "heavy_ties": _heavy_ties,
-    "unit_removed": _unit_removed,
+    "unit_removed": _unit_removed, "spelling": _spelling,
 }
 
 # --- the row-level world: events in a LIST-partitioned table, accounts without a unique constraint ------------
@@ -274,7 +294,8 @@ def _predicate(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
 
 def _group_key(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
     pools = {
-        "p": ["p.sex", "p.state", "width_bucket(p.age, 0, 100, 5)", "floor(p.income / 50000)",
+        "p": ["p.sex", "p.state", "p.balance", "round((p.income - 50000) / 100000)",
+              "width_bucket(p.age, 0, 100, 5)", "floor(p.income / 50000)",
               "CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END", "p.born", "date_trunc('year', p.born)",
               "EXTRACT(YEAR FROM p.born)", "p.seen", "date_trunc('month', p.seen)", "width_bucket(p.score, 0, 10, 5)",
               "CAST(p.born AS timestamp)", "to_char(p.born, 'YYYY-MM')",
@@ -464,23 +485,25 @@ class Exact:
     rows: dict[tuple, list[float]]
     histograms: dict[str, dict[tuple, list[int]]]
     bounds: list[int] | None = None  # the bounds' effect: counts of units (rewrite/bounds.py)
+    spelled: dict[tuple, tuple[str, ...]] = field(default_factory=dict)  # each key's text, as a client reads it
 
 
 def run_exact(prepared: Prepared, backend: PostgresBackend) -> Exact:
     """The rewritten SQL on one database, read the way the engine reads it (its backend, its loaders)."""
     plan = prepared.plan
     n_keys = len(plan.group_keys)
-    rows = {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]]
-            for r in backend.execute(prepared.rewritten.sql)}
+    read = backend.execute(prepared.rewritten.sql)
+    rows = {released_key(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in read}
+    spelled = {released_key(r[:n_keys]): tuple(map(str, released_key(r[:n_keys]))) for r in read}
     histograms = {}
     for histogram in plan.histograms:
         cells: dict[tuple, list[int]] = {}
         for r in backend.execute(prepared.rewritten.histograms[histogram.name]):
-            cells.setdefault(tuple(r[:n_keys]), [0] * histogram.cells)[int(r[n_keys])] += int(r[n_keys + 1])
+            cells.setdefault(released_key(r[:n_keys]), [0] * histogram.cells)[int(r[n_keys])] += int(r[n_keys + 1])
         histograms[histogram.name] = cells
     statement = prepared.rewritten.bounds
     bounds = None if statement is None else [int(v or 0) for v in backend.execute(statement.sql)[0]]
-    return Exact(rows, histograms, bounds)
+    return Exact(rows, histograms, bounds, spelled)
 
 
 def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[str]:
@@ -527,6 +550,10 @@ def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[st
         if moves and (max(moves) > histogram.rows or sum(moves) > histogram.sensitivity):
             found.append(f"{agg.sql}: scores moved {max(moves)} in a group, {sum(moves)} in all "
                          f"(claims {histogram.rows}, {histogram.sensitivity:g})")
+    respelled = [(before.spelled[k], after.spelled[k]) for k in before.spelled.keys() & after.spelled.keys()
+                 if before.spelled[k] != after.spelled[k]]
+    if respelled:
+        found.append(f"keys spelled otherwise on the neighbour: {respelled[:3]}")
     if before.bounds is not None and any(abs(a - b) > 1 for a, b in zip(before.bounds, after.bounds, strict=True)):
         found.append(f"bounds' effect counts moved from {before.bounds} to {after.bounds} (each at most 1)")
     return found

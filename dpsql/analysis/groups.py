@@ -10,7 +10,11 @@ Rules:
   unit is in one group. Otherwise G = min(max_groups_per_unit, k), enforced by the rewrite unless each
   joined row is a whole unit (then k = 1 and G = 1 hold without it);
 - under row-level joins, the S changed joined rows may each fall in another group: G = S, and the stability
-  already counts them over all groups (see `Scope.spread`).
+  already counts them over all groups (see `Scope.spread`);
+- a released key is a function of its group only: text keys are grouped bytewise (`CAST(k AS text) COLLATE "C"`),
+  since a column the schema calls text may be citext, char(n) or under a non-deterministic collation in the
+  database, whose equality is coarser than its spelling (PostgreSQL would return the first row's spelling);
+  numbers are read in one canonical form after the backend (`noise.released_key`).
 """
 
 from __future__ import annotations
@@ -225,9 +229,34 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
             raise UnsupportedQuery("aggregates are not allowed in GROUP BY")
         _refuse_hopeless_key(scope, node)
         value_range = scope.exprs.value_range(node)
-        keys.append(GroupKey(f"g{i}", scope.exprs.guard(node), key_domain(scope, node, value_range),
-                             to_sql(node)))
+        guarded = scope.exprs.guard(node)
+        if _is_text(scope.exprs, node):
+            guarded = bytewise(guarded)
+        keys.append(GroupKey(f"g{i}", guarded, key_domain(scope, node, value_range), to_sql(node)))
     return keys
+
+
+TEXT_FUNCTIONS = (exp.Upper, exp.Lower, exp.Substring, exp.Trim, exp.DPipe)
+TEXT_CASTS = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
+
+
+def _is_text(exprs: Expressions, node: exp.Expression) -> bool:
+    """Whether a key's values are text: a column declared text, a text function, or a cast to text."""
+    node = node.unnest()
+    if isinstance(node, exp.Column):
+        column = exprs.column(node)
+        return column is not None and column.type == "text"
+    if isinstance(node, exp.Cast):
+        return node.to.this in TEXT_CASTS
+    if isinstance(node, exp.Coalesce | exp.Nullif):
+        return _is_text(exprs, node.this)
+    return isinstance(node, TEXT_FUNCTIONS)
+
+
+def bytewise(node: exp.Expression) -> exp.Expression:
+    """`node` as text compared byte by byte: equal keys are then spelled alike."""
+    return exp.Collate(this=exp.Cast(this=node, to=exp.DataType.build("text")),
+                       expression=exp.Identifier(this="C", quoted=True))
 
 
 def _refuse_hopeless_key(scope: Scope, node: exp.Expression) -> None:

@@ -37,6 +37,8 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
   `tableoid` is the table's name and `ctid` is the row's text (each column as text, in a JSON array:
   unambiguous) with its copy number among identical rows. Identical rows are interchangeable, so which of them
   gets which copy number changes no answer, and adding a row adds one id.
+- Text keys: the rewrite groups text keys bytewise (`COLLATE "C"`); Spark's strings already compare byte by
+  byte, so the collation is dropped.
 
 A URL's query sets Spark options (`spark://local[2]?spark.driver.memory=8g`). Tables come from the Spark
 catalog, or from `path = "..."` in the privacy schema (Parquet), registered as temporary views when the backend
@@ -92,7 +94,7 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = _row_identities(sqlglot.parse_one(sql, read="postgres"), schema)
     tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
-        .transform(_finite).transform(_spark_patterns)
+        .transform(_bytewise).transform(_finite).transform(_spark_patterns)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
         if node.name.lower() in STRICT_BOUNDS:
             node.replace(_strict_bounds(node))
@@ -245,6 +247,12 @@ def _unhinted(node: exp.Expression) -> exp.Expression:
     # each reference itself), and the result is the same either way
     if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
         node.set("materialized", None)
+    return node
+
+
+def _bytewise(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Collate) and node.expression.name == "C":
+        return node.this
     return node
 
 
