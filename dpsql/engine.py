@@ -329,15 +329,12 @@ class Engine:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         cost = prepared.calibration
         budget = self.ledger.charge(analyst, cost.cost, prepared.key, prepared.query.canonical)
-        try:
-            work_mem = prepared.rewritten.work_mem
-            rows = backend.run(prepared.rewritten.sql, work_mem) if prepared.plan.needs_statistics else []
-            histograms = {name: backend.run(sql, work_mem) for name, sql in prepared.rewritten.histograms.items()}
-        except (BackendError, QueryCancelled):
-            if not backend.broken:  # a failure, timeout or cancel was released: asking again is a new attempt
-                with contextlib.suppress(Error):  # unsettled, the charge pays for the next attempt instead
-                    self.ledger.settle(analyst, prepared.key)
-            raise  # else a fault cut the attempt short: the charge pays for the next one
+        work_mem = prepared.rewritten.work_mem
+        statements = [prepared.rewritten.sql] if prepared.plan.needs_statistics else []
+        read = self._run_charged(analyst, prepared.key, backend,
+                                 [(sql, work_mem) for sql in [*statements, *prepared.rewritten.histograms.values()]])
+        rows = read.pop(0) if statements else []
+        histograms = dict(zip(prepared.rewritten.histograms, read, strict=True))
         try:
             groups = add_noise(prepared.plan, cost, rows, histograms)
             groups = debias(prepared.plan.local_key, _count_measures(prepared.plan), cost, groups,
@@ -353,11 +350,12 @@ class Engine:
         return _decode(stored, prepared, cached=False, budget=budget)
 
     def release(self, analyst: str, kind: str, queries: list[str], cost: Cost,
-                mechanism: Callable[[list[Statistic]], dict]) -> Released:
+                mechanism: Callable[[list[Statistic]], dict], parameters: dict[str, Any]) -> Released:
         """A multi-query release (a density, a tree, a synthetic table): each query is checked, analysed and
         rewritten as any query is, so its declared bounds are enforced; the whole release is charged once, at
         the `cost` its own mechanisms report; `mechanism` gets the exact rows and returns the released output
-        (JSON), which is kept: the same release asked again returns the same output at no cost."""
+        (JSON), which is kept: the same release asked again, with the same `parameters` (every setting of the
+        mechanism that changes its output: depth, bandwidth, points, rounds), returns the same output at no cost."""
         if cost.epsilon > self.settings.max_epsilon:
             raise InvalidParameter(f"epsilon {cost.epsilon:g} is above the per-query cap of "
                                    f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon; the cap is the "
@@ -371,7 +369,7 @@ class Engine:
                 raise UnsupportedQuery(f"a release reads counts and sums over declared domains; {sql} is not one",
                                        "declare a domain for its keys")
         key = hashlib.sha256(json.dumps([kind, [p.query.canonical for p in statistics], astuple(cost),
-                                         self._schema_digest]).encode()).hexdigest()
+                                         self._schema_digest, sorted(parameters.items())]).encode()).hexdigest()
         text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
         return self._charged_once(analyst, key, text, cost,
                                   [(p.rewritten.sql, p.rewritten.work_mem) for p in statistics],
@@ -400,6 +398,7 @@ class Engine:
                       mechanism: Callable[[list[list[tuple]]], dict]) -> Released:
         """Runs `statements` and keeps `mechanism`'s output of their rows, charged `cost` once under `key`: asked
         again, the kept output comes back at no cost."""
+        arrived = time.monotonic()
         stored = self.ledger.answers.get(analyst, key)
         if stored is not None:
             return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
@@ -408,14 +407,33 @@ class Engine:
             stored = self.ledger.answers.get(analyst, key)
             if stored is not None:
                 return Released(stored["release"], self.ledger.budget(analyst), cost, cached=True)
-            budget = self.ledger.charge(analyst, cost, key, text)
-            rows = [backend.run(sql, work_mem) for sql, work_mem in statements]
-            try:
-                output = mechanism(rows)
-            except Exception as exc:
-                raise _internal(exc, "the release ran and its charge stands") from exc
-            stored = self.ledger.answers.keep(analyst, key, {"release": output})
+            try:  # as a query's: the outcome (or its failure) no sooner than the latency floor
+                budget = self.ledger.charge(analyst, cost, key, text)
+                rows = self._run_charged(analyst, key, backend, statements)
+                try:
+                    output = mechanism(rows)
+                except Exception as exc:
+                    with contextlib.suppress(Error):
+                        self.ledger.settle(analyst, key)
+                    raise _internal(exc, "the release ran and its charge stands") from exc
+                stored = self.ledger.answers.keep(analyst, key, {"release": output})
+            finally:
+                _wait_until(arrived + self.settings.latency_floor_ms / 1000)
         return Released(stored["release"], budget, cost, cached=False)
+
+    def _run_charged(self, analyst: str, key: str, backend: BackendSession,
+                     statements: list[tuple[str, str | None]]) -> list[list[tuple]]:
+        """The rows of each statement of a charged attempt. A failure, timeout or cancel that reaches the analyst
+        settles the charge, so asking again is charged again: whether the statements finish depends on the data,
+        and a free retry would let the analyst sample it as often as they like. A fault that broke the connection
+        released nothing; the unsettled charge pays for the next attempt."""
+        try:
+            return [backend.run(sql, work_mem) for sql, work_mem in statements]
+        except (BackendError, QueryCancelled):
+            if not backend.broken:
+                with contextlib.suppress(Error):
+                    self.ledger.settle(analyst, key)
+            raise
 
     def budget(self, analyst: str) -> Budget:
         return self.ledger.budget(analyst)

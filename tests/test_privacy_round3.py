@@ -5,6 +5,7 @@ from below the ε each query class spends, from many answers on both databases.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 
@@ -13,8 +14,10 @@ import pytest
 
 import dpsql
 import dpsql.noise
+import dpsql.releases
 from dpsql.config import Settings
 from dpsql.engine import Engine
+from dpsql.releases.synth import synthesize
 from dpsql.schema import parse_schema
 from tests import auditor
 from tests.conftest import database_url
@@ -125,3 +128,129 @@ def test_audited_query_classes_spend_no_more_than_they_claim(engines, name, sql,
     result = auditor.audit(name, _draw(engines, sql, 1.0), 80, keys=keys, claimed_epsilon=1.0, claimed_delta=1e-6)
     print(auditor.HEADER, result.row(), sep="\n")
     assert not result.violated, result
+
+
+# --- 2, 4, 6: releases are charged on every path, keyed by every parameter, and padded like answers ------------
+
+
+@contextlib.contextmanager
+def _locked(engine: Engine, table: str) -> Iterator[None]:
+    """Another session holds `table` locked: every statement reading it waits until the statement timeout, a
+    failure on a live connection that the data's size does not decide."""
+    with psycopg.connect(engine.settings.database) as conn:
+        conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
+def _charges(engine: Engine, analyst: str) -> tuple[int, float]:
+    with psycopg.connect(engine.settings.database) as conn:
+        return conn.execute("SELECT COUNT(*), COALESCE(SUM(epsilon), 0) FROM dpsql.charges WHERE analyst = %s",
+                            (analyst,)).fetchone()
+
+
+@pytest.fixture
+def demo(base_url) -> Iterator[Callable[..., Engine]]:
+    from dpsql.backends import PostgresBackend
+    from tests.conftest import DEMO_SCHEMA
+
+    opened = []
+
+    def open_engine(timeout_ms: int | None = None, **settings) -> Engine:
+        engine = Engine(Settings(database=base_url, schema=str(DEMO_SCHEMA), **settings))
+        if timeout_ms is not None:
+            engine.backend.close()
+            engine.backend = PostgresBackend(base_url, statement_timeout_ms=timeout_ms)
+        opened.append(engine)
+        return engine
+    yield open_engine
+    for engine in opened:
+        engine.close()
+
+
+RELEASES = {
+    "synth": lambda e, a: synthesize(e, a, "people", ["sex", "age"], 1.0),
+    "tree": lambda e, a: dpsql.releases.decision_tree(e, a, "people", "sex", ["age", "income"], 1.0, depth=2),
+    "density": lambda e, a: dpsql.releases.density(e, a, "people", "income", 1.0, 1e-6, points=16),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RELEASES))
+def test_a_release_that_times_out_is_charged_and_so_is_every_retry(demo, kind):
+    """Item 2: three attempts that time out cost three times the release's ε, as three queries would."""
+
+    from dpsql import errors
+
+    engine = demo(timeout_ms=200)
+    analyst = f"timed_{next(_names)}"
+    engine.ledger.add_analyst(analyst, 10.0, 1e-3)
+    with _locked(engine, "people"):
+        for _ in range(3):
+            with pytest.raises(errors.BackendError):
+                RELEASES[kind](engine, analyst)
+    count, epsilon = _charges(engine, analyst)
+    assert count == 3 and epsilon == pytest.approx(3.0)
+    assert engine.budget(analyst).epsilon_basic == pytest.approx(3.0)
+
+
+def test_a_bounds_effect_estimate_that_times_out_is_charged_again(demo):
+    from dpsql import errors
+
+    engine = demo(timeout_ms=200)
+    analyst = f"timed_{next(_names)}"
+    engine.ledger.add_analyst(analyst, 10.0, 1e-3)
+    prepared = engine.prepare("SELECT category, COUNT(*) FROM visits GROUP BY category")
+    with _locked(engine, "visits"):
+        for _ in range(2):
+            with pytest.raises(errors.BackendError):
+                engine.bounds_effect(analyst, prepared, 0.1)
+    assert _charges(engine, analyst) == (2, pytest.approx(0.2))
+
+
+RELEASE_PARAMETERS = [
+    (lambda e, a, p: dpsql.releases.decision_tree(e, a, "people", "sex", ["age", "income"], 1.0, depth=p), 1, 2,
+     "depth"),
+    (lambda e, a, p: dpsql.releases.density(e, a, "people", "income", 1.0, 1e-6, points=p), 16, 24, "points"),
+    (lambda e, a, p: dpsql.releases.density(e, a, "people", "income", 1.0, 1e-6, bandwidth=p), 5000.0, 9000.0,
+     "bandwidth"),
+    (lambda e, a, p: synthesize(e, a, "people", ["sex", "age"], 1.0, rounds=p, method="mwem"), 1, 2,
+     "rounds"),
+]
+
+
+@pytest.mark.parametrize(("release", "first", "second", "name"), RELEASE_PARAMETERS,
+                         ids=[p[-1] for p in RELEASE_PARAMETERS])
+def test_a_release_with_other_parameters_is_another_release(demo, release, first, second, name):
+    """Item 4: the cache key holds every parameter of the mechanism, so another depth, bandwidth, grid or number of
+    rounds at the same ε is released (and charged) anew, labelled with its own parameters."""
+
+    engine = demo()
+    analyst = f"params_{next(_names)}"
+    engine.ledger.add_analyst(analyst, 10.0, 1e-3)
+    one, other, again = release(engine, analyst, first), release(engine, analyst, second), \
+        release(engine, analyst, first)
+    assert not one["cached"] and not other["cached"] and again["cached"]
+    label = {"points": lambda r: len(r["points"])}.get(name, lambda r: r[name])
+    assert label(one) == first and label(other) == second
+    assert _charges(engine, analyst)[0] == 2
+
+
+def test_a_release_waits_for_the_latency_floor_as_an_answer_does(demo):
+    """Item 6: a fresh release, and its failure, come no sooner than the floor; a kept one comes at once."""
+    import time
+
+
+    engine = demo(latency_floor_ms=300)
+    analyst = f"floor_{next(_names)}"
+    engine.ledger.add_analyst(analyst, 10.0, 1e-3)
+    began = time.monotonic()
+    RELEASES["tree"](engine, analyst)
+    fresh = time.monotonic() - began
+    began = time.monotonic()
+    RELEASES["tree"](engine, analyst)
+    kept = time.monotonic() - began
+    prepared = engine.prepare("SELECT category, COUNT(*) FROM visits GROUP BY category")
+    began = time.monotonic()
+    engine.bounds_effect(analyst, prepared, 0.1)
+    estimate = time.monotonic() - began
+    assert fresh >= 0.3 and estimate >= 0.3 and kept < 0.3

@@ -58,7 +58,8 @@ def density(engine: Any, analyst: str, table: str, column: str, epsilon: float, 
         return {"table": declared.name, "column": col.name, "bandwidth": h, "epsilon": epsilon, "delta": delta,
                 **released, "lower_bound": least}
 
-    released = engine.release(analyst, "density", [sql], Cost(epsilon, delta, rho, 0.0), mechanism)
+    released = engine.release(analyst, "density", [sql], Cost(epsilon, delta, rho, 0.0), mechanism,
+                              {"bandwidth": h, "points": points})
     return {**released.output, "cached": released.cached, "epsilon_spent": 0.0 if released.cached else epsilon,
             "delta_spent": 0.0 if released.cached else delta}
 

@@ -180,7 +180,8 @@ def synthesize(engine: Any, analyst: str, table: str, columns: list[str], epsilo
                 "epsilon": epsilon, "measured": [[names[i] for i in axes] for axes in measured],
                 "predicted_2way_l1": predicted, "noisy_marginals": noisy_marginals}
 
-    released = engine.release(analyst, f"synth {chosen}", [sql], Cost.pure(epsilon), mechanism)
+    released = engine.release(analyst, f"synth {chosen}", [sql], Cost.pure(epsilon), mechanism,
+                              {"rounds": rounds, "bins": bins})
     return {**released.output, "cached": released.cached, "epsilon_spent": 0.0 if released.cached else epsilon}
 
 

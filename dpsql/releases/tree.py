@@ -70,7 +70,8 @@ def decision_tree(engine: Any, analyst: str, table: str, label: str, features: l
                 "epsilon": epsilon, "split_epsilon_per_level": split_epsilon, "leaf_epsilon": leaf_epsilon,
                 "cells": {c.name: _describe_cells(c, bins) for c in columns[:-1]}, "tree": tree}
 
-    released = engine.release(analyst, "tree", [sql], Cost.pure(epsilon), mechanism)
+    released = engine.release(analyst, "tree", [sql], Cost.pure(epsilon), mechanism,
+                              {"depth": depth, "bins": bins})
     return {**released.output, "cached": released.cached, "epsilon_spent": 0.0 if released.cached else epsilon}
 
 
