@@ -67,9 +67,12 @@ SAME = [
      "SELECT sex AS x, count(*) AS y FROM people WHERE (state = 'CA' OR 18 <= age) GROUP BY 1"),
     ("SELECT sum(income) FROM people WHERE age > 30 AND sex = 'F' AND state = 'NY'",
      "SELECT sum(income) FROM people WHERE state = 'NY' AND (sex = 'F' AND age > 0030)"),
-    ("SELECT avg(amount) FROM visits WHERE amount > 1.50", "SELECT avg(amount) FROM visits WHERE amount > 1.5"),
+    ("SELECT avg(amount) FROM visits WHERE amount > 1.50", "SELECT avg(amount) FROM visits WHERE amount > 01.50"),
+    ("SELECT avg(amount) FROM visits WHERE amount > 1.5", "SELECT avg(amount) FROM visits WHERE amount > 15e-1"),
 ]
 DIFFERENT = [
+    # a literal's scale is part of its value (CAST(1.50 AS text) is '1.50'): issue 35, item 3
+    ("SELECT avg(amount) FROM visits WHERE amount > 1.50", "SELECT avg(amount) FROM visits WHERE amount > 1.5"),
     ("SELECT count(*) FROM people WHERE age > 30", "SELECT count(*) FROM people WHERE age < 30"),
     ("SELECT count(*) FROM people WHERE age > 30", "SELECT count(*) FROM people WHERE age >= 30"),
     ("SELECT sum(age / 2) FROM people", "SELECT sum(age / 2.0) FROM people"),

@@ -254,3 +254,21 @@ def test_a_release_waits_for_the_latency_floor_as_an_answer_does(demo):
     engine.bounds_effect(analyst, prepared, 0.1)
     estimate = time.monotonic() - began
     assert fresh >= 0.3 and estimate >= 0.3 and kept < 0.3
+
+
+# --- 3: the answer cache keeps apart what PostgreSQL keeps apart ------------------------------------------------
+
+
+def test_literals_of_another_scale_are_another_question(engine, analyst):
+    """Item 3: 1.50 and 1.5 are one value but not one literal (its text, and the precision of a division, follow
+    its scale): one query counts every person, the other none, and each gets its own answer."""
+    every = "SELECT COUNT(*) FROM people WHERE CAST(1.50 AS text) = '1.50'"
+    none = "SELECT COUNT(*) FROM people WHERE CAST(1.5 AS text) = '1.50'"
+    assert engine.prepare(every).key != engine.prepare(none).key
+    assert engine.prepare(every).key == engine.prepare("SELECT COUNT(*) FROM people WHERE "
+                                                       "CAST(01.50 AS text) = '1.50'").key
+    assert engine.prepare(none).key == engine.prepare("SELECT COUNT(*) FROM people WHERE "
+                                                      "CAST(15e-1 AS text) = '1.50'").key
+    counted = engine.query(every, analyst=analyst, epsilon=1.0).rows[0][0]
+    empty = engine.query(none, analyst=analyst, epsilon=1.0).rows[0][0]
+    assert counted > 2500 and empty < 500  # 3,000 people; Laplace noise of scale 1

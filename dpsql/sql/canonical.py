@@ -91,8 +91,10 @@ def _normalise(node: exp.Expression) -> exp.Expression:
 
 
 def _number(literal: exp.Literal) -> exp.Literal:
-    """`030` is `30` and `1.50` is `1.5`; an integer literal stays an integer and a decimal one a decimal, because
-    PostgreSQL types them apart (1/2 is 0, 1.0/2 is 0.5)."""
+    """`030` is `30` and `01.50` is `1.50`: leading zeros go, nothing else. A decimal literal's scale is part of its
+    value in PostgreSQL (`CAST(1.50 AS text)` is '1.50', and 1/3.0 divides at another precision than 1/3.000), so
+    `1.5` and `1.50` stay apart, `15e-1` is `1.5` (the same value and scale); an integer
+    literal stays an integer and a decimal one a decimal (1/2 is 0, 1.0/2 is 0.5)."""
     text = literal.this
     if not _NUMBER.fullmatch(text):
         return literal
@@ -102,6 +104,7 @@ def _number(literal: exp.Literal) -> exp.Literal:
         value = Decimal(text)
     except InvalidOperation:
         return literal
-    if value == value.to_integral_value():
-        return exp.Literal.number(f"{int(value)}.0")
-    return exp.Literal.number(format(value.normalize(), "f"))
+    if value.as_tuple().exponent > 0:  # 1e3 is numeric 1000 with scale 0: no plain spelling keeps both
+        return literal
+    plain = format(value, "f")  # Decimal keeps the scale PostgreSQL gives the literal: max(0, -exponent)
+    return exp.Literal.number(plain if "." in plain else f"{plain}.")
