@@ -41,8 +41,7 @@ def _budget(budget: Budget) -> dict[str, Any]:
             "epsilon_spent": budget.epsilon_spent, "epsilon_left": budget.epsilon_left,
             "delta_taken": budget.delta_committed, "delta_left": budget.delta_left, "account": budget.account,
             "guarantee": [budget.epsilon_spent, budget.delta_spent],
-            "accounts": {"basic": [budget.epsilon_basic, budget.delta_basic], "zCDP": budget.epsilon_zcdp,
-                         "PLD": budget.epsilon_pld}}
+            "accounts": {"basic": [budget.epsilon_basic, budget.delta_basic], "zCDP": budget.epsilon_zcdp}}
 
 
 def render_html(report: dict[str, Any]) -> str:

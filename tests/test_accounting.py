@@ -1,4 +1,5 @@
-"""The ledger's two accounts: basic composition and zCDP (through dp-accounting), and their conversion."""
+"""The ledger's two privacy filters, basic composition and approximate zCDP (through dp-accounting's conversion), each
+at its fixed share of the analyst's δ, and the ledger that admits what either admits."""
 
 from __future__ import annotations
 
@@ -38,20 +39,41 @@ def test_rho_for_inverts_the_conversion():
         assert zcdp.epsilon_of(rho * 1.001, delta) > epsilon
 
 
-def test_budget_takes_the_best_account():
+def test_budget_admits_what_either_filter_admits_each_at_its_fixed_share_of_delta():
     fresh = Budget("a", 2.0, 1e-5, 0.0, 0.0, 0.0, 0.0)
     assert fresh.epsilon_spent == 0.0 and fresh.within and fresh.account == "basic"
+    assert (fresh.basic_delta_room, fresh.selection_delta_room, fresh.conversion_delta) == \
+        pytest.approx((5e-6, 2.5e-6, 2.5e-6))  # the shares add up to the analyst's δ: the union's guarantee
     one = fresh.plus(Cost.pure(1.0))
-    assert one.epsilon_spent == pytest.approx(1.0, abs=1e-4)  # one answer: every account says about its ε
+    assert one.epsilon_spent == pytest.approx(1.0) and one.account == "basic"
     many = fresh
     for _ in range(60):
         many = many.plus(Cost.pure(0.05))
-    assert many.epsilon_basic == pytest.approx(3.0)  # over the budget under basic composition ...
-    assert many.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(60 * 0.05**2 / 2, 1e-5))
-    assert many.epsilon_spent == min(many.epsilon_basic, many.epsilon_zcdp, many.epsilon_pld)
-    assert many.epsilon_spent < 2.0 and many.within  # ... within it under zCDP, and PLD is tighter still
-    assert many.account == "PLD" and many.epsilon_pld < many.epsilon_zcdp
-    assert many.delta_spent == 1e-5  # zCDP and PLD convert at the whole δ
+    assert many.epsilon_basic == pytest.approx(3.0) and not many.basic_holds  # past basic composition's target
+    assert many.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(60 * 0.05**2 / 2, 2.5e-6))  # at its fixed δ
+    assert many.zcdp_holds and many.within and many.account == "zCDP" and many.epsilon_spent < 2.0
+    assert many.delta_spent == pytest.approx(5e-6)  # the zCDP filter's own δ: its answers' room and conversion
+
+
+def test_each_filter_stops_at_its_own_share_of_delta():
+    """Partition selections at δ = 1e-6 each: basic composition admits 5 (half of 1e-5), zCDP 2 more (a quarter),
+    then neither: the union's δ is never more than the analyst's."""
+    budget, admitted = Budget("a", 100.0, 1e-5, 0.0, 0.0, 0.0, 0.0), 0
+    selection = Cost(0.5, 1e-6, 0.125, 1e-6)
+    while budget.plus(selection).within:
+        budget, admitted = budget.plus(selection), admitted + 1
+    assert admitted == 5 and budget.basic_holds
+    zcdp_only = Budget("a", 100.0, 1e-5, 100.0, 0.0, 0.0, 0.0)  # basic composition spent: zCDP alone admits
+    assert zcdp_only.plus(selection).plus(selection).within and not zcdp_only.repeated(selection, 3).within
+
+
+def test_the_zcdp_filter_converts_at_a_delta_fixed_by_the_budget_not_by_what_was_spent():
+    """A conversion at the δ the answers left over would move the filter's target with the analyst's choices, and
+    a family of targets is not one filter: the δ of the conversion is a fixed share of the analyst's δ."""
+    fresh = Budget("a", 10.0, 1e-5, 0.0, 0.0, 0.0, 0.0)
+    selected = fresh.plus(Cost(0.5, 2e-6, 0.125, 2e-6))
+    unselected = fresh.plus(Cost(0.5, 0.0, 0.125, 0.0))
+    assert selected.epsilon_zcdp == unselected.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(0.125, 2.5e-6))
 
 
 def test_a_grant_of_delta_explains_the_spent_epsilon_and_leaves_delta_for_queries():
@@ -65,23 +87,20 @@ def test_a_grant_of_delta_explains_the_spent_epsilon_and_leaves_delta_for_querie
     assert spent.epsilon_basic > spent.epsilon_total and spent.account == "zCDP" and spent.within
     granted = dataclasses.replace(spent, epsilon_total=1005.0, delta_total=5e-6 + 0.01)
     assert granted.account == "zCDP" and granted.epsilon_spent < spent.epsilon_spent / 1.5  # more δ: less ε
-    assert granted.delta_spent == granted.delta_total  # the guarantee is at the whole δ ...
-    assert granted.delta_committed == pytest.approx(1e-14)  # ... but queries took only their own
-    assert granted.delta_left == pytest.approx(0.010005) and granted.plus(Cost(0.5, 1e-6, 0.125, 1e-6)).within
+    assert granted.delta_committed == pytest.approx(1e-14)  # queries took only their own
+    assert granted.delta_left == pytest.approx(granted.selection_delta_room - 1e-14)
+    assert granted.plus(Cost(0.5, 1e-6, 0.125, 1e-6)).within
     text = describe_budget(granted, 1.0)
-    assert f"ε spent {granted.epsilon_spent:.4g} of 1005" in text and "δ taken 1e-14 of 0.01 (left 0.01)" in text
-    assert "converted to ε at the δ not taken (0.01)" in text and "basic composition would give (10.1, 2e-06)" in text
+    assert f"ε spent {granted.epsilon_spent:.4g} of 1005" in text and "δ taken 1e-14" in text
+    assert f"converted to ε at δ = {granted.conversion_delta:.3g}" in text
+    assert "basic composition would give (10.1, 2e-06)" in text and "the ledger stops at (1005, 0.01)" in text
     extra = granted.plus(Cost.pure(1.0)).epsilon_spent - granted.epsilon_spent
     assert f"one more query at ε = 1 without δ spends {extra:.4g}" in text and extra > 0
 
 
 def test_the_accounts_for_1_10_100_and_1000_mixed_laplace_and_gaussian_answers():
-    """Each account's total for n answers, half Laplace at ε = 0.1 and half Gaussian at (0.1, 1e-7), at an
-    analyst's δ of 1e-5; the ledger spends the smallest. PLD is dp-accounting's own composition of the pairs."""
-    from dp_accounting.pld import common, privacy_loss_distribution
-
-    from dpsql.accounting import pld
-
+    """Each filter's total for n answers, half Laplace at ε = 0.1 and half Gaussian at (0.1, 1e-7), at an
+    analyst's δ of 1e-5; the account shown is the tighter of those that hold."""
     gaussian = zcdp.rho_for(0.1, 1e-7)
     totals = {}
     for n in (1, 10, 100, 1000):
@@ -89,30 +108,18 @@ def test_the_accounts_for_1_10_100_and_1000_mixed_laplace_and_gaussian_answers()
         for i in range(n):
             budget = budget.plus(Cost.pure(0.1) if i % 2 == 0 else Cost(0.1, 1e-7, gaussian, 0.0))
         laplace, normal = (n + 1) // 2, n // 2
-        expected = privacy_loss_distribution.from_privacy_parameters(
-            common.DifferentialPrivacyParameters(0.1, 0.0), value_discretization_interval=pld.GRID
-        ).self_compose(laplace)
-        if normal:
-            expected = expected.compose(privacy_loss_distribution.from_privacy_parameters(
-                common.DifferentialPrivacyParameters(0.1, 1e-7), value_discretization_interval=pld.GRID
-            ).self_compose(normal))
-        assert budget.epsilon_pld == pytest.approx(expected.get_epsilon_for_delta(1e-5))
         assert budget.epsilon_basic == pytest.approx(0.1 * n)
-        assert budget.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(laplace * 0.005 + normal * gaussian, 1e-5))
-        best = min(budget.epsilon_basic, budget.epsilon_zcdp, budget.epsilon_pld)
-        assert best <= budget.epsilon_spent <= 1.01 * best  # (basic composition unless another saves > 1%)
-        totals[n] = (budget.epsilon_basic, budget.epsilon_zcdp, budget.epsilon_pld, budget.account)
-    # 1000 answers: far below the 100 of basic composition. Generic PLD cannot reach δ = 1e-5 once the Gaussian
-    # answers' own δs add past it (500 · 1e-7); zCDP, which keeps their ρ instead, can
-    assert totals[1000][2] == math.inf and totals[1000][1] < totals[1000][0] / 4 and totals[1000][3] == "zCDP"
-    # n = 1: (0.1, 0.375, 0.1); 10: (1, 0.92, 0.99); 100: (10, 3.28, 4.45); 1000: (100, 12.7, ∞). Generic PLD
-    # wins only where the answers are pure (see test_budget_takes_the_best_account: 60 pure answers)
-    assert [totals[n][3] for n in (1, 10, 100)] == ["basic", "zCDP", "zCDP"] and totals[1][2] <= 0.1
+        assert budget.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(laplace * 0.005 + normal * gaussian, 2.5e-6))
+        totals[n] = (budget.epsilon_basic, budget.epsilon_zcdp, budget.account)
+    # 1000 answers: basic composition's δ (500 · 1e-7) is past its half of 1e-5, so only zCDP holds, far below
+    assert totals[1000][2] == "zCDP" and totals[1000][1] < totals[1000][0] / 4
+    assert [totals[n][2] for n in (1, 10, 100)] == ["basic", "basic", "zCDP"]  # 10: 1 against 1.06
 
 
-def test_partition_selection_delta_is_set_aside_before_conversion():
-    budget = Budget("a", 10.0, 1e-5, 0.0, 0.0, 0.0, 0.0).plus(Cost(0.5, 4e-6, 0.125, 4e-6))
-    assert budget.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(0.125, 6e-6))
+def test_partition_selection_delta_is_counted_beside_rho_not_taken_from_the_conversion():
+    budget = Budget("a", 10.0, 1e-5, 0.0, 0.0, 0.0, 0.0).plus(Cost(0.5, 2e-6, 0.125, 2e-6))
+    assert budget.epsilon_zcdp == pytest.approx(zcdp.epsilon_of(0.125, 2.5e-6))
+    assert budget.zcdp_holds and not budget.plus(Cost(0.5, 1e-6, 0.125, 1e-6)).zcdp_holds  # 3e-6 > 2.5e-6
 
 
 def test_ledger_admits_more_small_answers_than_basic_composition(base_url):

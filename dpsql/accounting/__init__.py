@@ -1,11 +1,11 @@
 """Privacy budgets, the ledger of charges, and the answer cache, kept in the `dpsql` schema of PostgreSQL.
 
-- `budget`: what an answer costs (basic composition and zCDP) and what an analyst has left;
+- `budget`: what an answer costs (basic composition and zCDP), the two privacy filters, what is left;
 - `ledger`: analysts and charges, committed before a query runs, never overspent under concurrency;
 - `answers`: the answer already released for a query, returned again at no cost;
 - `zcdp`: the conversion between ρ and (ε, δ).
-Over many queries the zCDP account is much tighter (100 answers at ε = 0.1 cost 10 under basic composition
-and about 5.2 at δ = 1e-6 under zCDP); for a few large ones basic composition is.
+Over many queries the zCDP account is much tighter (50 answers at ε = 0.1 cost 5 under basic composition
+and 3.41 under zCDP for an analyst's δ of 1e-5); for a few large ones basic composition is.
 """
 
 from __future__ import annotations

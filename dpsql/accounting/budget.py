@@ -1,12 +1,30 @@
-"""Budget arithmetic: what an answer costs in each account, and what an analyst has spent and has left.
+"""Budget arithmetic: what an answer costs in each account, and when the ledger must stop an analyst.
 
-Every charge is kept in three accounts of the same answers, and the analyst's spending is the best of them:
-- basic composition: the εs and δs of the answers add up;
-- zCDP: the ρs add up (ε-DP parts count ε²/2, Gaussian noise its own ρ), beside the δs of DP partition
-  selection; the total converts to ε at what is left of the analyst's δ (`zcdp`);
-- PLD: the answers' (ε, δ) pairs composed optimally through their privacy loss distributions, at the
-  analyst's δ (`pld`).
-Each is a valid guarantee of the whole sequence, so the smallest ε among them (at a δ within the budget) is.
+The ledger is a privacy filter: analysts choose each query's ε after seeing earlier answers, and stop when they
+like, so a composition theorem for parameters fixed in advance does not apply (Rogers, Roth, Ullman and Vadhan,
+"Privacy Odometers and Filters", NeurIPS 2016). It uses only filters proved valid under such fully adaptive
+composition, each with a target (ε, δ) fixed by the analyst's budget alone (never by what was spent):
+
+- basic composition: admit while Σε_i <= ε and Σδ_i <= δ_basic. The basic composition filter is valid (Rogers
+  et al. 2016; Whitehouse, Ramdas, Rogers and Wu, "Fully-Adaptive Composition in Differential Privacy", ICML
+  2023, restate it): the whole interaction is (ε, δ_basic)-DP.
+- zCDP: admit while Σρ_i <= ρ and Σδ'_i <= δ_selection, where each answer is δ'_i-approximately ρ_i-zCDP (ε-DP
+  parts count ε²/2, Gaussian noise its own ρ, DP partition selection its δ beside). Whitehouse et al. (2023)
+  prove this approximate-zCDP filter valid: the interaction is δ_selection-approximately ρ-zCDP (for exact zCDP
+  it is the Rényi filter of Feldman and Zrnic, "Individual Privacy Accounting via a Rényi Filter", NeurIPS 2021,
+  at every order at once). ρ is the largest whose conversion at δ_conversion is ε (`zcdp`), so the interaction is
+  (ε, δ_selection + δ_conversion)-DP.
+- the ledger admits a query when either filter admits it. That is itself a valid filter at (ε, δ_basic +
+  δ_selection + δ_conversion), with the three shares of the analyst's δ fixed below: both targets are monotone, so
+  a run that ends admitted by basic composition was admitted by it throughout, and equals its run under the basic
+  filter alone; for any set S of outcomes, P_D(S) = P_D(S, basic held) + P_D(S, basic failed and zCDP held), the
+  first at most e^ε·P_D'(S, basic held) + δ_basic by the basic filter's guarantee and the second at most
+  e^ε·P_D'(S, …) + δ_selection + δ_conversion by the zCDP filter's (the event is decided by the run's own
+  outcomes, so it is a set of outcomes of each stopped run). Summing gives (ε, δ).
+- not used: the optimal composition of the answers' (ε, δ) through their privacy loss distributions (PLD). It is
+  not a valid filter: an adaptive analyst can push the natural approximate-DP and f-DP filters past their target
+  (Tran, Koskela, Räisä and Honkela 2026, "f-Differential Privacy Filters: Validity and Approximate Solutions";
+  "Privacy Filters are Captured by Residues", 2026). It was dropped from the ledger for that reason.
 """
 
 from __future__ import annotations
@@ -15,13 +33,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dpsql.accounting import pld, zcdp
+from dpsql.accounting import zcdp
 from dpsql.errors import InvalidParameter
 
 TOLERANCE = 1e-9  # relative slack for floating-point sums of ε
-# basic composition stays the account in use unless another saves more than 1% of ε: a smaller saving is not
-# worth a guarantee at the whole δ (one answer at ε = 0.5 would otherwise read as 0.498 spent at δ = 1e-5)
+# basic composition stays the account shown unless zCDP saves more than 1% of ε
 BASIC_MARGIN = 1.01
+# the analyst's δ, split once between the filters (see the module docstring): basic composition's answers' δs;
+# the zCDP filter's answers' δs (partition selection); the zCDP filter's conversion of ρ to ε
+BASIC_DELTA_SHARE, SELECTION_DELTA_SHARE, CONVERSION_DELTA_SHARE = 0.5, 0.25, 0.25
 
 
 @dataclass(frozen=True)
@@ -55,33 +75,46 @@ class Budget:
     delta_basic: float
     rho: float  # zCDP composition of every charge
     approx_delta: float
-    charges: pld.Charges = ()  # every charge's (ε, δ), counted: the PLD account composes them optimally
+
+    @property
+    def basic_delta_room(self) -> float:
+        """The basic composition filter's δ: what its answers' δs may add up to."""
+        return self.delta_total * BASIC_DELTA_SHARE
+
+    @property
+    def selection_delta_room(self) -> float:
+        """The zCDP filter's room for its answers' own δs (DP partition selection)."""
+        return self.delta_total * SELECTION_DELTA_SHARE
+
+    @property
+    def conversion_delta(self) -> float:
+        """The δ at which the zCDP filter converts ρ to ε."""
+        return self.delta_total * CONVERSION_DELTA_SHARE
 
     @property
     def epsilon_zcdp(self) -> float:
-        """ε of the zCDP account, converted at the δ left beside the partition selections' δs."""
-        return zcdp.epsilon_of(self.rho, self.delta_total - self.approx_delta)
+        """ε of the zCDP account, converted at the zCDP filter's fixed δ."""
+        return zcdp.epsilon_of(self.rho, self.conversion_delta)
 
     @property
-    def epsilon_pld(self) -> float:
-        """ε of the PLD account: the optimal composition of the charges' (ε, δ), at the whole δ; ∞ unless the
-        charges account for all that basic composition counts (spending recorded without its charges, as by
-        ledgers older than the charges table, is not composed as if it were nothing)."""
-        epsilon = sum(e * n for e, _, n in self.charges)
-        delta = sum(d * n for _, d, n in self.charges)
-        if not (math.isclose(epsilon, self.epsilon_basic, rel_tol=1e-9, abs_tol=1e-12)
-                and math.isclose(delta, self.delta_basic, rel_tol=1e-9, abs_tol=1e-15)):
-            return math.inf
-        return pld.epsilon_of(self.charges, self.delta_total)
+    def basic_holds(self) -> bool:
+        """Whether the basic composition filter admits the spending."""
+        return (self.epsilon_basic <= self.epsilon_total * (1 + TOLERANCE)
+                and self.delta_basic <= self.basic_delta_room * (1 + TOLERANCE))
+
+    @property
+    def zcdp_holds(self) -> bool:
+        """Whether the approximate-zCDP filter admits the spending."""
+        return (self.approx_delta <= self.selection_delta_room * (1 + TOLERANCE)
+                and self.epsilon_zcdp <= self.epsilon_total * (1 + TOLERANCE))
 
     @property
     def account(self) -> str:
-        """The account whose guarantee is spent: basic composition while its δ fits and nothing is tighter, else
-        the tighter of zCDP and PLD (both convert at the analyst's δ)."""
-        basic = self.epsilon_basic if self.delta_basic <= self.delta_total * (1 + TOLERANCE) else math.inf
-        if self.rho <= 0 or basic <= BASIC_MARGIN * min(self.epsilon_zcdp, self.epsilon_pld):
+        """The filter whose account is shown: basic composition while it holds and zCDP is not clearly tighter."""
+        if self.basic_holds and (not self.zcdp_holds or self.rho <= 0
+                                 or self.epsilon_basic <= BASIC_MARGIN * self.epsilon_zcdp):
             return "basic"
-        return "PLD" if self.epsilon_pld < self.epsilon_zcdp else "zCDP"
+        return "zCDP" if self.zcdp_holds else "basic"
 
     @property
     def zcdp_is_better(self) -> bool:
@@ -89,20 +122,20 @@ class Budget:
 
     @property
     def epsilon_spent(self) -> float:
-        """ε spent: the best of the accounts."""
-        return {"basic": self.epsilon_basic, "zCDP": self.epsilon_zcdp, "PLD": self.epsilon_pld}[self.account]
+        """ε spent by the account shown."""
+        return self.epsilon_basic if self.account == "basic" else self.epsilon_zcdp
 
     @property
     def delta_spent(self) -> float:
-        """δ of the guarantee so far: zCDP and PLD convert at the whole δ (zCDP at every δ that queries have not
-        taken for themselves, PLD with theirs inside), so their guarantee is at the whole δ."""
-        return self.delta_basic if self.account == "basic" else self.delta_total
+        """δ of the account shown: the answers' δs under basic composition; under zCDP, its filter's δ."""
+        if self.account == "basic":
+            return self.delta_basic
+        return self.selection_delta_room + self.conversion_delta
 
     @property
     def delta_committed(self) -> float:
-        """δ that answers took for themselves: partition selections' (and, under basic composition, Gaussian
-        noise's). The rest is what later queries may still take; under zCDP it is also where ε is converted, so
-        more δ (a grant, or fewer selections) lowers ε spent."""
+        """δ that answers took for themselves, in the account shown (partition selections', and under basic
+        composition Gaussian noise's)."""
         return self.approx_delta if self.account == "zCDP" else self.delta_basic
 
     @property
@@ -111,14 +144,15 @@ class Budget:
 
     @property
     def delta_left(self) -> float:
-        return max(self.delta_total - self.delta_committed, 0.0)
+        """What later answers may still take for themselves, in the account shown."""
+        room = self.selection_delta_room if self.account == "zCDP" else self.basic_delta_room
+        return max(room - self.delta_committed, 0.0)
 
     def repeated(self, cost: Cost, times: int) -> Budget:
         """The budget once `times` more answers cost `cost` each."""
         return replace(self, epsilon_basic=self.epsilon_basic + times * cost.epsilon,
                        delta_basic=self.delta_basic + times * cost.delta, rho=self.rho + times * cost.rho,
-                       approx_delta=self.approx_delta + times * cost.approx_delta,
-                       charges=pld.add(self.charges, cost.epsilon, cost.delta, times))
+                       approx_delta=self.approx_delta + times * cost.approx_delta)
 
     def answers_left(self, cost: Cost, most: int = 100_000) -> int:
         """How many more answers costing `cost` each the budget can pay for (up to `most`)."""
@@ -137,12 +171,8 @@ class Budget:
 
     @property
     def within(self) -> bool:
-        """Whether the spending fits the budget (under basic composition first: it needs no conversion)."""
-        if (self.epsilon_basic <= self.epsilon_total * (1 + TOLERANCE)
-                and self.delta_basic <= self.delta_total * (1 + TOLERANCE)):
-            return True
-        return (self.epsilon_spent <= self.epsilon_total * (1 + TOLERANCE)
-                and self.delta_spent <= self.delta_total * (1 + TOLERANCE))
+        """Whether either filter admits the spending (see the module docstring for why that is a filter)."""
+        return self.basic_holds or self.zcdp_holds
 
     def plus(self, cost: Cost) -> Budget:
         return self.repeated(cost, 1)
@@ -164,19 +194,17 @@ def describe_budget(budget: Budget, next_epsilon: float | None = None, group_siz
     """For people: spent and left, which account that comes from and what it guarantees (also to groups of
     `group_size` units), and (with `next_epsilon`) what one more query at that ε would spend."""
     line = (f"ε spent {budget.epsilon_spent:.4g} of {budget.epsilon_total:.4g} (left {budget.epsilon_left:.4g}), "
-            f"δ taken {budget.delta_committed:.3g} of {budget.delta_total:.3g} (left {budget.delta_left:.3g}); ")
+            f"δ taken {budget.delta_committed:.3g} (left {budget.delta_left:.3g}); ")
     guarantee = f"the guarantee so far is ({budget.epsilon_spent:.4g}, {budget.delta_spent:.3g})-DP"
     basic = f"basic composition would give ({budget.epsilon_basic:.4g}, {budget.delta_basic:.3g})"
     if budget.account == "zCDP":
         line += (f"zCDP account: ρ = {budget.rho:.4g}"
                  + (f" beside δ = {budget.approx_delta:.3g}" if budget.approx_delta else "")
-                 + f", converted to ε at the δ not taken ({budget.delta_total - budget.approx_delta:.3g}), so "
-                 f"{guarantee}; {basic}")
-    elif budget.account == "PLD":
-        line += (f"PLD account: the optimal composition of {sum(n for _, _, n in budget.charges)} answers' (ε, δ) at "
-                 f"the whole δ, so {guarantee}; zCDP would give {budget.epsilon_zcdp:.4g}, {basic}")
+                 + f", converted to ε at δ = {budget.conversion_delta:.3g}, so {guarantee}; {basic}")
     else:
         line += f"basic composition: {guarantee}"
+    line += (f"; the ledger stops at ({budget.epsilon_total:.4g}, {budget.delta_total:.3g})-DP whatever is asked "
+             "(two privacy filters, basic composition and zCDP, each with its share of δ)")
     if group_size > 1:
         group_epsilon, group_delta = group_guarantee(budget.epsilon_spent, budget.delta_spent, group_size)
         line += f"; for groups of up to {group_size} units: ({group_epsilon:.4g}, {group_delta:.3g})-DP"

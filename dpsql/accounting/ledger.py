@@ -83,12 +83,8 @@ MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race t
 UNANSWERED = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
               "AND NOT c.settled "
               "AND NOT EXISTS (SELECT 1 FROM dpsql.answers a WHERE a.analyst = %(n)s AND a.query_key = %(k)s))")
-# An analyst's row and the (ε, δ) of every charge, counted, read in one statement (one snapshot): a budget checked
-# against charges read at another moment could miss a concurrent one.
-BUDGETS = ("SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent, "
-           "(SELECT COALESCE(json_agg(json_build_array(epsilon, delta, n)), '[]') FROM (SELECT epsilon, delta, "
-           "COUNT(*) AS n FROM dpsql.charges c WHERE c.analyst = a.name GROUP BY epsilon, delta) g) "
-           "FROM dpsql.analysts a")
+BUDGETS = "SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent " \
+          "FROM dpsql.analysts a"
 
 class Ledger:
     def __init__(self, conninfo: str, max_connections: int = 8, connect_wait: float = CONNECT_WAIT):
@@ -230,8 +226,7 @@ def _budget(conn: psycopg.Connection, name: str) -> Budget:
 
 
 def _as_budget(row: tuple) -> Budget:
-    *accounts, charges = row
-    return Budget(*accounts, charges=tuple(sorted((float(e), float(d), int(n)) for e, d, n in charges)))
+    return Budget(*row)
 
 
 def new_hash_seed() -> int:
