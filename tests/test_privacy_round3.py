@@ -272,3 +272,28 @@ def test_literals_of_another_scale_are_another_question(engine, analyst):
     counted = engine.query(every, analyst=analyst, epsilon=1.0).rows[0][0]
     empty = engine.query(none, analyst=analyst, epsilon=1.0).rows[0][0]
     assert counted > 2500 and empty < 500  # 3,000 people; Laplace noise of scale 1
+
+
+# --- 7: the density's Gaussian-process noise is never less than its proof assumes --------------------------------
+
+
+@pytest.mark.parametrize(("points", "bandwidth"), [(64, 0.05), (200, 0.05), (16, 0.3), (1000, 0.01)])
+def test_the_gaussian_process_draws_at_least_the_covariance_of_its_proof(points, bandwidth):
+    """Item 7: on a grid finer than the bandwidth the Gram matrix is numerically singular (some eigenvalues come
+    out negative). The covariance drawn, σ²·R·Rᵀ, minus the proof's σ²·K must be positive semidefinite, so the
+    release is the proof's mechanism plus independent noise; the clip alone (the earlier code) fails this."""
+    import numpy as np
+
+    from dpsql.mechanisms.gaussian_process import GaussianProcessMechanism, gaussian_kernel
+
+    gp = GaussianProcessMechanism.calibrate(sensitivity=1.0, bandwidth=bandwidth, rho=0.5)
+    grid = np.linspace(0, 1, points)
+    root = gp.root(grid)
+    excess = root @ root.T - gaussian_kernel(grid, grid, bandwidth)
+    assert np.linalg.eigvalsh(excess).min() > 0
+    values, vectors = np.linalg.eigh(gaussian_kernel(grid, grid, bandwidth))
+    clipped = vectors * np.sqrt(np.clip(values, 0.0, None))
+    assert values.min() < 0 or points < 100  # the fine grids are numerically singular
+    if values.min() < 0:
+        assert np.linalg.eigvalsh(clipped @ clipped.T - gaussian_kernel(grid, grid, bandwidth)).min() < 0
+    assert np.abs(excess).max() < 1e-8  # the extra noise is negligible

@@ -11,6 +11,14 @@ to ρ as it does for Gaussian counts.
 The process is sampled on the points from M's eigendecomposition with normal draws from a generator seeded by the
 OS (tests inject a seeded one); the released values are rounded to a power-of-two grid about 1/1024 of σ, so no
 float's low bits carry more than the noise allows (the rounding is post-processing).
+
+The covariance sampled is never less than the proof's. A Gram matrix on a fine grid is numerically singular: its
+computed eigenvalues run down to about ±n·ε_machine·‖M‖, some negative. Clipping them at 0 would draw *no* noise
+along those directions, where the proof assumes σ²·λ (tiny, but the released values would then hold f's exact
+component there, and float error in f is not bounded by λ). So every eigenvalue is raised by JITTER·‖M‖, a
+thousand times the eigendecomposition's error: the covariance drawn is σ²(M + E) with E positive semidefinite,
+which is the proof's mechanism plus independent Gaussian noise (post-processing), at a cost in accuracy of a
+standard deviation σ·√(JITTER·‖M‖), about 10⁻⁵σ.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import numpy as np
 
 from dpsql.mechanisms.laplace import grid_for
 from dpsql.mechanisms.samplers import check_positive
+
+JITTER = 1e-10  # relative to the Gram matrix's largest eigenvalue (its eigendecomposition errs by about 1e-14)
 
 
 def gaussian_kernel(x: np.ndarray, y: np.ndarray, bandwidth: float) -> np.ndarray:
@@ -49,15 +59,19 @@ class GaussianProcessMechanism:
         return self.sensitivity**2 / (2 * self.scale**2)
 
     def covariance(self, points: np.ndarray) -> np.ndarray:
-        """The noise's covariance on `points`: σ²·K."""
+        """The noise's covariance in the proof: σ²·K on `points`."""
         return self.scale**2 * gaussian_kernel(points, points, self.bandwidth)
 
-    def noise(self, points: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """One draw of σ·G on `points`."""
-        rng = rng or np.random.default_rng(secrets.randbits(128))
+    def root(self, points: np.ndarray) -> np.ndarray:
+        """R with R·Rᵀ = K + E, E ⪰ 0 (JITTER above the eigendecomposition's error): the noise drawn is σ·R·z."""
         values, vectors = np.linalg.eigh(gaussian_kernel(points, points, self.bandwidth))
-        root = vectors * np.sqrt(np.clip(values, 0.0, None))
-        return self.scale * (root @ rng.standard_normal(len(points)))
+        raised = np.clip(values, 0.0, None) + JITTER * max(float(values.max(initial=0.0)), 1.0)
+        return vectors * np.sqrt(raised)
+
+    def noise(self, points: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """One draw of σ·G on `points` (with the covariance `root` gives)."""
+        rng = rng or np.random.default_rng(secrets.randbits(128))
+        return self.scale * (self.root(points) @ rng.standard_normal(len(points)))
 
     def release(self, values: np.ndarray, points: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """f + σ·G on `points`, given f's exact values there, rounded to the output grid."""
