@@ -54,7 +54,8 @@ UNIT_SCHEMA = {
             "sex": {"type": "text", "domain": ["F", "M"]},
             "born": {"type": "date", "lower": "1930-01-01", "upper": "2020-12-31"},
             "seen": {"type": "timestamptz", "lower": "2024-01-01T00:00:00+00:00",
-                     "upper": "2024-12-31T23:59:59+00:00"}}},
+                     "upper": "2024-12-31T23:59:59+00:00"},
+            "nick": "text"}},  # bpchar in the database: equality ignores trailing spaces, its text keeps them
         "visits": {"unit_column": "person_id", "max_rows_per_unit": 5, "columns": {
             "visit_id": "bigint", "person_id": "bigint", "day": "date", "category": "text",
             "amount": {"type": "double precision", "lower": 0, "upper": 1000}, "note": "text"}},
@@ -66,7 +67,7 @@ UNIT_SCHEMA = {
 }
 UNIT_DDL = """
 CREATE TABLE people (person_id bigint PRIMARY KEY, age integer, income double precision, score double precision,
-                     balance numeric, state text, sex text, born date, seen timestamptz);
+                     balance numeric, state text, sex text, born date, seen timestamptz, nick bpchar);
 CREATE TABLE visits (visit_id bigint PRIMARY KEY, person_id bigint, day date, category text,
                      amount double precision, note text);
 CREATE TABLE prescriptions (rx_id bigint, visit_id bigint, drug text, cost double precision);
@@ -76,6 +77,7 @@ INSERT INTO states VALUES ('CA', 'West'), ('NY', 'East'), ('TX', 'South'), ('WA'
 STATES = ["CA", "NY", "TX", "WA", None]
 CATEGORIES = ["lab", "dental", "checkup", "", "a|b", None]
 NOTES = ["ok", "", "x|y", "back\\slash", None, "lab"]
+NICKS = ["a", "a", "b ", "", None]
 DRUGS = ["insulin", "ibuprofen", "", None]
 
 
@@ -92,7 +94,8 @@ def load_unit_world(url: str, people: int = 150, seed: int = 5) -> None:
                             _maybe(rng, rng.uniform(-5, 15)), _maybe(rng, round(rng.uniform(-100, 1000), 2)),
                             rng.choice(STATES), _maybe(rng, rng.choice("FM")),
                             _maybe(rng, f"{rng.randint(1930, 2020)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}"),
-                            _maybe(rng, f"2024-0{rng.randint(1, 9)}-1{rng.randint(0, 9)} {rng.randint(10, 23)}:00+00")))
+                            _maybe(rng, f"2024-0{rng.randint(1, 9)}-1{rng.randint(0, 9)} {rng.randint(10, 23)}:00+00"),
+                            rng.choice(NICKS)))
         for _ in range(rng.randint(0, 4)):
             vid = len(visit_rows) + 1
             visit_rows.append((vid, pid, _maybe(rng, f"2024-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}"),
@@ -104,7 +107,7 @@ def load_unit_world(url: str, people: int = 150, seed: int = 5) -> None:
         rx_rows.append((len(rx_rows) + 1, None, "insulin", 10.0))
     with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(UNIT_DDL)
-        cur.executemany("INSERT INTO people VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", person_rows)
+        cur.executemany("INSERT INTO people VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", person_rows)
         cur.executemany("INSERT INTO visits VALUES (%s, %s, %s, %s, %s, %s)", visit_rows)
         cur.executemany("INSERT INTO prescriptions VALUES (%s, %s, %s, %s)", rx_rows)
         cur.execute("ANALYZE")
@@ -116,7 +119,7 @@ def _add_person(conn: psycopg.Connection, person: tuple, visits: list[tuple], dr
     pid = person[0]
     with conn.cursor() as cur:
         cur.execute("INSERT INTO people VALUES (%s, %s, %s::float8, %s::float8, %s::numeric, %s, %s, %s::date, "
-                    "%s::timestamptz)", person)
+                    "%s::timestamptz, %s)", (*person, *(["a"] if len(person) == 9 else [])))
         rows = [(pid * 10_000 + i, pid, *visit) for i, visit in enumerate(visits)]
         cur.executemany("INSERT INTO visits VALUES (%s, %s, %s::date, %s, %s::float8, %s)", rows)
         rx = [(pid * 100_000 + i, pid * 10_000 + i // 3, drugs[i % len(drugs)], costs[i % len(costs)])
@@ -158,15 +161,15 @@ def _unit_removed(conn: psycopg.Connection) -> None:
 
 
 def _spelling(conn: psycopg.Connection) -> None:
-    """One person added, stored before everyone else, whose values equal others' but are spelled otherwise: the
-    first person's balance with trailing zeros, an income whose key rounds to -0 where others' round to 0, and
-    a visit on the first visit's day in the first visit's category with its amount spelled with zeros."""
+    """One person added, stored and numbered (-1) before everyone else, whose values equal others' but are spelled
+    otherwise: the first person's balance with trailing zeros, an income whose key rounds to -0 where others'
+    round to 0, a nickname with trailing spaces (bpchar), and a visit with its amount spelled with zeros."""
     first = conn.execute("SELECT balance FROM people WHERE balance IS NOT NULL ORDER BY person_id LIMIT 1").fetchone()
     balance = f"{first[0]:f}" + ("000" if "." in f"{first[0]:f}" else ".000")
     for table in ("people", "visits"):
         conn.execute(f"CREATE TEMP TABLE kept_{table} AS SELECT * FROM {table}")
         conn.execute(f"TRUNCATE {table}")  # a new, empty heap: the added person's rows are read first
-    _add_person(conn, (EXTREME, 40, "40000", "-0", balance, "CA", "F", "1980-01-01", "2024-03-03 10:00+00"),
+    _add_person(conn, (-1, 40, "40000", "-0", balance, "CA", "F", "1980-01-01", "2024-03-03 10:00+00", "a   "),
                 [("2024-03-03", "lab", "100.000", "ok")], ["insulin"], ["10.00"])
     for table in ("people", "visits"):
         conn.execute(f"INSERT INTO {table} SELECT * FROM kept_{table}")
@@ -299,7 +302,7 @@ def _predicate(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
 
 def _group_key(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
     pools = {
-        "p": ["p.sex", "p.state", "p.balance", "round((p.income - 50000) / 100000)",
+        "p": ["p.sex", "p.state", "p.balance", "round((p.income - 50000) / 100000)", "p.nick",
               "width_bucket(p.age, 0, 100, 5)", "floor(p.income / 50000)",
               "CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END", "p.born", "date_trunc('year', p.born)",
               "EXTRACT(YEAR FROM p.born)", "p.seen", "date_trunc('month', p.seen)", "width_bucket(p.score, 0, 10, 5)",
