@@ -18,14 +18,26 @@ chosen. A bound above the claimed ε is then a violation at that confidence, not
 Candidate events read an output as the client does, as text: the exact text of every key column and the number
 of rows (an output's *shape*: `5.0` and `5.00` are different outputs), and for each noisy cell thresholds at the
 pooled sample's quantiles (`value ≤ t` and `value ≥ t`, a missing cell counting as neither).
+
+Each draw must be a fresh release: an analyst asking again gets the kept answer, so every draw comes from a new
+analyst (as an adversary with many accounts would ask). The world is small and built for it (`build_world`): a
+base of PEOPLE people and a neighbour with one more, numbered and stored first, whose values equal others' but
+are spelled otherwise (5.00 for 5.0, -0.02 where others have 0.02, 'a  ' in a bpchar column). `QUERY_CLASSES`
+covers each mechanism and post-processing path; `tests/test_privacy_round3.py` runs the fast ones in CI, through
+the engine and through the wire port, and `benchmarks/audit.py` runs all of them with many draws.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import psycopg
 from scipy.stats import beta
 
 Output = tuple[tuple[str, ...], ...]  # the rows a client received, every value as its text
@@ -139,3 +151,174 @@ def _events(sample: list[Output], keys: int) -> list[tuple[str, Callable[[Output
             events.append((f"{cell} <= {t:g}", lambda o, c=cell, t=t: _cells(o, keys).get(c, math.nan) <= t))
             events.append((f"{cell} >= {t:g}", lambda o, c=cell, t=t: _cells(o, keys).get(c, math.nan) >= t))
     return events
+
+
+# --- the world: a base and its spelling neighbour ----------------------------------------------------------------
+
+SCHEMA_TOML = """
+[privacy]
+unit = "people.person_id"
+max_groups_per_unit = 2
+
+[tables.people.columns]
+person_id = "bigint"
+balance = "numeric"
+state = { type = "text", domain = ["East", "West"] }
+score = { type = "double precision", lower = -5, upper = 5 }
+code = "text"
+visits = { type = "integer", lower = 0, upper = 10 }
+"""
+PEOPLE = 400
+ADDED = (0, "5.00", "West", -0.02, "a  ", 3)  # the neighbour's person: numbered and stored before everyone
+
+
+def build_world(admin_url: str, url_for: Callable[[str], str], prefix: str = "dpsql_audit") -> dict[str, str]:
+    """Creates the base and the neighbour databases; returns their URLs by side ("base", "neighbour")."""
+    urls = {}
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for side, first in (("base", None), ("neighbour", ADDED)):
+            name = f"{prefix}_{side}"
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name}")
+            urls[side] = url_for(name)
+            _load(urls[side], first)
+    return urls
+
+
+def _load(url: str, first: tuple | None) -> None:
+    """PEOPLE people whose balance is 5.0, score about 0.02 and code 'a' (a bpchar column: equality ignores
+    trailing spaces); the neighbour has `first` before them."""
+    rows = [(i, "5.0", "West" if i % 3 else "East", 0.02 + (i % 3) / 100, "a", i % 11) for i in range(1, PEOPLE + 1)]
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY, balance numeric, state text, "
+                    "score double precision, code bpchar, visits integer)")
+        cur.executemany("INSERT INTO people VALUES (%s, %s::numeric, %s, %s, %s, %s)",
+                        ([first] if first else []) + rows)
+        cur.execute("ANALYZE")
+
+
+def write_schema(folder: Path) -> Path:
+    path = folder / "audit.toml"
+    path.write_text(SCHEMA_TOML)
+    return path
+
+
+# --- doors: one fresh release per call, as the client receives it ------------------------------------------------
+
+_analysts = itertools.count()
+PASSWORD = "audit pass"
+
+
+def new_analyst(engine: Any, password: bool = False) -> str:
+    from dpsql.server.auth import scram_verifier
+
+    name = f"audited_{next(_analysts)}"
+    engine.ledger.add_analyst(name, 100.0, 1e-3)
+    if password:
+        engine.ledger.set_verifier(name, scram_verifier(PASSWORD, iterations=4096))
+    return name
+
+
+def engine_door(engines: dict[str, Any], ask: Callable[[Any, str], Output]) -> Callable[[str], Output]:
+    """Draws through the engine (the DB-API and the CLI send its answer on): `ask(engine, analyst)`."""
+    return lambda side: ask(engines[side], new_analyst(engines[side]))
+
+
+def query(sql: str, epsilon: float = 1.0) -> Callable[[Any, str], Output]:
+    return lambda engine, analyst: as_text(engine.query(sql, analyst=analyst, epsilon=epsilon).rows)
+
+
+WIRE_TYPES = ("int2", "int4", "int8", "float4", "float8", "numeric", "bool", "date", "timestamp", "timestamptz")
+
+
+def wire_door(engines: dict[str, Any], ports: dict[str, int], sql: str,
+              epsilon: float = 1.0) -> Callable[[str], Output]:
+    """Draws through `dpsql serve`'s wire port with psycopg, each as a new analyst logging in; every value is
+    read as the text on the wire (psql shows it so), not parsed (a float would hide 5.00 as 5.0)."""
+    from psycopg.types.string import TextLoader
+
+    def draw(side: str) -> Output:
+        analyst = new_analyst(engines[side], password=True)
+        dsn = f"host=127.0.0.1 port={ports[side]} user={analyst} password='{PASSWORD}' dbname=audit sslmode=disable"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in WIRE_TYPES:
+                conn.adapters.register_loader(name, TextLoader)
+            conn.execute(f"SET dpsql.epsilon = {epsilon}")
+            return as_text(conn.execute(sql).fetchall())
+    return draw
+
+
+def release(kind: str) -> Callable[[Any, str], Output]:
+    """A release's output as rows: synthetic cells, a tree's JSON (one exact key), a density's values by point."""
+    from dpsql.releases import decision_tree, density
+    from dpsql.releases.synth import synthesize
+
+    def ask(engine: Any, analyst: str) -> Output:
+        if kind == "synth":
+            out = synthesize(engine, analyst, "people", ["state", "visits"], 1.0, method="perturb")
+            return as_text([(json.dumps(index), count) for index, count in out["cells"]])
+        if kind == "tree":
+            tree = decision_tree(engine, analyst, "people", "state", ["visits"], 1.0, depth=1)["tree"]
+            return as_text(_leaves(tree, ""))
+        out = density(engine, analyst, "people", "score", 1.0, 1e-6, points=8)
+        return as_text(list(zip(out["points"], out["density"], strict=True)))
+    return ask
+
+
+def _leaves(node: dict, path: str) -> list[tuple]:
+    """A tree as rows (path of split values, predicted label, label, noisy count): the structure exact, the counts
+    noisy."""
+    if "leaf" in node:
+        return [(path, node["predict"], label, count) for label, count in sorted(node["leaf"].items())]
+    return [row for value, child in sorted(node["children"].items())
+            for row in _leaves(child, f"{path}/{node['split']}={value}")]
+
+
+def bounds_effect(sql: str, epsilon: float = 1.0) -> Callable[[Any, str], Output]:
+    def ask(engine: Any, analyst: str) -> Output:
+        out = engine.bounds_effect(analyst, engine.prepare(sql), epsilon).output
+        return as_text([(c["label"], c["units"]) for c in out["counts"]])
+    return ask
+
+
+@dataclass(frozen=True)
+class QueryClass:
+    name: str
+    ask: Callable[[Any, str], Output]
+    keys: int  # leading exact columns of each row
+    epsilon: float = 1.0  # claimed
+    delta: float = 0.0
+    fast: bool = False  # in CI's set
+
+
+DELTA = 1e-6  # Settings' default δ of partition selection
+QUERY_CLASSES = [
+    QueryClass("count (discrete Laplace)", query("SELECT COUNT(*) FROM people"), 0, fast=True),
+    QueryClass("sum and avg over clamped values", query("SELECT SUM(visits), AVG(score) FROM people"), 0, fast=True),
+    QueryClass("float sum on its grid", query("SELECT SUM(score) FROM people"), 0),
+    QueryClass("declared domain", query("SELECT state, COUNT(*) FROM people GROUP BY state"), 1, fast=True),
+    QueryClass("partition selection", query("SELECT visits, COUNT(*) FROM people GROUP BY visits"), 1, delta=DELTA),
+    QueryClass("numeric key spelled by one row", query("SELECT balance, COUNT(*) FROM people GROUP BY balance"), 1,
+               delta=DELTA, fast=True),
+    QueryClass("-0 key", query("SELECT round(score * 10) / 10 AS s, COUNT(*) FROM people GROUP BY 1"), 1,
+               delta=DELTA),
+    QueryClass("bpchar key", query("SELECT code, COUNT(*) FROM people GROUP BY code"), 1, delta=DELTA),
+    QueryClass("HAVING over noisy counts",
+               query("SELECT visits, COUNT(*) FROM people GROUP BY visits HAVING COUNT(*) > 36"), 1, delta=DELTA,
+               fast=True),
+    QueryClass("ORDER BY noisy value LIMIT", query("SELECT state, COUNT(*) FROM people GROUP BY state "
+                                                    "ORDER BY 2 DESC LIMIT 1"), 1),
+    QueryClass("negative counts clamped, rounded",
+               query("SELECT GREATEST(ROUND(COUNT(*) / 2.0), 0) FROM people WHERE score > 4"), 0, fast=True),
+    QueryClass("top-k (exponential mechanism)",
+               query("SELECT visits, COUNT(*) FROM people GROUP BY visits ORDER BY COUNT(*) DESC LIMIT 2"), 1,
+               delta=DELTA),
+    QueryClass("median (exponential mechanism)",
+               query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY visits) FROM people"), 0, fast=True),
+    QueryClass("MAX (exponential mechanism)", query("SELECT MAX(visits) FROM people"), 0),
+    QueryClass("mode (exponential mechanism)", query("SELECT mode() WITHIN GROUP (ORDER BY state) FROM people"), 0),
+    QueryClass("synthetic table (perturb)", release("synth"), 1),
+    QueryClass("decision tree", release("tree"), 3),
+    QueryClass("density (Gaussian process)", release("density"), 1, delta=1e-6),
+    QueryClass("bounds' effect estimate", bounds_effect("SELECT SUM(visits) FROM people"), 1),
+]

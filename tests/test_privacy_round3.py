@@ -18,53 +18,23 @@ import dpsql.releases
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.releases.synth import synthesize
-from dpsql.schema import parse_schema
+from dpsql.schema import load_schema
 from tests import auditor
 from tests.conftest import database_url
 
-SCHEMA = {
-    "privacy": {"unit": "people.person_id", "max_groups_per_unit": 2},
-    "tables": {"people": {"columns": {
-        "person_id": "bigint", "balance": "numeric", "state": {"type": "text", "domain": ["East", "West"]},
-        "score": {"type": "double precision", "lower": -5, "upper": 5}, "code": "text",
-        "visits": {"type": "integer", "lower": 0, "upper": 10}}}},
-}
-PEOPLE = 400
 _names = itertools.count()
 
 
-def _load(url: str, first: tuple | None) -> None:
-    """PEOPLE people whose balance is 5.0, score 0.02 and code 'a' (char without length: equality ignores trailing
-    spaces); the neighbour has one more person, stored first, spelling the same values otherwise."""
-    rows = [(i, "5.0", "West" if i % 3 else "East", 0.02 + (i % 3) / 100, "a", i % 11) for i in range(1, PEOPLE + 1)]
-    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY, balance numeric, state text, "
-                    "score double precision, code bpchar, visits integer)")
-        cur.executemany("INSERT INTO people VALUES (%s, %s::numeric, %s, %s, %s, %s)", [first] if first else [])
-        cur.executemany("INSERT INTO people VALUES (%s, %s::numeric, %s, %s, %s, %s)", rows)
-        cur.execute("ANALYZE")
+@pytest.fixture(scope="module")
+def spelled(server) -> dict[str, str]:
+    """URLs of the auditor's base ("base") and its spelling neighbour ("neighbour"): tests/auditor.py."""
+    return auditor.build_world(server.url, lambda db: database_url(server, db))
 
 
 @pytest.fixture(scope="module")
-def spelled(server, tmp_path_factory) -> Iterator[dict[str, str]]:
-    """URLs of the base ("base") and its spelling neighbour ("neighbour")."""
-    urls = {}
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        for side, first in (("base", None), ("neighbour", (0, "5.00", "West", -0.02, "a  ", 3))):
-            name = f"dpsql_spelled_{side}"
-            conn.execute(f"DROP DATABASE IF EXISTS {name}")
-            conn.execute(f"CREATE DATABASE {name}")
-            urls[side] = database_url(server, name)
-            _load(urls[side], first)
-    yield urls
-
-
-@pytest.fixture(scope="module")
-def engines(spelled) -> Iterator[dict[str, Engine]]:
-    schema = parse_schema(SCHEMA)
+def engines(spelled, tmp_path_factory) -> Iterator[dict[str, Engine]]:
+    schema = load_schema(auditor.write_schema(tmp_path_factory.mktemp("audit")))
     opened = {side: Engine(Settings(database=url), schema) for side, url in spelled.items()}
-    for engine in opened.values():
-        engine.ledger.add_analyst("auditor", 1e9, 0.5)
     yield opened
     for engine in opened.values():
         engine.close()
@@ -82,52 +52,68 @@ def test_a_released_key_reads_the_same_whichever_row_spelled_it_first(engines, s
     """Item 1: the exact group (5.0 and 5.00, 0 and -0, 'a' and 'a  ' in a bpchar column) is released on both sides
     by partition selection; its text must not tell them apart (the engine's answer, which every door sends on)."""
     for side, engine in engines.items():
-        prepared = engine.prepare(sql)
-        with psycopg.connect(spelled[side]) as conn:  # the backend alone would spell it as the first row does
-            raw = conn.execute(prepared.rewritten.sql).fetchall()
-        assert len(raw) == 1
-        answer = engine.query(sql, analyst="auditor")
-        assert [str(row[0]) for row in answer.rows] == [text], (side, raw)
-
-
-def _draw(engines: dict[str, Engine], sql: str, epsilon: float) -> Callable[[str], auditor.Output]:
-    """One fresh answer per call, as the client receives it: each from a new analyst, whose answer cache is empty
-    (as an adversary with many accounts would ask)."""
-    def draw(side: str) -> auditor.Output:
-        analyst = f"auditor_{next(_names)}"
-        engines[side].ledger.add_analyst(analyst, 100.0, 1e-3)
-        return auditor.as_text(engines[side].query(sql, analyst=analyst, epsilon=epsilon).rows)
-    return draw
+        analyst = auditor.new_analyst(engine)
+        answer = engine.query(sql, analyst=analyst)
+        assert [str(row[0]) for row in answer.rows] == [text], side
 
 
 def test_the_auditor_flags_key_spelling_without_the_canonical_form_and_passes_with_it(engines, monkeypatch):
-    sql = "SELECT balance, COUNT(*) FROM people GROUP BY balance"
-    fixed = auditor.audit("GROUP BY numeric key", _draw(engines, sql, 1.0), 60, keys=1, claimed_epsilon=1.0,
-                          claimed_delta=1e-6)
+    ask = auditor.query("SELECT balance, COUNT(*) FROM people GROUP BY balance")
+    fixed = auditor.audit("GROUP BY numeric key", auditor.engine_door(engines, ask), 60, keys=1,
+                          claimed_epsilon=1.0, claimed_delta=1e-6)
     assert not fixed.violated, fixed
     monkeypatch.setattr(dpsql.noise, "released_key", tuple)  # the engine as it was: the backend's spelling
-    broken = auditor.audit("GROUP BY numeric key (no canonical form)", _draw(engines, sql, 1.0), 60, keys=1,
-                           claimed_epsilon=1.0, claimed_delta=1e-6)
+    broken = auditor.audit("GROUP BY numeric key (no canonical form)", auditor.engine_door(engines, ask), 60,
+                           keys=1, claimed_epsilon=1.0, claimed_delta=1e-6)
     assert broken.violated and broken.epsilon_lower_bound > 1.5, broken  # 30 of 30 against 0 of 30: about 1.85
 
 
-# The CI set: one query per class of mechanism and post-processing, at ε = 1 (a long run: benchmarks/audit.py)
-AUDITED = [
-    ("count, Laplace", "SELECT COUNT(*) FROM people", 0),
-    ("sum and avg, clamped", "SELECT SUM(visits), AVG(score) FROM people", 0),
-    ("declared domain", "SELECT state, COUNT(*) FROM people GROUP BY state", 1),
-    ("partition selection", "SELECT visits, COUNT(*) FROM people GROUP BY visits HAVING COUNT(*) > 30", 1),
-    ("negative counts clamped, rounded", "SELECT GREATEST(ROUND(COUNT(*) / 2.0), 0) FROM people WHERE score > 4", 0),
-    ("top-k", "SELECT visits, COUNT(*) FROM people GROUP BY visits ORDER BY COUNT(*) DESC LIMIT 2", 1),
-    ("median", "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY score) FROM people", 0),
-]
+FAST = [c for c in auditor.QUERY_CLASSES if c.fast]
 
 
-@pytest.mark.parametrize(("name", "sql", "keys"), AUDITED, ids=[a[0] for a in AUDITED])
-def test_audited_query_classes_spend_no_more_than_they_claim(engines, name, sql, keys):
-    result = auditor.audit(name, _draw(engines, sql, 1.0), 80, keys=keys, claimed_epsilon=1.0, claimed_delta=1e-6)
+@pytest.mark.parametrize("query_class", FAST, ids=[c.name for c in FAST])
+def test_audited_query_classes_spend_no_more_than_they_claim(engines, query_class):
+    """The auditor's CI set: 80 answers on each side per class (benchmarks/audit.py runs every class longer)."""
+    result = auditor.audit(query_class.name, auditor.engine_door(engines, query_class.ask), 80,
+                           keys=query_class.keys, claimed_epsilon=query_class.epsilon, claimed_delta=query_class.delta)
     print(auditor.HEADER, result.row(), sep="\n")
     assert not result.violated, result
+
+
+def test_the_auditor_through_the_wire_port(engines, spelled, tmp_path_factory, monkeypatch):
+    """What psycopg receives from `dpsql serve` (as wire text): a released key and counts, over 60 logins on each
+    side; without the canonical form the key's text on the wire tells the databases apart."""
+    import asyncio
+    import threading
+
+    from dpsql.server import build_server
+
+    schema = str(auditor.write_schema(tmp_path_factory.mktemp("audit_wire")))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = {side: build_server(Settings(database=url, schema=schema, listen="127.0.0.1:0"))
+               for side, url in spelled.items()}
+    try:
+        for _, server in servers.values():
+            asyncio.run_coroutine_threadsafe(server.start(), loop).result()
+        door = auditor.wire_door({side: engine for side, (engine, _) in servers.items()},
+                                 {side: server.port for side, (_, server) in servers.items()},
+                                 "SELECT balance, COUNT(*) FROM people GROUP BY balance")
+        assert door("neighbour")[0][0] == door("base")[0][0] == "5"
+        result = auditor.audit("numeric key, wire port", door, 60, keys=1, claimed_epsilon=1.0, claimed_delta=1e-6)
+        assert not result.violated, result
+        monkeypatch.setattr(dpsql.noise, "released_key", tuple)
+        assert (door("base")[0][0], door("neighbour")[0][0]) == ("5.0", "5.00")
+        broken = auditor.audit("numeric key, wire port, no canonical form", door, 60, keys=1, claimed_epsilon=1.0,
+                               claimed_delta=1e-6)
+        assert broken.violated, broken
+    finally:
+        for engine, server in servers.values():
+            asyncio.run_coroutine_threadsafe(server.close(), loop).result()
+            engine.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 # --- 2, 4, 6: releases are charged on every path, keyed by every parameter, and padded like answers ------------
