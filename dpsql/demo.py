@@ -225,7 +225,8 @@ def export_parquet(url: str, directory: str | Path, tables: tuple[str, ...] = SP
 
     types = {"bigint": pa.int64(), "integer": pa.int32(), "double precision": pa.float64(), "text": pa.string(),
              "date": pa.date32(), "boolean": pa.bool_(), "ARRAY": pa.list_(pa.bool_()),  # the demo's boolean[]
-             "numeric": pa.float64(), "timestamp with time zone": pa.timestamp("us", tz="UTC")}
+             "numeric": pa.float64(), "timestamp with time zone": pa.timestamp("us", tz="UTC"),
+             "character": pa.string()}
     spark_range = {"date": ("'0001-01-01'", "'9999-12-31'"),
                    "timestamp with time zone": ("'0001-01-01 00:00+00'", "'9999-12-31 23:59:59+00'")}
     directory = Path(directory)
@@ -245,7 +246,10 @@ def export_parquet(url: str, directory: str | Path, tables: tuple[str, ...] = SP
 
 def _spark_value(column: str, type_name: str, spark_range: dict[str, tuple[str, str]]) -> str:
     """`column` as Spark can hold it: dates and timestamps within Spark's years, numerics as doubles (NaN kept;
-    beyond a double's range, NULL), other types as they are."""
+    beyond a double's range, NULL), char(n) as its text (trailing spaces, which its equality ignores, dropped), other
+    types as they are."""
+    if type_name == "character":
+        return f"CAST({column} AS text)"
     if type_name in spark_range:
         low, high = spark_range[type_name]
         return f"CASE WHEN {column} BETWEEN {low} AND {high} THEN {column} END"

@@ -150,6 +150,10 @@ def test_integer_division_sums_and_rounding_keep_postgresql_s_meaning():
     assert "XXHASH64(7," in keyed.upper()
     clamp = to_spark("SELECT numeric_smaller(numeric_larger(CAST(x AS DECIMAL), 0), 10) FROM t", schema)
     assert "DECIMAL(38, 10)" in clamp and "IS NULL THEN NULL ELSE LEAST(" in clamp
+    # PostgreSQL reads 250e-2 as the numeric 2.50 and 1.5e1 as the numeric 15; Spark would read doubles
+    numbers = to_spark("SELECT CAST(250e-2 AS text), 1.5e1 / 2 FROM t", schema)
+    assert "CAST(2.50 AS STRING)" in numbers and "CAST(15 AS DECIMAL(38, 0)) / 2" in numbers
+    assert "COLLATE" not in to_spark('SELECT CAST(a AS TEXT) COLLATE "C" FROM t', schema)  # bytewise already
 
 
 def test_strict_clamps_keep_null_and_nan_on_spark(spark_engine):

@@ -9,6 +9,8 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 - Integer division: PostgreSQL's `int / int` truncates; Spark's `/` returns a double. The query is typed
   (sqlglot's qualify and annotate_types over the declared columns), and each integer division becomes
   `CAST(a / b AS BIGINT)`, which truncates toward zero as PostgreSQL does (exact below 2^53).
+- Number literals with an exponent: PostgreSQL reads `250e-2` as the numeric 2.50, Spark as a double 2.5 (whose
+  text is '2.5'), so they are written out as decimals (`2.50`; `1e3` and `1.5e1`, whose scale is 0, as DECIMAL(38, 0)s).
 - Rounding: PostgreSQL's round(double precision) rounds halves to even, Spark's round() away from zero; on a
   double it becomes bround (numeric rounds halves away from zero on both).
 - Sums of integers: PostgreSQL's SUM(bigint) is numeric and cannot overflow; Spark's is a bigint. Integer
@@ -94,7 +96,7 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = _row_identities(sqlglot.parse_one(sql, read="postgres"), schema)
     tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
-        .transform(_bytewise).transform(_finite).transform(_spark_patterns)
+        .transform(_bytewise).transform(_plain_numbers).transform(_finite).transform(_spark_patterns)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
         if node.name.lower() in STRICT_BOUNDS:
             node.replace(_strict_bounds(node))
@@ -247,6 +249,15 @@ def _unhinted(node: exp.Expression) -> exp.Expression:
     # each reference itself), and the result is the same either way
     if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
         node.set("materialized", None)
+    return node
+
+
+def _plain_numbers(node: exp.Expression) -> exp.Expression:
+    if isinstance(node, exp.Literal) and not node.is_string and "e" in node.this.lower():
+        value = Decimal(node.this)
+        if value.as_tuple().exponent < 0:  # a point in its text: a decimal literal of that scale
+            return exp.Literal.number(format(value, "f"))
+        return exp.Cast(this=exp.Literal.number(format(value, "f")), to=exp.DataType.build("DECIMAL(38, 0)"))
     return node
 
 
