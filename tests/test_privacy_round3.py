@@ -283,3 +283,37 @@ def test_the_gaussian_process_draws_at_least_the_covariance_of_its_proof(points,
     if values.min() < 0:
         assert np.linalg.eigvalsh(clipped @ clipped.T - gaussian_kernel(grid, grid, bandwidth)).min() < 0
     assert np.abs(excess).max() < 1e-8  # the extra noise is negligible
+
+
+# --- issue 36, item 1: which rows a unit keeps is independent across units ---------------------------------------
+
+
+def test_truncation_drops_rows_evenly_across_groups_with_equal_counts(server, tmp_path):
+    """3,000 people with 3 visits in each quarter of 2024 and max_rows_per_unit = 10: each person loses 2 visits.
+    With a ranking independent across units the losses spread evenly over the quarters (7,500 ± 47 kept in each);
+    ranked by hash_record_extended(ROW(unit, quarter)) nearly everyone lost the same quarter (a false trend)."""
+    url = database_url(server, "dpsql_quarters")
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS dpsql_quarters")
+        conn.execute("CREATE DATABASE dpsql_quarters")
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY)")
+        cur.execute("CREATE TABLE visits (person_id bigint, day date)")
+        cur.execute("INSERT INTO people SELECT generate_series(1, 3000)")
+        cur.execute("INSERT INTO visits SELECT p, date '2024-01-15' + q * 91 + v FROM generate_series(1, 3000) p, "
+                    "generate_series(0, 3) q, generate_series(0, 2) v")
+        cur.execute("ANALYZE")
+    schema = tmp_path / "quarters.toml"
+    schema.write_text('[privacy]\nunit = "people.person_id"\n\n[tables.people.columns]\nperson_id = "bigint"\n\n'
+                      '[tables.visits]\nunit_column = "person_id"\nmax_rows_per_unit = 10\n\n'
+                      '[tables.visits.columns]\nperson_id = "bigint"\n'
+                      'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31 }\n')
+    engine = Engine(Settings(database=url), load_schema(schema))
+    try:
+        prepared = engine.prepare("SELECT date_trunc('quarter', day) AS q, COUNT(*) FROM visits GROUP BY 1")
+        with psycopg.connect(url) as conn:
+            kept = sorted(row[1] for row in conn.execute(prepared.rewritten.sql).fetchall())
+    finally:
+        engine.close()
+    assert len(kept) == 4 and sum(kept) == 30_000
+    assert kept[-1] - kept[0] < 300, kept  # six standard deviations of the difference of two quarters

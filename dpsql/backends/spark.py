@@ -16,9 +16,10 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 - Sums of integers: PostgreSQL's SUM(bigint) is numeric and cannot overflow; Spark's is a bigint. Integer
   arguments of SUM are cast to DECIMAL(38, 0).
 - The keyed hash that picks which rows of an over-bound unit are kept: PostgreSQL's
-  `hash_record_extended(ROW(...), seed)` becomes Spark's `xxhash64(seed, ...)`. Both are deterministic functions
-  of the row and the stored seed, so a table is always bounded the same way, but the two backends may keep
-  different rows of a unit that exceeds its bound (the bound holds on both).
+  `hashtextextended(CAST(ROW(...) AS TEXT), seed)` becomes Spark's `xxhash64(seed, ...)` (which mixes each field
+  in fully, so its values are independent across units too). Both are deterministic functions of the row and
+  the stored seed, so a table is always bounded the same way, but the two backends may keep different rows of a
+  unit that exceeds its bound (the bound holds on both).
 - Dates: the rewrite keeps dates and timestamps inside PostgreSQL's safe range (`SAFE_TEMPORAL`, 4000 BC to
   294276 AD), whose bounds Spark cannot parse; Spark's dates run from 0001-01-01 to 9999-12-31, where none of
   its functions overflow, so the guard's bounds become those.
@@ -196,8 +197,9 @@ def _identified(table: exp.Table, columns: dict[str, str]) -> exp.Expression:
 
 
 def _keyed_hash(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.Anonymous) and node.name.lower() == "hash_record_extended":
+    if isinstance(node, exp.Anonymous) and node.name.lower() in ("hash_record_extended", "hashtextextended"):
         row, seed = node.expressions
+        row = row.this if isinstance(row, exp.Cast) else row  # the record's text: its fields
         fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
         return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
     return node

@@ -8,8 +8,9 @@ measure and the number of distinct units, with every bound of the plan enforced 
   summed per unit and each unit's total is clamped to what k rows could give, which is cheaper and keeps
   more data than sampling k rows (`per_unit`);
 - when a unit may touch more groups than allowed, it keeps the groups whose keyed hash ranks lowest
-  (`hash_record_extended` with a per-installation seed, never random(), so the same data always gives the
-  same bounded table).
+  (a keyed hash of the row's text with a per-installation seed, `fragments.keyed_hash`: never random(), so the
+  same data always gives the same bounded table, and independent across units, so no group is dropped for
+  everyone).
 Percentiles, MIN, MAX and mode() get a second query per histogram: counts per (group, cell), each unit keeping
 at most k rows per group and G groups, chosen by the same keyed hash (`histograms`).
 A last statement, run only when asked (`SET dpsql.bounds_epsilon`), counts the units the bounds touch (`bounds`).
