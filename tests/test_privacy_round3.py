@@ -317,3 +317,27 @@ def test_truncation_drops_rows_evenly_across_groups_with_equal_counts(server, tm
         engine.close()
     assert len(kept) == 4 and sum(kept) == 30_000
     assert kept[-1] - kept[0] < 300, kept  # six standard deviations of the difference of two quarters
+
+
+# --- issue 36, item 5: a filter on a key narrows its declared domain ---------------------------------------------
+
+NARROWED = [
+    ("category IN ('lab', 'dental')", ["dental", "lab"]),
+    ("'lab' = category", ["lab"]),
+    ("category = 'LAB'", []),  # text equality is exact
+    ("category <> 'lab' AND amount > 3", ["checkup", "dental", "emergency", "pharmacy", "physio", "specialist",
+                                          "vaccination"]),
+    ("category NOT IN ('lab', 'dental')", ["checkup", "emergency", "pharmacy", "physio", "specialist",
+                                           "vaccination"]),
+    ("category NOT IN ('lab', NULL)", []),  # no row passes
+    ("category = 'lab' OR amount > 3", ["checkup", "dental", "emergency", "lab", "pharmacy", "physio",
+                                        "specialist", "vaccination"]),  # not a condition on the key alone
+]
+
+
+@pytest.mark.parametrize(("condition", "released"), NARROWED)
+def test_a_filter_on_a_key_releases_only_the_declared_keys_it_admits(engine, analyst, condition, released):
+    sql = f"SELECT category, COUNT(*) FROM visits WHERE {condition} GROUP BY category"
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert sorted(row[0] for row in answer.rows) == released
+    assert not engine.prepare(sql).plan.partition_selection

@@ -2,7 +2,10 @@
 
 Rules:
 - a key's values are public when the schema declares them: a column's domain, a boolean, a CASE whose
-  results are constants, or a bounded integer expression with fewer than MAX_DOMAIN values. When every key
+  results are constants, or a bounded integer expression with fewer than MAX_DOMAIN values. A WHERE condition
+  on the key itself (`k IN (...)`, `k = c`, `k <> c`, `k NOT IN (...)`, ANDed with the rest) narrows those
+  values to the ones it admits: the others could only be released as empty groups (post-processing of the
+  query and the schema, both public). When every key
   is public (and the product of their domains is at most MAX_DOMAIN), every key combination is released,
   empty ones too, so which groups exist reveals nothing; otherwise the keys are private and the groups are
   released by DP partition selection;
@@ -29,6 +32,7 @@ from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
 from dpsql.errors import UnsupportedQuery
 from dpsql.sql import AGGREGATES, to_sql
+from dpsql.sql.query import operands
 
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 CONTINUOUS_TYPES = {"double precision", "real"}  # as the schema names them
@@ -232,8 +236,62 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
         guarded = scope.exprs.guard(node)
         if _is_text(scope.exprs, node):
             guarded = bytewise(guarded)
-        keys.append(GroupKey(f"g{i}", guarded, key_domain(scope, node, value_range), to_sql(node)))
+        domain = key_domain(scope, node, value_range)
+        keys.append(GroupKey(f"g{i}", guarded, domain if domain is None else _admitted(scope, node, domain),
+                             to_sql(node)))
     return keys
+
+
+def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
+    """The values of `domain` that the WHERE's conditions on the key itself admit (PostgreSQL's equality of the
+    key's values with the constants: exact for text, by value for numbers and booleans)."""
+    where = scope.tree.args.get("where")
+    text = to_sql(node)
+    for condition in operands(where.this) if where is not None else []:
+        negated = isinstance(condition, exp.Not)
+        test = condition.this.unnest() if negated else condition
+        if isinstance(test, exp.EQ | exp.NEQ):
+            sides = [test.this.unnest(), test.expression.unnest()]
+            key, constants = (sides[0], [sides[1]]) if to_sql(sides[0]) == text else (sides[1], [sides[0]])
+            negated ^= isinstance(test, exp.NEQ)
+        elif isinstance(test, exp.In) and not test.args.get("query"):
+            key, constants = test.this.unnest(), test.expressions
+        else:
+            continue
+        values = [_constant_value(c) for c in constants]
+        if to_sql(key) != text or any(v is _UNKNOWN or not _comparable(v, domain) for v in values):
+            continue
+        listed = [v for v in values if v is not None]
+        if negated and len(listed) < len(values):  # NOT IN with a NULL, or <> NULL: no row passes
+            return ()
+        domain = tuple(v for v in domain if v is not None and (v in listed) != negated)
+    return domain
+
+
+_UNKNOWN = object()
+
+
+def _comparable(value: object, domain: tuple) -> bool:
+    """Whether Python compares `value` with the domain's values as PostgreSQL would: text with text, numbers with
+    numbers, booleans with booleans (a date written as text is left to PostgreSQL: the condition narrows nothing)."""
+    if value is None:
+        return True
+    kinds = [str] if isinstance(value, str) else [bool] if isinstance(value, bool) else [int, float]
+    return all(v is None or (type(v) in kinds) for v in domain)
+
+
+def _constant_value(node: exp.Expression) -> object:
+    """A literal's value (None for NULL), or _UNKNOWN for anything else."""
+    node = node.unnest()
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Boolean):
+        return node.this
+    if isinstance(node, exp.Literal):
+        return node.to_py()
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        return -node.this.to_py()
+    return _UNKNOWN
 
 
 TEXT_FUNCTIONS = (exp.Upper, exp.Lower, exp.Substring, exp.Trim, exp.DPipe)
