@@ -56,7 +56,7 @@ def encode_schema(value: Any) -> Any:
 
 
 def decode_schema(value: Any) -> Any:
-    import dpsql.schema as model
+    import dpsql.schema.model as model
 
     if isinstance(value, list):
         return [decode_schema(v) for v in value]

@@ -341,3 +341,39 @@ def test_a_filter_on_a_key_releases_only_the_declared_keys_it_admits(engine, ana
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
     assert sorted(row[0] for row in answer.rows) == released
     assert not engine.prepare(sql).plan.partition_selection
+
+
+# --- issue 36, item 3: AVG's count and sum come from the same kept rows -------------------------------------------
+
+
+def test_avg_reads_its_count_and_sum_over_the_same_kept_rows(server, tmp_path):
+    """1,000 people with 2 visits and 100 with 30, every amount 100 in a declared [0, 1000], 10 rows kept per
+    person: the mean is 100. Clamping each heavy person's count to 10 and centred sum to ±10·500 on their own
+    counted them as 10 visits of 0 (AVG 66.7, 33% low); over the 10 kept rows it is 100."""
+    url = database_url(server, "dpsql_avg")
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS dpsql_avg")
+        conn.execute("CREATE DATABASE dpsql_avg")
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY)")
+        cur.execute("CREATE TABLE visits (person_id bigint, amount double precision)")
+        cur.execute("INSERT INTO people SELECT generate_series(1, 1100)")
+        cur.execute("INSERT INTO visits SELECT p, 100 FROM generate_series(1, 1100) p, generate_series(1, 30) v "
+                    "WHERE p > 1000 OR v <= 2")
+        cur.execute("ANALYZE")
+    schema = tmp_path / "avg.toml"
+    schema.write_text('[privacy]\nunit = "people.person_id"\n\n[tables.people.columns]\nperson_id = "bigint"\n\n'
+                      '[tables.visits]\nunit_column = "person_id"\nmax_rows_per_unit = 10\n\n'
+                      '[tables.visits.columns]\nperson_id = "bigint"\n'
+                      'amount = { type = "double precision", lower = 0, upper = 1000 }\n')
+    engine = Engine(Settings(database=url), load_schema(schema))
+    try:
+        prepared = engine.prepare("SELECT AVG(amount) FROM visits")
+        with psycopg.connect(url) as conn:
+            row = conn.execute(prepared.rewritten.sql).fetchone()
+    finally:
+        engine.close()
+    aggregate = prepared.plan.aggregates[0]
+    count, centred = (float(row[[m.name for m in prepared.plan.measures].index(name)])
+                      for name in aggregate.measures)
+    assert count == 3000 and 500 + centred / count == pytest.approx(100.0)
