@@ -11,10 +11,8 @@ fast classes with 80 draws (tests/test_privacy_round3.py).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -25,32 +23,16 @@ from dpsql.config import Settings  # noqa: E402
 from dpsql.embedded import EmbeddedPostgres  # noqa: E402
 from dpsql.engine import Engine  # noqa: E402
 from dpsql.schema import load_schema  # noqa: E402
-from dpsql.server import build_server  # noqa: E402
 from tests import auditor  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "audit.md"
 
 
 def run_wire(urls: dict[str, str], schema: str, draws: int) -> auditor.Audit:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    servers = {side: build_server(Settings(database=url, schema=schema, listen="127.0.0.1:0"))
-               for side, url in urls.items()}
-    try:
-        for _, server in servers.values():
-            asyncio.run_coroutine_threadsafe(server.start(), loop).result()
-        door = auditor.wire_door({side: engine for side, (engine, _) in servers.items()},
-                                 {side: server.port for side, (_, server) in servers.items()},
-                                 "SELECT balance, COUNT(*) FROM people GROUP BY balance")
+    with auditor.served(urls, schema) as (engines, ports):
+        door = auditor.wire_door(engines, ports, "SELECT balance, COUNT(*) FROM people GROUP BY balance")
         return auditor.audit("numeric key spelled by one row, wire port", door, draws, keys=1, claimed_epsilon=1.0,
                              claimed_delta=auditor.DELTA)
-    finally:
-        for engine, server in servers.values():
-            asyncio.run_coroutine_threadsafe(server.close(), loop).result()
-            engine.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
 
 
 def main() -> int:

@@ -29,10 +29,13 @@ the engine and through the wire port, and `benchmarks/audit.py` runs all of them
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
 import math
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,6 +229,30 @@ def engine_door(engines: dict[str, Any], ask: Callable[[Any, str], Output]) -> C
 
 def query(sql: str, epsilon: float = 1.0) -> Callable[[Any, str], Output]:
     return lambda engine, analyst: as_text(engine.query(sql, analyst=analyst, epsilon=epsilon).rows)
+
+
+@contextlib.contextmanager
+def served(urls: dict[str, str], schema: str) -> Iterator[tuple[dict[str, Any], dict[str, int]]]:
+    """`dpsql serve` on each side's database (a thread's event loop): the engines and ports, by side."""
+    from dpsql.config import Settings
+    from dpsql.server import build_server
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = {side: build_server(Settings(database=url, schema=schema, listen="127.0.0.1:0"))
+               for side, url in urls.items()}
+    try:
+        for _, server in servers.values():
+            asyncio.run_coroutine_threadsafe(server.start(), loop).result()
+        yield ({side: engine for side, (engine, _) in servers.items()},
+               {side: server.port for side, (_, server) in servers.items()})
+    finally:
+        for engine, server in servers.values():
+            asyncio.run_coroutine_threadsafe(server.close(), loop).result()
+            engine.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 WIRE_TYPES = ("int2", "int4", "int8", "float4", "float8", "numeric", "bool", "date", "timestamp", "timestamptz")

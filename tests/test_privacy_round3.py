@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -83,23 +84,9 @@ def test_audited_query_classes_spend_no_more_than_they_claim(engines, query_clas
 def test_the_auditor_through_the_wire_port(engines, spelled, tmp_path_factory, monkeypatch):
     """What psycopg receives from `dpsql serve` (as wire text): a released key and counts, over 60 logins on each
     side; without the canonical form the key's text on the wire tells the databases apart."""
-    import asyncio
-    import threading
-
-    from dpsql.server import build_server
-
     schema = str(auditor.write_schema(tmp_path_factory.mktemp("audit_wire")))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    servers = {side: build_server(Settings(database=url, schema=schema, listen="127.0.0.1:0"))
-               for side, url in spelled.items()}
-    try:
-        for _, server in servers.values():
-            asyncio.run_coroutine_threadsafe(server.start(), loop).result()
-        door = auditor.wire_door({side: engine for side, (engine, _) in servers.items()},
-                                 {side: server.port for side, (_, server) in servers.items()},
-                                 "SELECT balance, COUNT(*) FROM people GROUP BY balance")
+    with auditor.served(spelled, schema) as (served, ports):
+        door = auditor.wire_door(served, ports, "SELECT balance, COUNT(*) FROM people GROUP BY balance")
         assert door("neighbour")[0][0] == door("base")[0][0] == "5"
         result = auditor.audit("numeric key, wire port", door, 60, keys=1, claimed_epsilon=1.0, claimed_delta=1e-6)
         assert not result.violated, result
@@ -108,12 +95,6 @@ def test_the_auditor_through_the_wire_port(engines, spelled, tmp_path_factory, m
         broken = auditor.audit("numeric key, wire port, no canonical form", door, 60, keys=1, claimed_epsilon=1.0,
                                claimed_delta=1e-6)
         assert broken.violated, broken
-    finally:
-        for engine, server in servers.values():
-            asyncio.run_coroutine_threadsafe(server.close(), loop).result()
-            engine.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
 
 
 # --- 2, 4, 6: releases are charged on every path, keyed by every parameter, and padded like answers ------------
@@ -288,33 +269,46 @@ def test_the_gaussian_process_draws_at_least_the_covariance_of_its_proof(points,
 # --- issue 36, item 1: which rows a unit keeps is independent across units ---------------------------------------
 
 
+def _pre_noise_rows(server, tmp_path, name: str, visits: str, column: str, inserts: list[str],
+                    sql: str) -> tuple[Any, list[tuple]]:
+    """`sql`'s plan and its exact pre-noise rows (the rewritten SQL run directly) on a new database of people and
+    their visits (`visits`: the visits columns after person_id; `column`: their declaration in the schema; 10 rows
+    kept per person)."""
+    url = database_url(server, name)
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY)")
+        cur.execute(f"CREATE TABLE visits (person_id bigint, {visits})")
+        for insert in inserts:
+            cur.execute(insert)
+        cur.execute("ANALYZE")
+    schema = tmp_path / f"{name}.toml"
+    schema.write_text('[privacy]\nunit = "people.person_id"\n\n[tables.people.columns]\nperson_id = "bigint"\n\n'
+                      '[tables.visits]\nunit_column = "person_id"\nmax_rows_per_unit = 10\n\n'
+                      f'[tables.visits.columns]\nperson_id = "bigint"\n{column}\n')
+    engine = Engine(Settings(database=url), load_schema(schema))
+    try:
+        prepared = engine.prepare(sql)
+        with psycopg.connect(url) as conn:
+            return prepared.plan, conn.execute(prepared.rewritten.sql).fetchall()
+    finally:
+        engine.close()
+
+
 def test_truncation_drops_rows_evenly_across_groups_with_equal_counts(server, tmp_path):
     """3,000 people with 3 visits in each quarter of 2024 and max_rows_per_unit = 10: each person loses 2 visits.
     With a ranking independent across units the losses spread evenly over the quarters (7,500 ± 47 kept in each);
     ranked by hash_record_extended(ROW(unit, quarter)) nearly everyone lost the same quarter (a false trend)."""
-    url = database_url(server, "dpsql_quarters")
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS dpsql_quarters")
-        conn.execute("CREATE DATABASE dpsql_quarters")
-    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY)")
-        cur.execute("CREATE TABLE visits (person_id bigint, day date)")
-        cur.execute("INSERT INTO people SELECT generate_series(1, 3000)")
-        cur.execute("INSERT INTO visits SELECT p, date '2024-01-15' + q * 91 + v FROM generate_series(1, 3000) p, "
-                    "generate_series(0, 3) q, generate_series(0, 2) v")
-        cur.execute("ANALYZE")
-    schema = tmp_path / "quarters.toml"
-    schema.write_text('[privacy]\nunit = "people.person_id"\n\n[tables.people.columns]\nperson_id = "bigint"\n\n'
-                      '[tables.visits]\nunit_column = "person_id"\nmax_rows_per_unit = 10\n\n'
-                      '[tables.visits.columns]\nperson_id = "bigint"\n'
-                      'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31 }\n')
-    engine = Engine(Settings(database=url), load_schema(schema))
-    try:
-        prepared = engine.prepare("SELECT date_trunc('quarter', day) AS q, COUNT(*) FROM visits GROUP BY 1")
-        with psycopg.connect(url) as conn:
-            kept = sorted(row[1] for row in conn.execute(prepared.rewritten.sql).fetchall())
-    finally:
-        engine.close()
+    _, rows = _pre_noise_rows(
+        server, tmp_path, "dpsql_quarters", "day date",
+        'day = { type = "date", lower = 2024-01-01, upper = 2024-12-31 }',
+        ["INSERT INTO people SELECT generate_series(1, 3000)",
+         "INSERT INTO visits SELECT p, date '2024-01-15' + q * 91 + v FROM generate_series(1, 3000) p, "
+         "generate_series(0, 3) q, generate_series(0, 2) v"],
+        "SELECT date_trunc('quarter', day) AS q, COUNT(*) FROM visits GROUP BY 1")
+    kept = sorted(row[1] for row in rows)
     assert len(kept) == 4 and sum(kept) == 30_000
     assert kept[-1] - kept[0] < 300, kept  # six standard deviations of the difference of two quarters
 
@@ -350,30 +344,13 @@ def test_avg_reads_its_count_and_sum_over_the_same_kept_rows(server, tmp_path):
     """1,000 people with 2 visits and 100 with 30, every amount 100 in a declared [0, 1000], 10 rows kept per
     person: the mean is 100. Clamping each heavy person's count to 10 and centred sum to ±10·500 on their own
     counted them as 10 visits of 0 (AVG 66.7, 33% low); over the 10 kept rows it is 100."""
-    url = database_url(server, "dpsql_avg")
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS dpsql_avg")
-        conn.execute("CREATE DATABASE dpsql_avg")
-    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY)")
-        cur.execute("CREATE TABLE visits (person_id bigint, amount double precision)")
-        cur.execute("INSERT INTO people SELECT generate_series(1, 1100)")
-        cur.execute("INSERT INTO visits SELECT p, 100 FROM generate_series(1, 1100) p, generate_series(1, 30) v "
-                    "WHERE p > 1000 OR v <= 2")
-        cur.execute("ANALYZE")
-    schema = tmp_path / "avg.toml"
-    schema.write_text('[privacy]\nunit = "people.person_id"\n\n[tables.people.columns]\nperson_id = "bigint"\n\n'
-                      '[tables.visits]\nunit_column = "person_id"\nmax_rows_per_unit = 10\n\n'
-                      '[tables.visits.columns]\nperson_id = "bigint"\n'
-                      'amount = { type = "double precision", lower = 0, upper = 1000 }\n')
-    engine = Engine(Settings(database=url), load_schema(schema))
-    try:
-        prepared = engine.prepare("SELECT AVG(amount) FROM visits")
-        with psycopg.connect(url) as conn:
-            row = conn.execute(prepared.rewritten.sql).fetchone()
-    finally:
-        engine.close()
-    aggregate = prepared.plan.aggregates[0]
-    count, centred = (float(row[[m.name for m in prepared.plan.measures].index(name)])
-                      for name in aggregate.measures)
+    plan, rows = _pre_noise_rows(
+        server, tmp_path, "dpsql_avg", "amount double precision",
+        'amount = { type = "double precision", lower = 0, upper = 1000 }',
+        ["INSERT INTO people SELECT generate_series(1, 1100)",
+         "INSERT INTO visits SELECT p, 100 FROM generate_series(1, 1100) p, generate_series(1, 30) v "
+         "WHERE p > 1000 OR v <= 2"],
+        "SELECT AVG(amount) FROM visits")
+    names = [m.name for m in plan.measures]
+    count, centred = (float(rows[0][names.index(name)]) for name in plan.aggregates[0].measures)
     assert count == 3000 and 500 + centred / count == pytest.approx(100.0)
