@@ -149,6 +149,18 @@ class QueryCancelled(OperationalError):
     sqlstate = "57014"
 
 
+class InvalidConstant(DataError):
+    """A constant of the query that PostgreSQL cannot read as its type ('2024-13-01' as a date, 'abc' as an
+    integer): it fails on every database, so it is refused before anything runs or is charged, with PostgreSQL's
+    SQLSTATE for it (22008, 22P02, ...)."""
+
+    code = "DP014"
+
+    def __init__(self, message: str, hint: str | None = None, *, sqlstate: str = "22023"):
+        super().__init__(message, hint)
+        self.sqlstate = sqlstate
+
+
 class SchemaError(Error):
     """The privacy schema file is invalid or does not match the database."""
 

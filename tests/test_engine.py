@@ -144,7 +144,9 @@ def test_concurrent_queries_never_overspend(engine):
     assert budget.epsilon_spent == pytest.approx(10.0)
 
 
-def test_failed_query_keeps_its_charge_and_hides_postgres_text(base_url):
+def test_a_schema_the_database_does_not_match_is_refused_before_any_charge(base_url):
+    """A column the schema declares and the table lacks fails whatever the data: PostgreSQL's planner says so
+    (EXPLAIN, no row read), and the query is refused before its charge, without PostgreSQL's text."""
     schema = load_schema(DEMO_SCHEMA)
     broken = parse_schema({
         "privacy": {"unit": "people.person_id"},
@@ -155,12 +157,28 @@ def test_failed_query_keeps_its_charge_and_hides_postgres_text(base_url):
     eng = Engine(Settings(database=base_url), broken)
     try:
         eng.ledger.add_analyst("unlucky", 5.0, 0.0)
-        with pytest.raises(errors.BackendError) as caught:
+        with pytest.raises(errors.SchemaError) as caught:
             eng.query("SELECT SUM(ghost) FROM people", analyst="unlucky", epsilon=1.0)
         assert "ghost" not in str(caught.value) and "does not exist" not in str(caught.value)
-        assert eng.budget("unlucky").epsilon_spent == pytest.approx(1.0)
+        assert "42703" in str(caught.value) and eng.budget("unlucky").epsilon_spent == 0.0
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize(("condition", "sqlstate", "constant"), [
+    ("day >= '2024-13-01'", "22008", "'2024-13-01'"),
+    ("age > 'abc'", "22P02", "'abc'"),
+    ("category = 'it''s' AND day = '2024-02-30'", "22008", "'2024-02-30'"),
+])
+def test_a_constant_postgresql_cannot_read_is_refused_before_any_charge(engine, analyst, condition, sqlstate,
+                                                                        constant):
+    """Such a constant fails on every database: PostgreSQL's SQLSTATE, the constant named, nothing charged (it was
+    charged and reported as a timeout, DP008)."""
+    table = "visits" if "day" in condition else "people"
+    with pytest.raises(errors.InvalidConstant) as caught:
+        engine.query(f"SELECT COUNT(*) FROM {table} WHERE {condition}", analyst=analyst, epsilon=1.0)
+    assert caught.value.sqlstate == sqlstate and constant in str(caught.value)
+    assert engine.budget(analyst).epsilon_spent == 0.0
 
 
 def test_declared_domain_releases_every_key_and_nothing_else(engine, analyst):

@@ -24,7 +24,7 @@ from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpsql.errors import BackendError, BackendUnavailable, QueryCancelled
+from dpsql.errors import BackendError, BackendUnavailable, InvalidConstant, QueryCancelled, SchemaError
 
 log = logging.getLogger("dpsql.backend")
 FAILED = ("PostgreSQL did not finish the query: it failed or ran past the statement timeout (which of the two, and "
@@ -162,7 +162,28 @@ class PostgresBackend:
         return frozenset((table, column) for table, column in self.execute(sql))
 
     def check(self, sql: str) -> None:
-        """Nothing to check: the analysis makes every statement it accepts run on PostgreSQL."""
+        """The statement planned, not run (EXPLAIN reads the catalog, never a row), so what fails whatever the data
+        is refused before any charge: a constant PostgreSQL cannot read as its type (InvalidConstant, with its
+        SQLSTATE and the constant named), or a table, column or function the privacy schema declares and the
+        database lacks (SchemaError). Either would fail on every database, so saying so reveals nothing."""
+        try:
+            with pooled(self._pool) as conn, conn.cursor() as cur:
+                cur.execute(f"{EXPLAIN}{sql}", prepare=False)
+        except psycopg.DataError as exc:  # SQLSTATE class 22: a value PostgreSQL cannot read or compute
+            constant = _constant_at(sql, exc.diag.statement_position, len(EXPLAIN))
+            raise InvalidConstant(f"the constant {constant} cannot be read as the type it is used as "
+                                  f"(SQLSTATE {exc.sqlstate}); nothing was run or charged",
+                                  "correct the constant, e.g. a date as '2024-06-30' or a number without quotes",
+                                  sqlstate=exc.sqlstate) from None
+        except psycopg.OperationalError as exc:
+            log.warning("could not plan a statement: %s", exc)
+            raise BackendUnavailable(UNAVAILABLE, UNAVAILABLE_HINT) from None
+        except psycopg.Error as exc:
+            log.error("PostgreSQL cannot plan a rewritten statement (%s): %s", exc.sqlstate, exc)
+            raise SchemaError(f"the database does not match the privacy schema: PostgreSQL cannot plan the query "
+                              f"(SQLSTATE {exc.sqlstate}); nothing was run or charged",
+                              "the server log names what is missing; have the data owner correct the schema or "
+                              "the database") from None
 
     def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
         """(table, column) pairs that lead a valid b-tree index: PostgreSQL can read such a column's rows in order,
@@ -193,6 +214,23 @@ class PostgresBackend:
 
     def close(self) -> None:
         self._pool.close()
+
+
+EXPLAIN = "EXPLAIN (COSTS OFF) "
+
+
+def _constant_at(sql: str, position: str | None, offset: int) -> str:
+    """The constant starting at PostgreSQL's error position (1-based, in the statement it was given), as written:
+    a quoted string to its closing quote, or a bare token."""
+    if not position or not 0 < int(position) - offset <= len(sql):
+        return "of the query"
+    rest = sql[int(position) - offset - 1:]
+    if rest.startswith("'"):
+        end = 1
+        while end < len(rest) and not (rest[end] == "'" and rest[end + 1:end + 2] != "'"):
+            end += 2 if rest[end:end + 2] == "''" else 1
+        return rest[:end + 1]
+    return rest.split()[0].rstrip(",)") if rest.split() else "of the query"
 
 
 class BackendSession:
