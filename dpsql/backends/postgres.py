@@ -166,24 +166,25 @@ class PostgresBackend:
         is refused before any charge: a constant PostgreSQL cannot read as its type (InvalidConstant, with its
         SQLSTATE and the constant named), or a table, column or function the privacy schema declares and the
         database lacks (SchemaError). Either would fail on every database, so saying so reveals nothing."""
-        try:
-            with pooled(self._pool) as conn, conn.cursor() as cur:
-                cur.execute(f"{EXPLAIN}{sql}", prepare=False)
-        except psycopg.DataError as exc:  # SQLSTATE class 22: a value PostgreSQL cannot read or compute
-            constant = _constant_at(sql, exc.diag.statement_position, len(EXPLAIN))
-            raise InvalidConstant(f"the constant {constant} cannot be read as the type it is used as "
-                                  f"(SQLSTATE {exc.sqlstate}); nothing was run or charged",
-                                  "correct the constant, e.g. a date as '2024-06-30' or a number without quotes",
-                                  sqlstate=exc.sqlstate) from None
-        except psycopg.OperationalError as exc:
-            log.warning("could not plan a statement: %s", exc)
-            raise BackendUnavailable(UNAVAILABLE, UNAVAILABLE_HINT) from None
-        except psycopg.Error as exc:
-            log.error("PostgreSQL cannot plan a rewritten statement (%s): %s", exc.sqlstate, exc)
-            raise SchemaError(f"the database does not match the privacy schema: PostgreSQL cannot plan the query "
-                              f"(SQLSTATE {exc.sqlstate}); nothing was run or charged",
-                              "the server log names what is missing; have the data owner correct the schema or "
-                              "the database") from None
+        with pooled(self._pool) as conn:  # a connection lost here is BackendUnavailable: nothing was charged
+            try:
+                conn.execute(f"{EXPLAIN}{sql}", prepare=False)
+            except psycopg.DataError as exc:  # SQLSTATE class 22: a value PostgreSQL cannot read or compute
+                constant = _constant_at(sql, exc.diag.statement_position, len(EXPLAIN))
+                raise InvalidConstant(f"the constant {constant} cannot be read as the type it is used as "
+                                      f"(SQLSTATE {exc.sqlstate}); nothing was run or charged",
+                                      "correct the constant, e.g. a date as '2024-06-30' or a number without "
+                                      "quotes", sqlstate=exc.sqlstate) from None
+            except psycopg.errors.QueryCanceled:  # planning ran past the timeout: the run will say what it says
+                return
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                log.error("PostgreSQL cannot plan a rewritten statement (%s): %s", exc.sqlstate, exc)
+                raise SchemaError(f"the database does not match the privacy schema: PostgreSQL cannot plan the "
+                                  f"query (SQLSTATE {exc.sqlstate}); nothing was run or charged",
+                                  "the server log names what is missing; have the data owner correct the schema "
+                                  "or the database") from None
 
     def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
         """(table, column) pairs that lead a valid b-tree index: PostgreSQL can read such a column's rows in order,
