@@ -19,7 +19,7 @@ from dpsql.config import Settings, load_settings
 from dpsql.errors import BackendUnavailable, BudgetExhausted, ConfigError, Error, SchemaError, UnknownAnalyst
 from dpsql.output import FORMATS, budget_rows, cost_line, render_answer, render_rows
 from dpsql.schema import MECHANISMS
-from dpsql.session import HISTOGRAMS, Options
+from dpsql.session import HISTOGRAMS, ROWS_PER_UNIT, Options
 
 DEMO_ANALYST = "demo"
 
@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     options.add_argument("--histogram", choices=HISTOGRAMS, help="release of ordered bins (default: plain)")
     options.add_argument("--bounds-epsilon", type=float, metavar="EPSILON",
                          help="also estimate, at this ε more, how many units the declared bounds cut or clamp")
+    options.add_argument("--rows-per-unit", choices=ROWS_PER_UNIT,
+                         help="auto: choose each query's rows per unit from the data (R2T), below the declared bound")
 
     query = sub.add_parser("query", parents=[common, options, printing],
                            help="answer a SQL query with noise, spending budget")
@@ -244,13 +246,17 @@ def _query(args: argparse.Namespace) -> int:
     analyst = _require_analyst(settings)
     engine = _engine(settings)
     try:
-        answer = engine.query(args.sql, analyst=analyst, options=Options(bounds_epsilon=args.bounds_epsilon))
+        answer = engine.query(args.sql, analyst=analyst, options=_query_options(args))
     finally:
         engine.close()
     print(render_answer(answer, args.format))
     if args.format != "table":
         print(cost_line(answer), file=sys.stderr)
     return 0
+
+
+def _query_options(args: argparse.Namespace) -> Options:
+    return Options(bounds_epsilon=args.bounds_epsilon, rows_per_unit=args.rows_per_unit)
 
 
 def _version() -> str:
@@ -266,8 +272,7 @@ def _explain(args: argparse.Namespace) -> int:
     settings = _settings(args, epsilon=args.epsilon, mechanism=args.mechanism, histogram=args.histogram)
     engine = _engine(settings)
     try:
-        print(explain_statement(*engine.prepare_parts(args.sql,
-                                                      options=Options(bounds_epsilon=args.bounds_epsilon))))
+        print(explain_statement(*engine.prepare_parts(args.sql, options=_query_options(args))))
     finally:
         engine.close()
     return 0

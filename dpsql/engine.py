@@ -43,10 +43,11 @@ from dpsql.errors import (
     UnsupportedQuery,
 )
 from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
+from dpsql.mechanisms.race import RaceToTheTop
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect
 from dpsql.postprocess import INTERVALS_COVER, Accuracy, Result, evaluate, finish, sort_rows, window_inputs
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
-from dpsql.rewrite import Rewritten, rewrite
+from dpsql.rewrite import Rewritten, contributions, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
@@ -118,6 +119,14 @@ class Prepared:
     options: Options  # epsilon, mechanism and histogram, resolved
     group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
     local: LocalQuery | PublishedQuery | None = None  # estimates, or released data: no central noise needed
+    race: RaceToTheTop | None = None  # rows per unit chosen from the data (R2T) before the answer, at its own ε
+    race_sql: str | None = None  # what the race reads: the truncated row counts for each of its caps
+
+    @property
+    def cost(self) -> Cost:
+        """What answering costs: the answer's mechanisms and, with rows per unit chosen from the data, the race."""
+        cost = self.calibration.cost if self.calibration is not None else NO_COST
+        return cost + Cost.pure(self.race.epsilon) if self.race is not None else cost
 
     @property
     def outputs(self) -> list[Output]:
@@ -191,14 +200,26 @@ class Engine:
         query, plan, rewritten = self._plan(sql, params, options.min_frequency)
         if isinstance(plan, LocalQuery | PublishedQuery):
             return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
-        calibration = calibrate(plan, options.epsilon, self.settings.delta, self.settings.selection_share,
+        race = _race(plan, options)
+        epsilon = options.epsilon - (race.epsilon if race is not None else 0.0)
+        calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
         key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
                                          self.settings.delta, self.settings.selection_share, plan.max_groups,
                                          self._schema_digest, *([plan.min_units] if plan.min_units > 1 else []),
-                                         *([options.local_estimate] if plan.local_key else [])]
+                                         *([options.local_estimate] if plan.local_key else []),
+                                         *(["rows per unit: auto"] if race is not None else [])]
                                         ).encode()).hexdigest()
-        return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size)
+        race_sql = None
+        if race is not None:
+            race_sql = contributions(plan, self._hash_seed, race.taus)
+            self.backend.check(race_sql)
+            plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
+                f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit} "
+                f"(R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the query's "
+                f"{options.epsilon:g}); the plan shown is the declared bound's")])
+        return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size, race=race,
+                        race_sql=race_sql)
 
     def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery |
                                                                          PublishedQuery, Rewritten | None]:
@@ -220,9 +241,10 @@ class Engine:
                 self._plans.popitem(last=False)
         return entry
 
-    def _analysed(self, query: CheckedQuery, min_frequency: int) -> tuple[Plan, Rewritten]:
+    def _analysed(self, query: CheckedQuery, min_frequency: int,
+                  rows_cap: int | None = None) -> tuple[Plan, Rewritten]:
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
-                       self._not_null)
+                       self._not_null, rows_cap)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -267,7 +289,7 @@ class Engine:
         if composition is None:
             return self._with_bounds_effect(self._query(parts[0], analyst, cancel), parts[0], analyst)
         unpaid = [p for p in parts if not p.free and self.ledger.answers.get(analyst, p.key) is None]
-        cost = sum((p.calibration.cost for p in unpaid), NO_COST)
+        cost = sum((p.cost for p in unpaid), NO_COST)
         before = self.ledger.budget(analyst)
         if unpaid and not before.plus(cost).within:  # no part runs if the whole cannot be paid
             raise BudgetExhausted(f"privacy budget exhausted: the {len(parts)} parts cost ε={cost.epsilon:g}, "
@@ -327,8 +349,17 @@ class Engine:
 
     def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
+        budget = self.ledger.charge(analyst, prepared.cost, prepared.key, prepared.query.canonical)
+        if prepared.race is not None:  # the rows per unit chosen from the data, then the answer bounded by them
+            (truncated,) = self._run_charged(analyst, prepared.key, backend,
+                                             [(prepared.race_sql, prepared.rewritten.work_mem)])
+            try:
+                prepared = self._bounded_at(prepared, prepared.race.bound(truncated[0]))
+            except Exception as exc:  # a dpsql bug, after the charge: settled like a failure
+                with contextlib.suppress(Error):
+                    self.ledger.settle(analyst, prepared.key)
+                raise _internal(exc, "the query ran and its charge stands") from exc
         cost = prepared.calibration
-        budget = self.ledger.charge(analyst, cost.cost, prepared.key, prepared.query.canonical)
         work_mem = prepared.rewritten.work_mem
         statements = [prepared.rewritten.sql] if prepared.plan.needs_statistics else []
         read = self._run_charged(analyst, prepared.key, backend,
@@ -348,6 +379,14 @@ class Engine:
             raise _internal(exc, "the query ran and its charge stands") from exc
         stored = self.ledger.answers.keep(analyst, prepared.key, encoded)
         return _decode(stored, prepared, cached=False, budget=budget)
+
+    def _bounded_at(self, prepared: Prepared, rows: int) -> Prepared:
+        """`prepared` answered with at most `rows` rows per unit (the race's choice): analysed, rewritten and
+        calibrated again at the ε the answer keeps; its cost is unchanged (it was charged)."""
+        plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows)
+        calibration = calibrate(plan, prepared.calibration.epsilon, self.settings.delta,
+                                self.settings.selection_share, prepared.options.mechanism, prepared.options.histogram)
+        return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None, race_sql=None)
 
     def release(self, analyst: str, kind: str, queries: list[str], cost: Cost,
                 mechanism: Callable[[list[Statistic]], dict], parameters: dict[str, Any]) -> Released:
@@ -442,7 +481,8 @@ class Engine:
         """The query's options with every gap filled: session, then settings, then the privacy schema."""
         configured = Options(self.settings.epsilon, self.settings.mechanism, self.settings.histogram)
         resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain",
-                                                         intervals=False, local_estimate="unbiased"))
+                                                         intervals=False, local_estimate="unbiased",
+                                                         rows_per_unit="declared"))
         # the schema's minimum frequency is a floor: a session may ask for more, never for less
         resolved = replace(resolved, min_frequency=max(resolved.min_frequency or 1, self.schema.min_frequency))
         for name in OPTION_NAMES:
@@ -464,6 +504,20 @@ def _backend(settings: Settings, schema: PrivacySchema) -> PostgresBackend | Spa
         raise ConfigError("the Spark backend keeps its ledger in PostgreSQL: no ledger given",
                           "pass --ledger postgresql://... or set DPSQL_LEDGER (dpsql demo --keep starts one)")
     return SparkBackend(settings.database, schema, settings.statement_timeout_ms)
+
+
+RACE_SHARE = 0.2  # of a query's ε, spent choosing its rows per unit when asked to (dpsql.rows_per_unit = auto)
+
+
+def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
+    """R2T's race for the rows per unit of `plan`, when the options ask for it and the plan bounds a unit's rows
+    (a per-unit stage, more than one row allowed, counts and sums: quantiles, top-k and row-level joins keep the
+    declared bound)."""
+    if options.rows_per_unit != "auto" or plan.unit is None or plan.rows_per_unit <= 1 \
+            or plan.stability is not None or plan.histograms or plan.top_k or plan.local_key or not plan.measures:
+        return None
+    steps = 2 if plan.neighbouring == "replace" else 1
+    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)
 
 
 def _unit_column(plan: Plan) -> tuple[str, str] | None:

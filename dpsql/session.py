@@ -7,6 +7,7 @@
     SET dpsql.min_frequency = 10;       -- release only groups of at least 10 units (never below the schema's)
     SET dpsql.local_estimate = 'simplex'; -- locally randomized columns: unbiased (default) | simplex
     SET dpsql.bounds_epsilon = 0.05;    -- also estimate, at this extra ε, how many units the bounds cut or clamp
+    SET dpsql.rows_per_unit = 'auto';   -- a unit's rows bounded where the data says (R2T), below the declared bound
     SHOW dpsql.budget;                  -- spent and left (answered by whoever holds the budget)
 
 A query's own options override the session's, which override the configuration, which overrides the privacy
@@ -25,6 +26,7 @@ from dpsql.schema import MECHANISMS
 
 HISTOGRAMS = ("plain", "noisefirst", "structurefirst")
 LOCAL_ESTIMATES = ("unbiased", "simplex")
+ROWS_PER_UNIT = ("declared", "auto")
 SHOW_ONLY = ("budget",)
 
 _COMMAND = re.compile(
@@ -44,6 +46,7 @@ class Options:
     min_frequency: int | None = None
     local_estimate: str | None = None  # locally randomized columns: unbiased | simplex
     bounds_epsilon: float | None = None  # > 0: each answer also estimates the bounds' effect, at this extra ε
+    rows_per_unit: str | None = None  # declared: the schema's bound | auto: chosen per query by R2T below it
 
     def over(self, other: Options) -> Options:
         """These options, with `other` filling in what these leave unset."""
@@ -65,7 +68,8 @@ def validate_option(name: str, value: Any) -> Any:
         return _boolean(name, value)
     if name == "min_frequency":
         return _whole_number(name, value)
-    allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS, "local_estimate": LOCAL_ESTIMATES}.get(name)
+    allowed = {"mechanism": MECHANISMS, "histogram": HISTOGRAMS, "local_estimate": LOCAL_ESTIMATES,
+               "rows_per_unit": ROWS_PER_UNIT}.get(name)
     if allowed is None:
         raise _unknown(name)
     text = str(value).strip().lower()

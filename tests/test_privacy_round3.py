@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -354,3 +355,66 @@ def test_avg_reads_its_count_and_sum_over_the_same_kept_rows(server, tmp_path):
     names = [m.name for m in plan.measures]
     count, centred = (float(rows[0][names.index(name)]) for name in plan.aggregates[0].measures)
     assert count == 3000 and 500 + centred / count == pytest.approx(100.0)
+
+
+# --- issue 36, item 2: rows per unit chosen from the data (R2T's race) --------------------------------------------
+
+
+def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_largest_shifted_value():
+    """The race's exact distribution: J discrete Laplace releases, τ's sensitivity at ε/J each (the privacy map
+    sums to ε), shifted by the noise's (1 - β/J) bound; with the same seeded draws the choice is reproduced."""
+    import random
+
+    from dpsql.mechanisms.race import RaceToTheTop, taus
+
+    assert taus(10) == (1, 2, 4, 8, 10) and taus(1) == (1,) and taus(16) == (1, 2, 4, 8, 16)
+    race = RaceToTheTop.calibrate(16, 0.5)
+    assert race.epsilon == pytest.approx(0.5)
+    assert [m.sensitivity for m in race.mechanisms] == [1, 2, 4, 8, 16]
+    assert all(m.epsilon == pytest.approx(0.1) for m in race.mechanisms)
+    assert race.shift(2) == pytest.approx(race.mechanisms[2].scale * math.log(5 / 0.01))
+    truncated = [1000, 1900, 3500, 5000, 5100]  # 1,000 units: most have 4 to 8 rows, a few 16
+    for seed in range(20):
+        chosen = race.choose(truncated, random.Random(seed))
+        draws = random.Random(seed)
+        noisy = [m.release(v, draws) - race.shift(i)
+                 for i, (m, v) in enumerate(zip(race.mechanisms, truncated, strict=True))]
+        assert chosen == race.taus[max(range(5), key=lambda i: (noisy[i], -i))]
+        assert race.bound(truncated, random.Random(seed)) == min(2 * chosen, 16)
+    replace_race = RaceToTheTop.calibrate(16, 0.5, steps=2)  # replace neighbours move each value twice as far
+    assert [m.sensitivity for m in replace_race.mechanisms] == [2, 4, 8, 16, 32]
+
+
+def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_url, neighbour_url):
+    """What the race reads, on the demo data and on its neighbour with one person of 5,000 visits: Σ min(c_u, τ)
+    moves by at most τ for every τ (the sensitivity its mechanisms are calibrated to)."""
+    from dpsql.session import Options
+
+    for sql in ["SELECT COUNT(*) FROM visits", "SELECT category, SUM(amount) FROM visits GROUP BY category",
+                "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE p.age > 30"]:
+        prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+        assert prepared.race is not None and prepared.race.taus[-1] == prepared.plan.rows_per_unit
+        values = {}
+        for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+            with psycopg.connect(url) as conn:
+                values[side] = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
+        moves = [abs(a - b) for a, b in zip(values["base"], values["neighbour"], strict=True)]
+        assert all(move <= tau for move, tau in zip(moves, prepared.race.taus, strict=True)), (sql, moves)
+        assert moves[-1] == prepared.race.taus[-1]  # the extreme person reaches every cap
+
+
+def test_rows_per_unit_auto_answers_within_the_charge_and_says_how(engine, analyst):
+    """The race and the answer are charged once, at the query's ε; explain names the race; asked again, the
+    answer comes from the cache."""
+    from dpsql.session import Options
+
+    sql = "SELECT COUNT(*) FROM visits"
+    auto = Options(rows_per_unit="auto")
+    prepared = engine.prepare(sql, epsilon=1.0, options=auto)
+    assert prepared.cost.epsilon == pytest.approx(1.0) and prepared.calibration.epsilon == pytest.approx(0.8)
+    assert any("R2T" in note for note in prepared.plan.notes)
+    assert prepared.key != engine.prepare(sql, epsilon=1.0).key
+    first = engine.query(sql, analyst=analyst, epsilon=1.0, options=auto)
+    again = engine.query(sql, analyst=analyst, epsilon=1.0, options=auto)
+    assert not first.cached and again.cached and again.rows == first.rows
+    assert engine.budget(analyst).epsilon_basic == pytest.approx(1.0)

@@ -84,7 +84,9 @@ def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) ->
     # the bounding not chosen, for explain: k rows in each of G groups moves a COUNT by G·k in all, not k
     other = (f"; a COUNT moves by at most {k} in all, against {scope.max_groups_setting * k} had each of "
              f"max_groups_per_unit = {scope.max_groups_setting} groups kept {k} rows")
-    if domain is None and scope.max_groups_setting < reach <= CAP_FACTOR * scope.max_groups_setting:
+    if domain is None and scope.max_groups_setting < reach and (reach <= CAP_FACTOR * scope.max_groups_setting
+                                                                  or scope.rows_cap is not None):
+        # (a bound chosen from the data is where most units' rows end: capping the groups would drop them again)
         scope.notes.append(f"each unit keeps at most {k} row(s) over all groups (enforced by the rewrite), so it "
                            f"reaches at most {reach} group(s): partition selection pays for {reach} rather than "
                            f"capping at max_groups_per_unit = {scope.max_groups_setting}, which would drop the "

@@ -42,6 +42,9 @@ def bound_rows(scope: Scope) -> None:
         scope.joins += parent_joins
         semijoins.check(scope)
         k = k_private * fanout
+        if scope.rows_cap is not None and scope.rows_cap < k:  # chosen privately for this query, below the declared
+            scope.notes.append(f"rows per unit: {scope.rows_cap}, chosen from the data (R2T) below the declared {k}")
+            k = scope.rows_cap
         outer = any(j.side for j in scope.joins)
         fast = not outer and k == 1 and verified and all(scope.row_is_unit(a) for a in scope.private)
         if not fast and unit is None:  # each row is its own unit; ctid alone repeats across partitions

@@ -41,4 +41,9 @@ def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
                      bounds.effect(plan, hash_seed))
 
 
-__all__ = ["BoundsStatement", "Rewritten", "rewrite"]
+def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...]) -> str:
+    """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage)."""
+    return per_unit.contributions(plan, hash_seed, caps)
+
+
+__all__ = ["BoundsStatement", "Rewritten", "contributions", "rewrite"]

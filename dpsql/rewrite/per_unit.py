@@ -66,6 +66,16 @@ def statistics(plan: Plan, hash_seed: int) -> str:
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
 
 
+def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...]) -> str:
+    """One row: for each cap τ, Σ over units of min(the unit's rows, τ), over the query's joined rows (FROM, JOIN,
+    WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). One unit moves
+    each value by at most τ."""
+    ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
+            "dpsql_counts AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)"]
+    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)})), 0)" for c in caps)
+    return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_counts"
+
+
 def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     """The sums per group straight from the kept rows. With at most k rows per unit over all groups, a unit's
     total in any group already lies in its per-unit range (k rows, each clamped to the row range), so the
