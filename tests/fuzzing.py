@@ -39,6 +39,7 @@ from dpsql.engine import Engine, Prepared
 from dpsql.mechanisms import rank_scores
 from dpsql.noise import released_key
 from dpsql.schema import parse_schema
+from dpsql.session import Options
 
 EXTREME = 10**9
 
@@ -645,12 +646,43 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
         compared, wrong = respelling_violations(engine, prepared, sql, before, base, random.Random(f"{seed}/{number}"))
         report.respelled += compared
         report.violations += [f"{where}: {v}" for v in wrong]
-        for name, backend in neighbours.items():
-            report.pairs += 1
-            try:
-                after = run_exact(prepared, backend)
-            except errors.Error as exc:
-                report.violations.append(f"{where}: runs on the base but fails on neighbour {name}: {exc}")
-                continue
-            report.violations += [f"{where}: neighbour {name}: {v}" for v in claim_violations(prepared, before, after)]
+        report.violations += [f"{where}: {v}" for v in
+                              _neighbour_violations(prepared, before, base, neighbours, report)]
+        # rows per unit chosen from the data (dpsql.rows_per_unit = auto): what the race reads moves by at most
+        # each τ, and the answer bounded at a smaller k (any the race may choose) keeps its claims
+        rows_rng = random.Random(f"{seed}/{number}/rows")
+        auto = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+        if auto.race is not None and rows_rng.random() < 0.5:
+            report.violations += [f"{where} (rows per unit auto): {v}"
+                                  for v in race_violations(auto, base, neighbours)]
+            bounded = engine._bounded_at(auto, rows_rng.choice(auto.race.taus))  # as the engine answers it
+            report.violations += [f"{where} (at {bounded.plan.rows_per_unit} rows per unit): {v}" for v in
+                                  _neighbour_violations(bounded, run_exact(bounded, base), base, neighbours, report)]
     return report
+
+
+def _neighbour_violations(prepared: Prepared, before: Exact, base: PostgresBackend,
+                          neighbours: dict[str, PostgresBackend], report: Report) -> list[str]:
+    found = []
+    for name, backend in neighbours.items():
+        report.pairs += 1
+        try:
+            after = run_exact(prepared, backend)
+        except errors.Error as exc:
+            found.append(f"runs on the base but fails on neighbour {name}: {exc}")
+            continue
+        found += [f"neighbour {name}: {v}" for v in claim_violations(prepared, before, after)]
+    return found
+
+
+def race_violations(prepared: Prepared, base: PostgresBackend, neighbours: dict[str, PostgresBackend]) -> list[str]:
+    """Each of the race's truncated counts moves by at most its τ (times 2 under replace) on every neighbour."""
+    steps = 2 if prepared.plan.neighbouring == "replace" else 1
+    before = [float(v) for v in base.execute(prepared.race_sql)[0]]
+    found = []
+    for name, backend in neighbours.items():
+        after = [float(v) for v in backend.execute(prepared.race_sql)[0]]
+        moves = [abs(a - b) for a, b in zip(before, after, strict=True)]
+        if any(move > steps * tau for move, tau in zip(moves, prepared.race.taus, strict=True)):
+            found.append(f"neighbour {name}: the race's counts moved {moves} (each at most {prepared.race.taus})")
+    return found
