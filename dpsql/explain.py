@@ -17,8 +17,8 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
     """`explain_text` of a statement: of its one query, or part by part for a UNION or GROUPING SETS."""
     if composition is None:
         return explain_text(parts[0])
-    epsilon = sum(p.calibration.epsilon for p in parts if p.calibration is not None)
-    delta = sum(p.calibration.delta for p in parts if p.calibration is not None)
+    epsilon = sum(p.cost.epsilon for p in parts if p.calibration is not None)
+    delta = sum(p.cost.delta for p in parts if p.calibration is not None)
     lines = [f"Statement: {composition.description}, answered part by part, each with 1/{len(parts)} of ε; the "
              f"statement costs the sum of its parts: ε = {epsilon:.6g}, δ = {delta:.3g}"
              + ("; rows released twice are returned once" if composition.distinct else "")
@@ -100,8 +100,14 @@ def explain_text(prepared: Prepared) -> str:
                         f"±{least:.6g} for one group ({achieved / least:.2g}×)")
             parts.append(f"{agg.sql} from {', '.join(sources)}{best}")
         lines.append(f"  {output.name} ({output.type_name}): {'; '.join(parts)}")
-    lines.append(f"Cost: ε = {cost.epsilon:.6g}, δ = {cost.delta:.3g} (zCDP: ρ = {cost.cost.rho:.6g}"
-                 + (f" beside δ = {cost.cost.approx_delta:.3g})" if cost.cost.approx_delta else ")"))
+    total = prepared.cost  # the answer's mechanisms, and the race where rows per unit are chosen from the data
+    lines.append(f"Cost: ε = {total.epsilon:.6g}, δ = {total.delta:.3g} (zCDP: ρ = {total.rho:.6g}"
+                 + (f" beside δ = {total.approx_delta:.3g})" if total.approx_delta else ")"))
+    if prepared.race is not None:
+        lines.append(f"Rows per unit (dpsql.rows_per_unit = auto): R2T's race over τ = "
+                     f"{', '.join(map(str, prepared.race.taus))}, ε = {prepared.race.epsilon:.6g} of the cost, each "
+                     "truncated count at its share with sensitivity τ; the answer keeps twice the chosen τ, and its "
+                     "noise above is for the declared bound (the chosen one is smaller)")
     bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
     if bounds is not None and prepared.options.bounds_epsilon:
         lines.append(f"Bounds' effect (dpsql.bounds_epsilon): ε = {prepared.options.bounds_epsilon:.6g} more, once, "
@@ -112,7 +118,7 @@ def explain_text(prepared: Prepared) -> str:
         lines.append("Bounds' effect: not estimated; SET dpsql.bounds_epsilon = 0.05 (say) counts, at that ε more, the "
                      "units the bounds cut or clamp")
     if prepared.group_size > 1:
-        group_epsilon, group_delta = group_guarantee(cost.epsilon, cost.delta, prepared.group_size)
+        group_epsilon, group_delta = group_guarantee(total.epsilon, total.delta, prepared.group_size)
         lines.append(f"Group privacy: for a group of up to {prepared.group_size} units (group_size), this answer is "
                      f"({group_epsilon:.6g}, {group_delta:.3g})-DP: (kε, k·e^((k−1)ε)·δ)")
     if not plan.aggregates:
@@ -124,6 +130,8 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"  {histograms[name].label}: {sql}")
     if bounds is not None and prepared.options.bounds_epsilon:
         lines.append(f"  bounds' effect: {bounds.sql}")
+    if prepared.race is not None:
+        lines.append(f"  the race's truncated counts (first): {prepared.race_sql}")
     return "\n".join(lines)
 
 
