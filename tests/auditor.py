@@ -250,6 +250,7 @@ def served(urls: dict[str, str], schema: str) -> Iterator[tuple[dict[str, Any], 
     finally:
         for engine, server in servers.values():
             asyncio.run_coroutine_threadsafe(server.close(), loop).result()
+            server.gateway.close()
             engine.close()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)

@@ -197,6 +197,7 @@ def served(request, server, template) -> Iterator[Running]:
     running.stop(dp_server)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
+    dp_server.gateway.close()
     engine.close()
 
 

@@ -78,6 +78,7 @@ def deployed() -> Iterator[Deployment]:
     asyncio.run_coroutine_threadsafe(server.close(), loop).result()
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
+    server.gateway.close()
     engine.close()
     postgres.stop()
 
@@ -364,3 +365,35 @@ def test_a_query_that_failed_on_a_live_connection_is_charged_again(deployed: Dep
         assert slow.budget("timed").epsilon_spent == pytest.approx(1.0)
     finally:
         slow.close()
+
+
+def test_a_second_serve_with_another_schema_leaves_the_first_one_s_shadow(deployed: Deployment, tmp_path):
+    """Issue 39: another `dpsql serve` on the same database with another version of the schema (a test instance
+    beside production) drops the shadows nobody uses. The running instance's shadow stays, because its gateway
+    holds a connection to it; and where that lease was down (a restart) and the shadow went, the first instance
+    makes it again at its next login instead of failing every catalog query until it is restarted."""
+    other = tmp_path / "other.toml"
+    other.write_text(DEMO_SCHEMA.read_text().replace('max_rows_per_unit = 10 ', 'max_rows_per_unit = 11 ', 1)
+                     + '\n[tables.extra]\npublic = true\n[tables.extra.columns]\ncode = "text"\n')
+    with psycopg.connect(deployed.url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS extra (code text)")
+    with psycopg.connect(deployed.dsn(), autocommit=True) as conn:  # a login renews a lease a restart cut
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    first_shadow = deployed.server.gateway.shadow_url
+    engine, second = build_server(Settings(database=deployed.url, schema=str(other), listen="127.0.0.1:0"))
+    try:
+        assert second.gateway.shadow_url != first_shadow  # another version, another shadow
+        with psycopg.connect(first_shadow) as conn:  # still there
+            assert conn.execute("SELECT COUNT(*) FROM pg_tables WHERE tablename = 'people'").fetchone()[0] == 1
+        deployed.server.gateway.close()  # the lease down, as after a restart: the second instance drops it
+        second.gateway.close()
+        engine.close()
+        engine, second = build_server(Settings(database=deployed.url, schema=str(other), listen="127.0.0.1:0"))
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(first_shadow).close()
+        with psycopg.connect(deployed.dsn(), autocommit=True) as conn:  # made again at the next login
+            assert conn.execute("SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'visits'").fetchone() \
+                == (1,)
+    finally:
+        second.gateway.close()
+        engine.close()

@@ -60,6 +60,7 @@ def gateway(server, template) -> Iterator:
     engine.ledger.add_analyst("ana", 1e6, 1e-3)
     engine.ledger.set_verifier("ana", scram_verifier(PASSWORD))
     yield dp_server.gateway
+    dp_server.gateway.close()
     engine.close()
 
 

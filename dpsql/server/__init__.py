@@ -213,12 +213,17 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
         # the shadow catalog lives in PostgreSQL: beside the data, or beside the ledger when the data is on Spark
         shadow_url, role = create_shadow(settings.ledger or settings.database, engine.schema, settings.shadow_database)
         gateway = Gateway(engine, shadow_url, role)
+    except BaseException:
+        engine.close()
+        raise
+    try:
         server = Server(gateway, parse_listen(listen or settings.listen), auth_method=settings.auth,
                         tls=tls_context(settings), max_clients=settings.max_client_connections,
                         idle_timeout=settings.idle_session_timeout_s,
                         idle_in_transaction_timeout=settings.idle_in_transaction_session_timeout_s,
                         metrics_listen=parse_listen(settings.metrics_listen) if settings.metrics_listen else None)
     except BaseException:
+        gateway.close()
         engine.close()
         raise
     return engine, server
@@ -257,4 +262,5 @@ def serve(settings: Settings, listen: str | None = None, ready=lambda server: No
     try:
         asyncio.run(_run(server, ready))
     finally:
+        server.gateway.close()
         engine.close()

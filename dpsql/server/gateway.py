@@ -26,7 +26,7 @@ from dpsql.server.codec import Column, Notice
 from dpsql.server.metrics import Metrics
 from dpsql.server.protocol import Description, Outcome, StatementError
 from dpsql.server.routing import Route, catalog_text, route
-from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError, ShadowLost
+from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError, ShadowLost, create_shadow
 from dpsql.server.statements import CACHED_TEXT, Statement
 from dpsql.session import Options, SessionCommand, show_value
 
@@ -49,12 +49,44 @@ class Gateway:
         self.metrics = Metrics()
         self._routes: OrderedDict[str, Route] = OrderedDict()
         self._routes_lock = threading.Lock()
-        probe = ShadowConnection(shadow_url, shadow_role)
+        # held open while the gateway lives: another `dpsql serve` starting on this database with another schema
+        # drops the shadows no one is connected to, and DROP DATABASE refuses one with a connection
+        self._lease = ShadowConnection(shadow_url, shadow_role)
+        self._renewing = threading.Lock()
+        self.server_parameters = {name: value for name in REPORTED_PARAMETERS
+                                  if (value := self._lease.parameter(name)) is not None}
+
+    def close(self) -> None:
+        """Let the shadow go (another instance may drop it once no client uses it)."""
+        self._lease.close()
+
+    def shadow_connection(self, application_name: str, statement_timeout_ms: int) -> ShadowConnection:
+        """A client's session in the shadow. The lease is renewed first if a restart cut it; a shadow that another
+        instance dropped meanwhile (the lease was down) is made again, once, as at start-up."""
+        if self._lease.lost:
+            self._renew()
         try:
-            self.server_parameters = {name: value for name in REPORTED_PARAMETERS
-                                      if (value := probe.parameter(name)) is not None}
-        finally:
-            probe.close()
+            return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms)
+        except ShadowLost:
+            self._renew()
+            return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms)
+
+    def _renew(self) -> None:
+        settings = self.engine.settings
+        with self._renewing:
+            if not self._lease.lost:
+                return
+            try:
+                self._lease = ShadowConnection(self.shadow_url, self.shadow_role)
+            except ShadowLost:
+                try:
+                    self.shadow_url, self.shadow_role = create_shadow(settings.ledger or settings.database,
+                                                                      self.engine.schema, settings.shadow_database)
+                except Error as exc:
+                    log.warning("could not make the shadow catalog database again: %s", exc)
+                    raise ShadowLost("cannot connect to the catalog database") from None
+                self._lease = ShadowConnection(self.shadow_url, self.shadow_role)
+                log.warning("the shadow catalog database was gone and has been made again")
 
     def verifier(self, user: str) -> str | None:
         try:
@@ -237,8 +269,8 @@ class ClientSession:
     @property
     def shadow(self) -> ShadowConnection:
         if self._shadow is None:
-            self._shadow = ShadowConnection(self.gateway.shadow_url, self.gateway.shadow_role,
-                                            self.application_name, self.gateway.engine.settings.statement_timeout_ms)
+            self._shadow = self.gateway.shadow_connection(self.application_name,
+                                                          self.gateway.engine.settings.statement_timeout_ms)
         return self._shadow
 
     def _reset_shadow(self) -> dict[str, str]:

@@ -277,6 +277,19 @@ class ShadowConnection:
         except (psycopg.Error, TimeoutError):
             log.warning("could not cancel a catalog query")
 
+    @property
+    def lost(self) -> bool:
+        """Whether the connection is gone (PostgreSQL restarted, the session was terminated): an idle connection
+        learns it only by being used, so this asks PostgreSQL."""
+        if self._conn.broken or self._conn.closed:
+            return True
+        try:
+            with self._lock:
+                self._conn.execute("SELECT 1")
+        except psycopg.Error:
+            return True
+        return False
+
     def close(self) -> None:
         self._conn.close()
 
