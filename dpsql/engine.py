@@ -355,10 +355,8 @@ class Engine:
                                              [(prepared.race_sql, prepared.rewritten.work_mem)])
             try:
                 prepared = self._bounded_at(prepared, prepared.race.bound(truncated[0]))
-            except Exception as exc:  # a dpsql bug, after the charge: settled like a failure
-                with contextlib.suppress(Error):
-                    self.ledger.settle(analyst, prepared.key)
-                raise _internal(exc, "the query ran and its charge stands") from exc
+            except Exception as exc:
+                raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
         cost = prepared.calibration
         work_mem = prepared.rewritten.work_mem
         statements = [prepared.rewritten.sql] if prepared.plan.needs_statistics else []
@@ -373,10 +371,8 @@ class Engine:
             result = finish(prepared.plan, cost, groups)
             answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
             encoded = _encode(answer)
-        except Exception as exc:  # a dpsql bug, which may depend on the data: like a failure, it is settled
-            with contextlib.suppress(Error):
-                self.ledger.settle(analyst, prepared.key)
-            raise _internal(exc, "the query ran and its charge stands") from exc
+        except Exception as exc:
+            raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
         stored = self.ledger.answers.keep(analyst, prepared.key, encoded)
         return _decode(stored, prepared, cached=False, budget=budget)
 
@@ -452,13 +448,18 @@ class Engine:
                 try:
                     output = mechanism(rows)
                 except Exception as exc:
-                    with contextlib.suppress(Error):
-                        self.ledger.settle(analyst, key)
-                    raise _internal(exc, "the release ran and its charge stands") from exc
+                    raise self._bug_after_charge(analyst, key, exc, "the release ran") from exc
                 stored = self.ledger.answers.keep(analyst, key, {"release": output})
             finally:
                 _wait_until(arrived + self.settings.latency_floor_ms / 1000)
         return Released(stored["release"], budget, cost, cached=False)
+
+    def _bug_after_charge(self, analyst: str, key: str, exc: Exception, what: str) -> InternalError:
+        """A dpsql bug after the charge, which may depend on the data: like a failure, its charge is settled (asking
+        again pays again), and the analyst gets an internal error."""
+        with contextlib.suppress(Error):
+            self.ledger.settle(analyst, key)
+        return _internal(exc, f"{what} and its charge stands")
 
     def _run_charged(self, analyst: str, key: str, backend: BackendSession,
                      statements: list[tuple[str, str | None]]) -> list[list[tuple]]:

@@ -63,19 +63,20 @@ class Gateway:
     def shadow_connection(self, application_name: str, statement_timeout_ms: int) -> ShadowConnection:
         """A client's session in the shadow. The lease is renewed first if a restart cut it; a shadow that another
         instance dropped meanwhile (the lease was down) is made again, once, as at start-up."""
-        if self._lease.lost:
-            self._renew()
+        self._renew()
         try:
             return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms)
-        except ShadowLost:
+        except ShadowLost:  # the shadow itself may be gone
             self._renew()
             return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms)
 
     def _renew(self) -> None:
+        """A new lease if the old one is lost (one round trip to find out), and the shadow made again if gone."""
         settings = self.engine.settings
         with self._renewing:
-            if not self._lease.lost:
+            if not self._lease.lost():
                 return
+            self._lease.close()
             try:
                 self._lease = ShadowConnection(self.shadow_url, self.shadow_role)
             except ShadowLost:

@@ -277,7 +277,6 @@ class ShadowConnection:
         except (psycopg.Error, TimeoutError):
             log.warning("could not cancel a catalog query")
 
-    @property
     def lost(self) -> bool:
         """Whether the connection is gone (PostgreSQL restarted, the session was terminated): an idle connection
         learns it only by being used, so this asks PostgreSQL."""
