@@ -182,6 +182,7 @@ class Engine:
         self.ledger = Ledger(settings.ledger or settings.database, connect_wait=settings.connect_timeout_s)
         self._unique = self.backend.unique_columns()
         self._not_null = self.backend.not_null_columns()
+        self._time_zone = self.backend.time_zone()
         self._indexed = self.backend.indexed_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
@@ -244,7 +245,7 @@ class Engine:
     def _analysed(self, query: CheckedQuery, min_frequency: int,
                   rows_cap: int | None = None) -> tuple[Plan, Rewritten]:
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
-                       self._not_null, rows_cap)
+                       self._not_null, rows_cap, self._time_zone)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -483,7 +484,7 @@ class Engine:
         configured = Options(self.settings.epsilon, self.settings.mechanism, self.settings.histogram)
         resolved = options.over(configured).over(Options(mechanism=self.schema.mechanism, histogram="plain",
                                                          intervals=False, local_estimate="unbiased",
-                                                         rows_per_unit="declared"))
+                                                         rows_per_unit=self.schema.rows_per_unit))
         # the schema's minimum frequency is a floor: a session may ask for more, never for less
         resolved = replace(resolved, min_frequency=max(resolved.min_frequency or 1, self.schema.min_frequency))
         for name in OPTION_NAMES:

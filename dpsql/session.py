@@ -22,11 +22,10 @@ from typing import Any
 
 from dpsql.accounting import validate_query_privacy
 from dpsql.errors import InvalidParameter
-from dpsql.schema import MECHANISMS
+from dpsql.schema import MECHANISMS, ROWS_PER_UNIT
 
 HISTOGRAMS = ("plain", "noisefirst", "structurefirst")
 LOCAL_ESTIMATES = ("unbiased", "simplex")
-ROWS_PER_UNIT = ("declared", "auto")
 SHOW_ONLY = ("budget",)
 
 _COMMAND = re.compile(

@@ -88,6 +88,41 @@ def test_group_key_domains(demo_schema):
     assert plan("SELECT state, COUNT(*) FROM people GROUP BY state", demo_schema).domain is None
 
 
+def test_date_trunc_of_a_bounded_column_releases_the_periods_its_bounds_span(demo_schema):
+    import datetime
+    from zoneinfo import ZoneInfo
+
+    def periods(sql: str, zone: str | None = "Etc/UTC"):
+        return analyze(check_query(sql, demo_schema), demo_schema, UNIQUE, time_zone=zone).domain
+
+    quarters = periods("SELECT date_trunc('quarter', day), COUNT(*) FROM visits GROUP BY 1")
+    utc = ZoneInfo("Etc/UTC")
+    assert quarters == [(datetime.datetime(2024, m, 1, tzinfo=utc),) for m in (1, 4, 7, 10)]
+    # PostgreSQL truncates a date at its midnight in the session's zone: the same wall clock, another instant
+    berlin = periods("SELECT date_trunc('month', day), COUNT(*) FROM visits GROUP BY 1", "Europe/Berlin")
+    assert len(berlin) == 12 and berlin[0][0] == datetime.datetime(2024, 1, 1, tzinfo=ZoneInfo("Europe/Berlin"))
+    assert berlin[0][0] != datetime.datetime(2024, 1, 1, tzinfo=utc)
+    weeks = periods("SELECT date_trunc('week', day), COUNT(*) FROM visits GROUP BY 1")
+    assert len(weeks) == 53 and weeks[0][0].weekday() == 0 and weeks[-1][0].date() == datetime.date(2024, 12, 30)
+    assert len(periods("SELECT date_trunc('day', day), COUNT(*) FROM visits GROUP BY 1")) == 366
+    # conditions on the column narrow the periods to those a row can fall in
+    assert periods("SELECT date_trunc('month', day), COUNT(*) FROM visits WHERE day >= DATE '2024-06-01' "
+                   "AND '2024-09-30' >= day GROUP BY 1") == [(datetime.datetime(2024, m, 1, tzinfo=utc),)
+                                                             for m in (6, 7, 8, 9)]
+    assert len(periods("SELECT date_trunc('month', day), COUNT(*) FROM visits WHERE day > '2024-06-30' "
+                       "AND day < '2024-08-01' GROUP BY 1")) == 1
+    assert len(periods("SELECT date_trunc('month', day), COUNT(*) FROM visits WHERE day BETWEEN '2024-02-10' "
+                       "AND '2024-03-01' GROUP BY 1")) == 2
+    assert periods("SELECT date_trunc('month', day), COUNT(*) FROM visits WHERE day > '2025-01-01' "
+                   "GROUP BY 1") == []
+    # a condition that is not a readable constant narrows nothing
+    assert len(periods("SELECT date_trunc('month', day), COUNT(*) FROM visits WHERE day >= '2024-13-01' "
+                       "OR day < '2024-02-01' GROUP BY 1")) == 12
+    # without the backend's zone (Spark) the periods stay private keys
+    assert periods("SELECT date_trunc('quarter', day), COUNT(*) FROM visits GROUP BY 1", None) is None
+    assert periods("SELECT date_trunc('century', day), COUNT(*) FROM visits GROUP BY 1") is None
+
+
 PARENT_UNIQUE = UNIQUE | {("visits", "visit_id")}
 
 

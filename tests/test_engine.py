@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 
 from dpsql import errors
@@ -190,6 +191,17 @@ def test_declared_domain_releases_every_key_and_nothing_else(engine, analyst):
     lab = engine.query("SELECT category, COUNT(*) FROM visits WHERE category = 'lab' GROUP BY category",
                        analyst=analyst)
     assert [row[0] for row in lab.rows] == ["lab"]
+
+
+def test_date_trunc_periods_are_released_in_the_backends_zone(engine, analyst, base_url):
+    sql = ("SELECT date_trunc('month', day) AS m, COUNT(*) FROM visits WHERE day >= '2024-10-01' GROUP BY 1 "
+           "ORDER BY 1")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    with psycopg.connect(base_url) as conn:
+        exact = conn.execute(sql).fetchall()
+    assert [row[0] for row in answer.rows] == [row[0] for row in exact] and len(exact) == 3
+    assert answer.delta == 0  # no partition selection: the periods are public
+    assert all(abs(a[1] - e[1]) <= max(0.2 * e[1], 30) for a, e in zip(answer.rows, exact, strict=True))
 
 
 def test_private_keys_go_through_partition_selection(engine, analyst):

@@ -2,7 +2,8 @@
 
 Rules:
 - a key's values are public when the schema declares them: a column's domain, a boolean, a CASE whose
-  results are constants, or a bounded integer expression with fewer than MAX_DOMAIN values. A WHERE condition
+  results are constants, a bounded integer expression with fewer than MAX_DOMAIN values, or date_trunc of a
+  bounded date or timestamp (the periods its bounds span, `calendar`). A WHERE condition
   on the key itself (`k IN (...)`, `k = c`, `k <> c`, `k NOT IN (...)`, ANDed with the rest) narrows those
   values to the ones it admits: the others could only be released as empty groups (post-processing of the
   query and the schema, both public). When every key
@@ -27,6 +28,7 @@ from itertools import product
 
 from sqlglot import exp
 
+from dpsql.analysis.calendar import calendar_number, periods
 from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
@@ -119,7 +121,52 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
     stepped = _integer_domain(scope, node)
     if stepped is not None:
         return stepped
-    return _function_domain(scope, node)
+    return _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
+        else _function_domain(scope, node)
+
+
+def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
+    """The periods of date_trunc(unit, column) over a column with declared bounds (`calendar.periods`)."""
+    column = scope.declared_column(node.this) if isinstance(node.this, exp.Column) else None
+    unit = node.args.get("unit")
+    if column is None or not column.is_temporal or column.lower is None or column.upper is None or unit is None:
+        return None
+    lower, upper = column.lower, column.upper
+    for op, constant in _comparisons(scope, node.this):
+        value = calendar_number(column.type, constant, scope.time_zone)
+        if value is None:
+            continue
+        strict = 1.0 if column.type == "date" and op in ("<", ">") else 0.0  # a day is one step of a date
+        if op in (">", ">=", "="):
+            lower = max(lower, value + strict)
+        if op in ("<", "<=", "="):
+            upper = min(upper, value - strict)
+    if lower > upper:
+        return ()
+    return periods(column.type, lower, upper, unit.name, scope.time_zone, MAX_DOMAIN)
+
+
+FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
+COMPARISONS = {exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=", exp.EQ: "="}
+
+
+def _comparisons(scope: Scope, column: exp.Column) -> list[tuple[str, exp.Expression]]:
+    """(operator, constant) for each condition ANDed into the WHERE that compares `column` with a constant
+    (`column op constant`, `constant op column`, `column BETWEEN a AND b`), the column on the left."""
+    where = scope.tree.args.get("where")
+    text, found = to_sql(column), []
+    for condition in operands(where.this) if where is not None else []:
+        if isinstance(condition, exp.Between) and to_sql(condition.this.unnest()) == text:
+            found += [(">=", condition.args["low"]), ("<=", condition.args["high"])]
+        op = COMPARISONS.get(type(condition))
+        if op is None:
+            continue
+        left, right = condition.this.unnest(), condition.expression.unnest()
+        if to_sql(left) == text:
+            found.append((op, right))
+        elif to_sql(right) == text:
+            found.append((FLIPPED[op], left))
+    return found
 
 
 def _integer_domain(scope: Scope, node: exp.Expression) -> tuple | None:

@@ -64,6 +64,7 @@ class Scope:
     max_groups: int = 1
     min_units: int = 1  # the minimum frequency: groups of fewer units are released with probability ≤ δ
     not_null: frozenset[tuple[str, str]] = frozenset()  # (table, column) pairs the catalog declares NOT NULL
+    time_zone: str | None = None  # the backend session's, where date_trunc's periods are computed (None: not)
     cap_groups: bool = False
     domain: list[tuple] | None = None
     rows_total: bool = False  # k rows per unit over all groups together, enforced by the rewrite

@@ -201,6 +201,10 @@ class PostgresBackend:
         """
         return frozenset((table, column) for table, column in self.execute(sql))
 
+    def time_zone(self) -> str:
+        """The TimeZone of the sessions that run the queries (the server's or the database's default)."""
+        return str(self.execute("SHOW TimeZone")[0][0])
+
     def not_null_columns(self) -> frozenset[tuple[str, str]]:
         """(table, column) pairs whose NOT NULL constraint the catalog holds."""
         sql = """

@@ -364,6 +364,9 @@ class SparkBackend:
     def not_null_columns(self) -> frozenset[tuple[str, str]]:
         return frozenset()
 
+    def time_zone(self) -> None:
+        return None  # date_trunc's periods are not computed for Spark's timestamps: its keys stay private
+
     def indexed_columns(self) -> None:
         return None  # no indexes: Spark groups by shuffling, whatever the table
 

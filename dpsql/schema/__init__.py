@@ -15,6 +15,7 @@ from dpsql.schema.model import (
     NEIGHBOURING,
     NUMERIC_TYPES,
     ROW_LEVEL,
+    ROWS_PER_UNIT,
     TEMPORAL_TYPES,
     Column,
     ParentKey,
@@ -24,5 +25,6 @@ from dpsql.schema.model import (
 )
 from dpsql.schema.validate import parse_schema
 
-__all__ = ["INTEGER_TYPES", "MECHANISMS", "NEIGHBOURING", "NUMERIC_TYPES", "ROW_LEVEL", "TEMPORAL_TYPES", "Column",
-           "ParentKey", "PrivacySchema", "Table", "load_schema", "parse_schema", "temporal_value"]
+__all__ = ["INTEGER_TYPES", "MECHANISMS", "NEIGHBOURING", "NUMERIC_TYPES", "ROWS_PER_UNIT", "ROW_LEVEL",
+           "TEMPORAL_TYPES", "Column", "ParentKey", "PrivacySchema", "Table", "load_schema", "parse_schema",
+           "temporal_value"]

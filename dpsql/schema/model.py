@@ -22,6 +22,7 @@ TYPE_ALIASES = {
 }
 NEIGHBOURING = ("add-remove", "replace")
 MECHANISMS = ("laplace", "gaussian")
+ROWS_PER_UNIT = ("declared", "auto")  # a unit's rows: the declared bound, or chosen per query below it
 ROW_LEVEL = "row"
 
 
@@ -139,6 +140,7 @@ class PrivacySchema:
     mechanism: str = "laplace"  # noise for counts and sums unless the session or query picks another
     min_frequency: int = 1  # a released group holds at least this many units (enforced with DP; sessions may raise it)
     group_size: int = 1  # the guarantee is also stated for groups of this many units (households)
+    rows_per_unit: str = "declared"  # auto: each query's rows per unit chosen from the data below the declared cap
     path: str | None = field(default=None, compare=False)
 
     @property

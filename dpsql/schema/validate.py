@@ -18,6 +18,7 @@ from dpsql.schema.model import (
     NUMERIC_TYPES,
     OTHER_TYPES,
     ROW_LEVEL,
+    ROWS_PER_UNIT,
     TEMPORAL_TYPES,
     TYPE_ALIASES,
     Column,
@@ -56,6 +57,10 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
     mechanism = privacy.get("mechanism", "laplace")
     if mechanism not in MECHANISMS:
         problems.append(f'[privacy] mechanism = "{mechanism}" must be one of {", ".join(MECHANISMS)}')
+    rows_per_unit = privacy.get("rows_per_unit", "declared")
+    if rows_per_unit not in ROWS_PER_UNIT:
+        problems.append(f'[privacy] rows_per_unit = {rows_per_unit!r} must be one of {", ".join(ROWS_PER_UNIT)}: '
+                        "declared (each table's max_rows_per_unit) or auto (chosen per query from the data below it)")
 
     raw_tables = raw.get("tables")
     if not isinstance(raw_tables, dict) or not raw_tables:
@@ -77,7 +82,8 @@ def parse_schema(raw: dict[str, Any], source: str = "<schema>") -> PrivacySchema
                           "fix the lines named above; `dpsql schema check FILE` re-checks the file")
     return PrivacySchema(tables=tables, unit_table=unit_table, unit_column=unit_column,
                          neighbouring=neighbouring, max_groups_per_unit=int(max_groups), mechanism=mechanism,
-                         min_frequency=int(min_frequency), group_size=int(group_size), path=source)
+                         min_frequency=int(min_frequency), group_size=int(group_size), rows_per_unit=rows_per_unit,
+                         path=source)
 
 
 def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str | None,
