@@ -513,10 +513,11 @@ RACE_SHARE = 0.2  # of a query's ε, spent choosing its rows per unit when asked
 
 def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     """R2T's race for the rows per unit of `plan`, when the options ask for it and the plan bounds a unit's rows
-    (a per-unit stage, more than one row allowed, counts and sums: quantiles, top-k and row-level joins keep the
-    declared bound)."""
+    (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
+    declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
+    top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
     if options.rows_per_unit != "auto" or plan.unit is None or plan.rows_per_unit <= 1 \
-            or plan.stability is not None or plan.histograms or plan.top_k or plan.local_key or not plan.measures:
+            or plan.stability is not None or plan.local_key or not (plan.measures or plan.histograms):
         return None
     steps = 2 if plan.neighbouring == "replace" else 1
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)

@@ -106,8 +106,8 @@ def explain_text(prepared: Prepared) -> str:
     if prepared.race is not None:
         lines.append(f"Rows per unit (dpsql.rows_per_unit = auto): R2T's race over τ = "
                      f"{', '.join(map(str, prepared.race.taus))}, ε = {prepared.race.epsilon:.6g} of the cost, each "
-                     "truncated count at its share with sensitivity τ; the answer keeps twice the chosen τ, and its "
-                     "noise above is for the declared bound (the chosen one is smaller)")
+                     "truncated count at its share with sensitivity τ; the answer keeps four times the chosen τ, and "
+                     "its noise above is for the declared bound (the chosen one is smaller)")
     bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
     if bounds is not None and prepared.options.bounds_epsilon:
         lines.append(f"Bounds' effect (dpsql.bounds_epsilon): ε = {prepared.options.bounds_epsilon:.6g} more, once, "

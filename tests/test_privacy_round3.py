@@ -365,7 +365,7 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
     sums to ε), shifted by the noise's (1 - β/J) bound; with the same seeded draws the choice is reproduced."""
     import random
 
-    from dpsql.mechanisms.race import RaceToTheTop, taus
+    from dpsql.mechanisms.race import MARGIN, RaceToTheTop, taus
 
     assert taus(10) == (1, 2, 4, 8, 10) and taus(1) == (1,) and taus(16) == (1, 2, 4, 8, 16)
     race = RaceToTheTop.calibrate(16, 0.5)
@@ -380,7 +380,7 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
         noisy = [m.release(v, draws) - race.shift(i)
                  for i, (m, v) in enumerate(zip(race.mechanisms, truncated, strict=True))]
         assert chosen == race.taus[max(range(5), key=lambda i: (noisy[i], -i))]
-        assert race.bound(truncated, random.Random(seed)) == min(2 * chosen, 16)
+        assert race.bound(truncated, random.Random(seed)) == min(MARGIN * chosen, 16)
     replace_race = RaceToTheTop.calibrate(16, 0.5, steps=2)  # replace neighbours move each value twice as far
     assert [m.sensitivity for m in replace_race.mechanisms] == [2, 4, 8, 16, 32]
 
@@ -391,7 +391,9 @@ def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_
     from dpsql.session import Options
 
     for sql in ["SELECT COUNT(*) FROM visits", "SELECT category, SUM(amount) FROM visits GROUP BY category",
-                "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE p.age > 30"]:
+                "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE p.age > 30",
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits",
+                "SELECT category, COUNT(*) FROM visits GROUP BY category ORDER BY COUNT(*) DESC LIMIT 2"]:
         prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
         assert prepared.race is not None and prepared.race.taus[-1] == prepared.plan.rows_per_unit
         values = {}
