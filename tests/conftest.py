@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +30,24 @@ if golden.RECORD_ENV in os.environ:  # `python -m tests.golden` collects the que
     golden.install_recorder(os.environ[golden.RECORD_ENV])
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_SCHEMA = ROOT / "schemas" / "demo.toml"
+SHIPPED_SCHEMA = ROOT / "schemas" / "demo.toml"
+# what most tests check is the mechanics of declared bounds (sensitivities, neighbours, rewrites): they use the
+# shipped schema with the rows per person it declared before it chose them from the data (rows_per_unit =
+# "auto"); tests/test_accuracy.py, the README's examples and `dpsql demo` use the shipped schema itself
+DECLARED_ROWS = {"visits": 10, "prescriptions": 20}
+
+
+def _declared_schema() -> Path:
+    text = SHIPPED_SCHEMA.read_text(encoding="utf-8").replace('rows_per_unit = "auto"', 'rows_per_unit = "declared"')
+    for table, rows in DECLARED_ROWS.items():
+        text, found = re.subn(rf"(\[tables\.{table}\][^\[]*?max_rows_per_unit = )\d+", rf"\g<1>{rows}", text)
+        assert found == 1, f"the shipped schema no longer bounds {table}'s rows"
+    path = Path(tempfile.mkdtemp(prefix="dpsql-schema-")) / "demo.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+DEMO_SCHEMA = _declared_schema()
 PEOPLE = 3000
 EXTREME_ID = 10**9
 _names = itertools.count()

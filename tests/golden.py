@@ -202,8 +202,9 @@ def record() -> list[dict]:
     os.unlink(path)
     records = [json.loads(line) for line in lines]
     from dpsql.schema import load_schema
+    from tests.conftest import DEMO_SCHEMA
 
-    demo = encode_schema(load_schema(ROOT / "schemas" / "demo.toml"))
+    demo = encode_schema(load_schema(DEMO_SCHEMA))
     demo_unique = next((r["unique"] for r in records if r["schema"] == demo and r["unique"]), [])
     records += [{"sql": sql, "params": None, "schema": demo, "unique": demo_unique, "max_groups": None}
                 for sql in readme_queries()]

@@ -17,7 +17,7 @@ import pytest
 
 from dpsql.config import load_settings
 from dpsql.schema import parse_schema
-from tests.conftest import DEMO_SCHEMA, ROOT, copy_database
+from tests.conftest import ROOT, SHIPPED_SCHEMA, copy_database
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.M | re.S)
@@ -48,7 +48,7 @@ def fresh_database(server, template) -> str:
 
 def _as_here(text: str, url: str) -> str:
     """The README's text pointing at the test database and the repository's schema."""
-    return text.replace(README_URL, url).replace("schemas/demo.toml", str(DEMO_SCHEMA))
+    return text.replace(README_URL, url).replace("schemas/demo.toml", str(SHIPPED_SCHEMA))
 
 
 def test_command_line_examples(fresh_database, tmp_path):
@@ -87,7 +87,7 @@ def test_toml_examples(tmp_path):
             assert parse_schema(document).tables
             continue
         if "tables" in document:  # tables to add to the demo schema, or settings of its tables
-            demo = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
+            demo = tomllib.loads(SHIPPED_SCHEMA.read_text(encoding="utf-8"))
             tables = {name: {**demo["tables"].get(name, {}), **table} for name, table in document["tables"].items()}
             assert parse_schema({**demo, "tables": {**demo["tables"], **tables}}).tables
             continue
