@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -26,7 +27,7 @@ from sqlglot import exp
 
 from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.accounting.answers import decode_value, encode_value
-from dpsql.analysis import Plan, analyze
+from dpsql.analysis import Measure, Plan, analyze
 from dpsql.analysis.plan import Output
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
@@ -121,6 +122,7 @@ class Prepared:
     local: LocalQuery | PublishedQuery | None = None  # estimates, or released data: no central noise needed
     race: RaceToTheTop | None = None  # rows per unit chosen from the data (R2T) before the answer, at its own ε
     race_sql: str | None = None  # what the race reads: the truncated row counts for each of its caps
+    race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
 
     @property
     def cost(self) -> Cost:
@@ -201,7 +203,8 @@ class Engine:
         query, plan, rewritten = self._plan(sql, params, options.min_frequency)
         if isinstance(plan, LocalQuery | PublishedQuery):
             return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
-        race = _race(plan, options)
+        totals = self._totals_plan(query, plan, options)
+        race = _race(totals or plan, options)
         epsilon = options.epsilon - (race.epsilon if race is not None else 0.0)
         calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
@@ -213,14 +216,16 @@ class Engine:
                                         ).encode()).hexdigest()
         race_sql = None
         if race is not None:
-            race_sql = contributions(plan, self._hash_seed, race.taus)
+            race_sql = contributions(totals or plan, self._hash_seed, race.taus, totals is not None)
             self.backend.check(race_sql)
+            chosen = (f"each unit's total of {_total_of(totals).label} over all groups: chosen at query time from "
+                      f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
+                      f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
             plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
-                f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit} "
-                f"(R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the query's "
-                f"{options.epsilon:g}); the plan shown is the declared bound's")])
+                f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
+                f"query's {options.epsilon:g}); the plan shown is the declared bound's")])
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size, race=race,
-                        race_sql=race_sql)
+                        race_sql=race_sql, race_totals=totals is not None)
 
     def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery |
                                                                          PublishedQuery, Rewritten | None]:
@@ -242,10 +247,10 @@ class Engine:
                 self._plans.popitem(last=False)
         return entry
 
-    def _analysed(self, query: CheckedQuery, min_frequency: int,
-                  rows_cap: int | None = None) -> tuple[Plan, Rewritten]:
+    def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
+                  total_cap: float | None = None) -> tuple[Plan, Rewritten]:
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
-                       self._not_null, rows_cap, self._time_zone)
+                       self._not_null, rows_cap, self._time_zone, total_cap)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -377,10 +382,24 @@ class Engine:
         stored = self.ledger.answers.keep(analyst, prepared.key, encoded)
         return _decode(stored, prepared, cached=False, budget=budget)
 
-    def _bounded_at(self, prepared: Prepared, rows: int) -> Prepared:
-        """`prepared` answered with at most `rows` rows per unit (the race's choice): analysed, rewritten and
-        calibrated again at the ε the answer keeps; its cost is unchanged (it was charged)."""
-        plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows)
+    def _totals_plan(self, query: CheckedQuery, plan: Plan, options: Options) -> Plan | None:
+        """With rows per unit chosen from the data, the plan whose race bounds each unit's total of the query's one
+        sum instead of its rows (`_bounds_totals`): analysed with that total unbounded, which shapes an AVG as a
+        plain sum over a count. None where the query is not of that kind."""
+        if options.rows_per_unit != "auto" or plan.unit is None or plan.stability is not None or plan.local_key \
+                or not plan.aggregates or not all(a.kind in ("sum", "avg") and a.arg_range is not None
+                                                  and a.arg_range.lo >= 0 for a in plan.aggregates):
+            return None
+        totals = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
+                         self._not_null, None, self._time_zone, math.inf)  # the race reads it; nothing runs it
+        return totals if _bounds_totals(totals) else None
+
+    def _bounded_at(self, prepared: Prepared, bound: int) -> Prepared:
+        """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
+        race's choice): analysed, rewritten and calibrated again at the ε the answer keeps; its cost is unchanged
+        (it was charged)."""
+        rows, total = (None, bound) if prepared.race_totals else (bound, None)
+        plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows, total)
         calibration = calibrate(plan, prepared.calibration.epsilon, self.settings.delta,
                                 self.settings.selection_share, prepared.options.mechanism, prepared.options.histogram)
         return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None, race_sql=None)
@@ -516,11 +535,37 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
     declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
     top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
-    if options.rows_per_unit != "auto" or plan.unit is None or plan.rows_per_unit <= 1 \
-            or plan.stability is not None or plan.local_key or not (plan.measures or plan.histograms):
+    if options.rows_per_unit != "auto" or plan.unit is None or plan.stability is not None or plan.local_key \
+            or not (plan.measures or plan.histograms):
         return None
     steps = 2 if plan.neighbouring == "replace" else 1
+    if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
+        cap = math.ceil(_total_of(plan).unit_range[1])
+        return RaceToTheTop.calibrate(cap, options.epsilon * RACE_SHARE, steps, integer_valued=False,
+                                      margin=TOTALS_MARGIN)
+    if plan.rows_per_unit <= 1:
+        return None
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)
+
+
+TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ
+
+
+def _bounds_totals(plan: Plan) -> bool:
+    """Whether the race bounds each unit's total of the query's sum rather than its rows: SUMs and AVGs of one
+    non-negative value (one sum measure, beside the AVG's count), no partition selection, top-k or quantile.
+    A unit's total is what moves the sum; its rows bound it only through their number times the largest value,
+    which for a heavy-tailed value is far above what most units hold (a visit's amount is declared up to
+    5,000, a heavy user's year totals a few thousand). An AVG's count keeps the declared rows per unit."""
+    sums = [m for m in plan.measures if m.kind == "sum"]
+    return (plan.unit_total is not None and len(sums) == 1 and sums[0].centre == 0 and sums[0].row_range.lo >= 0
+            and all(m.kind == "count" for m in plan.measures if m.kind != "sum")
+            and not plan.histograms and not plan.top_k and not plan.partition_selection and sums[0].unit_range[1] >= 1)
+
+
+def _total_of(plan: Plan) -> Measure:
+    """The one sum whose units' totals the race bounds."""
+    return next(m for m in plan.measures if m.kind == "sum")
 
 
 def _unit_column(plan: Plan) -> tuple[str, str] | None:

@@ -104,10 +104,12 @@ def explain_text(prepared: Prepared) -> str:
     lines.append(f"Cost: ε = {total.epsilon:.6g}, δ = {total.delta:.3g} (zCDP: ρ = {total.rho:.6g}"
                  + (f" beside δ = {total.approx_delta:.3g})" if total.approx_delta else ")"))
     if prepared.race is not None:
-        lines.append(f"Rows per unit (dpsql.rows_per_unit = auto): R2T's race over τ = "
-                     f"{', '.join(map(str, prepared.race.taus))}, ε = {prepared.race.epsilon:.6g} of the cost, each "
-                     "truncated count at its share with sensitivity τ; the answer keeps four times the chosen τ, and "
-                     "its noise above is for the declared bound (the chosen one is smaller)")
+        race, bounded = prepared.race, ("each unit's total of the sum" if prepared.race_totals else "rows per unit")
+        lines.append(f"Bound on {bounded} (dpsql.rows_per_unit = auto): R2T's race over τ = "
+                     f"{', '.join(map(str, race.taus))}, ε = {race.epsilon:.6g} of the cost, each truncated "
+                     f"{'sum' if prepared.race_totals else 'count'} at its share with sensitivity τ; the answer keeps "
+                     f"{race.margin} times the chosen τ, and its noise above is for the declared bound (the chosen "
+                     "one is smaller)")
     bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
     if bounds is not None and prepared.options.bounds_epsilon:
         lines.append(f"Bounds' effect (dpsql.bounds_epsilon): ε = {prepared.options.bounds_epsilon:.6g} more, once, "

@@ -243,7 +243,7 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     if agg.x_range is not None:
         return _finish_bivariate(agg, values)
     lo, hi = agg.arg_range.lo, agg.arg_range.hi
-    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    mid, half = ((lo + hi) / 2 if agg.centred else 0.0), (hi - lo) / 2
     n = np.maximum(values[0], 1)
     mean_offset = values[1] / n
     if agg.kind == "avg":

@@ -387,22 +387,58 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
 
 def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_url, neighbour_url):
     """What the race reads, on the demo data and on its neighbour with one person of 5,000 visits: Σ min(c_u, τ)
-    moves by at most τ for every τ (the sensitivity its mechanisms are calibrated to)."""
+    moves by at most τ for every τ (the sensitivity its mechanisms are calibrated to), c_u a unit's rows or, for
+    a query of sums, its total."""
     from dpsql.session import Options
 
     for sql in ["SELECT COUNT(*) FROM visits", "SELECT category, SUM(amount) FROM visits GROUP BY category",
+                "SELECT SUM(amount) FROM visits", "SELECT category, AVG(amount), SUM(amount) FROM visits GROUP BY 1",
                 "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE p.age > 30",
                 "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits",
                 "SELECT category, COUNT(*) FROM visits GROUP BY category ORDER BY COUNT(*) DESC LIMIT 2"]:
         prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
-        assert prepared.race is not None and prepared.race.taus[-1] == prepared.plan.rows_per_unit
+        totals = "SUM(amount)" in sql or "AVG(amount)" in sql
+        cap = prepared.plan.rows_per_unit * (1000 if totals else 1)  # totals: rows times the largest value
+        assert prepared.race is not None and prepared.race.taus[-1] == cap and prepared.race_totals == (cap > 10)
         values = {}
         for side, url in (("base", base_url), ("neighbour", neighbour_url)):
             with psycopg.connect(url) as conn:
                 values[side] = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
         moves = [abs(a - b) for a, b in zip(values["base"], values["neighbour"], strict=True)]
-        assert all(move <= tau for move, tau in zip(moves, prepared.race.taus, strict=True)), (sql, moves)
-        assert moves[-1] == prepared.race.taus[-1]  # the extreme person reaches every cap
+        # (sums of floats: the summation order may differ by 1e-10; the grid's rounding slack covers it)
+        assert all(move <= tau * (1 + 1e-9) for move, tau in zip(moves, prepared.race.taus, strict=True)), (sql, moves)
+        assert moves[-1] == pytest.approx(prepared.race.taus[-1])  # the extreme person reaches every cap
+
+
+@pytest.mark.parametrize("sql", ["SELECT category, SUM(amount) FROM visits GROUP BY category",
+                                 "SELECT date_trunc('month', day), SUM(amount), AVG(amount) FROM visits GROUP BY 1",
+                                 "SELECT SUM(amount) FROM visits WHERE category = 'lab'"])
+def test_a_units_total_bounded_from_the_data_moves_every_group_together_by_at_most_the_bound(
+        engine, base_url, neighbour_url, sql):
+    """A query of sums answered with each unit's total bounded by τ (the race's choice): its per-group sums are
+    scaled down together, so the neighbour's extra person (5,000 visits at the top of every range) moves all of
+    a sum's groups by at most τ in L1, the sensitivity its mechanism is calibrated to; an AVG's count keeps its
+    declared rows."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race_totals
+    for bound in (64, 1024, 8192):
+        bounded = engine._bounded_at(prepared, bound)
+        (total,) = [m for m in bounded.plan.measures if m.kind == "sum"]
+        assert bounded.plan.unit_total == bound and total.sensitivity == bound and total.l2_sensitivity == bound
+        keys = len(bounded.plan.group_keys)
+        answers = {}
+        for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+            with psycopg.connect(url) as conn:
+                answers[side] = {tuple(r[:keys]): r[keys:] for r in conn.execute(bounded.rewritten.sql).fetchall()}
+        for i, measure in enumerate(bounded.plan.measures):
+            moved = sum(abs(float(answers["base"].get(key, [0] * 9)[i] or 0)
+                            - float(answers["neighbour"].get(key, [0] * 9)[i] or 0))
+                        for key in set(answers["base"]) | set(answers["neighbour"]))
+            assert moved <= measure.sensitivity * (1 + 1e-9), (sql, bound, measure.label, moved)
+        if not keys:  # the extreme person reaches the bound
+            assert float(answers["neighbour"][()][0]) - float(answers["base"][()][0]) == pytest.approx(bound)
 
 
 def test_rows_per_unit_auto_answers_within_the_charge_and_says_how(engine, analyst):

@@ -126,6 +126,23 @@ def _assert_same_rows(engine, prepared, url: str, sql: str) -> None:
         assert _equal(want, have), (sql, to_spark(statement, engine.schema.sqlglot_schema()), want[:5], have[:5])
 
 
+@pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
+                                 "SELECT category, AVG(amount) FROM visits GROUP BY category"])
+def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine, within_bounds, sql):
+    """With rows per unit (or each unit's total) chosen from the data, what the race reads and the answer at a
+    chosen bound give the same rows on Spark as on PostgreSQL."""
+    from dpsql.session import Options
+
+    prepared = spark_engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race is not None
+    with psycopg.connect(within_bounds) as conn:
+        expected = conn.execute(prepared.race_sql).fetchall()
+    with spark_engine.backend.session() as session:
+        assert _equal(expected, session.run(prepared.race_sql)), sql
+    bounded = spark_engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2])
+    _assert_same_rows(spark_engine, bounded, within_bounds, sql)
+
+
 def test_a_parent_link_needs_a_key_spark_cannot_verify(spark_engine):
     """prescriptions reach a person through visits.visit_id, which must be unique; Spark verifies no key, so the
     query is refused rather than trusted."""

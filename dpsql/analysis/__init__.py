@@ -43,16 +43,18 @@ PASSES: tuple[Callable[[Scope], None], ...] = (
 def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozenset[tuple[str, str]],
             max_groups: int | None = None, min_frequency: int = 1,
             not_null: frozenset[tuple[str, str]] = frozenset(), rows_cap: int | None = None,
-            time_zone: str | None = None) -> Plan:
+            time_zone: str | None = None, total_cap: float | None = None) -> Plan:
     """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
     key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound;
     `min_frequency` > 1 releases only groups of at least that many units (DP partition selection, also for
     declared keys); `not_null` are (table, column) pairs the catalog declares NOT NULL (COUNT of one is COUNT(*));
     `rows_cap` bounds a unit's rows below the declared bound (chosen for this query by R2T's race);
-    `time_zone` is the backend session's, in which date_trunc's periods are public keys (None: they are not)."""
+    `time_zone` is the backend session's, in which date_trunc's periods are public keys (None: they are not);
+    `total_cap` bounds each unit's total of every SUM over all groups together (chosen by R2T's race over the
+    units' totals; only for queries whose aggregates are all SUMs of non-negative values)."""
     scope = Scope(query, schema, unique_columns, max_groups or schema.max_groups_per_unit)
     scope.min_units, scope.not_null, scope.rows_cap = max(min_frequency, 1), not_null, rows_cap
-    scope.time_zone = time_zone
+    scope.time_zone, scope.total_cap = time_zone, total_cap
     for step in PASSES:
         step(scope)
     return _plan(scope)
@@ -71,6 +73,7 @@ def _plan(scope: Scope) -> Plan:
         aggregates=scope.aggregates, outputs=scope.outputs, having=scope.having, order=scope.order,
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
         notes=scope.notes, stability=scope.stability, truncate=scope.truncate, rows_total=scope.rows_total,
+        unit_total=scope.total_cap,
         windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key)
 
 

@@ -17,6 +17,10 @@ Rules:
   rows: a unit's k kept rows (`rows_total`), not each total clamped on its own. A heavy unit's count clamped to
   k beside its centred sum clamped to ±k·half described no set of rows: AVG(amount) on the demo data came out
   15% low. Keeping k rows changes no sensitivity where a unit is in one group.
+- where each unit's total of a sum is bounded over all groups (`total_cap`, chosen from the data by R2T's race),
+  the sum's sensitivity is that bound, however many groups the unit reaches (the rewrite scales its per-group
+  totals down together), and AVG is that plain sum over its count (the count keeps the rows per unit): centred
+  on the range's midpoint, a sum of small values would move by the half-range at every row.
 MIN, MAX, percentiles and mode() are chosen from histograms (`quantiles`).
 """
 
@@ -172,6 +176,11 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
     label = to_sql(arg)
     if kind == "sum":
         return Aggregate(name, kind, (measure_of(f"SUM({label})", "sum", value, value_range),), value_range, sql)
+    counted = (measure_of("COUNT(*)", "count", None, ONE) if _never_null(scope, arg)
+               else measure_of(f"COUNT({label})", "count", value, BIT))
+    if kind == "avg" and scope.total_cap is not None:  # a plain sum whose units' totals are bounded, over the count
+        return Aggregate(name, kind, (counted, measure_of(f"SUM({label})", "sum", value, value_range)), value_range,
+                         sql, centred=False)
     # averages and variances: a count and sums centred on the midpoint of the range
     mid = (value_range.lo + value_range.hi) / 2
     half = (value_range.hi - value_range.lo) / 2
@@ -180,8 +189,6 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
     # in exact arithmetic the centred sum is SUM(value) - mid·COUNT(value), which shares PostgreSQL's
     # aggregate states with the other measures; a float sum would round differently, so it is summed centred
     exact = scope.exprs.kind(arg) != "float"
-    counted = (measure_of("COUNT(*)", "count", None, ONE) if _never_null(scope, arg)
-               else measure_of(f"COUNT({label})", "count", value, BIT))
     parts = [counted,
              measure_of(f"SUM({label} - {mid:g})", "sum", value if exact else centred, Range(-half, half, integral),
                         mid if exact else 0.0)]
@@ -249,6 +256,12 @@ def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expressio
                                f"contributes {row_range.lo:g}", "aggregate an expression that varies")
     # a unit counts once in each group it reaches, however its rows are bounded
     steps, spread = scope.steps, groups if kind == "units" and scope.stability is None else scope.spread(groups)
+    if scope.total_cap is not None and kind == "sum":  # the rewrite scales a unit's totals down to the cap
+        if row_range.lo < 0:
+            raise ValueError(f"{label}: a unit's total is bounded only for sums of non-negative values")
+        unit_range, spread = (0.0, min(unit_range[1], scope.total_cap)), 1
+        per_group = unit_range[1]
+        row_range = replace(row_range, integer=False)  # a scaled total is a fraction: released on a grid
     sensitivity = steps * spread * per_group
     l2_sensitivity = steps * math.sqrt(spread) * per_group
     scope.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "

@@ -79,6 +79,7 @@ class Aggregate:
     quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
     arg_type: str | None = None  # for mode, and quantiles of dates and times: the type of the value returned
     x_range: Range | None = None  # the bivariate aggregates' second argument (X)
+    centred: bool = True  # avg: its sum is centred on the range's midpoint (False: a plain sum, `unit_total`)
 
     @property
     def chosen(self) -> bool:
@@ -141,6 +142,9 @@ class Plan:
     # the rewrite keeps at most rows_per_unit of each unit's joined rows over all groups together (so a unit's
     # values add up to k rows' worth across groups, not in each of G groups)
     rows_total: bool = False
+    # each unit's total of each (non-negative) sum over all groups together, at most this (chosen from the data
+    # by R2T's race over the units' totals): the rewrite scales a unit's per-group totals down to it
+    unit_total: float | None = None
     # windows over the released rows: (the column name outputs and ORDER BY use, the window over aggregate and
     # group-key names), computed once the rows are known
     windows: list[tuple[str, exp.Window]] = field(default_factory=list)

@@ -18,6 +18,12 @@ visits) came back 0.45% low with 71% coverage; with four times, 0.03% and 97%, a
 instead of 0.9%. At 3,000 people the count bias went from −10% (twice) to −1.3% (four times). β = 0.01: at 0.1
 one race in twenty let a large τ win on its noise.
 
+The same race chooses the bound on each unit's total of a sum (c_u its total of non-negative values, τ up to
+its declared rows times the largest value): one unit moves Σ_u min(c_u, τ) by at most τ as well. Totals are
+released on a grid (`integer_valued` False) and their answer keeps eight times the chosen τ (`margin`): a
+unit's totals spread over more scales than its rows, and at four times the demo's sum of all visits came back
+0.3% low, beyond its 0.12% noise.
+
 The privacy map is the mechanisms' own: `epsilon` is the sum of theirs.
 """
 
@@ -48,14 +54,18 @@ class RaceToTheTop:
     taus: tuple[int, ...]
     mechanisms: tuple[LaplaceMechanism, ...]  # one per τ: sensitivity steps·τ at ε/J
     beta: float = BETA
+    margin: int = MARGIN  # the answer's bound is this many times the chosen τ
 
     @classmethod
-    def calibrate(cls, cap: int, epsilon: float, steps: int = 1, beta: float = BETA) -> RaceToTheTop:
-        """The race over τ = 1, 2, 4, …, cap at `epsilon` in all (`steps` = 2 under replace neighbours)."""
+    def calibrate(cls, cap: int, epsilon: float, steps: int = 1, beta: float = BETA,
+                  integer_valued: bool = True, margin: int = MARGIN) -> RaceToTheTop:
+        """The race over τ = 1, 2, 4, …, cap at `epsilon` in all (`steps` = 2 under replace neighbours);
+        `integer_valued` False for truncated sums of values (released on a grid)."""
         check_positive("epsilon", epsilon)
         chosen = taus(cap)
         share = epsilon / len(chosen)
-        return cls(chosen, tuple(LaplaceMechanism.calibrate(steps * t, share, True) for t in chosen), beta)
+        return cls(chosen, tuple(LaplaceMechanism.calibrate(steps * t, share, integer_valued) for t in chosen), beta,
+                   margin)
 
     @property
     def epsilon(self) -> float:
@@ -79,8 +89,8 @@ class RaceToTheTop:
 
 
     def bound(self, truncated: Sequence[float], rng: Randomness = SYSTEM_RANDOM) -> int:
-        """The rows per unit to enforce for the answer: MARGIN times the chosen τ, at most the cap."""
-        return min(MARGIN * self.choose(truncated, rng), self.taus[-1])
+        """The bound to enforce for the answer: `margin` times the chosen τ, at most the cap."""
+        return min(self.margin * self.choose(truncated, rng), self.taus[-1])
 
 
 __all__ = ["RaceToTheTop", "taus"]

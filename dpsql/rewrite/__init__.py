@@ -41,9 +41,10 @@ def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
                      bounds.effect(plan, hash_seed))
 
 
-def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...]) -> str:
-    """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage)."""
-    return per_unit.contributions(plan, hash_seed, caps)
+def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False) -> str:
+    """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage), or
+    with `totals` the bound on each unit's total of its one sum."""
+    return per_unit.contributions(plan, hash_seed, caps, totals)
 
 
 __all__ = ["BoundsStatement", "Rewritten", "contributions", "rewrite"]

@@ -5,9 +5,13 @@ With k rows over all groups and no group cap, the kept rows are summed per group
 could not bind); counts of distinct units keep k of a unit's distinct groups instead of k of its rows (the same
 sensitivity, k groups of 1 each, without dropping a group whose rows all ranked past k).
 
+Where the plan bounds each unit's total of its sums over all groups (`unit_total`, chosen from the data), the
+unit's per-group sums are scaled down together until they add up to the bound (`_scaled_to_total`).
+
 Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
-G groups: exactly the sensitivity the analysis computed. Rows without a unit are dropped (an outer join's
-NULL-extended rows, or children whose parent is missing), so no row escapes the bound.
+G groups: exactly the sensitivity the analysis computed; after the scaling, by the bound over all groups.
+Rows without a unit are dropped (an outer join's NULL-extended rows, or children whose parent is missing), so
+no row escapes the bound.
 """
 
 from __future__ import annotations
@@ -44,34 +48,55 @@ def statistics(plan: Plan, hash_seed: int) -> str:
     rows_of_units = "dpsql_rows"
     if plan.rows_total:  # k rows per unit over all groups together
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
-        if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures):
+        if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures) and plan.unit_total is None:
             # distinct units read only which groups a unit is in: it keeps k of its groups, not k of its rows
             units_only = all(m.kind == "units" for m in plan.measures)
             return _all_rows_corrected(plan, ctes + ranked_rows_of_over(columns, plan.rows_per_unit, hash_seed,
                                                                         distinct=units_only), units_only)
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed)
         rows_of_units = "dpsql_kept"
-        if not plan.cap_groups:
+        if not plan.cap_groups and plan.unit_total is None:
             return _kept_rows_per_group(plan, ctes)
     ctes.append(f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM {rows_of_units}"
                 f"{group_by(['dpsql_unit', *keys])})")
     source, where = "dpsql_per_unit", ""
+    if plan.unit_total is not None and keys:
+        ctes.append(_scaled_to_total(plan, keys))
+        source = "dpsql_scaled"
     if plan.cap_groups:
         hashed = keyed_hash(["dpsql_unit", *keys], hash_seed)
         ctes.append(f"dpsql_capped AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {hashed}, "
                     f"{', '.join(keys)}) "
-                    "AS dpsql_rank FROM dpsql_per_unit)")
+                    f"AS dpsql_rank FROM {source})")
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
 
 
-def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...]) -> str:
+def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
+    """`dpsql_scaled`: each unit's per-group sums times min(1, cap / the unit's sum over all its groups), so
+    one unit's totals add up to at most the cap over all groups (`Plan.unit_total`): the sensitivity of every
+    group's sum together, however many groups the unit reaches. The totals are non-negative (the analysis
+    allows the bound only for sums of non-negative values); a unit whose total is 0 is kept as it is."""
+    cap = literal(plan.unit_total)
+    scaled = [f"{m.name} * LEAST(1.0, {cap} / NULLIF(SUM({m.name}) OVER (PARTITION BY dpsql_unit), 0)) AS {m.name}"
+              if m.kind == "sum" else m.name for m in plan.measures]  # counts keep their k rows over all groups
+    return f"dpsql_scaled AS (SELECT {', '.join(['dpsql_unit', *keys, *scaled])} FROM dpsql_per_unit)"
+
+
+def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False) -> str:
     """One row: for each cap τ, Σ over units of min(the unit's rows, τ), over the query's joined rows (FROM, JOIN,
-    WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). One unit moves
-    each value by at most τ."""
-    ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
-            "dpsql_counts AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)"]
+    WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). With `totals`,
+    Σ over units of min(the unit's total of the plan's one sum, τ), the values clamped to their declared range
+    (non-negative), to choose the bound on a unit's total. One unit moves each value by at most τ."""
+    if totals:
+        (measure,) = [m for m in plan.measures if m.kind == "sum"]  # an AVG's count beside it keeps its rows
+        items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(measure.expr)} AS dpsql_value"]
+        counted = "COALESCE(SUM(dpsql_value), 0)"
+    else:
+        items, counted = [f"{sql(plan.unit)} AS dpsql_unit"], "COUNT(*)"
+    ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
+            f"dpsql_counts AS (SELECT {counted} AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)"]
     sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)})), 0)" for c in caps)
     return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_counts"
 
