@@ -32,9 +32,10 @@ if golden.RECORD_ENV in os.environ:  # `python -m tests.golden` collects the que
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SCHEMA = ROOT / "schemas" / "demo.toml"
 # what most tests check is the mechanics of declared bounds (sensitivities, neighbours, rewrites): they use the
-# shipped schema with the rows per person it declared before it chose them from the data (rows_per_unit =
-# "auto"); tests/test_accuracy.py, the README's examples and `dpsql demo` use the shipped schema itself
+# shipped schema with the rows per person and the visit amounts it declared before it chose bounds from the data
+# (rows_per_unit = "auto"); tests/test_accuracy.py, the README's examples and `dpsql demo` use the shipped schema itself
 DECLARED_ROWS = {"visits": 10, "prescriptions": 20}
+DECLARED_AMOUNT = 1000  # the shipped schema's cap is 5,000: its sums choose their own bound
 
 
 def _declared_schema() -> Path:
@@ -42,6 +43,8 @@ def _declared_schema() -> Path:
     for table, rows in DECLARED_ROWS.items():
         text, found = re.subn(rf"(\[tables\.{table}\][^\[]*?max_rows_per_unit = )\d+", rf"\g<1>{rows}", text)
         assert found == 1, f"the shipped schema no longer bounds {table}'s rows"
+    text, found = re.subn(r"(amount = \{[^}]*upper = )\d+", rf"\g<1>{DECLARED_AMOUNT}", text)
+    assert found == 1, "the shipped schema no longer bounds visits.amount"
     path = Path(tempfile.mkdtemp(prefix="dpsql-schema-")) / "demo.toml"
     path.write_text(text, encoding="utf-8")
     return path
