@@ -60,3 +60,18 @@ def test_answers_are_unbiased_and_their_intervals_cover_the_truth(shipped, peopl
     assert abs(found.bias) - 3 * found.bias_error <= MAX_BIAS, f"{label}: bias {found.bias:+.2%}"
     assert found.coverage + 3 * coverage_error >= MIN_COVERAGE, f"{label}: coverage {found.coverage:.1%}"
     assert found.keys == set(truth)  # every key asked for, and no other (public keys: all of them)
+
+
+def test_the_schema_sets_the_default_and_a_session_may_declare_instead(shipped):
+    """`[privacy] rows_per_unit = "auto"` makes every query choose its bounds; `SET dpsql.rows_per_unit =
+    'declared'` answers with the declared caps; another value is refused with what it may be."""
+    from dpsql.errors import SchemaError
+    from dpsql.schema import parse_schema
+    from dpsql.session import Options
+
+    assert shipped.schema.rows_per_unit == "auto"
+    assert shipped.prepare("SELECT COUNT(*) FROM visits").race is not None
+    assert shipped.prepare("SELECT COUNT(*) FROM visits", options=Options(rows_per_unit="declared")).race is None
+    with pytest.raises(SchemaError, match="rows_per_unit = 'guess' must be one of declared, auto"):
+        parse_schema({"privacy": {"unit": "people.person_id", "rows_per_unit": "guess"},
+                      "tables": {"people": {"columns": {"person_id": "bigint"}}}})
