@@ -11,7 +11,7 @@ the exact answer, in two settings measured in the same run:
     python benchmarks/bench_accuracy.py --people 20000 --runs 20
 
 Cells of fewer than 500 exact rows are left out of the worst-cell column (their noise dominates). Writes the
-table to benchmarks/results/accuracy.md (or --out).
+table to benchmarks/results/accuracy.md (or --out) and a plot beside it (.png).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main() -> int:
         url = server.url.replace("/postgres?", "/dpsql_accuracy?")
         load_demo_data(url, people=args.people, seed=3)
         settings = {"shipped": load_schema(SCHEMA), "guessed": guessed_schema()}
-        rows = []
+        rows, measured = [], {}
         for label, sql in QUESTIONS.items():
             truth = exact(url, sql)
             cells = [label]
@@ -77,6 +77,7 @@ def main() -> int:
                     found = measure(engine, sql, truth, args.runs)
                 finally:
                     engine.close()
+                measured[(label, name)] = found
                 coverage = "–" if found.coverage is None else f"{100 * found.coverage:.0f}%"
                 cells += [f"{100 * found.median_error:.2f}%", f"{100 * found.worst:.1f}%",
                           f"{100 * found.bias:+.2f}% ± {100 * found.bias_error:.2f}", coverage, str(len(found.keys))]
@@ -98,7 +99,34 @@ def main() -> int:
             "released.\n\n" + header + "\n" + "\n".join(rows) + "\n")
     print(text)
     args.out.write_text(text)
+    _plot(args.out.with_suffix(".png"), measured, args.people)
     return 0
+
+
+def _plot(path: Path, measured: dict, people: int) -> None:
+    """Each question's errors in both settings: the median |error| and the bias with two standard errors."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    questions = list(QUESTIONS)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    for offset, (name, colour) in enumerate((("shipped", "tab:blue"), ("guessed", "tab:red"))):
+        ys = [i + 0.2 * (offset - 0.5) for i in range(len(questions))]
+        found = [measured[(q, name)] for q in questions]
+        left.barh(ys, [100 * f.median_error for f in found], height=0.38, color=colour, label=name)
+        right.errorbar([100 * f.bias for f in found], ys, xerr=[200 * f.bias_error for f in found], fmt="o",
+                       color=colour, label=name)
+    left.set_yticks(range(len(questions)), questions)
+    left.invert_yaxis()
+    left.set_xlabel("median |relative error| (%)")
+    left.set_title(f"Demo data, {people:,} people, ε = 1")
+    left.legend()
+    right.axvline(0, color="grey", linewidth=0.8)
+    right.set_xlabel("bias (%), ± 2 standard errors")
+    right.set_title("Bias: shipped (bounds chosen from the data) and guessed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
