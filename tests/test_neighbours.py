@@ -133,12 +133,17 @@ ROW_LEVEL_QUERIES = [
 ]
 
 
-def _exact(url: str, sql: str, n_keys: int) -> dict[tuple, list[float]]:
+def _rows(url: str, sql: str) -> list[tuple]:
+    """`sql`'s rows, read as the backend reads them: a key at ±infinity (the extreme neighbour's dates) is kept
+    when the keyed hash keeps its row, and comes back as PostgreSQL's text."""
     with psycopg.connect(url) as conn:
-        for type_name, loader in SAFE_LOADERS.items():  # as the backend reads them: a key at ±infinity is
-            conn.adapters.register_loader(type_name, loader)  # kept when the keyed hash keeps its row
-        rows = conn.execute(sql).fetchall()
-    return {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in rows}
+        for type_name, loader in SAFE_LOADERS.items():
+            conn.adapters.register_loader(type_name, loader)
+        return conn.execute(sql).fetchall()
+
+
+def _exact(url: str, sql: str, n_keys: int) -> dict[tuple, list[float]]:
+    return {tuple(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in _rows(url, sql)}
 
 
 def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbour_url: str,
@@ -348,10 +353,8 @@ QUANTILE_QUERIES = [
 
 
 def _cells(url: str, sql: str, n_keys: int, cells: int) -> dict[tuple, list[int]]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(sql).fetchall()
     out: dict[tuple, list[int]] = {}
-    for row in rows:
+    for row in _rows(url, sql):
         out.setdefault(tuple(row[:n_keys]), [0] * cells)[int(row[n_keys])] += int(row[n_keys + 1])
     return out
 
