@@ -381,6 +381,10 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
                  for i, (m, v) in enumerate(zip(race.mechanisms, truncated, strict=True))]
         assert chosen == race.taus[max(range(5), key=lambda i: (noisy[i], -i))]
         assert race.bound(truncated, random.Random(seed)) == min(MARGIN * chosen, 16)
+    # few units for the race's ε (Q(1) = 100 against 4 shifts of 62): the answer keeps the cap, whatever it chose
+    few = [100, 190, 350, 500, 510]
+    assert race.shift(0) == pytest.approx(10 * math.log(5 / 0.01))
+    assert all(race.bound(few, random.Random(seed)) == 16 for seed in range(20))
     replace_race = RaceToTheTop.calibrate(16, 0.5, steps=2)  # replace neighbours move each value twice as far
     assert [m.sensitivity for m in replace_race.mechanisms] == [2, 4, 8, 16, 32]
 
