@@ -500,7 +500,8 @@ def _schema_check(args: argparse.Namespace) -> int:
     print(f"{args.file}: valid. Privacy unit: {schema.describe_unit()} ({schema.neighbouring} neighbours), "
           f"at most {schema.max_groups_per_unit} groups per unit.")
     for table in schema.tables.values():
-        kind = "public" if table.public else f"private, at most {table.max_rows_per_unit} rows per unit"
+        rows = f"{table.max_rows_per_unit} row{'s' * (table.max_rows_per_unit != 1)}"
+        kind = "public" if table.public else f"private, at most {rows} per unit"
         if table.parent is not None:
             kind += f", reaching the unit through {table.parent}"
         print(f"  {table.name} ({kind})")

@@ -395,3 +395,25 @@ def test_quantiles_alone_read_only_their_histograms(demo_schema):
     assert not plan("SELECT sex, MAX(age) FROM people GROUP BY sex", demo_schema).needs_statistics  # public keys
     assert plan("SELECT state, MAX(age) FROM people GROUP BY state", demo_schema).needs_statistics  # selection
     assert plan("SELECT MAX(age), COUNT(*) FROM people", demo_schema).needs_statistics
+
+
+def test_hints_show_a_query_of_the_analysts_own_schema():
+    """A clinic's analysts are not shown the demo's tables: the hint's example is a query their schema answers,
+    and a table bounded to one row per unit says "1 row"."""
+    from dpsql.schema import parse_schema
+
+    clinic = parse_schema({
+        "privacy": {"unit": "patients.patient_id"},
+        "tables": {"patients": {"columns": {"patient_id": "bigint", "region": {"type": "text"}}},
+                   "appointments": {"unit_column": "patient_id", "max_rows_per_unit": 1,
+                                    "columns": {"patient_id": "bigint",
+                                                "kind": {"type": "text", "domain": ["new", "follow-up"]}}}}})
+    with pytest.raises(errors.PrivacyRefusal) as caught:
+        analyze(check_query("SELECT * FROM appointments", clinic), clinic, frozenset())
+    assert caught.value.hint.endswith("SELECT kind, COUNT(*) FROM appointments GROUP BY kind")
+    assert "people" not in caught.value.hint
+    notes = analyze(check_query("SELECT COUNT(*) FROM appointments", clinic), clinic, frozenset()).notes
+    assert any("at most 1 row per unit (declared)" in note for note in notes)
+    bare = parse_schema({"privacy": {"unit": "patients.patient_id"},
+                         "tables": {"patients": {"columns": {"patient_id": "bigint"}}}})
+    assert bare.example_query() == "SELECT COUNT(*) FROM patients"

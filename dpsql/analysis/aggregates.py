@@ -67,7 +67,7 @@ def measure(scope: Scope) -> None:
     elif not found:
         raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
                              "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
-                             "SELECT state, COUNT(*) FROM people GROUP BY state")
+                             + scope.schema.example_query())
     scope.aggregates = list(found.values())
     ratios = [a for a in scope.aggregates if len(a.measures) > 1 and not a.chosen]
     if ratios and scope.unit is not None and scope.rows_per_unit > 1 and scope.max_groups == 1 \

@@ -150,6 +150,17 @@ class PrivacySchema:
     def describe_unit(self) -> str:
         return "each row" if self.row_level else f"{self.unit_table}.{self.unit_column}"
 
+    def example_query(self) -> str:
+        """A query this schema answers, for hints: a count per value of a column with a declared domain (or a
+        boolean) of a private table, the unit's own table first; else a count of the unit's table's rows."""
+        private = sorted((t for t in self.tables.values() if not t.public),
+                         key=lambda t: (t.name != self.unit_table, t.name))
+        for table in private:
+            for column in table.columns.values():
+                if column.local is None and (column.domain is not None or column.type == "boolean"):
+                    return f"SELECT {column.name}, COUNT(*) FROM {table.name} GROUP BY {column.name}"
+        return f"SELECT COUNT(*) FROM {private[0].name}" if private else "SELECT COUNT(*) FROM t"
+
     def sqlglot_schema(self) -> dict[str, dict[str, str]]:
         """The declared tables in the form `sqlglot.optimizer.qualify` takes."""
         return {t.name: {c.name: c.type for c in t.columns.values()} for t in self.tables.values()}

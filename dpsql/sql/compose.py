@@ -82,9 +82,10 @@ def _sequential(tree: exp.Select) -> Composition:
         select = subquery.this
         if not isinstance(select, exp.Select) or select.args.get("group") or len(select.expressions) != 1 \
                 or not select.expressions[0].find(*AGGREGATES):
+            table = next((t.name for t in select.find_all(exp.Table)), "t")
             raise UnsupportedQuery(f"the subquery ({to_sql(select)}) is not one aggregate value",
                                    "a scalar subquery is answered when it is one aggregate without GROUP BY, e.g. "
-                                   "(SELECT AVG(income) FROM people)")
+                                   f"(SELECT COUNT(*) FROM {table})")
         own = {t.alias_or_name for t in select.find_all(exp.Table)}
         outside = [c for c in select.find_all(exp.Column) if c.table and c.table not in own]
         if outside:
