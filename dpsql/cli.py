@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
                              help="show sensitivity, cost and rewritten SQL; runs nothing")
     explain.set_defaults(run=_explain)
 
-    budget = sub.add_parser("budget", parents=[common, printing], help="the analyst's budget: spent and left")
+    budget = sub.add_parser("budget", parents=[common, printing],
+                            help="the analyst's budget: spent and left (without --analyst: every analyst's)")
     budget.add_argument("--group-size", type=int, help="also the guarantee for groups of this many units "
                                                        "(default: the privacy schema's group_size)")
     budget.set_defaults(run=_budget)
@@ -372,10 +373,12 @@ def _ingest(args: argparse.Namespace) -> int:
 def _budget(args: argparse.Namespace) -> int:
     from dpsql.schema import load_schema
     settings = _settings(args)
-    analyst = _require_analyst(settings)
     with _ledger(settings) as ledger:
         group_size = args.group_size or (load_schema(settings.schema).group_size if settings.schema else 1)
-        budget = ledger.budget(analyst)
+        if not settings.analyst:  # the data owner's view of the ledger, as `dpsql analyst list` shows it
+            _print_budgets(ledger.analysts(), args.format)
+            return 0
+        budget = ledger.budget(settings.analyst)
         print(render_rows(*budget_rows([budget], settings.epsilon, group_size), args.format))
         if args.format == "table":
             print(describe_budget(budget, settings.epsilon, group_size))

@@ -74,6 +74,14 @@ def test_budget_and_analysts_in_every_format(capsys, common, base_url):
     assert code == 0 and out.splitlines()[0].split("|")[0].strip() == "analyst" and "(1 row)" in out
 
 
+def test_budget_without_an_analyst_lists_everyones(capsys, monkeypatch, common, base_url):
+    monkeypatch.delenv("DPSQL_ANALYST", raising=False)
+    analyst = common[common.index("--analyst") + 1]
+    code, out, _ = _run(capsys, "budget", "--format", "json", "--database", base_url)
+    names = [row["analyst"] for row in json.loads(out)["rows"]]
+    assert code == 0 and analyst in names
+
+
 def test_exit_codes(capsys, common, base_url, engine):
     assert _run(capsys, "query", "SELECT * FROM people", *common)[0] == 1  # refused
     assert _run(capsys, "query", "SELEC 1", *common)[0] == 1
