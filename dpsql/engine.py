@@ -386,9 +386,8 @@ class Engine:
         """With rows per unit chosen from the data, the plan whose race bounds each unit's total of the query's one
         sum instead of its rows (`_bounds_totals`): analysed with that total unbounded, which shapes an AVG as a
         plain sum over a count. None where the query is not of that kind."""
-        if options.rows_per_unit != "auto" or plan.unit is None or plan.stability is not None or plan.local_key \
-                or not plan.aggregates or not all(a.kind in ("sum", "avg") and a.arg_range is not None
-                                                  and a.arg_range.lo >= 0 for a in plan.aggregates):
+        if not _raceable(plan, options) or not plan.aggregates or not all(
+                a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in plan.aggregates):
             return None
         totals = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
                          self._not_null, None, self._time_zone, math.inf)  # the race reads it; nothing runs it
@@ -535,8 +534,7 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
     declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
     top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
-    if options.rows_per_unit != "auto" or plan.unit is None or plan.stability is not None or plan.local_key \
-            or not (plan.measures or plan.histograms):
+    if not _raceable(plan, options) or not (plan.measures or plan.histograms):
         return None
     steps = 2 if plan.neighbouring == "replace" else 1
     if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
@@ -546,6 +544,13 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     if plan.rows_per_unit <= 1:
         return None
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)
+
+
+def _raceable(plan: Plan, options: Options) -> bool:
+    """Whether a bound may be chosen from the data: asked for, and a per-unit stage to enforce it (row-level joins
+    and locally randomized keys keep the declared bounds)."""
+    return (options.rows_per_unit == "auto" and plan.unit is not None and plan.stability is None
+            and not plan.local_key)
 
 
 TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ
