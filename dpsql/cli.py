@@ -165,9 +165,17 @@ def _parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="privacy schema tools")
     schema.set_defaults(usage_of=schema)
     schema_sub = schema.add_subparsers(metavar="ACTION")
-    check = schema_sub.add_parser("check", help="validate a privacy schema file")
+    check = schema_sub.add_parser("check", help="validate a privacy schema file (and, with --database, check it "
+                                  "against the database's catalog and data)")
     check.add_argument("file")
+    check.add_argument("--database", help="postgresql:// URL: check tables, columns, types and foreign keys, then "
+                                          "show (to you, the owner) data outside the declared domains and bounds")
     check.set_defaults(run=_schema_check)
+    draft = schema_sub.add_parser("draft", help="print a privacy schema drafted from a database's catalog")
+    draft.add_argument("database", metavar="URL", help="postgresql:// URL of the database to describe")
+    draft.add_argument("--unit", metavar="TABLE.KEY", help="the privacy unit's key (default: the key that most "
+                                                           "tables reach through foreign keys)")
+    draft.set_defaults(run=_schema_draft)
 
     analyst = sub.add_parser("analyst", help="manage analysts and their budgets")
     analyst.set_defaults(usage_of=analyst)
@@ -519,6 +527,46 @@ def _schema_check(args: argparse.Namespace) -> int:
             if column.max_frequency:
                 facts.append(f"max frequency {column.max_frequency}")
             print(f"    {column.name}: {', '.join(facts)}")
+    if args.database:
+        _check_against_database(schema, args.database)
+    return 0
+
+
+def _check_against_database(schema, url: str) -> None:
+    """The schema against the catalog (SchemaError on a mismatch), then the owner's view of the data."""
+    import psycopg
+
+    from dpsql.backends import PostgresBackend
+    from dpsql.owner import data_report
+    from dpsql.schema.catalog import require_catalog
+    backend = PostgresBackend(url, max_connections=1)
+    try:
+        require_catalog(schema, backend.catalog())
+    finally:
+        backend.close()
+    print(f"{url}: every declared table and column exists with a compatible type, and every private table reaches "
+          "the unit through a foreign key.")
+    with psycopg.connect(url) as conn:
+        conn.read_only = True
+        found = data_report(conn, schema)
+    print("The data against the schema (exact counts read with your access, for you only: not a release):")
+    for line in found or ["every value is inside its domain and bounds, and no unit is above its table's cap"]:
+        print(f"  - {line}")
+
+
+def _schema_draft(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from dpsql.backends import PostgresBackend
+    from dpsql.owner import draft
+    backend = PostgresBackend(args.database, max_connections=1)
+    try:
+        catalog = backend.catalog()
+    finally:
+        backend.close()
+    with psycopg.connect(args.database) as conn:
+        conn.read_only = True
+        print(draft(conn, catalog, args.unit), end="")
     return 0
 
 

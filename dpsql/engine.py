@@ -50,6 +50,7 @@ from dpsql.postprocess import INTERVALS_COVER, Accuracy, Result, evaluate, finis
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, contributions, rewrite
 from dpsql.schema import PrivacySchema, load_schema
+from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 from dpsql.sql.compose import SCALAR, Composition, compose
@@ -182,8 +183,11 @@ class Engine:
         self.settings, self.schema = settings, schema
         self.backend = _backend(settings, schema)
         self.ledger = Ledger(settings.ledger or settings.database, connect_wait=settings.connect_timeout_s)
-        self._unique = self.backend.unique_columns()
-        self._not_null = self.backend.not_null_columns()
+        catalog = self.backend.catalog()  # None on Spark, which holds no keys
+        if catalog is not None:
+            require_catalog(schema, catalog)  # an owner's mistake stops here, before any analyst is charged for it
+        self._unique = catalog.unique if catalog is not None else frozenset()
+        self._not_null = catalog.not_null if catalog is not None else frozenset()
         self._time_zone = self.backend.time_zone()
         self._indexed = self.backend.indexed_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))

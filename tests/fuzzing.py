@@ -57,10 +57,12 @@ UNIT_SCHEMA = {
             "seen": {"type": "timestamptz", "lower": "2024-01-01T00:00:00+00:00",
                      "upper": "2024-12-31T23:59:59+00:00"},
             "nick": "text"}},  # bpchar in the database: equality ignores trailing spaces, its text keeps them
-        "visits": {"unit_column": "person_id", "max_rows_per_unit": 5, "columns": {
+        # no foreign keys (trust_link): orphan and NULL links are part of what is fuzzed
+        "visits": {"unit_column": "person_id", "max_rows_per_unit": 5, "trust_link": True, "columns": {
             "visit_id": "bigint", "person_id": "bigint", "day": "date", "category": "text",
             "amount": {"type": "double precision", "lower": 0, "upper": 1000}, "note": "text"}},
-        "prescriptions": {"parent": "visit_id -> visits.visit_id", "max_rows_per_unit": 8, "columns": {
+        "prescriptions": {"parent": "visit_id -> visits.visit_id", "max_rows_per_unit": 8, "trust_link": True,
+                          "columns": {
             "rx_id": "bigint", "visit_id": "bigint", "drug": "text",
             "cost": {"type": "double precision", "lower": 0, "upper": 200}}},
         "states": {"public": True, "columns": {"code": {"type": "text", "unique": True}, "region": "text"}},

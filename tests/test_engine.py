@@ -145,25 +145,32 @@ def test_concurrent_queries_never_overspend(engine):
     assert budget.epsilon_spent == pytest.approx(10.0)
 
 
-def test_a_schema_the_database_does_not_match_is_refused_before_any_charge(base_url):
-    """A column the schema declares and the table lacks fails whatever the data: PostgreSQL's planner says so
-    (EXPLAIN, no row read), and the query is refused before its charge, without PostgreSQL's text."""
-    schema = load_schema(DEMO_SCHEMA)
+def test_a_schema_the_database_stopped_matching_is_refused_before_any_charge(base_url):
+    """A column dropped after the engine started (its catalog check passed) fails whatever the data: PostgreSQL's
+    planner says so (EXPLAIN, no row read), and the query is refused before its charge, without PostgreSQL's
+    text."""
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS ghosted; CREATE TABLE ghosted (person_id bigint PRIMARY KEY "
+                     "REFERENCES people (person_id), ghost integer)")
     broken = parse_schema({
         "privacy": {"unit": "people.person_id"},
-        "tables": {"people": {"columns": {"person_id": "bigint",
-                                          "ghost": {"type": "integer", "lower": 0, "upper": 9}}}},
+        "tables": {"people": {"columns": {"person_id": "bigint"}},
+                   "ghosted": {"unit_column": "person_id", "max_rows_per_unit": 1, "columns": {
+                       "person_id": "bigint", "ghost": {"type": "integer", "lower": 0, "upper": 9}}}},
     })
-    assert schema.tables["people"].columns  # the real schema has no "ghost" column in the database
     eng = Engine(Settings(database=base_url), broken)
     try:
+        with psycopg.connect(base_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE ghosted DROP COLUMN ghost")
         eng.ledger.add_analyst("unlucky", 5.0, 0.0)
         with pytest.raises(errors.SchemaError) as caught:
-            eng.query("SELECT SUM(ghost) FROM people", analyst="unlucky", epsilon=1.0)
+            eng.query("SELECT SUM(ghost) FROM ghosted", analyst="unlucky", epsilon=1.0)
         assert "ghost" not in str(caught.value) and "does not exist" not in str(caught.value)
         assert "42703" in str(caught.value) and eng.budget("unlucky").epsilon_spent == 0.0
     finally:
         eng.close()
+        with psycopg.connect(base_url, autocommit=True) as conn:
+            conn.execute("DROP TABLE ghosted")
 
 
 @pytest.mark.parametrize(("condition", "sqlstate", "constant"), [

@@ -313,7 +313,8 @@ def row_neighbours(server, template) -> dict[str, str]:
         url = urls[name] = copy_database(server, template, f"dpsql_row_{name}")
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("ALTER TABLE prescriptions DROP CONSTRAINT prescriptions_visit_id_fkey; "
-                         "ALTER TABLE visits DROP CONSTRAINT visits_person_id_fkey")
+                         "ALTER TABLE visits DROP CONSTRAINT visits_person_id_fkey; "
+                         "ALTER TABLE screenings DROP CONSTRAINT screenings_person_id_fkey")
             assert conn.execute(change).rowcount == 1
     return urls
 

@@ -281,7 +281,7 @@ def _pre_noise_rows(server, tmp_path, name: str, visits: str, column: str, inser
         conn.execute(f"CREATE DATABASE {name}")
     with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY)")
-        cur.execute(f"CREATE TABLE visits (person_id bigint, {visits})")
+        cur.execute(f"CREATE TABLE visits (person_id bigint REFERENCES people (person_id), {visits})")
         for insert in inserts:
             cur.execute(insert)
         cur.execute("ANALYZE")

@@ -303,7 +303,7 @@ def test_an_invalid_unique_index_guarantees_nothing(server, template):
             == (False,)
     backend = PostgresBackend(url, max_connections=1)
     try:
-        unique = backend.unique_columns()
+        unique = backend.catalog().unique
     finally:
         backend.close()
     assert ("dup", "k") not in unique and ("people", "person_id") in unique

@@ -25,6 +25,7 @@ from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoade
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dpsql.errors import BackendError, BackendUnavailable, InvalidConstant, QueryCancelled, SchemaError
+from dpsql.schema.catalog import Catalog
 
 log = logging.getLogger("dpsql.backend")
 FAILED = ("PostgreSQL did not finish the query: it failed or ran past the statement timeout (which of the two, and "
@@ -147,19 +148,21 @@ class PostgresBackend:
         with self.session(cancel) as session:
             return session.run(sql)
 
-    def unique_columns(self) -> frozenset[tuple[str, str]]:
-        """(table, column) pairs that a single-column primary key or unique index guarantees (catalog only). An
-        invalid index (left by a failed CREATE UNIQUE INDEX CONCURRENTLY) guarantees nothing."""
-        sql = """
-            SELECT c.relname, a.attname
-            FROM pg_index i
-            JOIN pg_class c ON c.oid = i.indrelid
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]
-            WHERE i.indisunique AND i.indisvalid AND i.indnatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL
-              AND n.nspname = 'public'
-        """
-        return frozenset((table, column) for table, column in self.execute(sql))
+    def catalog(self) -> Catalog:
+        """The tables of the `public` schema as the catalog declares them: columns and types, single-column primary
+        and unique keys, NOT NULL constraints and validated foreign keys. Catalog only, never a row. An invalid
+        index (left by a failed CREATE UNIQUE INDEX CONCURRENTLY) or a NOT VALID key guarantees nothing."""
+        columns: dict[str, dict[str, str]] = {}
+        not_null, enums = set(), set()
+        for table, column, type_name, required, enum in self.execute(CATALOG_COLUMNS):
+            columns.setdefault(table, {})[column] = type_name
+            if required:
+                not_null.add((table, column))
+            if enum:
+                enums.add(type_name)
+        references = {(t, c): (rt, rc) for t, c, rt, rc in self.execute(CATALOG_FOREIGN_KEYS)}
+        return Catalog(columns, frozenset(map(tuple, self.execute(CATALOG_UNIQUE))), frozenset(not_null),
+                       references, frozenset(enums))
 
     def check(self, sql: str) -> None:
         """The statement planned, not run (EXPLAIN reads the catalog, never a row), so what fails whatever the data
@@ -205,23 +208,39 @@ class PostgresBackend:
         """The TimeZone of the sessions that run the queries (the server's or the database's default)."""
         return str(self.execute("SHOW TimeZone")[0][0])
 
-    def not_null_columns(self) -> frozenset[tuple[str, str]]:
-        """(table, column) pairs whose NOT NULL constraint the catalog holds."""
-        sql = """
-            SELECT c.relname, a.attname
-            FROM pg_attribute a
-            JOIN pg_class c ON c.oid = a.attrelid
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE a.attnotnull AND a.attnum > 0 AND NOT a.attisdropped AND n.nspname = 'public'
-              AND c.relkind IN ('r', 'p')
-        """
-        return frozenset((table, column) for table, column in self.execute(sql))
-
     def close(self) -> None:
         self._pool.close()
 
 
 EXPLAIN = "EXPLAIN (COSTS OFF) "
+CATALOG_COLUMNS = """
+    SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull AND c.relkind IN ('r', 'p'),
+           t.typtype = 'e'
+    FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attnum > 0 AND NOT a.attisdropped AND n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+"""
+CATALOG_UNIQUE = """
+    SELECT c.relname, a.attname
+    FROM pg_index i
+    JOIN pg_class c ON c.oid = i.indrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]
+    WHERE i.indisunique AND i.indisvalid AND i.indnatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL
+      AND n.nspname = 'public'
+"""
+CATALOG_FOREIGN_KEYS = """
+    SELECT c.relname, a.attname, rc.relname, ra.attname
+    FROM pg_constraint k
+    JOIN pg_class c ON c.oid = k.conrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_class rc ON rc.oid = k.confrelid
+    JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = k.conkey[1]
+    JOIN pg_attribute ra ON ra.attrelid = k.confrelid AND ra.attnum = k.confkey[1]
+    WHERE k.contype = 'f' AND k.convalidated AND cardinality(k.conkey) = 1 AND n.nspname = 'public'
+"""
 
 
 def _constant_at(sql: str, position: str | None, offset: int) -> str:

@@ -4,8 +4,8 @@ Spark Connect). The ledger, the answer cache and the shadow catalog stay in Post
 
 What the guarantee rests on must mean the same on Spark; where Spark differs, the rule is here:
 
-- No constraint is trusted: Spark has no primary keys to verify, so `unique_columns` and `not_null_columns` are
-  empty and every bound (rows per unit, key frequencies) is enforced by the rewrite.
+- No constraint is trusted: Spark has no primary keys to verify, so `catalog` is None (no key, no NOT NULL) and
+  every bound (rows per unit, key frequencies) is enforced by the rewrite.
 - Integer division: PostgreSQL's `int / int` truncates; Spark's `/` returns a double. The query is typed
   (sqlglot's qualify and annotate_types over the declared columns), and each integer division becomes
   `CAST(a / b AS BIGINT)`, which truncates toward zero as PostgreSQL does (exact below 2^53).
@@ -358,11 +358,8 @@ class SparkBackend:
         with self.session() as session:
             return session.run(sql)
 
-    def unique_columns(self) -> frozenset[tuple[str, str]]:
-        return frozenset()  # Spark verifies no keys: every bound is enforced by the rewrite
-
-    def not_null_columns(self) -> frozenset[tuple[str, str]]:
-        return frozenset()
+    def catalog(self) -> None:
+        return None  # Spark verifies no keys (every bound is enforced by the rewrite), and its types are its own
 
     def time_zone(self) -> None:
         return None  # date_trunc's periods are not computed for Spark's timestamps: its keys stay private

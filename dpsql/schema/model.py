@@ -128,6 +128,7 @@ class Table:
     parent: ParentKey | None = None  # for a private table without unit_column: the link towards the unit
     released: str | None = None  # a public table a release published (what it was): answered exactly, free
     path: str | None = None  # on Spark: Parquet files holding the table, where the Spark catalog has none
+    trust_link: bool = False  # the owner vouches for unit_column or parent where no foreign key declares it
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,8 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
     if not isinstance(spec, dict):
         problems.append(f"{where} must be a table of settings")
         return None
-    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent", "released", "path"}
+    unknown = set(spec) - {"public", "unit_column", "max_rows_per_unit", "columns", "parent", "released", "path",
+                          "trust_link"}
     if unknown:
         problems.append(f"{where} has unknown settings: {', '.join(sorted(unknown))}")
     public = spec.get("public", False)
@@ -121,9 +122,13 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
         problems.append(f'{where} released = "..." describes a public table that a release published: it needs '
                         "public = true and a description")
         released = None
+    trust_link = spec.get("trust_link", False)
+    if not isinstance(trust_link, bool):
+        problems.append(f"{where} trust_link must be true or false")
+        trust_link = False
     if public:
-        if table_unit_column is not None or "max_rows_per_unit" in spec or parent is not None:
-            problems.append(f"{where} is public: unit_column, parent and max_rows_per_unit do not apply")
+        if table_unit_column is not None or "max_rows_per_unit" in spec or parent is not None or trust_link:
+            problems.append(f"{where} is public: unit_column, parent, max_rows_per_unit and trust_link do not apply")
         return Table(name, columns, public=True, released=released, path=path)
     if unit_table is None:  # row-level privacy
         if table_unit_column is not None or parent is not None:
@@ -148,7 +153,7 @@ def _parse_table(name: str, spec: Any, unit_table: str | None, unit_column: str 
                         "(the most rows one unit may have; rows beyond it are bounded away by the rewrite)")
         max_rows = 1
     return Table(name, columns, unit_column=table_unit_column, max_rows_per_unit=int(max_rows), parent=parent,
-                 path=path)
+                 path=path, trust_link=trust_link)
 
 
 def _parse_parent(where: str, spec: Any, columns: dict[str, Column], problems: list[str]) -> ParentKey | None:
