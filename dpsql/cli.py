@@ -190,9 +190,16 @@ def _parser() -> argparse.ArgumentParser:
     grant.add_argument("--epsilon", type=float, required=True)
     grant.add_argument("--delta", type=float, default=0.0)
     grant.set_defaults(run=_analyst_grant)
+    setting = analyst_sub.add_parser("set", parents=[common, printing],
+                                     help="set an analyst's budget (raise or lower; never below what is spent)")
+    setting.add_argument("name")
+    setting.add_argument("--epsilon", type=float, required=True)
+    setting.add_argument("--delta", type=float, help="the δ total (default: unchanged)")
+    setting.set_defaults(run=_analyst_set)
     listing = analyst_sub.add_parser("list", parents=[common, printing], help="list analysts and budgets")
     listing.set_defaults(run=_analyst_list)
-    remove = analyst_sub.add_parser("remove", parents=[common], help="remove an analyst")
+    remove = analyst_sub.add_parser("remove", parents=[common],
+                                    help="disable an analyst (no more logins or queries; its charges stay)")
     remove.add_argument("name")
     remove.set_defaults(run=_analyst_remove)
     passwd = analyst_sub.add_parser("passwd", parents=[common],
@@ -209,6 +216,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("html", "json"), default="html")
     report.add_argument("--out", help="file to write (default: dpsql-ledger-report.html; JSON goes to stdout)")
     report.set_defaults(run=_ledger_report)
+    export = ledger_sub.add_parser("export", parents=[common], help="every charge and budget change (removed "
+                                   "analysts' too), oldest first, as JSON lines or CSV")
+    export.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    export.add_argument("--out", help="file to write (default: stdout)")
+    export.set_defaults(run=_ledger_export)
+    backup = ledger_sub.add_parser("backup", parents=[common], help="write the whole ledger to FILE (owner-only: "
+                                   "it holds the secret keyed-hash seed)")
+    backup.add_argument("file")
+    backup.set_defaults(run=_ledger_backup)
+    restore = ledger_sub.add_parser("restore", parents=[common], help="restore a backup into an empty ledger")
+    restore.add_argument("file")
+    restore.set_defaults(run=_ledger_restore)
 
     serve = sub.add_parser("serve", parents=[common], help="serve the PostgreSQL wire protocol on a TCP port")
     serve.add_argument("--backend", help="postgresql:// URL of the database, or spark://local[N] / sc://HOST:PORT "
@@ -437,14 +456,29 @@ def _ledger_report(args: argparse.Namespace) -> int:
 
 def _analyst_add(args: argparse.Namespace) -> int:
     with _ledger(_settings(args)) as ledger:
-        _print_budgets([ledger.add_analyst(args.name, args.epsilon, args.delta)], args.format)
+        _print_budgets([ledger.add_analyst(args.name, args.epsilon, args.delta, by=_who())], args.format)
     return 0
 
 
 def _analyst_grant(args: argparse.Namespace) -> int:
     with _ledger(_settings(args)) as ledger:
-        _print_budgets([ledger.grant(args.name, args.epsilon, args.delta)], args.format)
+        _print_budgets([ledger.grant(args.name, args.epsilon, args.delta, by=_who())], args.format)
     return 0
+
+
+def _analyst_set(args: argparse.Namespace) -> int:
+    with _ledger(_settings(args)) as ledger:
+        _print_budgets([ledger.set_budget(args.name, args.epsilon, args.delta, by=_who())], args.format)
+    return 0
+
+
+def _who() -> str:
+    """Who changes a budget, for the ledger's history: the operating-system user running the command."""
+    import getpass
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
 
 
 def _analyst_list(args: argparse.Namespace) -> int:
@@ -455,9 +489,42 @@ def _analyst_list(args: argparse.Namespace) -> int:
 
 def _analyst_remove(args: argparse.Namespace) -> int:
     with _ledger(_settings(args)) as ledger:
-        ledger.remove(args.name)
-    print(f"removed analyst {args.name}")
+        ledger.remove(args.name, by=_who())
+    print(f"removed analyst {args.name}: no more logins or queries; its charges stay in the ledger "
+          "(`dpsql ledger export`)")
     return 0
+
+
+def _ledger_export(args: argparse.Namespace) -> int:
+    from dpsql.accounting.archive import export
+    with _ledger(_settings(args)) as ledger:
+        text = export(ledger, args.format)
+    if args.out is None:
+        print(text, end="")
+    else:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {text.count(chr(10)) - (args.format == 'csv')} records to {args.out}")
+    return 0
+
+
+def _ledger_backup(args: argparse.Namespace) -> int:
+    from dpsql.accounting.archive import BACKUP_WARNING, backup
+    with _ledger(_settings(args)) as ledger:
+        counts = backup(ledger, args.file)
+    print(f"wrote the ledger to {args.file} ({_counted(counts)}), readable by you only: {BACKUP_WARNING}")
+    return 0
+
+
+def _ledger_restore(args: argparse.Namespace) -> int:
+    from dpsql.accounting.archive import restore
+    with _ledger(_settings(args)) as ledger:
+        counts = restore(ledger, args.file)
+    print(f"restored the ledger from {args.file} ({_counted(counts)})")
+    return 0
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {table.replace('_', ' ')}" for table, n in counts.items())
 
 
 def _analyst_passwd(args: argparse.Namespace) -> int:

@@ -30,8 +30,8 @@ def ledger_report(ledger: Ledger, analyst: str | None = None) -> dict[str, Any]:
             "budget": _budget(budget),
             "typical_epsilon": typical,
             "queries_left_at_typical_epsilon": None if typical is None else budget.answers_left(Cost.pure(typical)),
-            "charges": [{"at": at.isoformat(), "epsilon": epsilon, "delta": delta, "query": text}
-                        for _, at, epsilon, delta, text in own],
+            "charges": [{"at": at.isoformat(), "epsilon": epsilon, "delta": delta, "query": text, "status": status}
+                        for _, at, epsilon, delta, text, status in own],
         })
     return {"generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "analysts": analysts}
 
@@ -79,9 +79,14 @@ def _budget_table(analysts: list[dict[str, Any]]) -> str:
 
 def _charges_table(charges: list[dict[str, Any]]) -> str:
     rows = "".join(f"<tr><td>{html.escape(c['at'][:19])}</td><td>{c['epsilon']:.4g}</td><td>{c['delta']:.3g}</td>"
+                   f"<td>{STATUS[c['status']]}</td>"
                    f"<td class='q'>{html.escape(c['query'] or '(recorded before query texts were kept)')}</td></tr>"
                    for c in charges)
-    return f"<table><tr><th>at (UTC)</th><th>ε</th><th>δ</th><th>query</th></tr>{rows}</table>"
+    return f"<table><tr><th>at (UTC)</th><th>ε</th><th>δ</th><th>outcome</th><th>query</th></tr>{rows}</table>"
+
+
+STATUS = {"answered": "answered", "failed": "failed (charged: the outcome was released)",
+          "undelivered": "not delivered (pays for the next attempt)"}
 
 
 def _maybe(value: Any, spec: str) -> str:

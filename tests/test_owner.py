@@ -4,13 +4,18 @@ and the data, and no analyst charged for the owner's mistakes."""
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
+from dpsql import errors
+from dpsql.accounting import Cost
 from dpsql.cli import main
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.errors import SchemaError
+from dpsql.report import ledger_report, render_html
 from dpsql.schema import load_schema
 from tests.conftest import database_url
 
@@ -172,3 +177,88 @@ def test_the_owner_sees_values_outside_the_schema(clinic_url, tmp_path, capsys):
     assert "patients.region: 500 rows hold 'West', outside the declared domain" in out
     assert "prescriptions.cost: 0 rows below 0 and 1,320 above 50" in out
     assert "appointments: " in out and "units hold more than max_rows_per_unit = 10 rows" in out
+
+
+def _fresh_database(server, name: str) -> str:
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    return database_url(server, name)
+
+
+@pytest.fixture
+def clinic_engine(server, clinic_url, tmp_path, capsys):
+    """The drafted clinic schema over the clinic data, with its ledger in a database of its own."""
+    _, out, _ = _run(["schema", "draft", clinic_url], capsys)
+    path = tmp_path / "clinic.toml"
+    path.write_text(out)
+    ledger_url = _fresh_database(server, "dpsql_clinic_ledger")
+    engine = Engine(Settings(database=clinic_url, ledger=ledger_url), load_schema(path))
+    yield engine, ledger_url, path
+    engine.close()
+
+
+def test_an_owner_sets_budgets_and_removing_an_analyst_keeps_the_history(clinic_engine, capsys):
+    engine, ledger_url, _ = clinic_engine
+    base = ["--database", ledger_url]
+    assert _run(["analyst", "add", "ana", "--epsilon", "3", *base], capsys)[0] == 0
+    engine.query("SELECT kind, COUNT(*) FROM appointments GROUP BY kind", analyst="ana", epsilon=1.0)
+    code, _, err = _run(["analyst", "set", "ana", "--epsilon", "0.5", *base], capsys)
+    assert code == 1 and 'analyst "ana" has spent ε=1' in err and "would be below it" in err
+    code, out, _ = _run(["analyst", "set", "ana", "--epsilon", "1.5", "--format", "csv", *base], capsys)
+    assert code == 0 and engine.budget("ana").epsilon_total == 1.5
+    assert _run(["analyst", "remove", "ana", *base], capsys)[0] == 0
+    assert engine.ledger.verifier("ana") is None
+    with pytest.raises(errors.UnknownAnalyst):
+        engine.query("SELECT COUNT(*) FROM patients", analyst="ana", epsilon=0.1)
+    code, out, _ = _run(["ledger", "export", *base], capsys)
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["outcome"] for r in records] == ["add", "answered", "set", "remove"]
+    charge = records[1]
+    assert charge["analyst"] == "ana" and charge["epsilon"] == 1.0 and "appointments" in charge["query"]
+    assert records[2]["by"] and records[2]["epsilon"] == 1.5
+    _, csv_out, _ = _run(["ledger", "export", "--format", "csv", *base], capsys)
+    lines = csv_out.splitlines()
+    assert lines[0] == "at,analyst,kind,outcome,epsilon,delta,query,by" and len(lines) == 5
+    # adding the name again brings the analyst back with what it spent: removal never resets spending
+    _run(["analyst", "add", "ana", "--epsilon", "3", *base], capsys)
+    assert engine.budget("ana").epsilon_spent == pytest.approx(1.0)
+
+
+def test_the_report_shows_failed_and_undelivered_charges(clinic_engine):
+    engine, _, _ = clinic_engine
+    ledger = engine.ledger
+    ledger.add_analyst("bo", 5.0, 1e-5)
+    ledger.charge("bo", Cost.pure(0.5), "k1", "a query that timed out")
+    ledger.settle("bo", "k1")
+    ledger.charge("bo", Cost.pure(0.25), "k2", "a query PostgreSQL died under")
+    charges = ledger_report(ledger, "bo")["analysts"][0]["charges"]
+    assert [c["status"] for c in charges] == ["failed", "undelivered"]
+    page = render_html(ledger_report(ledger, "bo"))
+    assert "failed (charged: the outcome was released)" in page and "not delivered (pays for the next" in page
+
+
+def test_a_backup_restores_into_an_empty_ledger_with_the_same_budgets_and_answers(server, clinic_url,
+                                                                                  clinic_engine, tmp_path, capsys):
+    engine, ledger_url, schema = clinic_engine
+    engine.ledger.add_analyst("cy", 4.0, 1e-5)
+    sql = "SELECT kind, COUNT(*) FROM appointments GROUP BY kind"
+    first = engine.query(sql, analyst="cy", epsilon=1.0)
+    file = tmp_path / "ledger.json"
+    code, out, _ = _run(["ledger", "backup", str(file), "--database", ledger_url], capsys)
+    assert code == 0 and "secret keyed-hash seed" in out and (file.stat().st_mode & 0o777) == 0o600
+    assert "seed" in json.loads(file.read_text())["warning"]
+    code, _, err = _run(["ledger", "restore", str(file), "--database", ledger_url], capsys)
+    assert code == 1 and "the ledger is not empty" in err
+    restored_url = _fresh_database(server, "dpsql_clinic_restored")
+    assert _run(["ledger", "restore", str(file), "--database", restored_url], capsys)[0] == 0
+    again = Engine(Settings(database=clinic_url, ledger=restored_url), load_schema(schema))
+    try:
+        assert again.budget("cy") == engine.budget("cy")
+        answer = again.query(sql, analyst="cy", epsilon=1.0)
+        assert answer.cached and answer.rows == first.rows
+        assert again._hash_seed == engine._hash_seed
+        again.ledger.add_analyst("dee", 1.0, 0.0)  # the restored ids go on without a clash
+        again.ledger.charge("dee", Cost.pure(0.1), "k", "q")
+    finally:
+        again.close()

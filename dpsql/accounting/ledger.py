@@ -9,6 +9,9 @@ concurrent queries can never spend more than the budget.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -78,13 +81,40 @@ CREATE TABLE IF NOT EXISTS dpsql.settings (
     key text PRIMARY KEY,
     value text NOT NULL
 );
+-- The ledger is history: a removed analyst is disabled and every charge stays (charges once cascaded away), and
+-- every change of a budget is kept with who made it and when.
+ALTER TABLE dpsql.analysts ADD COLUMN IF NOT EXISTS removed_at timestamptz;
+CREATE TABLE IF NOT EXISTS dpsql.budget_changes (
+    id bigserial PRIMARY KEY,
+    analyst text NOT NULL REFERENCES dpsql.analysts(name),
+    at timestamptz NOT NULL DEFAULT now(),
+    by text NOT NULL,
+    action text NOT NULL,
+    epsilon_total double precision NOT NULL,
+    delta_total double precision NOT NULL
+);
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'dpsql.charges'::regclass AND contype = 'f'
+               AND confdeltype = 'c') THEN
+        ALTER TABLE dpsql.charges DROP CONSTRAINT charges_analyst_fkey,
+            ADD CONSTRAINT charges_analyst_fkey FOREIGN KEY (analyst) REFERENCES dpsql.analysts(name);
+    END IF;
+END $$;
 """
 MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race to a concurrent one
 UNANSWERED = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
               "AND NOT c.settled "
               "AND NOT EXISTS (SELECT 1 FROM dpsql.answers a WHERE a.analyst = %(n)s AND a.query_key = %(k)s))")
 BUDGETS = "SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent " \
-          "FROM dpsql.analysts a"
+          "FROM dpsql.analysts a WHERE removed_at IS NULL"
+RECORD = ("INSERT INTO dpsql.budget_changes (analyst, by, action, epsilon_total, delta_total) "
+          "SELECT name, COALESCE(%(by)s, session_user), %(action)s, epsilon_total, delta_total FROM dpsql.analysts "
+          "WHERE name = %(n)s")
+# each charge's outcome: an answer was released; an outcome other than an answer (failure, timeout, cancel) was;
+# or nothing was (a fault cut the attempt short), and the charge pays for the next attempt at the same query
+CHARGE_STATUS = ("CASE WHEN c.settled THEN 'failed' WHEN EXISTS (SELECT 1 FROM dpsql.answers s WHERE "
+                 "s.analyst = c.analyst AND s.query_key = c.query_key) THEN 'answered' ELSE 'undelivered' END")
 
 class Ledger:
     def __init__(self, conninfo: str, max_connections: int = 8, connect_wait: float = CONNECT_WAIT):
@@ -101,47 +131,88 @@ class Ledger:
     def close(self) -> None:
         self._pool.close()
 
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        """One of the ledger's connections in one transaction (a backup reads the ledger whole, a restore writes
+        it)."""
+        with pooled(self._pool) as conn, conn.transaction():
+            yield conn
+
     # --- analysts -------------------------------------------------------------------------------------------
 
-    def add_analyst(self, name: str, epsilon: float, delta: float) -> Budget:
+    def add_analyst(self, name: str, epsilon: float, delta: float, by: str | None = None) -> Budget:
+        """A new analyst with a budget; a removed one comes back with the new totals and everything it spent
+        before (removing and adding again never resets spending)."""
         epsilon = validate_epsilon(epsilon)
         delta = _validate_delta(delta)
-        with pooled(self._pool) as conn:
+        with pooled(self._pool) as conn, conn.transaction():
+            restored = conn.execute("UPDATE dpsql.analysts SET removed_at = NULL, epsilon_total = %s, "
+                                    "delta_total = %s WHERE name = %s AND removed_at IS NOT NULL",
+                                    (epsilon, delta, name)).rowcount
             try:
-                conn.execute("INSERT INTO dpsql.analysts (name, epsilon_total, delta_total) VALUES (%s, %s, %s)",
-                             (name, epsilon, delta))
+                if not restored:
+                    conn.execute("INSERT INTO dpsql.analysts (name, epsilon_total, delta_total) VALUES (%s, %s, %s)",
+                                 (name, epsilon, delta))
             except psycopg.errors.UniqueViolation:
                 raise InvalidParameter(f'analyst "{name}" already exists',
-                                       f"use `dpsql analyst grant {name} --epsilon E` to top up") from None
+                                       f"use `dpsql analyst grant {name} --epsilon E` to top up, or "
+                                       f"`dpsql analyst set {name} --epsilon E`") from None
+            conn.execute(RECORD, {"n": name, "by": by, "action": "restore" if restored else "add"})
         return self.budget(name)
 
-    def grant(self, name: str, epsilon: float, delta: float = 0.0) -> Budget:
+    def grant(self, name: str, epsilon: float, delta: float = 0.0, by: str | None = None) -> Budget:
         epsilon = validate_epsilon(epsilon, allow_zero=True)
         delta = _validate_delta(delta)
-        with pooled(self._pool) as conn:
+        with pooled(self._pool) as conn, conn.transaction():
             cur = conn.execute("UPDATE dpsql.analysts SET epsilon_total = epsilon_total + %s, "
-                               "delta_total = LEAST(delta_total + %s, 0.999999) WHERE name = %s",
-                               (epsilon, delta, name))
+                               "delta_total = LEAST(delta_total + %s, 0.999999) WHERE name = %s "
+                               "AND removed_at IS NULL", (epsilon, delta, name))
             if cur.rowcount == 0:
                 raise _unknown(name)
+            conn.execute(RECORD, {"n": name, "by": by, "action": "grant"})
         return self.budget(name)
 
-    def remove(self, name: str) -> None:
-        with pooled(self._pool) as conn:
-            if conn.execute("DELETE FROM dpsql.analysts WHERE name = %s", (name,)).rowcount == 0:
+    def set_budget(self, name: str, epsilon: float, delta: float | None = None, by: str | None = None) -> Budget:
+        """Set the analyst's totals (raise or lower), never below what is already spent. Written only if nothing
+        was charged since the check, as a charge is written only if the totals did not change."""
+        epsilon = validate_epsilon(epsilon, allow_zero=True)
+        with pooled(self._pool) as conn, conn.transaction():
+            before = _budget(conn, name)
+            delta = before.delta_total if delta is None else _validate_delta(delta)
+            after = replace(before, epsilon_total=epsilon, delta_total=delta)
+            if not after.within:
+                raise InvalidParameter(
+                    f'analyst "{name}" has spent ε={before.epsilon_spent:g}, δ={before.delta_spent:g}: a budget '
+                    f"of ε={epsilon:g}, δ={delta:g} would be below it", "set a budget at least what is spent")
+            written = conn.execute(
+                "UPDATE dpsql.analysts SET epsilon_total = %s, delta_total = %s WHERE name = %s AND "
+                "epsilon_spent = %s AND delta_spent = %s AND rho_spent = %s AND approx_delta_spent = %s",
+                (epsilon, delta, name, before.epsilon_basic, before.delta_basic, before.rho, before.approx_delta))
+            if written.rowcount == 0:
+                raise OperationalError(f'analyst "{name}" was charged meanwhile; nothing was changed', "run it again")
+            conn.execute(RECORD, {"n": name, "by": by, "action": "set"})
+        return self.budget(name)
+
+    def remove(self, name: str, by: str | None = None) -> None:
+        """Disable the analyst: no more logins or queries; every charge stays in the ledger."""
+        with pooled(self._pool) as conn, conn.transaction():
+            if conn.execute("UPDATE dpsql.analysts SET removed_at = now(), password_verifier = NULL WHERE name = %s "
+                            "AND removed_at IS NULL", (name,)).rowcount == 0:
                 raise _unknown(name)
+            conn.execute(RECORD, {"n": name, "by": by, "action": "remove"})
 
     def set_verifier(self, name: str, verifier: str) -> None:
         """Store an analyst's password verifier (SCRAM or md5 form; never the password)."""
         with pooled(self._pool) as conn:
-            if conn.execute("UPDATE dpsql.analysts SET password_verifier = %s WHERE name = %s",
+            if conn.execute("UPDATE dpsql.analysts SET password_verifier = %s WHERE name = %s AND removed_at IS NULL",
                             (verifier, name)).rowcount == 0:
                 raise _unknown(name)
 
     def verifier(self, name: str) -> str | None:
         """The analyst's password verifier; None for an unknown analyst or one without a password."""
         with pooled(self._pool) as conn:
-            row = conn.execute("SELECT password_verifier FROM dpsql.analysts WHERE name = %s", (name,)).fetchone()
+            row = conn.execute("SELECT password_verifier FROM dpsql.analysts WHERE name = %s AND removed_at IS NULL",
+                               (name,)).fetchone()
         return row[0] if row else None
 
     def analysts(self) -> list[Budget]:
@@ -198,10 +269,17 @@ class Ledger:
                                "retry the query")
 
     def charges(self, name: str | None = None) -> list[tuple]:
-        """Every charge (of one analyst, or of all), oldest first: (analyst, at, ε, δ, the query's canonical text)."""
+        """Every charge (of one analyst, or of all, removed ones too), oldest first: (analyst, at, ε, δ, the query's
+        canonical text, its status: answered, failed or undelivered)."""
         with pooled(self._pool) as conn:
-            return conn.execute("SELECT analyst, at, epsilon, delta, query_text FROM dpsql.charges "
+            return conn.execute(f"SELECT analyst, at, epsilon, delta, query_text, {CHARGE_STATUS} FROM dpsql.charges c "
                                 "WHERE %(n)s::text IS NULL OR analyst = %(n)s ORDER BY at, id", {"n": name}).fetchall()
+
+    def budget_changes(self) -> list[tuple]:
+        """Every budget change, oldest first: (analyst, at, by, action, ε total, δ total after it)."""
+        with pooled(self._pool) as conn:
+            return conn.execute("SELECT analyst, at, by, action, epsilon_total, delta_total FROM dpsql.budget_changes "
+                                "ORDER BY at, id").fetchall()
 
     def settle(self, name: str, query_key: str) -> None:
         """The query's charge stands for an attempt that released an outcome (not an answer): a failure, a timeout
@@ -219,7 +297,7 @@ class Ledger:
 
 
 def _budget(conn: psycopg.Connection, name: str) -> Budget:
-    row = conn.execute(f"{BUDGETS} WHERE name = %s", (name,)).fetchone()
+    row = conn.execute(f"{BUDGETS} AND name = %s", (name,)).fetchone()
     if row is None:
         raise _unknown(name)
     return _as_budget(row)
