@@ -46,7 +46,9 @@ class Settings:
     tls_key: str | None = None
     max_client_connections: int = 64  # past it, logins get 53300; each client may hold one shadow session, so
     #                                    this plus dpsql's 16 pooled connections fits PostgreSQL's default 100
-    idle_session_timeout_s: float = 0.0  # close a client silent this long outside a transaction (0: never)
+    max_analyst_connections: int = 16  # one analyst's logins past it get 53300, so the rest stay for the others
+    max_prepared_statements: int = 1000  # named prepared statements per connection; past it, Parse gets 53400
+    idle_session_timeout_s: float = 1800.0  # close a client silent this long outside a transaction (0: never)
     idle_in_transaction_session_timeout_s: float = 0.0  # the same inside a BEGIN block (0: never)
     metrics_listen: str | None = None  # HOST:PORT for Prometheus' scrapes of /metrics (None: off)
     shadow_database: str | None = None  # postgresql:// URL of the data-free catalog copy; default: created

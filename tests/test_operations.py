@@ -225,6 +225,47 @@ def test_connection_limit_refuses_with_53300_and_cancels_still_work(deployed: De
         deployed.stop(server)
 
 
+def test_one_analyst_cannot_hold_every_connection(deployed: Deployment):
+    """PgBouncer's max_user_connections: one analyst's logins past max_analyst_connections get PostgreSQL's 53300
+    for a role's connection limit, and every other analyst still logs in and is answered."""
+    cap = deployed.engine.settings.max_analyst_connections
+    assert 0 < cap < deployed.engine.settings.max_client_connections
+    held = [psycopg.connect(deployed.dsn(user="ops"), autocommit=True) for _ in range(cap)]
+    try:
+        with pytest.raises(psycopg.OperationalError) as refused:
+            psycopg.connect(deployed.dsn(user="ops"))
+        assert 'too many connections for role "ops"' in str(refused.value)
+        with psycopg.connect(deployed.dsn(user="ops2"), autocommit=True) as other:
+            assert _dp(other, 41) > 0
+        held.pop().close()
+        time.sleep(0.2)
+        with psycopg.connect(deployed.dsn(user="ops"), autocommit=True) as again:  # room again
+            assert again.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_prepared_statements_per_connection_are_bounded(deployed: Deployment):
+    """A connection may hold max_prepared_statements named statements; the next Parse gets 53400 and the
+    connection goes on (the unnamed statement, and those it deallocates, stay usable)."""
+    server = deployed.another_server(max_prepared_statements=5)
+    try:
+        with psycopg.connect(deployed.dsn(server.port), autocommit=True) as conn:
+            pgconn = conn.pgconn
+            for i in range(5):
+                assert pgconn.prepare(f"s{i}".encode(), b"SELECT 1").status == psycopg.pq.ExecStatus.COMMAND_OK
+            failed = pgconn.prepare(b"s5", b"SELECT 1")
+            assert failed.status == psycopg.pq.ExecStatus.FATAL_ERROR
+            assert failed.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"53400"
+            assert b"max_prepared_statements = 5" in failed.error_message
+            assert conn.execute("SELECT 1").fetchone() == (1,)  # unnamed statements are not counted
+            conn.execute("DEALLOCATE s0")
+            assert pgconn.prepare(b"s5", b"SELECT 1").status == psycopg.pq.ExecStatus.COMMAND_OK
+    finally:
+        deployed.stop(server)
+
+
 def test_idle_session_timeout_ends_the_session_as_postgresql_does(deployed: Deployment):
     server = deployed.another_server(idle_timeout=0.5)
     try:

@@ -73,7 +73,7 @@ class Server:
     def __init__(self, gateway: Gateway, listen: ListenAddress, *, auth_method: str = "scram-sha-256",
                  tls: ssl.SSLContext | None = None, max_clients: int = 64, idle_timeout: float = 0.0,
                  idle_in_transaction_timeout: float = 0.0, login_timeout: float = LOGIN_TIMEOUT,
-                 metrics_listen: ListenAddress | None = None):
+                 metrics_listen: ListenAddress | None = None, max_prepared_statements: int = 0):
         if auth_method not in METHODS:
             raise ConfigError(f'unknown auth method "{auth_method}"', f"use one of {', '.join(METHODS)}")
         if auth_method == "password" and tls is None:
@@ -83,6 +83,7 @@ class Server:
         self._conversations: dict[int, Conversation] = {}
         self._handlers: set[asyncio.Task] = set()  # one per open client connection
         self.max_clients, self.login_timeout = max_clients, login_timeout
+        self.max_prepared_statements = max_prepared_statements
         self.idle_timeout, self.idle_in_transaction_timeout = idle_timeout, idle_in_transaction_timeout
         # a client runs one statement at a time, so one worker per allowed client means no statement ever waits
         self._executor = ThreadPoolExecutor(max_clients, thread_name_prefix="dpsql-statement")
@@ -138,7 +139,8 @@ class Server:
         process_id = next(self._ids)
         conversation = Conversation(self.gateway, process_id=process_id, secret=secrets.token_bytes(4),
                                     auth_method=self.auth_method, tls_available=self.tls is not None,
-                                    admitted=len(self._conversations) < self.max_clients)
+                                    admitted=len(self._conversations) < self.max_clients,
+                                    max_statements=self.max_prepared_statements)
         metrics = self.gateway.metrics
         opened = loop.time()
         if conversation.admitted:
@@ -212,13 +214,14 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
     try:
         # the shadow catalog lives in PostgreSQL: beside the data, or beside the ledger when the data is on Spark
         shadow_url, role = create_shadow(settings.ledger or settings.database, engine.schema, settings.shadow_database)
-        gateway = Gateway(engine, shadow_url, role)
+        gateway = Gateway(engine, shadow_url, role, settings.max_analyst_connections)
     except BaseException:
         engine.close()
         raise
     try:
         server = Server(gateway, parse_listen(listen or settings.listen), auth_method=settings.auth,
                         tls=tls_context(settings), max_clients=settings.max_client_connections,
+                        max_prepared_statements=settings.max_prepared_statements,
                         idle_timeout=settings.idle_session_timeout_s,
                         idle_in_transaction_timeout=settings.idle_in_transaction_session_timeout_s,
                         metrics_listen=parse_listen(settings.metrics_listen) if settings.metrics_listen else None)
@@ -232,12 +235,19 @@ def build_server(settings: Settings, listen: str | None = None) -> tuple[Engine,
 async def _run(server: Server, ready) -> None:
     await server.start()
     stop = asyncio.Event()
+    received: list[str] = []
+
+    def on_signal(number: int) -> None:
+        received.append(signal.Signals(number).name)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGINT, signal.SIGTERM):  # stop cleanly, so the caller's cleanup runs
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal_number, stop.set)
+            loop.add_signal_handler(signal_number, on_signal, signal_number)
     ready(server)
     await stop.wait()
+    log.info("stopping on %s: closing %d client connections", received[0], len(server._conversations))
     await server.close()
 
 
@@ -264,3 +274,4 @@ def serve(settings: Settings, listen: str | None = None, ready=lambda server: No
     finally:
         server.gateway.close()
         engine.close()
+        log.info("stopped")

@@ -13,7 +13,7 @@ import datetime
 import decimal
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from dpsql.accounting import describe_budget
@@ -43,8 +43,11 @@ _PLACEHOLDERS = {codec.INT2: 0, codec.INT4: 0, codec.INT8: 0, codec.OID: 0, code
 class Gateway:
     """The `protocol.Host` of `dpsql serve`: analysts' verifiers and one session per login."""
 
-    def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None):
+    def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None, max_analyst_connections: int = 0):
         self.engine, self.shadow_url, self.shadow_role = engine, shadow_url, shadow_role
+        self.max_analyst_connections = max_analyst_connections  # 0: no cap
+        self._logged_in: Counter[str] = Counter()  # open sessions per analyst
+        self._logged_in_lock = threading.Lock()
         self.private = frozenset(name for name, table in engine.schema.tables.items() if not table.public)
         self.metrics = Metrics()
         self._routes: OrderedDict[str, Route] = OrderedDict()
@@ -96,9 +99,24 @@ class Gateway:
             raise StatementError(Notice("FATAL", exc.sqlstate, exc.message, exc.hint)) from None
 
     def open_session(self, user: str, database: str, parameters: dict[str, str]) -> ClientSession:
+        with self._logged_in_lock:  # as PostgreSQL's per-role CONNECTION LIMIT, checked once the login is proved
+            if self.max_analyst_connections and self._logged_in[user] >= self.max_analyst_connections:
+                self.metrics.count("logins_total", result="refused")
+                log.warning("login refused analyst=%s: %d connections already (max_analyst_connections)", user,
+                            self.max_analyst_connections)
+                raise StatementError(Notice("FATAL", "53300", f'too many connections for role "{user}"',
+                                            "close some of this analyst's connections (the max_analyst_connections "
+                                            "setting bounds them)"))
+            self._logged_in[user] += 1
         self.metrics.count("logins_total", result="ok")
         log.info("login analyst=%s application=%r", user, parameters.get("application_name", ""))
         return ClientSession(self, user, parameters.get("application_name", ""))
+
+    def session_closed(self, user: str) -> None:
+        with self._logged_in_lock:
+            self._logged_in[user] -= 1
+            if self._logged_in[user] <= 0:
+                del self._logged_in[user]
 
     def login_failed(self, user: str, sqlstate: str) -> None:
         self.metrics.count("logins_total", result="failed")
@@ -172,6 +190,8 @@ class ClientSession:
         if self._shadow is not None:
             self._shadow.close()
             self._shadow = None
+        self._described.clear()
+        self.gateway.session_closed(self.analyst)
 
     # --- describing --------------------------------------------------------------------------------------
 

@@ -113,8 +113,9 @@ class _Portal:
 
 class Conversation:
     def __init__(self, host: Host, *, process_id: int, secret: bytes, auth_method: str = "scram-sha-256",
-                 tls_available: bool = False, admitted: bool = True):
+                 tls_available: bool = False, admitted: bool = True, max_statements: int = 0):
         self.host, self.process_id, self.secret = host, process_id, secret
+        self.max_statements = max_statements  # named prepared statements this connection may hold (0: no cap)
         self.admitted = admitted  # False past the server's connection limit: the login is refused (53300)
         self.auth_method, self.tls_available, self.tls_active = auth_method, tls_available, False
         self.session: HostSession | None = None
@@ -517,6 +518,11 @@ class Conversation:
     def _parse(self, message: codec.Parse) -> None:
         if message.name and message.name in self._statements:
             raise error("42P05", f'prepared statement "{message.name}" already exists')
+        if message.name and self.max_statements and len(self._statements) - ("" in self._statements) \
+                >= self.max_statements:
+            raise error("53400", f"too many prepared statements on this connection (max_prepared_statements = "
+                                 f"{self.max_statements})", "DEALLOCATE the ones no longer needed, or use the "
+                                                            "unnamed statement")
         try:
             statement = single_statement(message.sql)
         except StatementSyntaxError as exc:
