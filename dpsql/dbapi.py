@@ -208,6 +208,12 @@ class Cursor:
         return None if self._answer is None else self._answer.bounds_effect
 
     @property
+    def notes(self) -> list[str]:
+        """What the analyst should know beside the last answer's rows (why groups may be missing, and how to ask
+        for every group), as psql shows dpsql's NOTICEs."""
+        return [] if self._answer is None else list(self._answer.notes)
+
+    @property
     def epsilon_spent(self) -> float:
         """ε charged for the last query (0 if its answer came from the cache)."""
         return 0.0 if self._answer is None else self._answer.epsilon

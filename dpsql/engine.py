@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
 from sqlglot import exp
@@ -46,7 +46,16 @@ from dpsql.errors import (
 from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
 from dpsql.mechanisms.race import RaceToTheTop
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect
-from dpsql.postprocess import INTERVALS_COVER, Accuracy, Result, evaluate, finish, sort_rows, window_inputs
+from dpsql.postprocess import (
+    INTERVALS_COVER,
+    Accuracy,
+    Result,
+    describe_selection,
+    evaluate,
+    finish,
+    sort_rows,
+    window_inputs,
+)
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, contributions, rewrite
 from dpsql.schema import PrivacySchema, load_schema
@@ -75,6 +84,7 @@ class Answer:
     noisy: list[bool] | None = None  # per column: computed from noisy aggregates
     intervals_cover: str = INTERVALS_COVER  # what the 95% intervals account for, said beside them
     bounds_effect: dict | None = None  # asked for (dpsql.bounds_epsilon): how many units the bounds cut or clamp
+    notes: list[str] = field(default_factory=list)  # for the analyst, beside the rows (why groups may be missing)
 
     def cost(self) -> dict[str, Any]:
         """What this answer cost and what is left, for scripts (JSON output, a DataFrame's attrs)."""
@@ -379,7 +389,9 @@ class Engine:
             groups = debias(prepared.plan.local_key, _count_measures(prepared.plan), cost, groups,
                             prepared.options.local_estimate == "simplex")
             result = finish(prepared.plan, cost, groups)
-            answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta)
+            selection = describe_selection(prepared.plan, cost)  # at the bound the answer used, kept with it
+            answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta,
+                            notes=[selection] if selection else [])
             encoded = _encode(answer)
         except Exception as exc:
             raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
@@ -400,7 +412,10 @@ class Engine:
     def _bounded_at(self, prepared: Prepared, bound: int) -> Prepared:
         """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
         race's choice): analysed, rewritten and calibrated again at the ε the answer keeps; its cost is unchanged
-        (it was charged)."""
+        (it was charged). At the race's cap (its fallback) the declared plan stands as prepared: analysed again,
+        a per-unit bound chosen from the data would lift max_groups_per_unit."""
+        if bound >= prepared.race.taus[-1]:
+            return replace(prepared, race=None, race_sql=None)
         rows, total = (None, bound) if prepared.race_totals else (bound, None)
         plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows, total)
         calibration = calibrate(plan, prepared.calibration.epsilon, self.settings.delta,
@@ -630,7 +645,8 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     end = None if composition.limit is None else composition.offset + composition.limit
     rows = rows[composition.offset:end]
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
-                  sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy)
+                  sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
+                  notes=list(dict.fromkeys(note for answer in shown for note in answer.notes)))
 
 
 def _internal(exc: Exception, what: str) -> InternalError:
@@ -653,6 +669,7 @@ def _wait_until(deadline: float) -> None:
 def _encode(answer: Answer) -> dict:
     return {
         "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
+        "notes": answer.notes,
         "rows": [[encode_value(v) for v in row] for row in answer.rows],
         "accuracy": [[None if a is None else [encode_value(v) for v in astuple(a)] for a in row]
                      for row in answer.accuracy],
@@ -667,7 +684,7 @@ def _decode(data: dict, prepared: Prepared, cached: bool, budget: Budget | None)
     accuracy = [tuple(None if a is None else Accuracy(*map(decode_value, a)) for a in row) for row in data["accuracy"]]
     return Answer(names, data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
                   0.0 if cached else data["delta"], cached, budget, noisy,
-                  DEBIASED_INTERVALS if prepared.plan.local_key else INTERVALS_COVER)
+                  DEBIASED_INTERVALS if prepared.plan.local_key else INTERVALS_COVER, notes=data.get("notes", []))
 
 
 __all__ = ["Answer", "Engine", "Prepared", "Result"]

@@ -45,6 +45,7 @@ def render_answer(answer: Answer, fmt: str) -> str:
               for kind in dict.fromkeys(kinds_seen)]
     if answer.bounds_effect is not None:
         lines += describe_bounds_effect(answer.bounds_effect)
+    lines += [f"Note: {note}" for note in answer.notes]
     lines.append(cost_line(answer))
     return "\n".join(lines)
 

@@ -405,6 +405,18 @@ def describe_bounds_effect(effect: dict) -> list[str]:
     return lines
 
 
+def describe_selection(plan: Plan, calibration: Calibration | None) -> str | None:
+    """Why groups may be missing from an answer whose keys are private, and how to ask for every group: the
+    threshold is public (it follows from ε, δ and the bounds), how many groups fell below it is not said."""
+    selection = calibration.selection if calibration is not None else None
+    if selection is None:
+        return None
+    text = (f"groups are released only where a noisy count of their units reaches {selection.threshold} (DP "
+            f"partition selection at ε = {calibration.selection_epsilon:.3g}), so groups with fewer units may be "
+            "missing")
+    return f"{text}; to release every group, {plan.every_group}" if plan.every_group else text
+
+
 def describe_accuracy(accuracy: Accuracy | None) -> str:
     """A value's accuracy for people: its 95% interval, rank error or count gap ("" for exact values)."""
     if accuracy is None:

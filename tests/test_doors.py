@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 import dpsql
@@ -178,3 +179,30 @@ def test_interval_columns_on_request(conn):
         assert row[5] is None and row[6] is None  # a median reports a rank error, not an interval
     with pytest.raises(dpsql.DataError):
         cur.execute("SET dpsql.intervals = perhaps")
+
+
+def test_every_door_says_why_groups_may_be_missing_and_how_to_get_them_all(conn, capsys, base_url, analyst,
+                                                                           served):
+    """Private keys go through partition selection: each door says the (public) threshold and a query that
+    releases every group, never how many groups fell below it."""
+    sql = "SELECT state, COUNT(*) FROM people GROUP BY state"
+    cur = conn.cursor()
+    cur.execute(sql)
+    (note,) = cur.notes
+    assert "groups are released only where a noisy count of their units reaches" in note
+    assert "a column with a declared domain instead of people.state" in note
+    cur.execute("SELECT sex, COUNT(*) FROM people GROUP BY sex")  # a declared domain: every group, no note
+    assert cur.notes == []
+    code = main(["query", "SELECT date_trunc('day', day), COUNT(*) FROM visits WHERE category = 'lab' GROUP BY 1",
+                 "--database", base_url, "--schema", str(DEMO_SCHEMA), "--analyst", analyst])
+    out = capsys.readouterr().out
+    assert code == 0 and "Note: groups are released only where" not in out  # the periods are public
+    main(["query", "SELECT day, COUNT(*) FROM visits WHERE category = 'lab' GROUP BY day", "--database", base_url,
+          "--schema", str(DEMO_SCHEMA), "--analyst", analyst])
+    out = capsys.readouterr().out
+    assert "Note: groups are released only where" in out and "date_trunc('month', visits.day)" in out
+    notices = []
+    with psycopg.connect(served.dsn(), autocommit=True) as wire:
+        wire.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary))
+        wire.execute(sql).fetchall()
+    assert any(n.startswith("dpsql: groups are released only where") for n in notices), notices

@@ -68,6 +68,8 @@ def bound_groups(scope: Scope) -> None:
     elif keys:
         scope.notes.append("group keys come from a public domain: every key is released" if domain is not None
                            else "group keys are private: released by DP partition selection")
+    if keys and domain is None:
+        scope.every_group = _every_group(scope, keys)
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
 
 
@@ -289,6 +291,25 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
         keys.append(GroupKey(f"g{i}", guarded, domain if domain is None else _admitted(scope, node, domain),
                              to_sql(node)))
     return keys
+
+
+def _every_group(scope: Scope, keys: list[GroupKey]) -> str:
+    """How to ask so that every group is released: each private key in a public form (a period of a date, a value
+    of a declared domain), from the schema alone."""
+    ways = []
+    for key, node in zip(keys, scope.tree.args["group"].expressions, strict=True):
+        if key.domain is not None:
+            continue
+        columns = list(node.find_all(exp.Column))
+        column = scope.declared_column(columns[0]) if len(columns) == 1 else None
+        name = to_sql(columns[0]) if columns else key.sql
+        if column is not None and column.is_temporal:
+            periods = f"date_trunc('month', {name}) or " if column.bounded else ""
+            ways.append(f"{periods}EXTRACT(month FROM {name}) instead of {key.sql}")
+        else:
+            ways.append(f"a column with a declared domain instead of {key.sql} (the data owner may declare one "
+                        "in the privacy schema)")
+    return "group by " + "; ".join(ways)
 
 
 def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:

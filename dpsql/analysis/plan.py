@@ -136,6 +136,7 @@ class Plan:
     neighbouring: str
     top_k: TopK | None = None
     notes: list[str] = field(default_factory=list)
+    every_group: str | None = None  # with private keys: how to write the query so that every group is released
     # row-level privacy with joins: how many joined rows one neighbour changes, over all groups (None: per unit)
     stability: int | None = None
     truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> keys, frequencies

@@ -262,7 +262,7 @@ class ClientSession:
         self.gateway.metrics.count("answers_total", cached="true" if answer.cached else "false")
         log.info("answer analyst=%s epsilon=%.6g delta=%.3g cached=%s", self.analyst, answer.epsilon, answer.delta,
                  answer.cached)
-        notices = [_answer_notice(answer)]
+        notices = [_answer_notice(answer), *(Notice("NOTICE", "00000", f"dpsql: {note}") for note in answer.notes)]
         if answer.bounds_effect is not None:
             heading, *lines = describe_bounds_effect(answer.bounds_effect)
             notices.append(Notice("NOTICE", "00000", f"dpsql: {heading.rstrip(':')}", detail="\n".join(lines)))
