@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
 
@@ -206,3 +208,52 @@ def test_every_door_says_why_groups_may_be_missing_and_how_to_get_them_all(conn,
         wire.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary))
         wire.execute(sql).fetchall()
     assert any(n.startswith("dpsql: groups are released only where") for n in notices), notices
+
+
+DOOR_STATEMENTS = [
+    "SELECT code, name FROM states WHERE region = 'West' ORDER BY code",  # public tables only: exact and free
+    "SELECT s.region, COUNT(*) AS n FROM states s GROUP BY s.region ORDER BY s.region",
+    "SELECT sex, COUNT(*) AS n FROM people GROUP BY sex ORDER BY sex",  # noisy: the first door's, kept for the rest
+    "SELECT age FROM people",  # refused alike
+]
+
+
+def test_the_three_doors_give_the_same_answer_to_the_same_statement(served, capsys):
+    """One list of statements through `dpsql serve`, the DB-API and `dpsql query`, for one analyst on one ledger:
+    the same rows (a noisy answer is kept and returned to each door alike) or the same refusal."""
+    import json
+
+    def wire(sql: str):
+        with psycopg.connect(served.dsn(), autocommit=True) as conn:
+            try:
+                return [tuple(row) for row in conn.execute(sql).fetchall()]
+            except psycopg.Error as exc:
+                return exc.sqlstate
+
+    def dbapi(sql: str):
+        with dpsql.connect(database=served.url, schema=str(DEMO_SCHEMA), analyst="ana") as conn:
+            try:
+                return [tuple(row) for row in conn.cursor().execute(sql).fetchall()]
+            except dpsql.Error as exc:
+                return exc.sqlstate
+
+    def cli(sql: str):
+        code = main(["query", sql, "--database", served.url, "--schema", str(DEMO_SCHEMA), "--analyst", "ana",
+                     "--format", "json"])
+        out, err = capsys.readouterr()
+        if code != 0:
+            return re.search(r"SQLSTATE (\w{5})|\[(DP\d+)\]", err).group(0)
+        return [tuple(row[name] for name in row if not name.endswith(("_ci_low", "_ci_high")))
+                for row in json.loads(out)["rows"]]
+
+    refused = {f"[{kind.code}]": kind.sqlstate for kind in vars(errors).values()
+               if isinstance(kind, type) and issubclass(kind, errors.Error) and hasattr(kind, "code")}
+    for sql in DOOR_STATEMENTS:
+        answers = [wire(sql), dbapi(sql), cli(sql)]
+        if isinstance(answers[2], str):
+            answers[2] = refused.get(answers[2], answers[2])
+        assert answers[0] == answers[1] == answers[2], (sql, answers)
+    with dpsql.connect(database=served.url, schema=str(DEMO_SCHEMA), analyst="ana") as conn:
+        cur = conn.cursor().execute(DOOR_STATEMENTS[0])
+        with psycopg.connect(served.url) as direct:
+            assert cur.fetchall() == direct.execute(DOOR_STATEMENTS[0]).fetchall() and cur.epsilon_spent == 0

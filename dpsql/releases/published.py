@@ -1,7 +1,9 @@
-"""Queries over released data: tables a release published (declared `public = true` with `released = "..."`) are
-answered exactly and at no cost, because they are post-processing of a release already charged. A query whose
-every table is public, at least one of them released, runs as checked (one regenerated SELECT, read-only, with the
-statement timeout); any other query goes through the analysis as always."""
+"""Queries over public data: tables the schema declares public (reference data), and tables a release published
+(`public = true` with `released = "..."`, post-processing of a release already charged), are answered exactly and
+at no cost. A query whose every table is public runs as checked (one regenerated SELECT, read-only, with the
+statement timeout), through every door alike (`dpsql serve` reads the same rows from its catalog copy); a public
+table of locally randomized reports is estimated from instead (`dpsql.estimates`); any other query goes through
+the analysis as always."""
 
 from __future__ import annotations
 
@@ -25,24 +27,30 @@ class PublishedQuery:
     sql: str
     outputs: list[Output]
     tables: tuple[str, ...]  # the released tables it reads
+    public: tuple[str, ...] = ()  # the other public tables it reads
 
     @property
     def notes(self) -> list[str]:
-        return [f"{', '.join(self.tables)}: released data (post-processing of a release already charged): "
-                "answered exactly, at no cost"]
+        notes = [f"{', '.join(self.tables)}: released data (post-processing of a release already charged): "
+                 "answered exactly, at no cost"] if self.tables else []
+        if self.public:
+            notes.append(f"{', '.join(self.public)}: public (the privacy schema says so): answered exactly, at no "
+                         "cost")
+        return notes
 
 
 def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery | None:
-    """The exact plan of a query over public tables of which at least one holds released data, else None."""
+    """The exact plan of a query over public tables only, else None."""
     tables = [schema.tables.get(t.name) for t in query.tree.find_all(exp.Table)]
-    if not tables or any(t is None or not t.public for t in tables) or not any(t.released for t in tables):
+    if not tables or any(t is None or not t.public for t in tables):
         return None
     if any(c.local is not None for t in tables for c in t.columns.values()):
         return None  # locally randomized reports are only estimated from (dpsql.estimates)
     typed = annotate_types(query.tree.copy(), schema=schema.sqlglot_schema(), dialect="postgres")
     outputs = [Output(name, exp.column(name), _type_name(e), False)
                for name, e in zip(query.output_names, typed.expressions, strict=True)]
-    return PublishedQuery(to_sql(query.tree), outputs, tuple(sorted({t.name for t in tables if t.released})))
+    return PublishedQuery(to_sql(query.tree), outputs, tuple(sorted({t.name for t in tables if t.released})),
+                          tuple(sorted({t.name for t in tables if not t.released})))
 
 
 def _type_name(node: exp.Expression) -> str:
