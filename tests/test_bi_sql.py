@@ -9,8 +9,8 @@ import pytest
 
 from dpsql import errors
 from dpsql.sql import check_query
-from dpsql.sql.bind import fix_the_time
 from dpsql.sql.parse import parse_select
+from dpsql.sql.times import fold_times
 from tests.test_analysis import plan
 
 
@@ -70,8 +70,8 @@ NOW = datetime.datetime(2026, 11, 23, 7, 30, tzinfo=datetime.UTC)
     ("current_date - interval '1 day'", "CAST('2026-11-22 00:00:00' AS TIMESTAMP)"),
     ("CAST(now() AS date)", "CAST('2026-11-23' AS DATE)"),
 ])
-def test_the_clock_is_fixed_when_the_query_arrives(clause, literal):
-    tree = fix_the_time(parse_select(f"SELECT COUNT(*) FROM visits WHERE day >= {clause}"), NOW)
+def test_the_clock_is_fixed_when_the_query_arrives(demo_schema, clause, literal):
+    tree = fold_times(parse_select(f"SELECT COUNT(*) FROM visits WHERE day >= {clause}"), NOW, demo_schema)
     assert tree.args["where"].this.expression.sql(dialect="postgres") == literal
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsql.schema import PrivacySchema
-from dpsql.sql.bind import CLOCKS, bind_parameters, fix_the_time
+from dpsql.sql.bind import bind_parameters
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import parse_select
 from dpsql.sql.qualify import qualify_columns
@@ -29,6 +29,7 @@ from dpsql.sql.shape import (
     require_flat,
     semijoin_selects,
 )
+from dpsql.sql.times import CLOCKS, fold_times
 
 
 def check_query(sql: str, schema: PrivacySchema,
@@ -36,7 +37,7 @@ def check_query(sql: str, schema: PrivacySchema,
     """Parse `sql`, bind `params`, refuse unsupported or unsafe constructs, and qualify against `schema`."""
     tree = bind_parameters(parse_select(sql), params)
     timed = tree.find(*CLOCKS) is not None
-    tree = filters_as_case(fix_the_time(tree, datetime.datetime.now(datetime.UTC)) if timed else tree)
+    tree = filters_as_case(fold_times(tree, datetime.datetime.now(datetime.UTC) if timed else None, schema))
     tree = projection_over_aggregates(inline_repeated_ctes(tree))
     names = tuple(output_name(e) for e in tree.expressions)
     refuse_unsafe(distinct_as_group_by(tree))

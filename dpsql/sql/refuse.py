@@ -34,6 +34,12 @@ INSTEAD = {
     exp.ApproxDistinct: "count distinct people with COUNT(DISTINCT <the privacy unit's column>)",
     exp.GroupConcat: "list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c",
     exp.ArrayAgg: "list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c",
+    exp.Interval: "constant date arithmetic is answered (day >= DATE '2024-07-01' - INTERVAL '30 days'), and so is a "
+                  "column plus or minus days, hours or seconds compared with a constant (day + INTERVAL '7 days' > "
+                  "DATE '2024-12-01'); elsewhere move the interval to the constant's side",
+    exp.Array: "ask for each percentile as its own aggregate: percentile_cont(0.25) WITHIN GROUP (ORDER BY x), "
+               "percentile_cont(0.75) WITHIN GROUP (ORDER BY x)",
+    exp.TableSample: "ask over the whole table: a sample spends the same budget and only adds error to the noise",
 }
 
 # functions a window may compute over the released rows
@@ -95,6 +101,8 @@ def _describe(node: exp.Expression) -> str:
         return f"function {node.name}()"
     if isinstance(node, exp.ApproxDistinct):  # PostgreSQL has none; sqlglot names it approx_distinct
         return "function approx_count_distinct()"
+    if isinstance(node, exp.Interval | exp.Array | exp.TableSample):  # as written, to say which one
+        return to_sql(node)
     if isinstance(node, exp.Func):
         text = to_sql(node)  # an operator (x ~ 'a') or a keyword (CURRENT_TIMESTAMP) has no parenthesis
         return f"function {text.split('(')[0].strip().lower()}()" if "(" in text else text

@@ -1,0 +1,80 @@
+"""Constant date and time arithmetic, folded as PostgreSQL computes it, and comparisons of a column ± a step solved
+for the column exactly (dpsql/sql/times.py): checked against PostgreSQL itself."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from sqlglot import exp
+
+from dpsql import errors
+from dpsql.sql import check_query
+from dpsql.sql.query import to_sql
+
+CONSTANTS = [
+    "DATE '2024-07-01' - INTERVAL '30 days'",
+    "DATE '2024-03-31' - INTERVAL '1 month'",  # the day clamped to February's end
+    "DATE '2024-01-31' + INTERVAL '1 month'",
+    "DATE '2023-02-28' + INTERVAL '1 year'",
+    "DATE '2024-02-29' + INTERVAL '1 year'",
+    "DATE '2024-07-01' - INTERVAL '3 months'",
+    "DATE '2024-07-01' + 7",
+    "DATE '2024-07-01' - 400",
+    "TIMESTAMP '2024-01-31 10:30:00' + INTERVAL '1 month 2 days 3 hours'",
+    "TIMESTAMP '2024-12-31 23:00:00' + INTERVAL '90 minutes'",
+    "DATE '2024-07-01' - INTERVAL '2 weeks'",
+    "CAST('2024-07-01' AS DATE) + INTERVAL '-1 day'",
+    "'2024-07-01'::date + INTERVAL '1 year 2 months'",
+    "(DATE '2024-07-01' - INTERVAL '1 day') - INTERVAL '12 hours'",
+]
+
+
+def _folded(sql: str, schema) -> exp.Expression:
+    return check_query(sql, schema).tree.args["where"].this.expression
+
+
+@pytest.mark.parametrize("constant", CONSTANTS)
+def test_constant_time_arithmetic_folds_to_what_postgresql_computes(base_url, demo_schema, constant):
+    folded = _folded(f"SELECT COUNT(*) FROM visits WHERE day >= {constant}", demo_schema)
+    assert not folded.find(exp.Interval, exp.Add, exp.Sub), to_sql(folded)
+    with psycopg.connect(base_url) as conn:
+        expected, ours = conn.execute(f"SELECT {constant}, {to_sql(folded)}").fetchone()
+    assert ours == expected and type(ours) is type(expected)
+
+
+SOLVED = [
+    ("day + 7 > DATE '2024-12-01'", "day > CAST('2024-11-24' AS DATE)"),
+    ("day - 7 <= DATE '2024-03-01'", "day <= CAST('2024-03-08' AS DATE)"),
+    ("DATE '2024-06-01' < day + INTERVAL '12 hours'", "CAST('2024-05-31 12:00:00' AS TIMESTAMP) < day"),
+    ("day + INTERVAL '7 days' >= DATE '2024-12-01' - INTERVAL '1 month'",
+     "day >= CAST('2024-10-25 00:00:00' AS TIMESTAMP)"),
+    ("day - INTERVAL '1 week' = DATE '2024-05-01'", "day = CAST('2024-05-08 00:00:00' AS TIMESTAMP)"),
+]
+
+
+@pytest.mark.parametrize(("condition", "solved"), SOLVED)
+def test_a_column_plus_a_step_compared_with_a_constant_is_solved_exactly(base_url, demo_schema, condition, solved):
+    where = _folded(f"SELECT COUNT(*) FROM visits WHERE {condition}", demo_schema).parent
+    assert to_sql(where).replace('"', "").replace("visits.", "") == solved
+    with psycopg.connect(base_url) as conn:  # the same rows, on the data
+        before = conn.execute(f"SELECT COUNT(*) FROM visits WHERE {condition}").fetchone()[0]
+        after = conn.execute(f"SELECT COUNT(*) FROM visits WHERE {solved}").fetchone()[0]
+    assert before == after
+
+
+@pytest.mark.parametrize("condition", [
+    "day + INTERVAL '1 month' > DATE '2024-03-31'",  # not invertible: refused as written, never rewritten
+    "date_trunc('month', day + INTERVAL '1 day') = DATE '2024-03-01'",
+])
+def test_steps_that_cannot_be_solved_exactly_are_refused_with_what_to_write(demo_schema, condition):
+    with pytest.raises(errors.UnsupportedQuery) as refused:
+        check_query(f"SELECT COUNT(*) FROM visits WHERE {condition}", demo_schema)
+    assert "INTERVAL '1" in refused.value.message and "move the interval to the constant's side" in refused.value.hint
+
+
+def test_a_query_with_date_arithmetic_is_answered_and_charged_as_its_folded_form(engine, analyst):
+    answer = engine.query("SELECT COUNT(*) FROM visits WHERE day >= DATE '2024-07-01' - INTERVAL '3 months' "
+                          "AND day + 7 < DATE '2025-01-01'", analyst=analyst, epsilon=1.0)
+    same = engine.query("SELECT COUNT(*) FROM visits WHERE day >= TIMESTAMP '2024-04-01 00:00:00' "
+                        "AND day < DATE '2024-12-25'", analyst=analyst, epsilon=1.0)
+    assert same.cached and same.rows == answer.rows  # one canonical query: the second asking is free
