@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
 
     query = sub.add_parser("query", parents=[common, options, printing],
                            help="answer a SQL query with noise, spending budget")
+    query.add_argument("--precision", choices=("noise", "full"), default="noise",
+                       help="a table shows noisy numbers to the digits their 95%% interval allows (noise, the "
+                            "default) or in full; csv and json always carry full precision")
     query.set_defaults(run=_query)
 
     explain = sub.add_parser("explain", parents=[common, options],
@@ -277,7 +280,7 @@ def _query(args: argparse.Namespace) -> int:
         answer = engine.query(args.sql, analyst=analyst, options=_query_options(args))
     finally:
         engine.close()
-    print(render_answer(answer, args.format))
+    print(render_answer(answer, args.format, args.precision))
     if args.format != "table":
         print(cost_line(answer), file=sys.stderr)
     return 0

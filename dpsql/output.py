@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,18 +27,22 @@ ACCURACY_NOTES = {
 }
 
 
-def render_answer(answer: Answer, fmt: str) -> str:
-    """The answer in `fmt`; a table ends with the row count, what the intervals mean and the cost."""
+def render_answer(answer: Answer, fmt: str, precision: str = "noise") -> str:
+    """The answer in `fmt`; a table ends with the row count, what the intervals mean and the cost. A table shows
+    each noisy number to the digits its interval allows (`precision = "noise"`) or in full ("full"); CSV and JSON
+    always carry full precision."""
     if fmt != "table":
         return render_rows(*_measured(answer), fmt, cost=answer.cost())
     headers, columns, kinds_seen = [], [], []
     for i, name in enumerate(answer.names):
         headers.append(name)
-        columns.append([row[i] for row in answer.rows])
-        kind = _accuracy_kind([acc[i] for acc in answer.accuracy])
+        accuracy = [acc[i] for acc in answer.accuracy]
+        digits = [_decimals(acc) if precision == "noise" else None for acc in accuracy]
+        columns.append([_rounded(row[i], d) for row, d in zip(answer.rows, digits, strict=True)])
+        kind = _accuracy_kind(accuracy)
         if kind is not None:
             headers.append(ACCURACY_HEADERS[kind])
-            columns.append([_accuracy_cell(acc[i], kind) for acc in answer.accuracy])
+            columns.append([_accuracy_cell(acc, kind, d) for acc, d in zip(accuracy, digits, strict=True)])
             kinds_seen.append(kind)
     rows = [tuple(column[r] for column in columns) for r in range(len(answer.rows))]
     lines = [table(headers, rows)]
@@ -130,7 +135,7 @@ def _accuracy_kind(accuracies: Sequence[Accuracy | None]) -> str | None:
     return "interval"
 
 
-def _accuracy_cell(accuracy: Accuracy | None, kind: str) -> str:
+def _accuracy_cell(accuracy: Accuracy | None, kind: str, decimals: int | None = None) -> str:
     if accuracy is None:
         return ""
     if kind == "rank_error":
@@ -139,7 +144,30 @@ def _accuracy_cell(accuracy: Accuracy | None, kind: str) -> str:
         return "" if accuracy.count_gap is None else f"{accuracy.count_gap:.3g}"
     if accuracy.ci_low is None:
         return ""
-    return f"[{format_value(accuracy.ci_low)}, {format_value(accuracy.ci_high)}]"
+    low, high = (format_value(_rounded(v, decimals)) for v in (accuracy.ci_low, accuracy.ci_high))
+    return f"[{low}, {high}]"
+
+
+SHOWN_DIGITS = 2  # of the interval's half-width: a value is shown to the digits its noise leaves meaningful
+
+
+def _decimals(accuracy: Accuracy | None) -> int | None:
+    """The decimals that show a noisy value to the precision of its 95% interval: two significant digits of the
+    interval's half-width (±1,234 rounds to hundreds, ±0.042 to thousandths); None where there is no interval."""
+    if accuracy is None or accuracy.ci_low is None or accuracy.ci_high is None:
+        return None
+    half = (accuracy.ci_high - accuracy.ci_low) / 2
+    if not math.isfinite(half) or half <= 0:
+        return None
+    return SHOWN_DIGITS - 1 - math.floor(math.log10(half))
+
+
+def _rounded(value: Any, decimals: int | None) -> Any:
+    """A float rounded to `decimals` (an integer when they are not positive); anything else as it is."""
+    if decimals is None or not isinstance(value, float) or not math.isfinite(value):
+        return value
+    rounded = round(value, decimals)
+    return int(rounded) if decimals <= 0 else rounded
 
 
 def cost_line(answer: Answer) -> str:

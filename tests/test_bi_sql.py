@@ -111,6 +111,18 @@ def test_a_window_over_released_rows_is_post_processing(engine, analyst):
     assert share.ci_low < rows[0][3] < share.ci_high  # simulated over the noise of every count in the total
 
 
+def test_a_window_over_an_aggregated_subquery_ranks_its_released_rows(engine, analyst):
+    """Ranking categories by their noisy totals from a subquery is the flat query's post-processing: one canonical
+    query, so the flat form asked after it is the same answer, free."""
+    nested = engine.query("SELECT category, n, rank() OVER (ORDER BY n DESC) AS r FROM (SELECT category, COUNT(*) "
+                          "AS n FROM visits GROUP BY category) t WHERE n > 0 ORDER BY r, category",
+                          analyst=analyst, epsilon=1.0)
+    flat = engine.query("SELECT category, COUNT(*) AS n, rank() OVER (ORDER BY COUNT(*) DESC) AS r FROM visits "
+                        "GROUP BY category HAVING COUNT(*) > 0 ORDER BY r, category", analyst=analyst, epsilon=1.0)
+    assert flat.cached and flat.rows == nested.rows and nested.names == ["category", "n", "r"]
+    assert [row[2] for row in nested.rows] == sorted(row[2] for row in nested.rows)
+
+
 def test_running_totals_and_partitions_follow_postgresql(engine, analyst):
     answer = engine.query("SELECT state, category, COUNT(*) AS n, "
                           "SUM(COUNT(*)) OVER (PARTITION BY state ORDER BY category) AS running, "

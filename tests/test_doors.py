@@ -257,3 +257,22 @@ def test_the_three_doors_give_the_same_answer_to_the_same_statement(served, caps
         cur = conn.cursor().execute(DOOR_STATEMENTS[0])
         with psycopg.connect(served.url) as direct:
             assert cur.fetchall() == direct.execute(DOOR_STATEMENTS[0]).fetchall() and cur.epsilon_spent == 0
+
+
+def test_the_command_line_shows_numbers_to_the_precision_the_noise_allows(capsys, base_url, analyst):
+    from dpsql.output import _decimals
+    from dpsql.postprocess import Accuracy
+
+    assert _decimals(Accuracy(1.0, 41234.5 - 1234.5, 41234.5 + 1234.5)) == -2  # ±1,234: to the hundred
+    assert _decimals(Accuracy(1.0, 0.5 - 0.042, 0.5 + 0.042)) == 3
+    base = ["--database", base_url, "--schema", str(DEMO_SCHEMA), "--analyst", analyst]
+    sql = "SELECT AVG(income) AS mean, COUNT(*) AS n FROM people"
+    assert main(["query", sql, *base]) == 0
+    table = capsys.readouterr().out.splitlines()[2]
+    assert main(["query", sql, "--precision", "full", *base]) == 0
+    full = capsys.readouterr().out.splitlines()[2]
+    assert main(["query", sql, "--format", "csv", *base]) == 0
+    csv_row = capsys.readouterr().out.splitlines()[1]
+    mean, shown = float(csv_row.split(",")[0]), float(table.split("|")[0])
+    assert shown != mean and abs(shown - mean) < 100 and float(full.split("|")[0]) == pytest.approx(mean, rel=1e-5)
+    assert "." not in table.split("|")[2]  # a count and its interval are whole numbers

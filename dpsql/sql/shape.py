@@ -139,11 +139,13 @@ def inline_repeated_ctes(tree: exp.Select) -> exp.Select:
 def projection_over_aggregates(tree: exp.Select) -> exp.Select:
     """`SELECT f(c) FROM (SELECT k, COUNT(*) AS c FROM … GROUP BY k) t WHERE g(c) ORDER BY h(c) LIMIT n` (or the
     same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
-    GROUP BY k HAVING g(COUNT(*)) ORDER BY h(COUNT(*)) LIMIT n`. Anything else is left as written."""
+    GROUP BY k HAVING g(COUNT(*)) ORDER BY h(COUNT(*)) LIMIT n`. A window of the outer query (`rank() OVER (ORDER
+    BY c DESC)`) runs over the released rows after HAVING, as it ran over t's rows after WHERE. Anything else is
+    left as written."""
     inner = _source_select(tree)
     if (inner is None or tree.args.get("joins") or tree.args.get("group") or tree.args.get("having")
             or tree.args.get("distinct") or any(e.find(*AGGREGATES) for e in tree.expressions)
-            or not any(e.find(*AGGREGATES) for e in inner.expressions) or tree.find(exp.Window)
+            or not any(e.find(*AGGREGATES) for e in inner.expressions) or inner.find(exp.Window)
             or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct", "with_"))):
         return tree
     alias = tree.args["from_"].this.alias_or_name
