@@ -644,9 +644,15 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     sort_rows(rows, lambda row, i: row[0][columns[i]], [(d, n) for _, d, n in composition.order])
     end = None if composition.limit is None else composition.offset + composition.limit
     rows = rows[composition.offset:end]
+    notes = list(dict.fromkeys(note for answer in shown for note in answer.notes))
+    unknown = composition.computed_from_scalars()  # an interval of the outer step alone would say too little
+    if unknown:
+        rows = [(row, tuple(None if i in unknown else a for i, a in enumerate(accuracy))) for row, accuracy in rows]
+        notes.append(f"no 95% interval for {', '.join(names[i] for i in unknown)}: computed from a scalar "
+                     "subquery's noisy answer, whose noise an interval of the outer query alone would not cover")
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
-                  notes=list(dict.fromkeys(note for answer in shown for note in answer.notes)))
+                  notes=notes)
 
 
 def _internal(exc: Exception, what: str) -> InternalError:

@@ -398,6 +398,18 @@ def test_a_scalar_subquery_is_a_first_answer_the_query_takes_as_a_constant(engin
     assert engine.query(sql, analyst=analyst, epsilon=0.8).cached
 
 
+def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its_noise(engine, analyst):
+    """A share of a noisy total carries both noises: the outer step's interval alone would cover one, so the
+    answer gives none for that column and says why; the other columns keep theirs."""
+    answer = engine.query("SELECT category, COUNT(*) AS n, COUNT(*) * 1.0 / (SELECT COUNT(*) FROM visits) AS share "
+                          "FROM visits GROUP BY category", analyst=analyst, epsilon=1.0)
+    assert all(acc[2] is None and acc[1] is not None and acc[1].ci_low is not None for acc in answer.accuracy)
+    assert any("no 95% interval for share: computed from a scalar subquery" in n for n in answer.notes)
+    filtered = engine.query("SELECT COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people)",
+                            analyst=analyst, epsilon=1.0)
+    assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELECT COUNT(*) FROM people p WHERE income > (SELECT AVG(amount) FROM visits v WHERE v.person_id = "
      "p.person_id)", "refers to the outer query"),

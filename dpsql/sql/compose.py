@@ -38,6 +38,15 @@ class Composition:
     def sequential(self) -> bool:
         return self.scalars > 0
 
+    def computed_from_scalars(self) -> list[int]:
+        """The output columns of the last part whose values are computed from a scalar subquery's noisy value
+        (`COUNT(*) / (SELECT COUNT(*) ...)`), rather than filtered by one: their intervals would miss its noise."""
+        if not self.sequential:
+            return []
+        outputs = parse_statement(self.parts[-1]).expressions
+        return [i for i, e in enumerate(outputs)
+                if any(p.name.startswith(SCALAR) for p in e.find_all(exp.Placeholder))]
+
 
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Composition | None:
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement; None for any other statement (which
