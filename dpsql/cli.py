@@ -444,11 +444,10 @@ def _ledger_report(args: argparse.Namespace) -> int:
             print(text)
             return 0
     else:
-        try:
-            text = render_html(report)
-        except ImportError:
-            raise ConfigError("the HTML report draws its plots with matplotlib, which is not installed",
-                              "pip install 'dpsql[report]' (or matplotlib), or use --format json") from None
+        from dpsql.report import PLOTS_NEED, can_plot
+        text = render_html(report)
+        if not can_plot():
+            print(f"note: the report has no plots; {PLOTS_NEED}", file=sys.stderr)
     out = args.out or "dpsql-ledger-report.html"
     with open(out, "w", encoding="utf-8") as file:
         file.write(text)
@@ -716,7 +715,8 @@ def _demo_serve(url: str, schema_path: str, listen: str, keep: bool) -> None:
     from dpsql.server import serve
     from dpsql.server.auth import scram_verifier
     password = secrets.token_urlsafe(9)
-    settings = load_settings(None, database=url, schema=schema_path)
+    host = listen.rpartition(":")[0] or "127.0.0.1"
+    settings = load_settings(None, database=url, schema=schema_path, metrics_listen=f"{host}:0")
     with _ledger(settings) as ledger:
         ledger.set_verifier(DEMO_ANALYST, scram_verifier(password))
 
@@ -725,6 +725,7 @@ def _demo_serve(url: str, schema_path: str, listen: str, keep: bool) -> None:
               f'    psql "postgresql://{DEMO_ANALYST}:{password}@{server.listen.host}:{server.port}/demo"\n\n'
               "and try:  SELECT sex, COUNT(*), AVG(income) FROM people GROUP BY sex;\n"
               "          SET dpsql.epsilon = 0.1;  SHOW dpsql.budget;\n"
+              f"Prometheus metrics: http://{server.listen.host}:{server.metrics_port}/metrics\n"
               "Press Ctrl-C to stop the server" + ("." if keep else " and the embedded PostgreSQL."), flush=True)
 
     serve(settings, listen, ready)

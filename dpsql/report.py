@@ -44,15 +44,30 @@ def _budget(budget: Budget) -> dict[str, Any]:
             "accounts": {"basic": [budget.epsilon_basic, budget.delta_basic], "zCDP": budget.epsilon_zcdp}}
 
 
+PLOTS_NEED = "the plots of ε over time need matplotlib: pip install 'dpsql[report]'"
+
+
+def can_plot() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def render_html(report: dict[str, Any]) -> str:
-    """One self-contained page: a table of budgets, then per analyst a plot of ε over time and the charges."""
+    """One self-contained page: a table of budgets, then per analyst a plot of ε over time (where matplotlib is
+    installed; the page says so otherwise) and the charges."""
+    plots = can_plot()
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>dpsql ledger report</title>{STYLE}"
              f"</head><body><h1>dpsql ledger report</h1><p>Generated {html.escape(report['generated_at'])}. Queries "
              "appear as dpsql checked them (canonical text); no answer or data value is in this report.</p>",
              _budget_table(report["analysts"])]
+    if not plots:
+        parts.append(f"<p>{html.escape(PLOTS_NEED)}.</p>")
     for entry in report["analysts"]:
         parts.append(f"<h2>{html.escape(entry['analyst'])}</h2>")
-        if entry["charges"]:
+        if entry["charges"] and plots:
             parts.append(f"<img alt='ε spent over time' src='data:image/png;base64,{_plot(entry)}'>")
         parts.append(_charges_table(entry["charges"]))
     parts.append("</body></html>")

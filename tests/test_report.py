@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 import pytest
 
@@ -58,3 +59,14 @@ def test_the_command_writes_html_or_prints_json(seeded, base_url, tmp_path, caps
     assert "wrote" in capsys.readouterr().out and "reporter" in out.read_text()
     assert main(["ledger", "report", "--database", base_url, "--analyst", "reporter", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["analysts"][0]["analyst"] == "reporter"
+
+
+def test_without_matplotlib_the_page_is_written_without_plots_and_says_what_to_install(seeded, base_url, tmp_path,
+                                                                                         capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    out = tmp_path / "report.html"
+    assert main(["ledger", "report", "--database", base_url, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out and "pip install 'dpsql[report]'" in captured.err
+    page = out.read_text()
+    assert "reporter" in page and "data:image/png" not in page and "need matplotlib" in page

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -660,6 +661,11 @@ def test_demo_serve_prints_a_working_psql_line(tmp_path):
         url = line.strip().removeprefix('psql "').removesuffix('"')
         with psycopg.connect(url, autocommit=True) as conn:
             assert conn.execute("SELECT COUNT(*) FROM people").fetchone()[0] > 0
+        while not line.startswith("Prometheus metrics: ") and time.monotonic() < deadline:
+            line = process.stdout.readline()
+        metrics = line.split(": ", 1)[1].strip()  # the address it printed answers a scrape
+        with urllib.request.urlopen(metrics, timeout=10) as response:
+            assert b"dpsql_connections_total" in response.read()
     finally:
         process.terminate()
         process.wait(30)
