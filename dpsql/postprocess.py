@@ -526,8 +526,13 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         value = evaluate(node.this, env)
         return None if value is None else _UNARY[type(node)](value)
     if isinstance(node, exp.Round):
+        decimals = node.args.get("decimals")
+        number = decimals.this if isinstance(decimals, exp.Neg) else decimals
+        if decimals is not None and not (isinstance(number, exp.Literal) and not number.is_string):
+            raise UnsupportedQuery("round()'s number of digits must be a constant",
+                                   "write the digits as a constant: round(AVG(x), 2)")
         value = evaluate(node.this, env)
-        digits = int(evaluate(node.args["decimals"], env)) if node.args.get("decimals") else 0
+        digits = int(evaluate(decimals, env)) if decimals is not None else 0
         return None if value is None else np.round(value, digits)
     if isinstance(node, exp.Greatest | exp.Least):
         values = [v for v in (evaluate(e, env) for e in [node.this, *node.expressions]) if v is not None]
@@ -566,7 +571,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         for branch in node.args.get("ifs", []):
             condition = evaluate(branch.this, env)
             if np.ndim(condition) != 0:
-                raise UnsupportedQuery("CASE over noisy values has no simulated interval")
+                raise UnsupportedQuery("CASE over noisy values has no simulated interval",
+                                       "ask for the noisy value itself and apply the CASE to the answer")
             if _truthy(condition):
                 return evaluate(branch.args["true"], env)
         default = node.args.get("default")

@@ -56,7 +56,9 @@ def measure(scope: Scope) -> None:
             if sql in found or is_window_function(node):  # a window's SUM runs over released rows
                 continue
             if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
-                raise UnsupportedQuery("nested aggregates are not supported")
+                raise UnsupportedQuery("nested aggregates are not supported",
+                                       "aggregate per unit in a subquery, then outside it: SELECT AVG(n) FROM (SELECT "
+                                       "<the unit's column>, COUNT(*) AS n FROM t GROUP BY 1) s")
             name = f"a{len(found)}"
             if isinstance(node, exp.Min | exp.Max | exp.WithinGroup):
                 found[sql] = quantiles.chosen(scope, name, node, sql)
@@ -169,7 +171,9 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
                 raise
         return Aggregate(name, "count", (measure_of(label, "count", counted, BIT),), None, sql)
     if isinstance(arg, exp.Distinct):
-        raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)")
+        raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)",
+                               "aggregate the column itself (SUM(x), AVG(x)), or count distinct units with "
+                               "COUNT(DISTINCT <the unit's column>)")
     if kind in BIVARIATE:
         return _bivariate(scope, name, node, sql, measure_of)
     value_range, value = _bounded(scope, arg, f"{kind.upper()} argument")

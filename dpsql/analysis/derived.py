@@ -151,7 +151,9 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -
     kind = AGGREGATES.get(type(node))
     if kind not in ("count", "sum", "avg", "min", "max"):
         raise UnsupportedQuery(f"{to_sql(node)} in a per-unit subquery: use COUNT, SUM, AVG, "
-                               "MIN or MAX of a column or bounded expression, or the unit column itself")
+                               "MIN or MAX of a column or bounded expression, or the unit column itself",
+                               "e.g. SELECT AVG(n) FROM (SELECT <the unit's column>, COUNT(*) AS n FROM t "
+                               "GROUP BY 1) s")
     if kind == "count":
         return clamp_to(node, 0, k, "integer"), Column(name, "bigint", 0.0, float(k))
     argument = node.this.this if isinstance(node.this, exp.Distinct) else node.this

@@ -205,7 +205,9 @@ class Expressions:
         """The range of `node`, which must be a bounded number."""
         result = self.value_range(node)
         if result is None:
-            raise UnsupportedQuery(f"{what} {to_sql(node)} is not numeric")
+            raise UnsupportedQuery(f"{what} {to_sql(node)} is not numeric",
+                                   "use a numeric column, or count a condition: "
+                                   "SUM(CASE WHEN x = 'a' THEN 1 ELSE 0 END)")
         if not result.bounded:
             raise UnsupportedQuery(
                 f"{to_sql(node)} has no declared bounds, so its {what} has unbounded sensitivity",
@@ -216,7 +218,8 @@ class Expressions:
         for arg in args:
             value = node.args.get(arg)
             if value is not None and not _constant(value):
-                raise UnsupportedQuery(f"{what} must be constants, not {to_sql(value)}")
+                raise UnsupportedQuery(f"{what} must be constants, not {to_sql(value)}",
+                                       "write the values as constants, e.g. x IN ('a', 'b')")
 
     def _range_column(self, node: exp.Column) -> Range | None:
         column = self.column(node)
@@ -297,11 +300,12 @@ class Expressions:
         (a,) = self._operands(node, "this")
         digits = node.args.get("decimals")
         if digits is not None and not (isinstance(digits, exp.Literal) and not digits.is_string):
-            raise UnsupportedQuery("round()'s number of digits must be a constant")
+            raise UnsupportedQuery("round()'s number of digits must be a constant",
+                                   "write the digits as a constant: round(x, 2)")
         places = int(digits.to_py()) if digits is not None else 0
         if abs(places) > MAX_ROUND_DIGITS:  # a huge scale fails only on non-NULL values
             raise UnsupportedQuery(f"round()'s number of digits must be between -{MAX_ROUND_DIGITS} and "
-                                   f"{MAX_ROUND_DIGITS}")
+                                   f"{MAX_ROUND_DIGITS}", "round to fewer digits, e.g. round(x, 2)")
         slack = 0.5 * 10 ** max(0, -places)
         return Range(a.lo - slack, a.hi + slack, a.integer or places <= 0)
 
@@ -340,7 +344,8 @@ class Expressions:
         if not numeric:
             return None
         if len(numeric) != len(ranges):
-            raise UnsupportedQuery("branches of CASE / COALESCE mix numbers with other types")
+            raise UnsupportedQuery("branches of CASE / COALESCE mix numbers with other types",
+                                   "make every branch a number (CASE WHEN c THEN 1 ELSE 0 END) or every branch text")
         result = numeric[0]
         for r in numeric[1:]:
             result = result.hull(r)
@@ -352,7 +357,8 @@ class Expressions:
         if target in INT_CAST_LIMITS:
             if inner is None:
                 raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to an integer "
-                                       "could fail on some values")
+                                       "could fail on some values",
+                                       "cast a numeric column, or compare the text as text: WHERE x = '42'")
             if not inner.bounded or inner.magnitude + 1 > INT_CAST_LIMITS[target]:
                 raise UnsupportedQuery(f"{to_sql(node)} could overflow",
                                        "cast to bigint or double precision, or declare tighter bounds")
@@ -360,7 +366,8 @@ class Expressions:
         if target in FLOAT_CASTS:
             if inner is None and not _constant(node.this):
                 raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to a number "
-                                       "could fail on some values")
+                                       "could fail on some values",
+                                       "cast a numeric column, or compare the text as text: WHERE x = '42'")
             if node.to.expressions:  # numeric(p, s) overflows on values with more digits than p - s
                 raise UnsupportedQuery(f"cast to {to_sql(node.to)} could overflow on some values",
                                        "cast to numeric without precision, or round() the value")
@@ -403,7 +410,8 @@ class Expressions:
                 or not 1 <= buckets <= MAX_BUCKETS or bounds[0].lo == bounds[1].lo:
             # an infinite operand lands in bucket count + 1, which must not overflow an integer
             raise UnsupportedQuery(f"width_bucket needs distinct numeric bounds within ±{LIMIT:.0e} and a "
-                                   f"whole-number bucket count from 1 to {MAX_BUCKETS}")
+                                   f"whole-number bucket count from 1 to {MAX_BUCKETS}",
+                                   "e.g. width_bucket(x, 0, 100, 10)")
         if not operand.bounded:
             return Range(0, buckets + 1, True)
         # width_bucket is monotone in its operand: the buckets between those of the operand's ends, so that a
@@ -414,7 +422,9 @@ class Expressions:
     def numeric_or_unbounded(self, node: exp.Expression) -> Range:
         result = self.value_range(node)
         if result is None:
-            raise UnsupportedQuery(f"{to_sql(node)} is not numeric")
+            raise UnsupportedQuery(f"{to_sql(node)} is not numeric",
+                                   "use a numeric column, or count a condition: "
+                                   "SUM(CASE WHEN x = 'a' THEN 1 ELSE 0 END)")
         return result
 
     def _range_sqrt(self, node: exp.Sqrt) -> Range:
@@ -424,7 +434,8 @@ class Expressions:
     def _range_ln(self, node: exp.Ln) -> Range:
         (a,) = self._operands(node, "this")
         if a.hi <= 0:
-            raise UnsupportedQuery(f"ln({to_sql(node.this)}) is never defined")
+            raise UnsupportedQuery(f"ln({to_sql(node.this)}) is never defined",
+                                   "take the logarithm of a positive expression, e.g. ln(x + 1) for x >= 0")
         low = math.log(a.lo) if a.lo > 0 else (0.0 if a.integer else math.log(5e-324))
         return Range(low, math.log(a.hi))
 
@@ -498,7 +509,7 @@ def _check_substring(node: exp.Substring) -> None:
         number = _integer_constant(value)
         if number is None or not low <= number <= MAX_TEXT_POSITION:
             raise UnsupportedQuery(f"substring's {name} must be a whole-number constant between {low} and "
-                                   f"{MAX_TEXT_POSITION}, not {to_sql(value)}")
+                                   f"{MAX_TEXT_POSITION}, not {to_sql(value)}", "e.g. substring(x, 1, 3)")
 
 
 def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
@@ -506,7 +517,8 @@ def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
     if isinstance(pattern, exp.Null):
         return
     if not (isinstance(pattern, exp.Literal) and pattern.is_string):
-        raise UnsupportedQuery(f"LIKE patterns must be string constants, not {to_sql(pattern)}")
+        raise UnsupportedQuery(f"LIKE patterns must be string constants, not {to_sql(pattern)}",
+                               "write the pattern as a string constant: x LIKE 'A%'")
     trailing = len(pattern.this) - len(pattern.this.rstrip("\\"))
     if trailing % 2:
         raise UnsupportedQuery(f"the LIKE pattern {to_sql(pattern)} ends with its escape "
@@ -516,7 +528,9 @@ def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
 def _check_trunc(node: exp.Expression) -> None:
     unit = node.args.get("unit")
     if node.args.get("zone") is not None:
-        raise UnsupportedQuery("date_trunc with a time zone is not supported")
+        raise UnsupportedQuery("date_trunc with a time zone is not supported",
+                               "truncate in the session's time zone: SET TimeZone = 'Europe/Paris', then "
+                               "date_trunc('day', x)")
     if not isinstance(unit, exp.Var | exp.Literal) or unit.name.lower() not in TRUNC_UNITS:
         shown = to_sql(unit) if unit is not None else "none"
         raise UnsupportedQuery(f"date_trunc unit {shown} is not one PostgreSQL knows",

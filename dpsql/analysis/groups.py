@@ -277,11 +277,15 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
     if group is None:
         return []
     if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
-        raise UnsupportedQuery("ROLLUP, CUBE and GROUPING SETS are not supported")
+        raise UnsupportedQuery("ROLLUP, CUBE and GROUPING SETS are not supported",
+                               "write the grouping sets at the top of the statement: GROUP BY GROUPING SETS "
+                               "((a), (a, b))")
     keys = []
     for i, node in enumerate(group.expressions):
         if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk()):
-            raise UnsupportedQuery("aggregates are not allowed in GROUP BY")
+            raise UnsupportedQuery("aggregates are not allowed in GROUP BY",
+                                   "group by columns and put the aggregates in the SELECT list: SELECT k, COUNT(*) "
+                                   "FROM t GROUP BY k")
         _refuse_hopeless_key(scope, node)
         value_range = scope.exprs.value_range(node)
         guarded = scope.exprs.guard(node)

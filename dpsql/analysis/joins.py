@@ -99,7 +99,9 @@ def _join_plan(scope: Scope, joins: list[exp.Join], equalities: list[Equality], 
                                    "of columns: a cross join multiplies every row by the whole other table",
                                    "join it on a declared key, e.g. JOIN t ON t.key = other.key")
         if sides.get(alias) and alias != pending[0]:
-            raise UnsupportedQuery(f"outer join of {alias} must follow the tables its ON clause names")
+            raise UnsupportedQuery(f"outer join of {alias} must follow the tables its ON clause names",
+                                   "join the tables its ON clause names first: FROM a JOIN b ON ... LEFT JOIN c ON "
+                                   "c.k = b.k")
         new = relation(alias)
         # a key's frequency is needed where the other side changes (a public side never does)
         pairs = [(o, m) for m, o in keys_to_joined(alias)

@@ -85,7 +85,7 @@ def _constant(tree: exp.Select, clause: str) -> int | None:
         return None
     value = node.expression
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
-        raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant")
+        raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant", "e.g. LIMIT 10 OFFSET 20")
     return int(value.this)
 
 

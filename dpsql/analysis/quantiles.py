@@ -39,9 +39,11 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
         fraction = node.this.this
         ordered = node.expression.expressions
         if not (isinstance(fraction, exp.Literal) and not fraction.is_string and 0 <= float(fraction.this) <= 1):
-            raise UnsupportedQuery(f"{sql}: the percentile must be a constant between 0 and 1")
+            raise UnsupportedQuery(f"{sql}: the percentile must be a constant between 0 and 1",
+                                   "e.g. percentile_cont(0.9) WITHIN GROUP (ORDER BY x)")
         if len(ordered) != 1:
-            raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression")
+            raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression",
+                                   "e.g. percentile_cont(0.5) WITHIN GROUP (ORDER BY x)")
         q, arg = float(fraction.this), ordered[0].this
         if ordered[0].args.get("desc"):
             q = 1 - q
@@ -96,7 +98,8 @@ def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate
     the count as score."""
     ordered = node.expression.expressions
     if len(ordered) != 1:
-        raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression")
+        raise UnsupportedQuery(f"{sql}: WITHIN GROUP takes one ORDER BY expression",
+                               "e.g. percentile_cont(0.5) WITHIN GROUP (ORDER BY x)")
     arg = ordered[0].this
     scope.exprs.check(arg)
     value_range = scope.exprs.value_range(arg)

@@ -30,7 +30,9 @@ def read(scope: Scope) -> None:
         if derived:
             break
         if not isinstance(source, exp.Table):
-            raise UnsupportedQuery("only tables may appear in FROM and JOIN")
+            raise UnsupportedQuery("only tables may appear in FROM and JOIN",
+                                   "name the declared tables in FROM and JOIN (\\dt lists them), or a per-unit "
+                                   "subquery: FROM (SELECT <the unit's column>, COUNT(*) AS n FROM t GROUP BY 1) s")
         scope.aliases[source.alias_or_name] = scope.schema.tables[source.name]
     private = [a for a, t in scope.aliases.items() if not t.public]
     scope.outer = list(scope.aliases)  # the query's own tables; subqueries' and dpsql's joins come later
@@ -78,10 +80,13 @@ def _semijoins(scope: Scope) -> list[Semijoin]:
         aliases = []
         sub_joins = list(select.args.get("joins") or [])
         if select.args.get("from_") is None:
-            raise UnsupportedQuery("a subquery in WHERE needs a FROM clause")
+            raise UnsupportedQuery("a subquery in WHERE needs a FROM clause",
+                                   "give the subquery a table: WHERE k IN (SELECT k FROM t WHERE ...)")
         for source in [select.args["from_"].this, *(j.this for j in sub_joins)]:
             if not isinstance(source, exp.Table):
-                raise UnsupportedQuery("only tables may appear in a subquery's FROM and JOIN")
+                raise UnsupportedQuery("only tables may appear in a subquery's FROM and JOIN",
+                                       "name declared tables inside the subquery: WHERE k IN (SELECT k FROM t JOIN u "
+                                       "ON ...)")
             alias = source.alias_or_name
             if alias in scope.aliases:
                 raise UnsupportedQuery(f'the name "{alias}" is used both outside a subquery and inside it',
@@ -90,7 +95,8 @@ def _semijoins(scope: Scope) -> list[Semijoin]:
             scope.aliases[alias] = scope.schema.tables[source.name]
             aliases.append(alias)
         if any(j.side or j.kind.upper() not in ("", "INNER") for j in sub_joins):
-            raise UnsupportedQuery("a subquery in WHERE may use inner joins only")
+            raise UnsupportedQuery("a subquery in WHERE may use inner joins only",
+                                   "use an inner JOIN inside the subquery, or write the outer join in the main query")
         conditions = [select.args["where"].this] if select.args.get("where") else []
         equalities = _column_equalities(conditions + [j.args["on"] for j in sub_joins if j.args.get("on")])
         if isinstance(condition, exp.In):

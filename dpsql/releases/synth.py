@@ -131,7 +131,8 @@ def synthesize(engine: Any, analyst: str, table: str, columns: list[str], epsilo
     validate_query_privacy(epsilon)
     declared = engine.schema.tables.get(table.lower())
     if declared is None:
-        raise UnknownColumn(f'table "{table}" is not declared in the privacy schema')
+        raise UnknownColumn(f'table "{table}" is not declared in the privacy schema',
+                            "name a table the privacy schema declares (`dpsql schema check FILE` lists them)")
     names = [c.strip().lower() for c in columns if c.strip()]
     if not names or len(set(names)) != len(names):
         raise InvalidParameter("give one or more distinct columns")

@@ -47,7 +47,8 @@ def decision_tree(engine: Any, analyst: str, table: str, label: str, features: l
         raise InvalidParameter("bins must be from 2 to 32")
     declared = engine.schema.tables.get(table.lower())
     if declared is None:
-        raise UnknownColumn(f'table "{table}" is not declared in the privacy schema')
+        raise UnknownColumn(f'table "{table}" is not declared in the privacy schema',
+                            "name a table the privacy schema declares (`dpsql schema check FILE` lists them)")
     names = [f.strip().lower() for f in features if f.strip()]
     if not names or label.lower() in names or len(set(names)) != len(names):
         raise InvalidParameter("give one or more distinct features, none of them the label")
@@ -78,7 +79,9 @@ def decision_tree(engine: Any, analyst: str, table: str, label: str, features: l
 def _column(columns: dict[str, Column], name: str, table: str) -> Column:
     column = columns.get(name)
     if column is None:
-        raise UnknownColumn(f'column "{name}" is not declared in table {table}')
+        raise UnknownColumn(f'column "{name}" is not declared in table {table}',
+                            "name a column the privacy schema declares for the table ("
+                            "`dpsql schema check FILE` lists them)")
     if column.local is not None or not (column.domain or column.type == "boolean"
                                         or (column.is_numeric and column.bounded)):
         raise InvalidParameter(f"{table}.{name} needs a declared domain, a boolean type, or numeric bounds",

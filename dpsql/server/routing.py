@@ -81,7 +81,9 @@ def route(statement: Statement, private: frozenset[str]) -> Route:
         if command is not None:
             return Route("option", command)
         if GUARDED_SETTINGS.match(statement.sql) or re.search(r"\bREAD\s+WRITE\b", statement.sql, re.IGNORECASE):
-            raise PrivacyRefusal("dpsql does not let a session change its role or read-only mode")
+            raise PrivacyRefusal("dpsql does not let a session change its role or read-only mode",
+                                 "dpsql sessions keep the server's role and read-only mode; set dpsql's own options "
+                                 "instead: SET dpsql.epsilon = 0.5")
         _refuse_lexing_change(statement)
         return Route("setting")
     if word in QUERY_WORDS:
@@ -153,7 +155,8 @@ def _constant_false(node: exp.Expression) -> bool:
 
 def _refuse_server_state(statement: Statement) -> None:
     if re.search(r"\bu&['\"]", statement.sql, re.IGNORECASE):
-        raise PrivacyRefusal("Unicode-escaped names (U&\"...\") are not accepted in catalog queries")
+        raise PrivacyRefusal("Unicode-escaped names (U&\"...\") are not accepted in catalog queries",
+                             "write the names plainly: pg_class, not U&\"...\"")
     tokens = statement.tokens
     for index, token in enumerate(tokens):
         if _is_call(tokens, index, "set_config"):
@@ -186,10 +189,13 @@ def _check_set_config(tokens: tuple[Token, ...], index: int) -> None:
         raise PrivacyRefusal("set_config needs a literal setting name in catalog queries", "write SET name TO value")
     name = arguments[0].text.lower()
     if name in GUARDED_NAMES:
-        raise PrivacyRefusal("dpsql does not let a session change its role, read-only mode or timeout")
+        raise PrivacyRefusal("dpsql does not let a session change its role, read-only mode or timeout",
+                             "dpsql sessions keep the server's role, read-only mode and timeout; set dpsql's own "
+                             "options instead: SET dpsql.epsilon = 0.5")
     if name in LEXING_SETTINGS and (arguments[2].token_type != TokenType.STRING or arguments[3].token_type
                                     != TokenType.COMMA or arguments[2].text.lower() not in LEXING_SETTINGS[name]):
-        raise PrivacyRefusal(f"dpsql does not let a session change {name}: it changes how later statements are read")
+        raise PrivacyRefusal(f"dpsql does not let a session change {name}: it changes how later statements are read",
+                             "dpsql speaks UTF8 with standard conforming strings; write E'...' for backslash escapes")
 
 
 def catalog_text(statement: Statement, analyst: str) -> str:

@@ -84,7 +84,8 @@ def _sequential(tree: exp.Select) -> Composition:
     outer = tree.copy()
     subqueries = _scalar_subqueries(outer)
     if len(subqueries) + 1 > MAX_PARTS:
-        raise UnsupportedQuery(f"{len(subqueries)} scalar subqueries are more than dpsql answers in one statement")
+        raise UnsupportedQuery(f"{len(subqueries)} scalar subqueries are more than dpsql answers in one statement",
+                               "send some of the subqueries as queries of their own, and their answers as constants")
     inner_tables = set()
     parts = []
     for index, subquery in enumerate(subqueries):
@@ -129,7 +130,9 @@ def _set_operation(tree: exp.SetOperation) -> Composition:
                                "send fewer SELECTs per statement")
     widths = {len(b.expressions) for b in branches}
     if len(widths) != 1:
-        raise UnsupportedQuery("each UNION query must have the same number of columns")
+        raise UnsupportedQuery("each UNION query must have the same number of columns",
+                               "select the same number of columns in each part: SELECT a, COUNT(*) ... UNION ALL "
+                               "SELECT b, COUNT(*) ...")
     distinct = _all_or_distinct(tree)
     names = [output_name(e) for e in branches[0].expressions]
     order, limit, offset = _outer_order(tree, names, branches[0].expressions)
@@ -217,7 +220,8 @@ def _sets_of(element: exp.Expression) -> list[list[exp.Expression]]:
         sets = []
         for item in element.expressions:
             if isinstance(item, GROUPINGS):
-                raise UnsupportedQuery("nested GROUPING SETS, ROLLUP or CUBE are not supported")
+                raise UnsupportedQuery("nested GROUPING SETS, ROLLUP or CUBE are not supported",
+                                       "list the grouping sets flat: GROUP BY GROUPING SETS ((a), (a, b), ())")
             sets.append(list(item.expressions) if isinstance(item, exp.Tuple)
                         else [item.this] if isinstance(item, exp.Paren) else [item])
         return sets
@@ -268,7 +272,8 @@ def _outer_order(tree: exp.Expression, names: list[str],
             raise UnsupportedQuery(f"ORDER BY {to_sql(target)} of a UNION or grouping sets is not an output column",
                                    "order by an output column's name or position")
         if not 0 <= column < len(names):
-            raise UnsupportedQuery(f"ORDER BY position {column + 1} is not in the select list")
+            raise UnsupportedQuery(f"ORDER BY position {column + 1} is not in the select list",
+                                   "ORDER BY a column's name, or its position from 1 to the number of columns selected")
         descending = bool(ordered.args.get("desc"))
         nulls_first = ordered.args.get("nulls_first")
         order.append((column, descending, descending if nulls_first is None else bool(nulls_first)))
@@ -282,4 +287,4 @@ def _constant(tree: exp.Expression, key: str) -> int | None:
     value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
     if isinstance(value, exp.Literal) and value.is_int and int(value.this) >= 0:
         return int(value.this)
-    raise UnsupportedQuery(f"{key.upper()} must be a whole number")
+    raise UnsupportedQuery(f"{key.upper()} must be a whole number", "e.g. LIMIT 10 OFFSET 20")

@@ -39,7 +39,8 @@ INSTEAD = {
                   "DATE '2024-12-01'); elsewhere move the interval to the constant's side",
     exp.Array: "ask for each percentile as its own aggregate: percentile_cont(0.25) WITHIN GROUP (ORDER BY x), "
                "percentile_cont(0.75) WITHIN GROUP (ORDER BY x)",
-    exp.TableSample: "ask over the whole table: a sample spends the same budget and only adds error to the noise",
+    exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
+                     "adds error to the noise",
 }
 
 # functions a window may compute over the released rows
@@ -65,7 +66,8 @@ def refuse_unsafe(tree: exp.Select) -> None:
                                    "join on the declared key, e.g. JOIN people ON visits.person_id = people.person_id")
         if isinstance(node, exp.PercentileCont | exp.PercentileDisc | exp.Mode) \
                 and not isinstance(node.parent, exp.WithinGroup):
-            raise UnsupportedQuery(f"{_describe(node)} needs WITHIN GROUP (ORDER BY column)")
+            raise UnsupportedQuery(f"{_describe(node)} needs WITHIN GROUP (ORDER BY column)",
+                                   "e.g. percentile_cont(0.5) WITHIN GROUP (ORDER BY x)")
         if isinstance(node, exp.Window):
             _check_window(node, tree)
             continue
@@ -73,7 +75,9 @@ def refuse_unsafe(tree: exp.Select) -> None:
             continue
         if not isinstance(node, ALLOWED_NODES):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
-                                   INSTEAD.get(type(node), "see the README for the SQL dpsql answers"))
+                                   INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql answers "
+                                                           "aggregates of declared columns, e.g. SELECT k, COUNT(*), "
+                                                           "AVG(x) FROM t GROUP BY k"))
 
 
 def _check_window(window: exp.Window, tree: exp.Select) -> None:

@@ -58,7 +58,8 @@ def require_flat(tree: exp.Select) -> None:
     if derived is not None:
         allowed |= {id(derived), id(derived.parent), id(tree.args.get("with_"))}
         if any(isinstance(n, exp.Select | exp.Subquery | exp.CTE) for n in derived.walk() if n is not derived):
-            raise UnsupportedQuery("a per-unit subquery may not hold subqueries of its own")
+            raise UnsupportedQuery("a per-unit subquery may not hold subqueries of its own",
+                                   "move the inner subquery's condition into the outer query, or join its table inside")
     for node in tree.walk():
         if node is tree or id(node) in allowed:
             continue
@@ -85,7 +86,8 @@ def drop_nulls_under_not_in(tree: exp.Select) -> None:
             continue
         value = select.expressions[0].unalias() if len(select.expressions) == 1 else None
         if value is None:
-            raise UnsupportedQuery("an IN subquery must select exactly one value")
+            raise UnsupportedQuery("an IN subquery must select exactly one value",
+                                   "select one column: WHERE k IN (SELECT k FROM t WHERE ...)")
         select.where(exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())), copy=False)
         # a separate conjunct of the outer WHERE (a NOT IN not joined by AND is refused by the analysis)
         tree.where(exp.Not(this=exp.Is(this=in_node.this.copy(), expression=exp.Null())), copy=False)

@@ -1,0 +1,49 @@
+"""Every refusal says what to write instead: no refusal of dpsql's code is raised without a hint, and no hint
+sends the analyst to the README."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dpsql import errors
+from tests.conftest import ROOT
+
+REFUSALS = {"UnsupportedQuery", "PrivacyRefusal", "UnknownColumn"}  # syntax errors carry PostgreSQL's text alone
+
+
+def _refusals_without_hint() -> list[str]:
+    missing = []
+    for path in sorted((ROOT / "dpsql").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)):
+                continue
+            function = node.exc.func
+            name = function.id if isinstance(function, ast.Name) else getattr(function, "attr", "")
+            if name in REFUSALS and len(node.exc.args) < 2 and not any(k.arg == "hint" for k in node.exc.keywords):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return missing
+
+
+def test_every_refusal_in_the_code_carries_a_hint():
+    assert _refusals_without_hint() == []
+    assert "see the README" not in "".join(p.read_text() for p in Path(ROOT / "dpsql").rglob("*.py"))
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10)",
+    "SELECT percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY amount) FROM visits",
+    "SELECT SUM(COUNT(*)) FROM visits",
+    "SELECT COUNT(*) FROM visits WHERE category LIKE category",
+    "SELECT round(AVG(amount), age) FROM visits JOIN people USING (person_id) GROUP BY age",
+    "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-03-31'",
+    "SELECT xmlagg(category) FROM visits",
+])
+def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, sql):
+    with pytest.raises(errors.Error) as refused:
+        engine.query(sql, analyst=analyst)
+    hint = refused.value.hint or ""
+    assert hint and "README" not in hint and any(word in hint for word in ("SELECT", "(", "=", "'")), hint
+    assert engine.budget(analyst).epsilon_spent == 0
