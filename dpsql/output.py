@@ -63,7 +63,8 @@ def render_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, c
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)
-        writer.writerows([["" if v is None else v for v in row] for row in rows])
+        writer.writerows([["" if v is None else format_value(v) if isinstance(v, list) else v for v in row]
+                          for row in rows])
         return out.getvalue().rstrip("\n")
     document = {"columns": list(names), "rows": [dict(zip(names, row, strict=True)) for row in rows]}
     if cost is not None:

@@ -435,6 +435,8 @@ def describe_accuracy(accuracy: Accuracy | None) -> str:
 def format_value(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, list):  # as psql shows an array
+        return "{" + ",".join("NULL" if v is None else format_value(v) for v in value) + "}"
     if isinstance(value, float):
         return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
     return str(value)
@@ -443,6 +445,8 @@ def format_value(value: Any) -> str:
 def _typed(value: Any, type_name: str) -> Any:
     if value is None:
         return None
+    if type_name.endswith("[]"):
+        return [_typed(v, type_name[:-2]) for v in value]
     if isinstance(value, np.generic | np.ndarray):
         value = value.item()
     if type_name in TEMPORAL_TYPES and isinstance(value, int | float):  # a quantile of dates, chosen as a number
@@ -525,6 +529,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
     if type(node) in _UNARY:
         value = evaluate(node.this, env)
         return None if value is None else _UNARY[type(node)](value)
+    if isinstance(node, exp.Array):
+        return [evaluate(e, env) for e in node.expressions]
     if isinstance(node, exp.Round):
         decimals = node.args.get("decimals")
         number = decimals.this if isinstance(decimals, exp.Neg) else decimals

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 
+import psycopg
 import pytest
 
 from dpsql import errors
@@ -396,6 +397,23 @@ def test_a_scalar_subquery_is_a_first_answer_the_query_takes_as_a_constant(engin
     outer = engine.prepare(composition.parts[-1], {"dpsql_scalar_0": mean}, 0.4)
     assert engine.ledger.answers.get(analyst, outer.key) is not None  # the query ran with that noisy mean
     assert engine.query(sql, analyst=analyst, epsilon=0.8).cached
+
+
+def test_several_percentiles_at_once_come_back_as_postgresql_s_array(engine, analyst, served):
+    """percentile_cont(ARRAY[...]) is one quantile per rank, charged once as one query (the ε split among them),
+    returned as an array: a list through the DB-API, float8[] or date[] on the wire in text and binary."""
+    sql = "SELECT percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY amount) AS q FROM visits"
+    answer = engine.query(sql, analyst=analyst, epsilon=3.0)
+    (values,), = answer.rows
+    assert answer.types == ["float8[]"] and len(values) == 3 and all(0 <= v <= 1000 for v in values)
+    assert answer.epsilon == pytest.approx(3.0) and answer.accuracy == [(None,)]
+    days = "SELECT percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY day) AS d FROM visits"
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        for binary in (False, True):
+            (got,), = conn.cursor(binary=binary).execute(sql).fetchall()
+            assert isinstance(got, list) and len(got) == 3 and all(isinstance(v, float) for v in got)
+            (dates,), = conn.cursor(binary=binary).execute(days).fetchall()
+            assert [type(v) for v in dates] == [datetime.date, datetime.date]
 
 
 def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its_noise(engine, analyst):

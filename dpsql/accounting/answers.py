@@ -68,10 +68,14 @@ def encode_value(value: Any) -> Any:
         return {"$date": value.isoformat()}
     if isinstance(value, decimal.Decimal):
         return {"$decimal": str(value)}
+    if isinstance(value, list):  # an array of released values
+        return [encode_value(v) for v in value]
     return value
 
 
 def decode_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode_value(v) for v in value]
     if isinstance(value, dict):
         (tag, text), = value.items()
         return {"$timestamp": datetime.datetime.fromisoformat, "$date": datetime.date.fromisoformat,

@@ -109,6 +109,9 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         for key in keys:
             if key.name == expr.name:
                 return key_type(original, exprs)
+    if isinstance(expr, exp.Array) and expr.expressions:  # percentiles asked as an array: PostgreSQL's array type
+        element = _output_type(expr.expressions[0], aggregates, keys, exprs, original.expressions[0], windows)
+        return f"{element}[]"
     if isinstance(expr, exp.Literal):
         return "text" if expr.is_string else ("int8" if expr.is_int else "float8")
     if isinstance(expr, exp.Cast):

@@ -29,6 +29,8 @@ FLOAT4, FLOAT8, UNKNOWN, VARCHAR, BPCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC 
                                                                                    1114, 1184, 1700)
 TYPE_OIDS = {"bool": BOOL, "int2": INT2, "int4": INT4, "int8": INT8, "text": TEXT, "float4": FLOAT4,
              "float8": FLOAT8, "date": DATE, "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ, "numeric": NUMERIC}
+ARRAY_OF = {1016: INT8, 1022: FLOAT8, 1182: DATE, 1115: TIMESTAMP, 1185: TIMESTAMPTZ}  # array type -> element
+TYPE_OIDS.update({"int8[]": 1016, "float8[]": 1022, "date[]": 1182, "timestamp[]": 1115, "timestamptz[]": 1185})
 TYPE_SIZES = {BOOL: 1, INT2: 2, INT4: 4, INT8: 8, OID: 4, FLOAT4: 4, FLOAT8: 8, DATE: 4, TIMESTAMP: 8,
               TIMESTAMPTZ: 8, NAME: 64}
 POSTGRES_EPOCH = datetime.date(2000, 1, 1)
@@ -454,6 +456,9 @@ def encode_value(value: Any, type_oid: int, binary: bool) -> bytes | None:
 
 
 def _text(value: Any, type_oid: int) -> str:
+    if isinstance(value, list):  # a one-dimensional array of numbers or times: no element needs quoting
+        element = ARRAY_OF.get(type_oid, TEXT)
+        return "{" + ",".join("NULL" if v is None else _text(v, element) for v in value) + "}"
     if isinstance(value, bool):
         return "t" if value else "f"
     if isinstance(value, float):
@@ -490,6 +495,12 @@ INFINITE = {DATE: ("!i", 2**31 - 1), TIMESTAMP: ("!q", 2**63 - 1), TIMESTAMPTZ: 
 
 
 def _binary(value: Any, type_oid: int) -> bytes:
+    if type_oid in ARRAY_OF:  # one dimension, from 1: its size, then each element's length and binary form
+        element = ARRAY_OF[type_oid]
+        items = [None if v is None else _binary(v, element) for v in value]
+        header = struct.pack("!iiiii", 1, any(i is None for i in items), element, len(items), 1)
+        return header + b"".join(struct.pack("!i", -1) if i is None else struct.pack("!i", len(i)) + i
+                                 for i in items)
     try:
         if type_oid == BOOL:
             return b"\x01" if value else b"\x00"

@@ -25,6 +25,7 @@ from dpsql.sql.shape import (
     drop_nulls_under_not_in,
     filters_as_case,
     inline_repeated_ctes,
+    percentiles_as_arrays,
     projection_over_aggregates,
     require_flat,
     semijoin_selects,
@@ -38,7 +39,7 @@ def check_query(sql: str, schema: PrivacySchema,
     tree = bind_parameters(parse_select(sql), params)
     timed = tree.find(*CLOCKS) is not None
     tree = filters_as_case(fold_times(tree, datetime.datetime.now(datetime.UTC) if timed else None, schema))
-    tree = projection_over_aggregates(inline_repeated_ctes(tree))
+    tree = percentiles_as_arrays(projection_over_aggregates(inline_repeated_ctes(tree)))
     names = tuple(output_name(e) for e in tree.expressions)
     refuse_unsafe(distinct_as_group_by(tree))
     tree = qualify_columns(tree, schema)

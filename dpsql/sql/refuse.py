@@ -9,6 +9,7 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.sql.query import AGGREGATES, to_sql
+from dpsql.sql.shape import is_percentile_array
 
 # Node types a query may contain. Functions that can fail on some value are made total by the rewrite
 # (division, modulo, sqrt, ln) or have their arguments checked by the analysis (casts, substring, ...).
@@ -37,8 +38,9 @@ INSTEAD = {
     exp.Interval: "constant date arithmetic is answered (day >= DATE '2024-07-01' - INTERVAL '30 days'), and so is a "
                   "column plus or minus days, hours or seconds compared with a constant (day + INTERVAL '7 days' > "
                   "DATE '2024-12-01'); elsewhere move the interval to the constant's side",
-    exp.Array: "ask for each percentile as its own aggregate: percentile_cont(0.25) WITHIN GROUP (ORDER BY x), "
-               "percentile_cont(0.75) WITHIN GROUP (ORDER BY x)",
+    exp.Array: "list the values instead: x IN ('a', 'b'); several percentiles at once are answered as "
+               "percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY x)",
+    exp.Any: "list the values instead: x IN ('a', 'b')",
     exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
                      "adds error to the noise",
 }
@@ -73,7 +75,7 @@ def refuse_unsafe(tree: exp.Select) -> None:
             continue
         if isinstance(node.parent, exp.Window) and node is node.parent.this and isinstance(node, WINDOW_FUNCTIONS):
             continue
-        if not isinstance(node, ALLOWED_NODES):
+        if not isinstance(node, ALLOWED_NODES) and not is_percentile_array(node):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
                                    INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql answers "
                                                            "aggregates of declared columns, e.g. SELECT k, COUNT(*), "

@@ -32,6 +32,27 @@ def filters_as_case(tree: exp.Select) -> exp.Select:
     return tree.transform(rewrite, copy=False)
 
 
+def percentiles_as_arrays(tree: exp.Select) -> exp.Select:
+    """`percentile_cont(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY x)` (PostgreSQL returns an array) as an array of
+    one percentile each: `ARRAY[percentile_cont(0.25) WITHIN GROUP (ORDER BY x), ...]`, each its own quantile
+    with its share of ε, the array built after noise. Other arrays are left for the refusal rules."""
+    def split(node: exp.Expression) -> exp.Expression:
+        function = node.this if isinstance(node, exp.WithinGroup) else None
+        ranks = function.this if isinstance(function, exp.PercentileCont | exp.PercentileDisc) else None
+        if not isinstance(ranks, exp.Array) or not ranks.expressions:
+            return node
+        return exp.Array(expressions=[
+            exp.WithinGroup(this=function.__class__(this=rank.copy()), expression=node.expression.copy())
+            for rank in ranks.expressions])
+    return tree.transform(split, copy=False)
+
+
+def is_percentile_array(node: exp.Expression) -> bool:
+    """An array of percentiles that `percentiles_as_arrays` made (answered), rather than an ARRAY of values."""
+    return isinstance(node, exp.Array) and bool(node.expressions) and all(
+        isinstance(e, exp.WithinGroup) for e in node.expressions)
+
+
 def distinct_as_group_by(tree: exp.Select) -> exp.Select:
     """`SELECT DISTINCT a, b FROM t` without aggregates is `SELECT a, b FROM t GROUP BY a, b` in PostgreSQL, and
     the analysis reads the second (it answers it where the keys' domains are declared). DISTINCT ON, and
