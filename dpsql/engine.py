@@ -287,7 +287,7 @@ class Engine:
                       options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:
         """`prepare` for each part of a UNION or GROUPING SETS statement (each with its share of ε), or for the
         one query of any other statement (with no composition)."""
-        composition = compose(sql, params)
+        composition = compose(sql, params, self.schema)
         if composition is None:
             return None, [self.prepare(sql, params, epsilon, options)]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
@@ -621,6 +621,8 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
     the first part where it is not a NULL a grouping set put there; noisy where any part's is. After scalar
     subqueries, the last part's."""
+    if composition is not None and composition.values_present is not None:
+        return [composition.values_present], ["int8"], [True]
     if composition is not None and composition.sequential:
         parts = parts[-1:]
     outputs = [p.outputs for p in parts]
@@ -633,7 +635,10 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
 
 def combine(composition: Composition, parts: list[Prepared], answers: list[Answer]) -> Answer:
     """One answer from its parts' answers: their rows in order (UNION without ALL: each distinct row once), then
-    the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs."""
+    the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs. A COUNT(DISTINCT c) over a
+    declared domain is counted from its one part's rows."""
+    if composition.values_present is not None:
+        return _values_present(composition.values_present, answers[0])
     names, types, noisy = columns_of(parts, composition)
     shown = answers[-1:] if composition.sequential else answers
     rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
@@ -653,6 +658,22 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes)
+
+
+def _values_present(name: str, counts: Answer) -> Answer:
+    """COUNT(DISTINCT c) over a declared domain, from the noisy count of units per declared value: the values
+    whose 95% interval lies above zero (post-processing). A value held by a few units may be missed; a value held
+    by none is counted with probability about 2.5%."""
+    present = sum(1 for accuracy in counts.accuracy if accuracy[1] is not None and (accuracy[1].ci_low or 0) > 0)
+    note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
+            f"(each count ±{_halfwidth(counts):.3g}); values held by fewer units may be missed, so the count leans low")
+    return replace(counts, names=[name], types=["int8"], rows=[(present,)], accuracy=[(None,)], noisy=[True],
+                   notes=[*counts.notes, note])
+
+
+def _halfwidth(counts: Answer) -> float:
+    accuracy = next((a[1] for a in counts.accuracy if a[1] is not None and a[1].ci_high is not None), None)
+    return 0.0 if accuracy is None else (accuracy.ci_high - accuracy.ci_low) / 2
 
 
 def _internal(exc: Exception, what: str) -> InternalError:

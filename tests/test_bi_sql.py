@@ -416,6 +416,21 @@ def test_several_percentiles_at_once_come_back_as_postgresql_s_array(engine, ana
             assert [type(v) for v in dates] == [datetime.date, datetime.date]
 
 
+def test_count_distinct_of_a_declared_domain_counts_the_values_surely_present(engine, analyst, served):
+    """How many of the 8 declared categories occur: read from a noisy count of units per category (every one
+    released), counting those whose 95% interval is above zero; one charge, and the same through the wire."""
+    answer = engine.query("SELECT COUNT(DISTINCT category) AS kinds FROM visits WHERE day >= %s",
+                          ("2024-01-01",), analyst=analyst, epsilon=1.0)
+    assert answer.names == ["kinds"] and answer.types == ["int8"] and answer.rows == [(8,)]
+    assert answer.epsilon == pytest.approx(1.0) and any("counted as present" in n for n in answer.notes)
+    none = engine.query("SELECT COUNT(DISTINCT category) FROM visits WHERE amount < 0", analyst=analyst,
+                        epsilon=1.0)
+    assert none.rows[0][0] <= 1  # no visit has a negative amount: each absent value is counted with about 2.5%
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        cursor = conn.execute("SELECT COUNT(DISTINCT sex) FROM people")
+        assert [d.name for d in cursor.description] == ["count"] and cursor.fetchall() == [(2,)]
+
+
 def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its_noise(engine, analyst):
     """A share of a noisy total carries both noises: the outer step's interval alone would cover one, so the
     answer gives none for that column and says why; the other columns keep theirs."""

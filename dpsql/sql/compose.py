@@ -16,6 +16,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
+from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.query import AGGREGATES, output_name, to_sql
@@ -33,6 +34,8 @@ class Composition:
     offset: int = 0
     scalars: int = 0  # the first `scalars` parts are scalar subqueries whose values the last part takes as
     # parameters %(dpsql_scalar_<i>)s; the statement's rows are the last part's
+    values_present: str | None = None  # COUNT(DISTINCT c) of a declared domain, as this output's name: the one
+    # part counts units per declared value, and the answer is how many values are surely present
 
     @property
     def sequential(self) -> bool:
@@ -48,9 +51,14 @@ class Composition:
                 if any(p.name.startswith(SCALAR) for p in e.find_all(exp.Placeholder))]
 
 
-def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Composition | None:
-    """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement; None for any other statement (which
-    the ordinary stages check, and refuse if they must)."""
+def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
+            schema: PrivacySchema | None = None) -> Composition | None:
+    """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement, or of a COUNT(DISTINCT c) over a
+    declared domain; None for any other statement (which the ordinary stages check, and refuse if they must)."""
+    if schema is not None and "DISTINCT" in sql.upper():
+        found = _values_present(sql, schema, params)
+        if found is not None:
+            return found
     if not _may_compose(sql):  # most statements: spare a second parse
         return None
     try:
@@ -68,6 +76,44 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -
 
 
 SCALAR = "dpsql_scalar_"
+UNITS_PER_VALUE = "dpsql_units"
+
+
+def _values_present(sql: str, schema: PrivacySchema,
+                    params: Sequence[Any] | Mapping[str, Any] | None) -> Composition | None:
+    """`SELECT COUNT(DISTINCT c) FROM t [WHERE ...]` where c has a declared domain: the number of values present
+    is read from a noisy count of units per declared value (`SELECT c, COUNT(DISTINCT unit) ... GROUP BY c`,
+    every value released), counting those whose 95% interval lies above zero. Post-processing of that one
+    answer: its sensitivity is the count's (each unit moves each value's count by at most one, in at most
+    max_groups_per_unit values)."""
+    try:
+        tree = parse_statement(sql)
+    except Exception:  # noqa: BLE001 - the ordinary stages report it
+        return None
+    if not isinstance(tree, exp.Select) or len(tree.expressions) != 1 or any(
+            tree.args.get(k) for k in ("group", "having", "joins", "with_", "order", "limit", "offset", "distinct")):
+        return None
+    count = tree.expressions[0].unalias()
+    distinct = count.this if isinstance(count, exp.Count) else None
+    table = tree.args["from_"].this if tree.args.get("from_") else None
+    if not (isinstance(distinct, exp.Distinct) and len(distinct.expressions) == 1
+            and isinstance(distinct.expressions[0], exp.Column) and isinstance(table, exp.Table)):
+        return None
+    declared = schema.tables.get(table.name)
+    column = declared.columns.get(distinct.expressions[0].name) if declared is not None else None
+    if column is None or column.domain is None or declared.public or column.local is not None:
+        return None
+    unit = declared.unit_column if schema.unit_table is not None and declared.unit_column else None
+    if unit is None:
+        return None  # reached through a parent or row-level: left to the ordinary stages
+    tree = bind_parameters(tree, params)
+    inner = exp.select(exp.column(column.name), exp.alias_(
+        exp.Count(this=exp.Distinct(expressions=[exp.column(unit)])), UNITS_PER_VALUE)).from_(table.copy())
+    if tree.args.get("where"):
+        inner.set("where", tree.args["where"].copy())
+    inner.set("group", exp.Group(expressions=[exp.column(column.name)]))
+    return Composition([to_sql(inner)], f"the declared values of {table.name}.{column.name} present: counted from "
+                       "a noisy count of units per value", values_present=output_name(tree.expressions[0]))
 
 
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
