@@ -197,6 +197,7 @@ class Engine:
         if catalog is not None:
             require_catalog(schema, catalog)  # an owner's mistake stops here, before any analyst is charged for it
         self._unique = catalog.unique if catalog is not None else frozenset()
+        self._unique_sets = catalog.unique_sets if catalog is not None else frozenset()
         self._not_null = catalog.not_null if catalog is not None else frozenset()
         self._time_zone = self.backend.time_zone()
         self._indexed = self.backend.indexed_columns()
@@ -264,7 +265,7 @@ class Engine:
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
                   total_cap: float | None = None) -> tuple[Plan, Rewritten]:
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
-                       self._not_null, rows_cap, self._time_zone, total_cap)
+                       self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -406,7 +407,7 @@ class Engine:
                 a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in plan.aggregates):
             return None
         totals = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
-                         self._not_null, None, self._time_zone, math.inf)  # the race reads it; nothing runs it
+                         self._not_null, None, self._time_zone, math.inf, self._unique_sets)  # the race reads it
         return totals if _bounds_totals(totals) else None
 
     def _bounded_at(self, prepared: Prepared, bound: int) -> Prepared:

@@ -472,3 +472,99 @@ def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, 
                 f"dpsql_scalar_{i}": value for i in range(composition.scalars)}
             _assert_within_sensitivity(engine, part, base_url, neighbour_url, params=values)
     assert sum(p.calibration.epsilon for p in parts) == pytest.approx(engine.options(Options()).epsilon)
+
+
+# --- a key of several columns (issue 36): a public table joined on all of them matches one row ------------------
+
+TARIFFS = """
+CREATE TABLE tariffs (category text, state text, price double precision, PRIMARY KEY (category, state));
+INSERT INTO tariffs SELECT c, s, 10 + length(c) * length(s)
+FROM unnest(ARRAY['checkup', 'dental', 'emergency', 'lab', 'pharmacy', 'physio', 'specialist', 'vaccination']) c,
+     (SELECT DISTINCT state FROM people WHERE state IS NOT NULL UNION SELECT 'ZZ') s(s);
+ANALYZE tariffs;
+"""
+
+
+EXTREME_UNIT = """
+INSERT INTO people VALUES (1000000000, 2147483647, 'M', 'ZZ', 1e300);
+INSERT INTO visits SELECT 2000000000 + i, 1000000000, DATE '2024-01-01' + i % 366,
+    (ARRAY['checkup', 'dental', 'emergency', 'lab', 'pharmacy', 'physio', 'specialist', 'vaccination'])[1 + i % 8],
+    1e300 FROM generate_series(1, 400) i;
+"""
+
+
+def _database_and_neighbour(server, template: str, name: str, setup: str) -> list[str]:
+    """A copy of the demo data with `setup` run, and its neighbour: the same plus one unit with extreme values
+    (hundreds of visits of huge amounts, in every category, from a state no one else has)."""
+    urls = [copy_database(server, template, name), copy_database(server, template, f"{name}_neighbour")]
+    with psycopg.connect(urls[1], autocommit=True) as conn:
+        conn.execute(EXTREME_UNIT)
+    for url in urls:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(setup)
+    return urls
+
+
+def test_a_composite_key_bounds_a_public_join_and_the_neighbour_stays_within_it(server, template):
+    """tariffs' primary key (category, state) makes a visit joined on both columns meet one tariff, so a unit's
+    joined rows are its visits (k = 10), not its visits times a key's declared frequency (10 × 8); the exact
+    answers on a database and its extreme neighbour stay within the sensitivity computed from k = 10."""
+    import tomllib
+
+    from tests.conftest import DEMO_SCHEMA
+
+    urls = _database_and_neighbour(server, template, "dpsql_tariffs", TARIFFS)
+    raw = tomllib.loads(DEMO_SCHEMA.read_text())
+    raw["tables"]["tariffs"] = {"public": True, "columns": {
+        "category": {"type": "text", "max_frequency": 60}, "state": {"type": "text", "max_frequency": 8},
+        "price": {"type": "double precision", "lower": 0, "upper": 200}}}
+    engine = Engine(Settings(database=urls[0]), parse_schema(raw))
+    try:
+        sql = ("SELECT SUM(t.price), COUNT(*) FROM visits v JOIN people p ON p.person_id = v.person_id "
+               "JOIN tariffs t ON t.category = v.category AND t.state = p.state")
+        plan = engine.prepare(sql).plan
+        assert plan.rows_per_unit == 10 and any("unique together" in note for note in plan.notes), plan.notes
+        one_key = engine.prepare(sql.replace(" AND t.state = p.state", "")).plan
+        assert one_key.rows_per_unit == 10 * 60  # the category alone: its declared frequency
+        moved = _assert_within_sensitivity(engine, sql, *urls)
+        assert moved[1] > 0  # the extreme unit is in the neighbour, with its tariffs
+    finally:
+        engine.close()
+
+
+ALLOWANCES = """
+CREATE TABLE allowances (person_id bigint REFERENCES people, category text, amount double precision,
+                         PRIMARY KEY (person_id, category));
+INSERT INTO allowances SELECT p.person_id, c, 100 + p.person_id % 50
+FROM people p, unnest(ARRAY['checkup', 'dental', 'lab', 'pharmacy']) c WHERE p.person_id % 3 <> 0;
+ANALYZE allowances;
+"""
+
+
+def test_a_private_table_joined_on_its_whole_key_is_fixed_by_the_other_row(server, template):
+    """allowances (one per person and category) joined to visits on person and category: each visit meets at most
+    one allowance, so a unit's joined rows are its visits (k = 10), not visits times allowances (10 × 8)."""
+    import tomllib
+
+    from tests.conftest import DEMO_SCHEMA
+
+    urls = _database_and_neighbour(server, template, "dpsql_allowances", ALLOWANCES)
+    raw = tomllib.loads(DEMO_SCHEMA.read_text())
+    raw["tables"]["allowances"] = {"unit_column": "person_id", "max_rows_per_unit": 8, "columns": {
+        "person_id": "bigint", "category": "text", "amount": {"type": "double precision", "lower": 0, "upper": 500}}}
+    engine = Engine(Settings(database=urls[0]), parse_schema(raw))
+    try:
+        sql = ("SELECT SUM(a.amount), COUNT(*) FROM visits v JOIN allowances a ON a.person_id = v.person_id "
+               "AND a.category = v.category")
+        plan = engine.prepare(sql).plan
+        assert plan.rows_per_unit == 10 and any("fixed by v's row" in n for n in plan.notes), plan.notes
+        loose = engine.prepare(sql.replace(" AND a.category = v.category", "")).plan
+        assert loose.rows_per_unit == 80
+        with psycopg.connect(urls[1], autocommit=True) as conn:  # the extreme unit holds allowances too
+            conn.execute("INSERT INTO allowances SELECT person_id, c, 1e300 FROM people, unnest(ARRAY['checkup', "
+                         "'dental', 'lab', 'pharmacy', 'emergency']) c WHERE state = 'ZZ' "
+                         "ON CONFLICT (person_id, category) DO UPDATE SET amount = excluded.amount")
+        moved = _assert_within_sensitivity(engine, sql, *urls)
+        assert moved[1] > 0
+    finally:
+        engine.close()

@@ -540,8 +540,8 @@ def test_cli_passwd_and_serve(served: Running, server, template):
     log = process.stderr.read()  # one line per connection, login, statement and answer; no SQL, no values
     for line in (r"connection client=(\d+) from 127\.0\.0\.1:\d+\n", r"login analyst=cli_user ",
                  r"answer analyst=cli_user epsilon=1 ", r"statement done analyst=cli_user tag=SELECT 1\n",
-                 r"disconnection client=(\d+) after [\d.]+ s\n", r"stopping on SIGTERM: closing \d+ client connections\n",
-                 r"INFO dpsql.server: stopped\n"):
+                 r"disconnection client=(\d+) after [\d.]+ s\n",
+                 r"stopping on SIGTERM: closing \d+ client connections\n", r"INFO dpsql.server: stopped\n"):
         assert re.search(line, log), log
     assert "visits" not in log and "COUNT" not in log and "ERROR" not in log
 

@@ -43,7 +43,8 @@ PASSES: tuple[Callable[[Scope], None], ...] = (
 def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozenset[tuple[str, str]],
             max_groups: int | None = None, min_frequency: int = 1,
             not_null: frozenset[tuple[str, str]] = frozenset(), rows_cap: int | None = None,
-            time_zone: str | None = None, total_cap: float | None = None) -> Plan:
+            time_zone: str | None = None, total_cap: float | None = None,
+            unique_sets: frozenset[tuple[str, frozenset[str]]] = frozenset()) -> Plan:
     """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
     key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound;
     `min_frequency` > 1 releases only groups of at least that many units (DP partition selection, also for
@@ -51,10 +52,11 @@ def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozense
     `rows_cap` bounds a unit's rows below the declared bound (chosen for this query by R2T's race);
     `time_zone` is the backend session's, in which date_trunc's periods are public keys (None: they are not);
     `total_cap` bounds each unit's total of every SUM over all groups together (chosen by R2T's race over the
-    units' totals; only for queries whose aggregates are all SUMs of non-negative values)."""
+    units' totals; only for queries whose aggregates are all SUMs of non-negative values); `unique_sets` are
+    (table, columns) keys of several columns that a primary key or unique constraint guarantees."""
     scope = Scope(query, schema, unique_columns, max_groups or schema.max_groups_per_unit)
     scope.min_units, scope.not_null, scope.rows_cap = max(min_frequency, 1), not_null, rows_cap
-    scope.time_zone, scope.total_cap = time_zone, total_cap
+    scope.time_zone, scope.total_cap, scope.unique_sets = time_zone, total_cap, unique_sets
     for step in PASSES:
         step(scope)
     return _plan(scope)

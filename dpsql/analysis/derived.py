@@ -36,6 +36,7 @@ def bound_subquery(scope: Scope) -> None:
         return
     alias = tree.args["from_"].this.alias_or_name
     inner = Scope(CheckedQuery(select, (), canonical=""), scope.schema, scope.unique)  # never a cache key
+    inner.unique_sets = scope.unique_sets
     table, bounded = _per_unit_table(inner, alias)
     scope.aliases[alias] = table
     if table.unit_column is not None:

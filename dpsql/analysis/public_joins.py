@@ -3,8 +3,10 @@
 A public table joins on an equality with a table already reached: a private one, or a public one joined
 before it (nation through supplier). Each joined row then meets at most the key's declared frequency of the
 public table's rows (1 for a unique key), so one unit's k rows become at most k times the product of those
-frequencies. A public table joined on a unique key to a row that one unit determines is itself determined
-by that unit (a group key read from it puts each unit in one group).
+frequencies. A key of several columns that the catalog guarantees unique (TPC-H's partsupp on ps_partkey and
+ps_suppkey) matches at most one row when the join equates all of them. A public table joined on a unique key to
+a row that one unit determines is itself determined by that unit (a group key read from it puts each unit in one
+group).
 """
 
 from __future__ import annotations
@@ -29,13 +31,18 @@ def fanout(scope: Scope, equalities: list[Equality], private: list[str]) -> tupl
                     if mine.table == alias and other.table in reached]
             if not keys:
                 continue
-            frequency = min(scope.frequency(table, mine) for mine, _ in keys)
+            names = {m.name for m, _ in keys}
+            composite = [columns for name, columns in scope.unique_sets if name == table.name and columns <= names]
+            frequency = 1 if composite else min(scope.frequency(table, mine) for mine, _ in keys)
             product *= frequency
             scope.notes.append(f"relation {alias} ({table.name}): public, at most {frequency} row(s) per "
-                               f"joined row (key {', '.join(sorted({m.name for m, _ in keys}))})")
-            unique_keys = [(m, o) for m, o in keys if (table.name, m.name) in scope.unique]
-            verified = verified and bool(unique_keys)
-            if any(o.table in determined for _, o in unique_keys):
+                               f"joined row (key {', '.join(sorted(names))}"
+                               + (", unique together)" if composite else ")"))
+            single = [o for m, o in keys if (table.name, m.name) in scope.unique]
+            verified = verified and bool(single or composite)
+            # one public row per joined row, and the unit's row fixes the values it is matched on
+            if any(o.table in determined for o in single) or any(
+                    all(o.table in determined for m, o in keys if m.name in columns) for columns in composite):
                 determined.add(alias)
             reached.add(alias)
             waiting.remove(alias)

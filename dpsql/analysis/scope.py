@@ -40,6 +40,7 @@ class Scope:
     max_groups_setting: int = 1  # the configured bound on groups per unit
     notes: list[str] = field(default_factory=list)  # what `dpsql explain` shows, in the order it was found
     every_group: str | None = None  # with private keys: how to write the query so that every group is released
+    unique_sets: frozenset[tuple[str, frozenset[str]]] = frozenset()  # (table, columns): keys of several columns
 
     # the relation (derived, relations, units)
     aliases: dict[str, Table] = field(default_factory=dict)

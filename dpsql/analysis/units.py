@@ -72,6 +72,8 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
     links = [(child.table, parent.table)  # (child alias, parent alias): the child's row fixes the parent's
              for left, right in equalities for child, parent in ((left, right), (right, left))
              if child.table in component and parent.table in component and scope.is_parent_link(child, parent)]
+    if not any(j.side for j in scope.joins):  # an outer join keeps rows that nothing fixes
+        links += _key_links(scope, component, equalities)
     added: list[exp.Join] = []
     pending = list(private)
     while pending:
@@ -108,6 +110,25 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
                  else f"reaches the unit through {table.parent}")
         scope.notes.append(f"relation {alias} ({table.name}): {how}; {reach}")
     return unit, math.prod(scope.aliases[a].max_rows_per_unit for a in aliases if a in free), added
+
+
+def _key_links(scope: Scope, aliases: dict, equalities: list[Equality]) -> list[tuple[str, str]]:
+    """(fixing alias, fixed alias) for each private table joined on a whole unique key of its own (one column, or
+    several that the catalog guarantees unique together) to the columns of one other table of the unit: each of
+    that table's rows meets at most one of its rows."""
+    links = []
+    for alias in aliases:
+        name = scope.aliases[alias].name
+        matched: dict[str, set[str]] = {}
+        for left, right in equalities:
+            for mine, other in ((left, right), (right, left)):
+                if mine.table == alias and other.table in aliases and other.table != alias:
+                    matched.setdefault(other.table, set()).add(mine.name)
+        for other, names in matched.items():
+            if any((name, n) in scope.unique for n in names) or any(
+                    table == name and columns <= names for table, columns in scope.unique_sets):
+                links.append((other, alias))
+    return links
 
 
 def _parent_join(scope: Scope, alias: str, table: Table, number: int) -> tuple[exp.Join, str]:

@@ -149,9 +149,10 @@ class PostgresBackend:
             return session.run(sql)
 
     def catalog(self) -> Catalog:
-        """The tables of the `public` schema as the catalog declares them: columns and types, single-column primary
-        and unique keys, NOT NULL constraints and validated foreign keys. Catalog only, never a row. An invalid
-        index (left by a failed CREATE UNIQUE INDEX CONCURRENTLY) or a NOT VALID key guarantees nothing."""
+        """The tables of the `public` schema as the catalog declares them: columns and types, primary and unique
+        keys (of one column, and of several), NOT NULL constraints and validated foreign keys. Catalog only, never
+        a row. An invalid index (left by a failed CREATE UNIQUE INDEX CONCURRENTLY) or a NOT VALID key guarantees
+        nothing."""
         columns: dict[str, dict[str, str]] = {}
         not_null, enums = set(), set()
         for table, column, type_name, required, enum in self.execute(CATALOG_COLUMNS):
@@ -161,8 +162,9 @@ class PostgresBackend:
             if enum:
                 enums.add(type_name)
         references = {(t, c): (rt, rc) for t, c, rt, rc in self.execute(CATALOG_FOREIGN_KEYS)}
-        return Catalog(columns, frozenset(map(tuple, self.execute(CATALOG_UNIQUE))), frozenset(not_null),
-                       references, frozenset(enums))
+        return Catalog(columns, frozenset(map(tuple, self.execute(CATALOG_UNIQUE))),
+                       frozenset((t, frozenset(names)) for t, names in self.execute(CATALOG_UNIQUE_SETS)),
+                       frozenset(not_null), references, frozenset(enums))
 
     def check(self, sql: str) -> None:
         """The statement planned, not run (EXPLAIN reads the catalog, never a row), so what fails whatever the data
@@ -230,6 +232,16 @@ CATALOG_UNIQUE = """
     JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]
     WHERE i.indisunique AND i.indisvalid AND i.indnatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL
       AND n.nspname = 'public'
+"""
+CATALOG_UNIQUE_SETS = """
+    SELECT c.relname, array_agg(a.attname)
+    FROM pg_index i
+    JOIN pg_class c ON c.oid = i.indrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)
+    WHERE i.indisunique AND i.indisvalid AND i.indnatts > 1 AND i.indnatts = i.indnkeyatts AND i.indpred IS NULL
+      AND i.indexprs IS NULL AND n.nspname = 'public'
+    GROUP BY i.indexrelid, c.relname
 """
 CATALOG_FOREIGN_KEYS = """
     SELECT c.relname, a.attname, rc.relname, ra.attname

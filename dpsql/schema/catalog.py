@@ -24,6 +24,7 @@ class Catalog:
 
     columns: dict[str, dict[str, str]]  # table -> column -> type, as PostgreSQL's format_type spells it
     unique: frozenset[tuple[str, str]] = frozenset()  # (table, column) of single-column primary or unique keys
+    unique_sets: frozenset[tuple[str, frozenset[str]]] = frozenset()  # (table, columns) of keys of several columns
     not_null: frozenset[tuple[str, str]] = frozenset()
     references: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # single-column foreign keys
     enums: frozenset[str] = frozenset()  # user-defined enum types: text to the schema
