@@ -33,6 +33,13 @@ KEYS = {
     "partsupp": "ps_partkey, ps_suppkey", "customer": "c_custkey", "orders": "o_orderkey",
     "lineitem": "l_orderkey, l_linenumber",
 }
+FOREIGN_KEYS = [  # the specification's, so that dpsql's catalog check finds each unit column's link
+    ("nation", "n_regionkey", "region (r_regionkey)"), ("supplier", "s_nationkey", "nation (n_nationkey)"),
+    ("customer", "c_nationkey", "nation (n_nationkey)"), ("partsupp", "ps_partkey", "part (p_partkey)"),
+    ("partsupp", "ps_suppkey", "supplier (s_suppkey)"), ("orders", "o_custkey", "customer (c_custkey)"),
+    ("lineitem", "l_orderkey", "orders (o_orderkey)"), ("lineitem", "l_suppkey", "supplier (s_suppkey)"),
+    ("lineitem", "l_partkey", "part (p_partkey)"),
+]
 INDEXES = ["orders (o_custkey)", "lineitem (l_suppkey)", "lineitem (l_partkey)", "partsupp (ps_suppkey)",
            "customer (c_nationkey)", "supplier (s_nationkey)"]
 CHUNK = 1 << 20
@@ -119,10 +126,19 @@ def load(url: str, scale: float) -> None:
             path.unlink()
         for table, key in KEYS.items():
             pg.execute(f"ALTER TABLE {table} ADD PRIMARY KEY ({key})")
+        add_foreign_keys(pg)
         for index in INDEXES:
             pg.execute(f"CREATE INDEX ON {index}")
         pg.execute("ANALYZE")
     print(f"loaded into PostgreSQL in {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+
+def add_foreign_keys(pg: psycopg.Connection) -> None:
+    """The specification's foreign keys, each added once (a database loaded before they were gets them here)."""
+    for table, column, target in FOREIGN_KEYS:
+        name = f"{table}_{column}_fkey"
+        if not pg.execute("SELECT 1 FROM pg_constraint WHERE conname = %s", (name,)).fetchone():
+            pg.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column}) REFERENCES {target}")
 
 
 def time_queries(url: str, runs: int) -> dict[str, tuple[float, int]]:
