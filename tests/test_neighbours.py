@@ -505,33 +505,6 @@ def _database_and_neighbour(server, template: str, name: str, setup: str) -> lis
     return urls
 
 
-def test_a_composite_key_bounds_a_public_join_and_the_neighbour_stays_within_it(server, template):
-    """tariffs' primary key (category, state) makes a visit joined on both columns meet one tariff, so a unit's
-    joined rows are its visits (k = 10), not its visits times a key's declared frequency (10 × 8); the exact
-    answers on a database and its extreme neighbour stay within the sensitivity computed from k = 10."""
-    import tomllib
-
-    from tests.conftest import DEMO_SCHEMA
-
-    urls = _database_and_neighbour(server, template, "dpsql_tariffs", TARIFFS)
-    raw = tomllib.loads(DEMO_SCHEMA.read_text())
-    raw["tables"]["tariffs"] = {"public": True, "columns": {
-        "category": {"type": "text", "max_frequency": 60}, "state": {"type": "text", "max_frequency": 8},
-        "price": {"type": "double precision", "lower": 0, "upper": 200}}}
-    engine = Engine(Settings(database=urls[0]), parse_schema(raw))
-    try:
-        sql = ("SELECT SUM(t.price), COUNT(*) FROM visits v JOIN people p ON p.person_id = v.person_id "
-               "JOIN tariffs t ON t.category = v.category AND t.state = p.state")
-        plan = engine.prepare(sql).plan
-        assert plan.rows_per_unit == 10 and any("unique together" in note for note in plan.notes), plan.notes
-        one_key = engine.prepare(sql.replace(" AND t.state = p.state", "")).plan
-        assert one_key.rows_per_unit == 10 * 60  # the category alone: its declared frequency
-        moved = _assert_within_sensitivity(engine, sql, *urls)
-        assert moved[1] > 0  # the extreme unit is in the neighbour, with its tariffs
-    finally:
-        engine.close()
-
-
 ALLOWANCES = """
 CREATE TABLE allowances (person_id bigint REFERENCES people, category text, amount double precision,
                          PRIMARY KEY (person_id, category));
@@ -540,31 +513,46 @@ FROM people p, unnest(ARRAY['checkup', 'dental', 'lab', 'pharmacy']) c WHERE p.p
 ANALYZE allowances;
 """
 
+WHOLE_KEYS = [  # (setup, table, its declaration, query, note, the key cut to one column, k with one column)
+    (TARIFFS, "tariffs", {"public": True, "columns": {
+        "category": {"type": "text", "max_frequency": 60}, "state": {"type": "text", "max_frequency": 8},
+        "price": {"type": "double precision", "lower": 0, "upper": 200}}},
+     "SELECT SUM(t.price), COUNT(*) FROM visits v JOIN people p ON p.person_id = v.person_id "
+     "JOIN tariffs t ON t.category = v.category AND t.state = p.state", "unique together",
+     " AND t.state = p.state", 10 * 60),  # the category alone: its declared frequency
+    (ALLOWANCES, "allowances", {"unit_column": "person_id", "max_rows_per_unit": 8, "columns": {
+        "person_id": "bigint", "category": "text", "amount": {"type": "double precision", "lower": 0, "upper": 500}}},
+     "SELECT SUM(a.amount), COUNT(*) FROM visits v JOIN allowances a ON a.person_id = v.person_id "
+     "AND a.category = v.category", "fixed by v's row", " AND a.category = v.category", 10 * 8),
+]
 
-def test_a_private_table_joined_on_its_whole_key_is_fixed_by_the_other_row(server, template):
-    """allowances (one per person and category) joined to visits on person and category: each visit meets at most
-    one allowance, so a unit's joined rows are its visits (k = 10), not visits times allowances (10 × 8)."""
+
+@pytest.mark.parametrize(("setup", "table", "declared", "sql", "note", "cut", "loose"), WHOLE_KEYS,
+                         ids=["public", "private"])
+def test_a_table_joined_on_its_whole_key_meets_one_row_and_the_neighbour_stays_within_it(
+        server, template, setup, table, declared, sql, note, cut, loose):
+    """A key of several columns (tariffs' (category, state), allowances' (person_id, category)) joined on all of
+    them meets one row per row of the other side: a unit's joined rows are its visits (k = 10), not its visits
+    times a declared frequency or another table's rows; the exact answers on a database and its extreme neighbour
+    (who holds such rows too) stay within the sensitivity computed from k = 10."""
     import tomllib
 
     from tests.conftest import DEMO_SCHEMA
 
-    urls = _database_and_neighbour(server, template, "dpsql_allowances", ALLOWANCES)
-    raw = tomllib.loads(DEMO_SCHEMA.read_text())
-    raw["tables"]["allowances"] = {"unit_column": "person_id", "max_rows_per_unit": 8, "columns": {
-        "person_id": "bigint", "category": "text", "amount": {"type": "double precision", "lower": 0, "upper": 500}}}
-    engine = Engine(Settings(database=urls[0]), parse_schema(raw))
-    try:
-        sql = ("SELECT SUM(a.amount), COUNT(*) FROM visits v JOIN allowances a ON a.person_id = v.person_id "
-               "AND a.category = v.category")
-        plan = engine.prepare(sql).plan
-        assert plan.rows_per_unit == 10 and any("fixed by v's row" in n for n in plan.notes), plan.notes
-        loose = engine.prepare(sql.replace(" AND a.category = v.category", "")).plan
-        assert loose.rows_per_unit == 80
-        with psycopg.connect(urls[1], autocommit=True) as conn:  # the extreme unit holds allowances too
+    urls = _database_and_neighbour(server, template, f"dpsql_{table}", setup)
+    if table == "allowances":  # the extreme unit's own allowances, of huge amounts
+        with psycopg.connect(urls[1], autocommit=True) as conn:
             conn.execute("INSERT INTO allowances SELECT person_id, c, 1e300 FROM people, unnest(ARRAY['checkup', "
                          "'dental', 'lab', 'pharmacy', 'emergency']) c WHERE state = 'ZZ' "
                          "ON CONFLICT (person_id, category) DO UPDATE SET amount = excluded.amount")
+    raw = tomllib.loads(DEMO_SCHEMA.read_text())
+    raw["tables"][table] = declared
+    engine = Engine(Settings(database=urls[0]), parse_schema(raw))
+    try:
+        plan = engine.prepare(sql).plan
+        assert plan.rows_per_unit == 10 and any(note in n for n in plan.notes), plan.notes
+        assert engine.prepare(sql.replace(cut, "")).plan.rows_per_unit == loose
         moved = _assert_within_sensitivity(engine, sql, *urls)
-        assert moved[1] > 0
+        assert moved[1] > 0  # the extreme unit is in the neighbour, with its rows of the joined table
     finally:
         engine.close()
