@@ -399,6 +399,21 @@ def test_a_scalar_subquery_is_a_first_answer_the_query_takes_as_a_constant(engin
     assert engine.query(sql, analyst=analyst, epsilon=0.8).cached
 
 
+def test_any_and_all_of_an_array_are_in_and_not_in(engine, analyst):
+    """`= ANY(ARRAY[...])`, a list parameter bound to `= ANY(%s)` (drivers send Python lists so), and `<> ALL(...)`
+    are PostgreSQL's IN and NOT IN: one canonical query with them, so a declared domain narrows alike."""
+    listed = engine.query("SELECT category, COUNT(*) FROM visits WHERE category IN ('lab', 'dental') GROUP BY category",
+                          analyst=analyst, epsilon=1.0)
+    assert sorted(row[0] for row in listed.rows) == ["dental", "lab"]
+    for sql, params in [("... = ANY(ARRAY['lab', 'dental'])", None), ("... = ANY(%s)", (["lab", "dental"],))]:
+        sql = sql.replace("...", "SELECT category, COUNT(*) FROM visits WHERE category") + " GROUP BY category"
+        again = engine.query(sql, params, analyst=analyst, epsilon=1.0)
+        assert again.cached and again.rows == listed.rows, sql
+    others = engine.query("SELECT category, COUNT(*) FROM visits WHERE category <> ALL(ARRAY['lab', 'dental']) "
+                          "GROUP BY category", analyst=analyst, epsilon=1.0)
+    assert len(others.rows) == 6 and not {"lab", "dental"} & {row[0] for row in others.rows}
+
+
 def test_several_percentiles_at_once_come_back_as_postgresql_s_array(engine, analyst, served):
     """percentile_cont(ARRAY[...]) is one quantile per rank, charged once as one query (the ε split among them),
     returned as an array: a list through the DB-API, float8[] or date[] on the wire in text and binary."""

@@ -20,6 +20,7 @@ from dpsql.sql.qualify import qualify_columns
 from dpsql.sql.query import AGGREGATES, BIVARIATE, DIALECT, CheckedQuery, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import (
+    any_as_in,
     derived_select,
     distinct_as_group_by,
     drop_nulls_under_not_in,
@@ -36,7 +37,7 @@ from dpsql.sql.times import CLOCKS, fold_times
 def check_query(sql: str, schema: PrivacySchema,
                 params: Sequence[Any] | Mapping[str, Any] | None = None) -> CheckedQuery:
     """Parse `sql`, bind `params`, refuse unsupported or unsafe constructs, and qualify against `schema`."""
-    tree = bind_parameters(parse_select(sql), params)
+    tree = any_as_in(bind_parameters(parse_select(sql), params))
     timed = tree.find(*CLOCKS) is not None
     tree = filters_as_case(fold_times(tree, datetime.datetime.now(datetime.UTC) if timed else None, schema))
     tree = percentiles_as_arrays(projection_over_aggregates(inline_repeated_ctes(tree)))

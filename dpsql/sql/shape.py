@@ -32,6 +32,30 @@ def filters_as_case(tree: exp.Select) -> exp.Select:
     return tree.transform(rewrite, copy=False)
 
 
+def any_as_in(tree: exp.Select) -> exp.Select:
+    """`x = ANY(ARRAY[a, b])` (or a list parameter: `x = ANY(%s)`) as `x IN (a, b)`, and `x <> ALL(...)` as
+    `x NOT IN (...)`: PostgreSQL's meaning, NULLs included, in the form the analysis reads (a filter on a key
+    narrows its domain). Arrays of anything else (`ANY('{a,b}')`, a subquery) are left as written."""
+    def listed(node: exp.Expression) -> list[exp.Expression] | None:
+        if isinstance(node, exp.Any):
+            inner = node.this
+        elif isinstance(node, exp.Anonymous) and node.name.upper() == "ALL" and len(node.expressions) == 1:
+            inner = node.expressions[0]
+        else:
+            return None
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        return inner.expressions if isinstance(inner, exp.Array | exp.Tuple) and inner.expressions else None
+
+    def rewrite(node: exp.Expression) -> exp.Expression:
+        found = listed(node.expression) if isinstance(node, exp.EQ | exp.NEQ) else None
+        if found is None or isinstance(node, exp.EQ) != isinstance(node.expression, exp.Any):
+            return node
+        within = exp.In(this=node.this, expressions=[value.copy() for value in found])
+        return within if isinstance(node, exp.EQ) else exp.Not(this=within)
+    return tree.transform(rewrite, copy=False)
+
+
 def percentiles_as_arrays(tree: exp.Select) -> exp.Select:
     """`percentile_cont(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY x)` (PostgreSQL returns an array) as an array of
     one percentile each: `ARRAY[percentile_cont(0.25) WITHIN GROUP (ORDER BY x), ...]`, each its own quantile
