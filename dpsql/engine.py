@@ -56,6 +56,7 @@ from dpsql.postprocess import (
     sort_rows,
     window_inputs,
 )
+from dpsql.released_rows import aggregate_released, outer_columns
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, contributions, rewrite
 from dpsql.schema import PrivacySchema, load_schema
@@ -291,6 +292,17 @@ class Engine:
         composition = compose(sql, params, self.schema)
         if composition is None:
             return None, [self.prepare(sql, params, epsilon, options)]
+        if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid
+            prepared = self.prepare(composition.parts[0], None, epsilon, options)
+            names = [o.name for o in prepared.outputs]
+            try:
+                aggregate_released(composition.outer, names, [(1,) * len(names)])
+            except Exception as exc:  # noqa: BLE001 - any failure here would come after the charge
+                raise UnsupportedQuery(f"the outer query over the subquery's rows cannot be computed after noise "
+                                       f"({type(exc).__name__})", "aggregate the subquery's columns with COUNT, SUM, "
+                                       "AVG, MIN or MAX, e.g. SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t "
+                                       "GROUP BY k) s") from None
+            return composition, [prepared]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
         share = resolved.epsilon / len(composition.parts)
         return composition, [self.prepare(part, _stand_ins(composition, number), share, options)
@@ -624,6 +636,10 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     subqueries, the last part's."""
     if composition is not None and composition.values_present is not None:
         return [composition.values_present], ["int8"], [True]
+    if composition is not None and composition.outer is not None:
+        inner = parts[0].outputs
+        names, types = outer_columns(composition.outer, [o.name for o in inner], [o.type_name for o in inner])
+        return names, types, [True] * len(names)
     if composition is not None and composition.sequential:
         parts = parts[-1:]
     outputs = [p.outputs for p in parts]
@@ -641,6 +657,11 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     if composition.values_present is not None:
         return _values_present(composition.values_present, answers[0])
     names, types, noisy = columns_of(parts, composition)
+    if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
+        rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
+        return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),
+                       noisy=noisy, notes=[*answers[0].notes, "computed from the released rows of the subquery "
+                                           "(post-processing): no 95% interval reaches through it"])
     shown = answers[-1:] if composition.sequential else answers
     rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
     if composition.distinct:

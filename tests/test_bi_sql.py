@@ -124,6 +124,27 @@ def test_a_window_over_an_aggregated_subquery_ranks_its_released_rows(engine, an
     assert [row[2] for row in nested.rows] == sorted(row[2] for row in nested.rows)
 
 
+def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_rows(engine, analyst, served):
+    """The average, spread and number of category counts: the inner query's noisy answer (charged once), then
+    the outer query over its released rows, as PostgreSQL would compute it over those rows."""
+    inner = "SELECT category, COUNT(*) AS n FROM visits GROUP BY category"
+    counts = engine.query(inner, analyst=analyst, epsilon=1.0)
+    sql = (f"SELECT AVG(n) AS mean, MAX(n) - MIN(n) AS spread, COUNT(*) AS k FROM ({inner}) t WHERE n > 0 "
+           "HAVING COUNT(*) > 1")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    values = [row[1] for row in counts.rows if row[1] > 0]
+    assert answer.cached and answer.names == ["mean", "spread", "k"] and answer.types == ["float8", "float8", "int8"]
+    assert answer.rows == [(pytest.approx(sum(values) / len(values)), max(values) - min(values), len(values))]
+    assert any("computed from the released rows" in note for note in answer.notes)
+    spent = engine.budget(analyst).epsilon_spent
+    with pytest.raises(errors.UnsupportedQuery, match="cannot be computed after noise"):
+        engine.query(f"SELECT STDDEV(n) FROM ({inner}) t", analyst=analyst, epsilon=1.0)
+    assert engine.budget(analyst).epsilon_spent == spent  # refused before its inner query ran
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        cursor = conn.execute(f"SELECT COUNT(*) AS k FROM ({inner}) t")
+        assert [d.name for d in cursor.description] == ["k"] and cursor.fetchall() == [(8,)]
+
+
 def test_running_totals_and_partitions_follow_postgresql(engine, analyst):
     answer = engine.query("SELECT state, category, COUNT(*) AS n, "
                           "SUM(COUNT(*)) OVER (PARTITION BY state ORDER BY category) AS running, "

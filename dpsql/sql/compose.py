@@ -36,6 +36,7 @@ class Composition:
     # parameters %(dpsql_scalar_<i>)s; the statement's rows are the last part's
     values_present: str | None = None  # COUNT(DISTINCT c) of a declared domain, as this output's name: the one
     # part counts units per declared value, and the answer is how many values are surely present
+    outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
 
     @property
     def sequential(self) -> bool:
@@ -72,7 +73,33 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _grouping_sets(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and _scalar_subqueries(tree):
         return _sequential(bind_parameters(tree, params))
+    if isinstance(tree, exp.Select) and schema is not None:
+        return _over_released(bind_parameters(tree, params), schema)
     return None
+
+
+def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t GROUP BY k) s`: an aggregate of the released rows of a
+    grouped query that is not grouped by the unit (that one bounds a unit's contributions, and the analysis
+    answers it): the inner query is the one part, the outer one post-processing of its rows."""
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    inner = source.this if isinstance(source, exp.Subquery) else None
+    if (not isinstance(inner, exp.Select) or not inner.args.get("group") or tree.args.get("joins")
+            or tree.args.get("with_") or not any(e.find(*AGGREGATES) for e in tree.expressions)
+            or any(inner.args.get(k) for k in ("order", "limit", "offset", "having"))
+            or tree.find(exp.Window) or any(e.find(exp.Subquery) for e in tree.expressions)):
+        return None
+    units = {t.unit_column for t in schema.tables.values() if t.unit_column} | {schema.unit_column}
+    if any(isinstance(k, exp.Column) and k.name in units for k in inner.args["group"].expressions):
+        return None  # per unit: the analysis bounds it
+    names = [output_name(e) for e in inner.expressions]
+    outer = tree.copy()
+    outer.set("from_", None)
+    used = {c.name for c in outer.find_all(exp.Column)}
+    if (not used <= set(names) or any(isinstance(e, exp.Star) for e in outer.expressions)
+            or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
+        return None
+    return Composition([to_sql(inner)], "an aggregate of the released rows of a grouped query", outer=to_sql(outer))
 
 
 SCALAR = "dpsql_scalar_"

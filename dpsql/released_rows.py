@@ -1,0 +1,98 @@
+"""Aggregates over released rows: `SELECT AVG(n), MAX(n) FROM (SELECT k, COUNT(*) AS n ... GROUP BY k) t` is the
+inner query's noisy answer, then the outer query computed over its released rows in Python (post-processing: it
+costs nothing more and reads no data). The outer query may filter (WHERE), group, aggregate (COUNT, SUM, AVG,
+MIN, MAX), filter groups (HAVING), order and limit, over the inner query's output columns only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.postprocess import evaluate, sort_rows
+from dpsql.sql.parse import parse_select
+from dpsql.sql.query import output_name
+
+AGGREGATE_KINDS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+
+def outer_columns(outer_sql: str, inner_names: Sequence[str], inner_types: Sequence[str]) -> tuple[list[str],
+                                                                                                  list[str]]:
+    """The outer query's column names and types, known before anything runs: a COUNT is int8, a bare inner
+    column keeps its type, anything else is float8."""
+    tree = parse_select(outer_sql)
+    kinds = dict(zip(inner_names, inner_types, strict=True))
+    names, types = [], []
+    for item in tree.expressions:
+        value = item.unalias()
+        names.append(output_name(item))
+        types.append("int8" if isinstance(value, exp.Count) else
+                     kinds.get(value.name, "float8") if isinstance(value, exp.Column) else "float8")
+    return names, types
+
+
+def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple]) -> list[tuple]:
+    """The outer query's rows over `rows` (the inner answer's, with column `names`)."""
+    tree = parse_select(outer_sql)
+    envs = [dict(zip(names, row, strict=True)) for row in rows]
+    if tree.args.get("where"):
+        envs = [env for env in envs if evaluate(tree.args["where"].this, env)]
+    keys = tree.args["group"].expressions if tree.args.get("group") else []
+    groups: dict[tuple, list[dict]] = {}
+    for env in envs:
+        groups.setdefault(tuple(evaluate(k, env) for k in keys), []).append(env)
+    if not keys and not groups:
+        groups[()] = []  # an aggregate over no rows is one row, as in PostgreSQL
+    outputs = [item.unalias() for item in tree.expressions]
+    having = tree.args["having"].this if tree.args.get("having") else None
+    order = tree.args["order"].expressions if tree.args.get("order") else []
+    found = []
+    for members in groups.values():
+        env = {**(members[0] if members else {}), **_aggregates(tree, members)}
+        if having is not None and not evaluate(_named(having), env):
+            continue
+        values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
+        found.append((values, [_plain(evaluate(_named(o.this), env)) for o in order]))
+    sort_rows(found, lambda row, i: row[1][i], [(bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+                                                for o in order])
+    offset = int(tree.args["offset"].expression.to_py()) if tree.args.get("offset") else 0
+    limit = int(tree.args["limit"].expression.to_py()) if tree.args.get("limit") else None
+    return [row for row, _ in found][offset:None if limit is None else offset + limit]
+
+
+def _aggregates(tree: exp.Select, members: list[dict]) -> dict[str, Any]:
+    """Each aggregate of the outer query over one group's rows, under the name `_named` gives it."""
+    values = {}
+    for node in tree.find_all(*AGGREGATE_KINDS):
+        argument = node.this
+        if isinstance(argument, exp.Star):
+            values[_name(node)] = len(members)
+            continue
+        seen = [v for v in (_plain(evaluate(argument, env)) for env in members) if v is not None]
+        if isinstance(node, exp.Count):
+            values[_name(node)] = len(seen)
+        elif not seen:
+            values[_name(node)] = None
+        else:
+            values[_name(node)] = {exp.Sum: sum, exp.Avg: statistics.fmean, exp.Min: min, exp.Max: max}[
+                type(node)](seen)
+    return values
+
+
+def _named(node: exp.Expression) -> exp.Expression:
+    """`node` with each aggregate replaced by the column its value is kept under."""
+    return node.transform(lambda n: exp.column(_name(n)) if isinstance(n, AGGREGATE_KINDS) else n)
+
+
+def _name(node: exp.Expression) -> str:
+    return f"dpsql_agg_{abs(hash(node.sql()))}"
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+__all__ = ["aggregate_released", "outer_columns"]
