@@ -108,9 +108,7 @@ def _table_lines(conn: psycopg.Connection, catalog: Catalog, table: str, unit_ta
 
 
 def _column_line(conn: psycopg.Connection, catalog: Catalog, table: str, column: str, private: bool) -> str:
-    type_name = catalog.base_type(table, column)
-    if type_name in catalog.enums or type_name in {"character", "bpchar", "name", "citext", "uuid"}:
-        type_name = "text"
+    type_name = catalog.schema_type(table, column)
     if type_name not in NUMERIC_TYPES | OTHER_TYPES:
         return f"# {column}: its type {catalog.columns[table][column]} is not one dpsql reads; left out"
     line = f'{column} = {{ type = "{type_name}" }}'

@@ -32,17 +32,15 @@ def fanout(scope: Scope, equalities: list[Equality], private: list[str]) -> tupl
             if not keys:
                 continue
             names = {m.name for m, _ in keys}
-            composite = [columns for name, columns in scope.unique_sets if name == table.name and columns <= names]
-            frequency = 1 if composite else min(scope.frequency(table, mine) for mine, _ in keys)
+            whole = scope.whole_keys(table.name, names)
+            frequency = 1 if whole else min(scope.frequency(table, mine) for mine, _ in keys)
             product *= frequency
             scope.notes.append(f"relation {alias} ({table.name}): public, at most {frequency} row(s) per "
                                f"joined row (key {', '.join(sorted(names))}"
-                               + (", unique together)" if composite else ")"))
-            single = [o for m, o in keys if (table.name, m.name) in scope.unique]
-            verified = verified and bool(single or composite)
+                               + (", unique together)" if any(len(key) > 1 for key in whole) else ")"))
+            verified = verified and bool(whole)
             # one public row per joined row, and the unit's row fixes the values it is matched on
-            if any(o.table in determined for o in single) or any(
-                    all(o.table in determined for m, o in keys if m.name in columns) for columns in composite):
+            if any(all(o.table in determined for m, o in keys if m.name in key) for key in whole):
                 determined.add(alias)
             reached.add(alias)
             waiting.remove(alias)

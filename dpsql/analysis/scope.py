@@ -134,6 +134,12 @@ class Scope:
                                    "declare unique = true or max_frequency = N for it in the privacy schema")
         return frequency
 
+    def whole_keys(self, table: str, names: set[str]) -> list[frozenset[str]]:
+        """The keys of `table` that the catalog guarantees unique (of one column or several) lying wholly within
+        `names`: a row matched on all of them meets at most one of the table's rows."""
+        single = [frozenset({n}) for n in names if (table, n) in self.unique]
+        return single + [columns for name, columns in self.unique_sets if name == table and columns <= names]
+
     def declared_frequency(self, table: Table, name: str) -> int | None:
         """How many rows may share one value of the column: 1 if unique (by a constraint, or declared and then
         enforced), its declared max_frequency, or None if undeclared."""

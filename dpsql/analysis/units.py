@@ -124,10 +124,7 @@ def _key_links(scope: Scope, aliases: dict, equalities: list[Equality]) -> list[
             for mine, other in ((left, right), (right, left)):
                 if mine.table == alias and other.table in aliases and other.table != alias:
                     matched.setdefault(other.table, set()).add(mine.name)
-        for other, names in matched.items():
-            if any((name, n) in scope.unique for n in names) or any(
-                    table == name and columns <= names for table, columns in scope.unique_sets):
-                links.append((other, alias))
+        links += [(other, alias) for other, names in matched.items() if scope.whole_keys(name, names)]
     return links
 
 

@@ -35,6 +35,11 @@ class Catalog:
         spelled = re.sub(r"\(.*?\)", "", self.columns[table][column]).strip()
         return TYPE_ALIASES.get(spelled, spelled)
 
+    def schema_type(self, table: str, column: str) -> str:
+        """The type to declare for the column: text for any textual type or enum, else its base type."""
+        actual = self.base_type(table, column)
+        return "text" if actual in TEXT_TYPES or actual in self.enums else actual
+
 
 def check_catalog(schema: PrivacySchema, catalog: Catalog) -> list[str]:
     """Every way `schema` does not match `catalog`, each naming the table, the column and the fix."""
@@ -67,7 +72,7 @@ def _column_problems(table: str, column: str, declared: str, catalog: Catalog) -
     actual = catalog.base_type(table, column)
     if not _compatible(declared, actual, catalog.enums):
         return [f"{where} is declared {declared} but the database holds {catalog.columns[table][column]}: "
-                f"declare type = \"{_suggested_type(actual, catalog.enums)}\""]
+                f"declare type = \"{catalog.schema_type(table, column)}\""]
     return []
 
 
@@ -81,10 +86,6 @@ def _compatible(declared: str, actual: str, enums: frozenset[str]) -> bool:
     if declared == "text":
         return actual in TEXT_TYPES or actual in enums
     return declared == actual
-
-
-def _suggested_type(actual: str, enums: frozenset[str]) -> str:
-    return "text" if actual in TEXT_TYPES or actual in enums else actual
 
 
 def _link_problems(schema: PrivacySchema, table: Table, catalog: Catalog) -> list[str]:

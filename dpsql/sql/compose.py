@@ -56,16 +56,17 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
             schema: PrivacySchema | None = None) -> Composition | None:
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement, or of a COUNT(DISTINCT c) over a
     declared domain; None for any other statement (which the ordinary stages check, and refuse if they must)."""
-    if schema is not None and "DISTINCT" in sql.upper():
-        found = _values_present(sql, schema, params)
-        if found is not None:
-            return found
-    if not _may_compose(sql):  # most statements: spare a second parse
+    distinct = schema is not None and "DISTINCT" in sql.upper()
+    if not (_may_compose(sql) or distinct):  # most statements: spare a second parse
         return None
     try:
         tree = parse_statement(sql)
     except Exception:  # noqa: BLE001 - a statement that does not parse is the ordinary stages' to report
         return None
+    if distinct and isinstance(tree, exp.Select):
+        found = _values_present(tree, schema, params)
+        if found is not None:
+            return found
     if isinstance(tree, exp.SetOperation):
         return _set_operation(bind_parameters(tree, params))
     group = tree.args.get("group")
@@ -106,18 +107,14 @@ SCALAR = "dpsql_scalar_"
 UNITS_PER_VALUE = "dpsql_units"
 
 
-def _values_present(sql: str, schema: PrivacySchema,
+def _values_present(tree: exp.Select, schema: PrivacySchema,
                     params: Sequence[Any] | Mapping[str, Any] | None) -> Composition | None:
     """`SELECT COUNT(DISTINCT c) FROM t [WHERE ...]` where c has a declared domain: the number of values present
     is read from a noisy count of units per declared value (`SELECT c, COUNT(DISTINCT unit) ... GROUP BY c`,
     every value released), counting those whose 95% interval lies above zero. Post-processing of that one
     answer: its sensitivity is the count's (each unit moves each value's count by at most one, in at most
     max_groups_per_unit values)."""
-    try:
-        tree = parse_statement(sql)
-    except Exception:  # noqa: BLE001 - the ordinary stages report it
-        return None
-    if not isinstance(tree, exp.Select) or len(tree.expressions) != 1 or any(
+    if len(tree.expressions) != 1 or any(
             tree.args.get(k) for k in ("group", "having", "joins", "with_", "order", "limit", "offset", "distinct")):
         return None
     count = tree.expressions[0].unalias()

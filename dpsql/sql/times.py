@@ -58,9 +58,13 @@ class Step:
 def fold_times(tree: exp.Select, now: datetime.datetime | None, schema: PrivacySchema) -> exp.Select:
     """`tree` with its constant times folded to literals (the clock read as `now`, UTC) and comparisons of a
     column ± a step solved for the column."""
+    if tree.find(exp.Add, exp.Sub, *CLOCKS) is None:  # most queries: nothing to fold
+        return tree
+    timestamptz = _timestamptz_names(tree, schema)
+
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, COMPARISONS):
-            node = _solved(node, now, _timestamptz_names(tree, schema))
+            node = _solved(node, now, timestamptz)
         if not isinstance(node, (exp.Add, exp.Sub, exp.Cast, exp.Paren, *CLOCKS)) or not _worth_folding(node):
             return node
         value = time_value(node, now)
