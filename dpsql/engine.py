@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
@@ -44,7 +44,7 @@ from dpsql.errors import (
     UnsupportedQuery,
 )
 from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
-from dpsql.mechanisms.race import RaceToTheTop
+from dpsql.mechanisms.race import FALLBACK_SHARE, RaceToTheTop
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect
 from dpsql.postprocess import (
     INTERVALS_COVER,
@@ -58,7 +58,7 @@ from dpsql.postprocess import (
 )
 from dpsql.released_rows import aggregate_released, outer_columns
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
-from dpsql.rewrite import Rewritten, contributions, rewrite
+from dpsql.rewrite import Rewritten, answered_by_contributions, contributions, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
@@ -135,6 +135,7 @@ class Prepared:
     race: RaceToTheTop | None = None  # rows per unit chosen from the data (R2T) before the answer, at its own ε
     race_sql: str | None = None  # what the race reads: the truncated row counts for each of its caps
     race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
+    race_answers: bool = False  # the race's values are the answer's exact value at each bound it may choose
 
     @property
     def cost(self) -> Cost:
@@ -230,18 +231,24 @@ class Engine:
                                          *([options.local_estimate] if plan.local_key else []),
                                          *(["rows per unit: auto"] if race is not None else [])]
                                         ).encode()).hexdigest()
-        race_sql = None
+        race_sql, race_answers = None, False
         if race is not None:
             race_sql = contributions(totals or plan, self._hash_seed, race.taus, totals is not None)
             self.backend.check(race_sql)
+            race_answers = answered_by_contributions(totals or plan, totals is not None)
             chosen = (f"each unit's total of {_total_of(totals).label} over all groups: chosen at query time from "
                       f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
                       f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
+            read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
+                   "the same pass" if race_answers else ""
+            if _fallback_epsilon(calibration):
+                read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
+                         "the bound instead (sparse vector)")
             plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
                 f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
-                f"query's {options.epsilon:g}); the plan shown is the declared bound's")])
+                f"query's {options.epsilon:g}){read}; the plan shown is the declared bound's")])
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size, race=race,
-                        race_sql=race_sql, race_totals=totals is not None)
+                        race_sql=race_sql, race_totals=totals is not None, race_answers=race_answers)
 
     def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery |
                                                                          PublishedQuery, Rewritten | None]:
@@ -382,20 +389,23 @@ class Engine:
 
     def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
-        budget = self.ledger.charge(analyst, prepared.cost, prepared.key, prepared.query.canonical)
+        charged = prepared.cost
+        budget = self.ledger.charge(analyst, charged, prepared.key, prepared.query.canonical)
+        rows = None
         if prepared.race is not None:  # the rows per unit chosen from the data, then the answer bounded by them
             (truncated,) = self._run_charged(analyst, prepared.key, backend,
                                              [(prepared.race_sql, prepared.rewritten.work_mem)])
             try:
-                prepared = self._bounded_at(prepared, prepared.race.bound(truncated[0]))
+                prepared, rows = self.bounded_by_race(prepared, truncated[0])
             except Exception as exc:
                 raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
         cost = prepared.calibration
         work_mem = prepared.rewritten.work_mem
-        statements = [prepared.rewritten.sql] if prepared.plan.needs_statistics else []
+        statements = [prepared.rewritten.sql] if prepared.plan.needs_statistics and rows is None else []
         read = self._run_charged(analyst, prepared.key, backend,
                                  [(sql, work_mem) for sql in [*statements, *prepared.rewritten.histograms.values()]])
-        rows = read.pop(0) if statements else []
+        if rows is None:
+            rows = read.pop(0) if statements else []
         histograms = dict(zip(prepared.rewritten.histograms, read, strict=True))
         try:
             groups = add_noise(prepared.plan, cost, rows, histograms)
@@ -403,7 +413,7 @@ class Engine:
                             prepared.options.local_estimate == "simplex")
             result = finish(prepared.plan, cost, groups)
             selection = describe_selection(prepared.plan, cost)  # at the bound the answer used, kept with it
-            answer = Answer(result.names, result.types, result.rows, result.accuracy, cost.epsilon, cost.delta,
+            answer = Answer(result.names, result.types, result.rows, result.accuracy, charged.epsilon, charged.delta,
                             notes=[selection] if selection else [])
             encoded = _encode(answer)
         except Exception as exc:
@@ -422,17 +432,32 @@ class Engine:
                          self._not_null, None, self._time_zone, math.inf, self._unique_sets)  # the race reads it
         return totals if _bounds_totals(totals) else None
 
-    def _bounded_at(self, prepared: Prepared, bound: int) -> Prepared:
+    def bounded_by_race(self, prepared: Prepared, truncated: Sequence[float]) -> tuple[Prepared, list[tuple] | None]:
+        """The race's choice from its exact values (`truncated`, one per τ; its noise is drawn here): the query
+        prepared at the chosen bound, and the rows of its statistics where they are the race's own value at that
+        bound (`race_answers`), else None (its statement runs)."""
+        race = prepared.race
+        bound, spent = race.decide(truncated, _fallback_epsilon(prepared.calibration))
+        rows = None
+        if prepared.race_answers and bound < race.taus[-1]:  # one row: the measure, then the units (unread)
+            rows = [(truncated[race.taus.index(bound)], 0)]
+        return self._bounded_at(prepared, bound, spent), rows
+
+    def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0) -> Prepared:
         """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
-        race's choice): analysed, rewritten and calibrated again at the ε the answer keeps; its cost is unchanged
-        (it was charged). At the race's cap (its fallback) the declared plan stands as prepared: analysed again,
-        a per-unit bound chosen from the data would lift max_groups_per_unit."""
+        race's choice): analysed, rewritten and calibrated again at the ε the answer keeps, less `spent` where
+        the choice took some of it (`RaceToTheTop.decide`); its cost is unchanged (it was charged). At the race's
+        cap the declared plan stands as prepared: analysed again, a per-unit bound chosen from the data would lift
+        max_groups_per_unit."""
+        epsilon = prepared.calibration.epsilon - spent
         if bound >= prepared.race.taus[-1]:
-            return replace(prepared, race=None, race_sql=None)
-        rows, total = (None, bound) if prepared.race_totals else (bound, None)
-        plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows, total)
-        calibration = calibrate(plan, prepared.calibration.epsilon, self.settings.delta,
-                                self.settings.selection_share, prepared.options.mechanism, prepared.options.histogram)
+            plan, rewritten = prepared.plan, prepared.rewritten
+        else:
+            rows, total = (None, bound) if prepared.race_totals else (bound, None)
+            plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows, total)
+        calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
+            plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
+            prepared.options.histogram)
         return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None, race_sql=None)
 
     def release(self, analyst: str, kind: str, queries: list[str], cost: Cost,
@@ -576,6 +601,13 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     if plan.rows_per_unit <= 1:
         return None
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)
+
+
+def _fallback_epsilon(calibration: Calibration) -> float:
+    """The ε the answer lends its bound's choice where the race cannot resolve the data: a share of a pure-ε
+    answer's (one with a δ keeps its own, and its bound the cap)."""
+    cost = calibration.cost
+    return FALLBACK_SHARE * cost.epsilon if cost.delta == 0 and cost.approx_delta == 0 else 0.0
 
 
 def _raceable(plan: Plan, options: Options) -> bool:

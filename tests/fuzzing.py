@@ -596,12 +596,13 @@ class Report:
     queries: int = 0
     refused: int = 0
     respelled: int = 0  # respellings that got the query's cache key, their exact rows compared
+    race_reads: int = 0  # answers read from the race's pass compared with their bounded statement
     violations: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"{self.queries} queries ({self.refused} refused before execution), {self.pairs} neighbour pairs "
-                f"compared, {self.respelled} respellings sharing a cache key compared, "
-                f"{len(self.violations)} violations")
+                f"compared, {self.respelled} respellings sharing a cache key compared, {self.race_reads} answers "
+                f"read from the race compared, {len(self.violations)} violations")
 
 
 def respelling_violations(engine: Engine, prepared: Prepared, sql: str, before: Exact, base: PostgresBackend,
@@ -657,9 +658,14 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
         if auto.race is not None and rows_rng.random() < 0.5:
             report.violations += [f"{where} (rows per unit auto): {v}"
                                   for v in race_violations(auto, base, neighbours)]
-            bounded = engine._bounded_at(auto, rows_rng.choice(auto.race.taus))  # as the engine answers it
+            tau = rows_rng.choice(auto.race.taus)
+            bounded = engine._bounded_at(auto, tau)  # as the engine answers it
+            exact = run_exact(bounded, base)
             report.violations += [f"{where} (at {bounded.plan.rows_per_unit} rows per unit): {v}" for v in
-                                  _neighbour_violations(bounded, run_exact(bounded, base), base, neighbours, report)]
+                                  _neighbour_violations(bounded, exact, base, neighbours, report)]
+            if auto.race_answers and tau < auto.race.taus[-1]:
+                report.race_reads += 1
+                report.violations += [f"{where} (at τ = {tau}): {v}" for v in _read_from_race(auto, tau, exact, base)]
     return report
 
 
@@ -677,9 +683,20 @@ def _neighbour_violations(prepared: Prepared, before: Exact, base: PostgresBacke
     return found
 
 
+def _read_from_race(prepared: Prepared, tau: int, exact: Exact, base: PostgresBackend) -> list[str]:
+    """Where the engine reads the answer from the race's pass (`race_answers`, below the cap), the race's value
+    at τ must be the bounded statement's own measure: the neighbour checks of that statement then cover it."""
+    read = float(base.execute(prepared.race_sql)[0][prepared.race.taus.index(tau)])
+    statement = exact.rows.get((), [0.0])[0]
+    if abs(read - statement) > 1e-9 * max(1.0, abs(statement)):
+        return [f"the race read {read} where the statement bounded at τ returns {statement}"]
+    return []
+
+
 def race_violations(prepared: Prepared, base: PostgresBackend, neighbours: dict[str, PostgresBackend]) -> list[str]:
     """Each of the race's truncated counts moves by at most its τ (times 2 under replace) on every neighbour (truncated
-    sums of floats up to the rounding of their summation order, which the grid the race releases them on covers)."""
+    sums of floats up to the rounding of their summation order, which the grid the race releases them on covers),
+    and each count of the units above a τ that its fallback compares by at most 1 (2)."""
     steps = 2 if prepared.plan.neighbouring == "replace" else 1
     before = [float(v) for v in base.execute(prepared.race_sql)[0]]
     found = []
@@ -689,4 +706,9 @@ def race_violations(prepared: Prepared, base: PostgresBackend, neighbours: dict[
         slack = [1e-12 * max(1.0, abs(a), abs(b)) for a, b in zip(before, after, strict=True)]
         if any(move > steps * tau + s for move, tau, s in zip(moves, prepared.race.taus, slack, strict=True)):
             found.append(f"neighbour {name}: the race's counts moved {moves} (each at most {prepared.race.taus})")
+        # the sparse vector fallback compares the units above each τ, each of sensitivity `steps`
+        above = [abs(a - b) for a, b in zip(prepared.race.units_above(before), prepared.race.units_above(after),
+                                            strict=True)]
+        if any(move > steps + 1e-12 * max(1.0, *map(abs, before)) for move in above):
+            found.append(f"neighbour {name}: the units above each τ moved {above} (each at most {steps})")
     return found

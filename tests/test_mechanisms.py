@@ -279,3 +279,73 @@ def test_real_values_released_in_a_batch_lie_on_the_grid() -> None:
     out = mech.release_many([0.1, 12345.678, -3.3e5], random.Random(14))
     assert len(out) == 3 and all((v / mech.grid).is_integer() for v in out)
     assert mech.release_many([], random.Random(14)) == []
+
+
+# --- the sparse vector technique: the first statistic below a threshold -------------------------------------------
+
+
+def test_first_below_threshold_draws_the_threshold_once_then_one_noise_per_value_compared():
+    """Its exact distribution: with the same seeded draws, the threshold's discrete Laplace noise (scale Δ/ε₁ in
+    grid steps, Δ counting the rounding step) and then one draw per value (scale 2Δ/ε₂) reproduce the choice;
+    the privacy map is ε₁ + ε₂ = ε."""
+    from dpsql.mechanisms.samplers import discrete_laplace_batch
+    from dpsql.mechanisms.sparse import FirstBelowThreshold
+
+    sparse = FirstBelowThreshold.calibrate(1, 0.5)
+    steps = int(1 // sparse.grid) + 1
+    assert sparse.threshold_scale == Fraction(steps) / Fraction(0.25)
+    assert sparse.value_scale == 2 * Fraction(steps) / Fraction(0.25)
+    assert sparse.epsilon == pytest.approx(0.5)
+    values = [40.0, 25.5, 12.0, 3.0, 0.0, 0.0]
+    for seed in range(30):
+        draws = random.Random(seed)
+        (rho,) = discrete_laplace_batch(sparse.threshold_scale, 1, draws)
+        expected = None
+        for index, value in enumerate(values):
+            (nu,) = discrete_laplace_batch(sparse.value_scale, 1, draws)
+            if round(value / sparse.grid) + nu < rho:
+                expected = index
+                break
+        assert sparse.first_below(values, 0.0, random.Random(seed)) == expected
+
+
+def test_first_below_threshold_spends_no_more_than_its_epsilon_on_neighbouring_values():
+    """The auditor's bound on the index reported for two vectors a neighbour apart (each value moved by its
+    sensitivity, 1, as one unit moves each count of units above τ): at most the claimed ε = 1."""
+    from dpsql.mechanisms.sparse import FirstBelowThreshold
+    from tests.auditor import epsilon_lower_bound
+
+    sparse = FirstBelowThreshold.calibrate(1, 1.0)
+    base, neighbour = [6.0, 4.0, 2.0, 1.0, 0.0, 0.0], [7.0, 5.0, 3.0, 2.0, 1.0, 1.0]
+    draws = 6000
+    rng = random.Random(7)
+    first = [((str(sparse.first_below(base, 0.0, rng)),),) for _ in range(draws)]
+    second = [((str(sparse.first_below(neighbour, 0.0, rng)),),) for _ in range(draws)]
+    labels = sorted({o[0][0] for o in first + second})
+    events = [(f"index {label}", lambda output, label=label: output[0][0] == label) for label in labels]
+    events += [(f"index <= {label}", lambda output, label=label: output[0][0] != "None" and
+                float(output[0][0]) <= float(label)) for label in labels if label != "None"]
+    for a, b, swapped in ((first, second, False), (second, first, True)):
+        bound, event = epsilon_lower_bound(a, b, draws // 2, events, 0.0, 0.05, swapped)
+        assert bound <= sparse.epsilon, event
+
+
+def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolve_the_data():
+    """Few units for the race's ε: instead of the cap, the first τ that few units exceed (counted fractionally
+    from the race's own values), times the margin, at the ε lent; where the race resolves, nothing is lent."""
+    from dpsql.mechanisms.race import RaceToTheTop
+    from dpsql.mechanisms.sparse import FirstBelowThreshold
+
+    race = RaceToTheTop.calibrate(1024, 0.02)
+    few = [100.0, 200, 400, 790, 1500, 2800, 3100, 3150, 3150, 3150, 3150]  # 100 units, most of 30 or so rows
+    assert race.units_above(few)[:5] == [100.0, 100.0, 97.5, 88.75, 81.25] and race.steps == 1
+    for seed in range(20):
+        bound, spent = race.decide(few, 0.05, random.Random(seed))
+        draws = random.Random(seed)
+        race._shifted(few, draws)  # the race's own draws come first
+        index = FirstBelowThreshold.calibrate(1, 0.05).first_below(race.units_above(few), 0.0, draws)
+        assert spent == pytest.approx(0.05)
+        assert bound == (1024 if index is None else min(race.margin * race.taus[index], 1024))
+        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0)  # nothing lent: the cap
+    many = [100_000 * v / 100 for v in few]  # 100,000 units: the race resolves and lends nothing
+    assert all(race.decide(many, 0.05, random.Random(seed))[1] == 0.0 for seed in range(5))

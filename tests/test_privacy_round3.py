@@ -414,6 +414,42 @@ def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_
         assert moves[-1] == pytest.approx(prepared.race.taus[-1])  # the extreme person reaches every cap
 
 
+@pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits",
+                                 "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id "
+                                 "WHERE p.age > 30 AND v.category <> 'lab'",
+                                 "SELECT SUM(amount) FROM visits", "SELECT SUM(amount) / 100 FROM visits",
+                                 "SELECT SUM(v.amount) FROM visits v JOIN people p ON v.person_id = p.person_id "
+                                 "WHERE p.state = 'CA'"])
+def test_an_answer_read_from_the_race_is_the_bounded_statements_own(engine, base_url, neighbour_url, sql):
+    """An ungrouped COUNT(*) or sum of totals is answered from the race's pass (`race_answers`): at every τ below
+    the cap, the race's value is exactly what the statement bounded at τ returns, on the demo data and on its
+    neighbour, so the bounded statement's sensitivity tests cover the answer read from the race."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race_answers and "read in the same pass" in prepared.plan.notes[-1]
+    for url in (base_url, neighbour_url):
+        with psycopg.connect(url) as conn:
+            race = conn.execute(prepared.race_sql).fetchone()
+            for tau, value in zip(prepared.race.taus[:-1], race, strict=False):
+                bounded = engine._bounded_at(prepared, tau)
+                (row,) = conn.execute(bounded.rewritten.sql).fetchall()
+                assert float(row[0] or 0) == pytest.approx(float(value), rel=1e-12, abs=1e-9), (sql, tau)
+
+
+@pytest.mark.parametrize("sql", ["SELECT category, COUNT(*) FROM visits GROUP BY category",
+                                 "SELECT COUNT(amount) FROM visits", "SELECT AVG(amount) FROM visits",
+                                 "SELECT COUNT(*), SUM(amount) FROM visits",
+                                 "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits"])
+def test_other_answers_under_the_race_run_their_own_statement(engine, sql):
+    """Groups, COUNT(col) (the race counts every row), an AVG's count beside its sum, several measures and
+    histograms are answered by their own bounded statement."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race is not None and not prepared.race_answers
+
+
 @pytest.mark.parametrize("sql", ["SELECT category, SUM(amount) FROM visits GROUP BY category",
                                  "SELECT date_trunc('month', day), SUM(amount), AVG(amount) FROM visits GROUP BY 1",
                                  "SELECT SUM(amount) FROM visits WHERE category = 'lab'"])

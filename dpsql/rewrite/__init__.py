@@ -47,4 +47,10 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     return per_unit.contributions(plan, hash_seed, caps, totals)
 
 
-__all__ = ["BoundsStatement", "Rewritten", "contributions", "rewrite"]
+def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:
+    """Whether the race's statement (`contributions`) holds `plan`'s own answer at each of its caps, so that the
+    answer needs no statement of its own."""
+    return per_unit.answered_by_contributions(plan, totals)
+
+
+__all__ = ["BoundsStatement", "Rewritten", "answered_by_contributions", "contributions", "rewrite"]

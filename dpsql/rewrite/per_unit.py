@@ -101,6 +101,21 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_counts"
 
 
+def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:
+    """Whether `contributions` already holds this plan's answer at each of its caps: the statement `statistics`
+    makes for the plan bounded at τ rows per unit (or, with `totals`, at τ as each unit's total) returns one row
+    whose one measure is Σ over units of min(the unit's rows or total, τ), the race's value at τ. True for an
+    ungrouped plan with one measure and nothing else to read: COUNT(*) with rows bounded, or the sum whose totals
+    the race bounds (non-negative values, so clamping the total below at 0 changes nothing). Such a query is
+    answered from the race's own pass, without a second statement."""
+    if plan.grouped or plan.histograms or plan.top_k is not None or plan.partition_selection or len(plan.measures) != 1:
+        return False
+    (measure,) = plan.measures
+    if totals:
+        return measure.kind == "sum" and measure.centre == 0 and measure.row_range.lo >= 0
+    return measure.kind == "count" and measure.expr is None
+
+
 def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     """The sums per group straight from the kept rows. With at most k rows per unit over all groups, a unit's
     total in any group already lies in its per-unit range (k rows, each clamped to the row range), so the
