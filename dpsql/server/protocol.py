@@ -96,9 +96,16 @@ class Output:
 
 @dataclass
 class _Prepared:
-    statement: Statement
+    """A prepared statement: its text, split again when it runs (a connection may hold a thousand, and their tokens
+    would weigh most of them; recent texts are split from the cache), its parameter types and result columns."""
+
+    sql: str
     param_types: list[int]
     columns: list[Column] | None
+
+    @property
+    def statement(self) -> Statement:
+        return single_statement(self.sql)
 
 
 @dataclass
@@ -434,7 +441,7 @@ class Conversation:
         outcome = self.session.execute(declare.query, [], [])
         if outcome.columns is None:
             raise error("42P11", "cannot open a cursor on a statement that returns no rows")
-        prepared = _Prepared(declare.query, [], outcome.columns)
+        prepared = _Prepared(declare.query.sql, [], outcome.columns)
         self._portals[declare.name] = _Portal(prepared, [], [0] * len(outcome.columns), outcome, hold=declare.hold)
         notices, outcome.notices = outcome.notices, []
         return Outcome("DECLARE CURSOR", notices=notices)
@@ -536,12 +543,12 @@ class Conversation:
             except commands.CommandError as exc:
                 raise error(exc.sqlstate, exc.message, exc.hint) from None
             cursor = self._portals.get(name) if name else None
-            prepared = _Prepared(statement, param_types, None if cursor is None else cursor.prepared.columns)
+            prepared = _Prepared(statement.sql, param_types, None if cursor is None else cursor.prepared.columns)
         elif statement.empty or statement.kind != "other":
-            prepared = _Prepared(statement, param_types, None)
+            prepared = _Prepared(statement.sql, param_types, None)
         else:
             description = self.session.describe(statement, param_types)
-            prepared = _Prepared(statement, description.param_types, description.columns)
+            prepared = _Prepared(statement.sql, description.param_types, description.columns)
         self._statements[message.name] = prepared
         self._send(codec.parse_complete_message())
 
@@ -593,11 +600,12 @@ class Conversation:
         if portal is None:
             raise error("34000", f'portal "{message.portal}" does not exist')
         prepared = portal.prepared
-        if prepared.statement.empty:
+        statement = prepared.statement
+        if statement.empty:
             return self._send(codec.empty_query_message())
         if portal.outcome is None:
             binary = bool(portal.formats) and all(f == 1 for f in portal.formats)
-            portal.outcome = self._run(prepared.statement, portal.params, prepared.param_types, binary)
+            portal.outcome = self._run(statement, portal.params, prepared.param_types, binary)
         outcome = portal.outcome
         columns = prepared.columns if prepared.columns is not None else outcome.columns
         if outcome.copy is not None:
