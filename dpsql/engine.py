@@ -593,6 +593,8 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
     if not _raceable(plan, options) or not (plan.measures or plan.histograms):
         return None
+    if not plan.grouped and not plan.histograms and all(m.kind == "units" for m in plan.measures):
+        return None  # an ungrouped count of units: each adds at most 1, whatever its rows
     steps = 2 if plan.neighbouring == "replace" else 1
     if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
         cap = math.ceil(_total_of(plan).unit_range[1])
