@@ -481,6 +481,18 @@ def test_a_units_total_bounded_from_the_data_moves_every_group_together_by_at_mo
             assert float(answers["neighbour"][()][0]) - float(answers["base"][()][0]) == pytest.approx(bound)
 
 
+def test_an_ungrouped_count_of_units_runs_no_race(engine):
+    """Each unit adds at most 1 to COUNT(DISTINCT unit) whatever its rows: no bound to choose, the whole ε answers;
+    grouped, a unit's rows bound how many groups it reaches, and the race runs."""
+    from dpsql.session import Options
+
+    auto = Options(rows_per_unit="auto")
+    ungrouped = engine.prepare("SELECT COUNT(DISTINCT person_id) FROM visits", epsilon=1.0, options=auto)
+    assert ungrouped.race is None and ungrouped.calibration.epsilon == pytest.approx(1.0)
+    grouped = engine.prepare("SELECT category, COUNT(DISTINCT person_id) FROM visits GROUP BY 1", options=auto)
+    assert grouped.race is not None
+
+
 def test_rows_per_unit_auto_answers_within_the_charge_and_says_how(engine, analyst):
     """The race and the answer are charged once, at the query's ε; explain names the race; asked again, the
     answer comes from the cache."""
