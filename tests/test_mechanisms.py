@@ -332,8 +332,9 @@ def test_first_below_threshold_spends_no_more_than_its_epsilon_on_neighbouring_v
 
 def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolve_the_data():
     """Few units for the race's ε: instead of the cap, the first τ that few units exceed (counted fractionally
-    from the race's own values), times the margin, at the ε lent; where the race resolves, nothing is lent."""
-    from dpsql.mechanisms.race import RaceToTheTop
+    from the race's own values), times the fallback's margin, at the ε lent; where the race resolves, nothing is
+    lent."""
+    from dpsql.mechanisms.race import FALLBACK_MARGIN, RaceToTheTop
     from dpsql.mechanisms.sparse import FirstBelowThreshold
 
     race = RaceToTheTop.calibrate(1024, 0.02)
@@ -345,7 +346,7 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
         race._shifted(few, draws)  # the race's own draws come first
         index = FirstBelowThreshold.calibrate(1, 0.05).first_below(race.units_above(few), 0.0, draws)
         assert spent == pytest.approx(0.05)
-        assert bound == (1024 if index is None else min(race.margin * race.taus[index], 1024))
+        assert bound == (1024 if index is None else min(FALLBACK_MARGIN * race.taus[index], 1024))
         assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0)  # nothing lent: the cap
     many = [100_000 * v / 100 for v in few]  # 100,000 units: the race resolves and lends nothing
     assert all(race.decide(many, 0.05, random.Random(seed))[1] == 0.0 for seed in range(5))
