@@ -1,6 +1,6 @@
-"""Accuracy on the questions a new user asks first (issue 36): the demo data, ε = 1 per query, many fresh answers
-(each from a new analyst), their median relative error, worst cell, bias and how often the 95% interval covers
-the exact answer, in two settings measured in the same run:
+"""Accuracy on the questions a new user asks first (issue 36): the demo data, ε = 1 per query (or --epsilon),
+many fresh answers (each from a new analyst), their median relative error, worst cell, bias and how often the 95%
+interval covers the exact answer, in two settings measured in the same run:
 
 - shipped: the shipped schema (`rows_per_unit = "auto"`: each query's rows per person, or each person's total
   of a sum, chosen from the data by R2T's race with 20% of its ε, below hard caps of 100 rows and amounts of
@@ -8,7 +8,7 @@ the exact answer, in two settings measured in the same run:
 - guessed: the bounds the schema used to guess (visits bounded to 10 a person, prescriptions to 20, amounts to
   1,000), declared.
 
-    python benchmarks/bench_accuracy.py --people 20000 --runs 20
+    python benchmarks/bench_accuracy.py --people 20000 --runs 20 [--epsilon 1]
 
 Cells of fewer than 500 exact rows are left out of the worst-cell column (their noise dominates). Writes the
 table to benchmarks/results/accuracy.md (or --out) and a plot beside it (.png).
@@ -55,6 +55,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--people", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--epsilon", type=float, default=1.0, help="per query")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     server = EmbeddedPostgres()
@@ -74,7 +75,7 @@ def main() -> int:
             for name, schema in settings.items():
                 engine = Engine(Settings(database=url), schema)
                 try:
-                    found = measure(engine, sql, truth, args.runs)
+                    found = measure(engine, sql, truth, args.runs, args.epsilon)
                 finally:
                     engine.close()
                 measured[(label, name)] = found
@@ -88,7 +89,8 @@ def main() -> int:
     header = ("| question | shipped: median error | worst cell | bias ± s.e. | 95% coverage | keys | "
               "guessed: median error | worst cell | bias ± s.e. | 95% coverage | keys |\n" + "|---" * 11 + "|")
     text = (f"# Accuracy on a new user's first questions\n\n`python benchmarks/bench_accuracy.py --people "
-            f"{args.people} --runs {args.runs}`: the demo data ({args.people:,} people), ε = 1 per query, "
+            f"{args.people} --runs {args.runs} --epsilon {args.epsilon:g}`: the demo data ({args.people:,} people), "
+            f"ε = {args.epsilon:g} per query, "
             f"{args.runs} fresh answers per question and setting, in {time.perf_counter() - started:.0f} s. "
             "*Shipped*: `schemas/demo.toml` (`rows_per_unit = \"auto\"`: R2T's race chooses each query's rows per "
             "person, or each person's total of a sum, with 20% of its ε, below caps of 100 rows and amounts of "
@@ -99,11 +101,11 @@ def main() -> int:
             "released.\n\n" + header + "\n" + "\n".join(rows) + "\n")
     print(text)
     args.out.write_text(text)
-    _plot(args.out.with_suffix(".png"), measured, args.people)
+    _plot(args.out.with_suffix(".png"), measured, args.people, args.epsilon)
     return 0
 
 
-def _plot(path: Path, measured: dict, people: int) -> None:
+def _plot(path: Path, measured: dict, people: int, epsilon: float) -> None:
     """Each question's errors in both settings: the median |error| and the bias with two standard errors."""
     import matplotlib
     matplotlib.use("Agg")
@@ -120,7 +122,7 @@ def _plot(path: Path, measured: dict, people: int) -> None:
     left.set_yticks(range(len(questions)), questions)
     left.invert_yaxis()
     left.set_xlabel("median |relative error| (%)")
-    left.set_title(f"Demo data, {people:,} people, ε = 1")
+    left.set_title(f"Demo data, {people:,} people, ε = {epsilon:g}")
     left.legend()
     right.axvline(0, color="grey", linewidth=0.8)
     right.set_xlabel("bias (%), ± 2 standard errors")
