@@ -39,15 +39,19 @@ class FirstBelowThreshold:
         positive answer is close to this; an even split keeps the proof plain)."""
         check_positive("epsilon", epsilon)
         check_positive("sensitivity", sensitivity)
-        grid = grid_for(sensitivity / epsilon)
-        steps = Fraction(int(sensitivity // grid) + 1)
-        half = Fraction(epsilon) / 2
-        return cls(sensitivity, grid, steps / half, 2 * steps / half)
+        unscaled = cls(sensitivity, grid_for(sensitivity / epsilon), Fraction(1), Fraction(1))
+        steps, half = Fraction(unscaled.sensitivity_units), Fraction(epsilon) / 2
+        return cls(sensitivity, unscaled.grid, steps / half, 2 * steps / half)
+
+    @property
+    def sensitivity_units(self) -> int:
+        """Δ in grid steps, with the step that rounding may add."""
+        return int(self.sensitivity // self.grid) + 1
 
     @property
     def epsilon(self) -> float:
         """The privacy map: ε₁ + ε₂, from the two noise scales."""
-        steps = int(self.sensitivity // self.grid) + 1
+        steps = self.sensitivity_units
         return float(steps / self.threshold_scale + 2 * steps / self.value_scale)
 
     def first_below(self, values: Sequence[float], threshold: float, rng: Randomness = SYSTEM_RANDOM) -> int | None:
