@@ -50,13 +50,24 @@ def shipped(people_url):
 
 @pytest.mark.parametrize("label", CLASSES)
 def test_answers_are_unbiased_and_their_intervals_cover_the_truth(shipped, people_url, label):
+    _assert_unbiased_and_covered(shipped, people_url, label, 1.0)
+
+
+@pytest.mark.parametrize("label", ["visits by quarter", "visits by category"])
+def test_at_small_epsilon_a_coarse_race_keeps_the_tail_of_the_counts(shipped, people_url, label):
+    """At ε = 0.1 the race resolves the demo's counts only coarsely (5 shifts): with MARGIN alone they came back
+    3-5% low with 36-75% coverage; twice the margin keeps the heavy people's visits."""
+    _assert_unbiased_and_covered(shipped, people_url, label, 0.1)
+
+
+def _assert_unbiased_and_covered(engine: Engine, url: str, label: str, epsilon: float) -> None:
     sql = QUESTIONS[label]
-    truth = exact(people_url, sql)
-    found = measure(shipped, sql, truth, RUNS)
+    truth = exact(url, sql)
+    found = measure(engine, sql, truth, RUNS, epsilon)
     covered = len(found.covered)
     coverage_error = math.sqrt(MIN_COVERAGE * (1 - MIN_COVERAGE) / covered)
-    print(f"{label}: bias {found.bias:+.4f} ± {found.bias_error:.4f}, coverage {found.coverage:.3f} of {covered}, "
-          f"median error {found.median_error:.4f}")
+    print(f"{label} at ε = {epsilon:g}: bias {found.bias:+.4f} ± {found.bias_error:.4f}, coverage "
+          f"{found.coverage:.3f} of {covered}, median error {found.median_error:.4f}")
     assert abs(found.bias) - 3 * found.bias_error <= MAX_BIAS, f"{label}: bias {found.bias:+.2%}"
     assert found.coverage + 3 * coverage_error >= MIN_COVERAGE, f"{label}: coverage {found.coverage:.1%}"
     assert found.keys == set(truth)  # every key asked for, and no other (public keys: all of them)

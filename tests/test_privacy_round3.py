@@ -365,7 +365,7 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
     sums to ε), shifted by the noise's (1 - β/J) bound; with the same seeded draws the choice is reproduced."""
     import random
 
-    from dpsql.mechanisms.race import MARGIN, RaceToTheTop, taus
+    from dpsql.mechanisms.race import COARSE_RESOLUTION, MARGIN, RaceToTheTop, taus
 
     assert taus(10) == (1, 2, 4, 8, 10) and taus(1) == (1,) and taus(16) == (1, 2, 4, 8, 16)
     race = RaceToTheTop.calibrate(16, 0.5)
@@ -380,11 +380,15 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
         noisy = [m.release(v, draws) - race.shift(i)
                  for i, (m, v) in enumerate(zip(race.mechanisms, truncated, strict=True))]
         assert chosen == race.taus[max(range(5), key=lambda i: (noisy[i], -i))]
-        assert race.bound(truncated, random.Random(seed)) == min(MARGIN * chosen, 16)
+        assert race.bound(truncated, random.Random(seed)) == min(race.margin_at(noisy) * chosen, 16)
+        assert race.margin_at(noisy) in (MARGIN, 2 * MARGIN)
     # few units for the race's ε (Q(1) = 100 against 4 shifts of 62): the answer keeps the cap, whatever it chose
     few = [100, 190, 350, 500, 510]
     assert race.shift(0) == pytest.approx(10 * math.log(5 / 0.01))
     assert all(race.bound(few, random.Random(seed)) == 16 for seed in range(20))
+    # the margin doubles where the units read are under COARSE_RESOLUTION shifts of τ = 1 (post-processing)
+    assert race.margin_at([COARSE_RESOLUTION * race.shift(0) - race.shift(0)] + [0.0] * 4) == MARGIN
+    assert race.margin_at([COARSE_RESOLUTION * race.shift(0) - race.shift(0) - 1] + [0.0] * 4) == 2 * MARGIN
     replace_race = RaceToTheTop.calibrate(16, 0.5, steps=2)  # replace neighbours move each value twice as far
     assert [m.sensitivity for m in replace_race.mechanisms] == [2, 4, 8, 16, 32]
 
