@@ -98,7 +98,8 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
             free.discard(parent)
     columns = [exp.column(scope.aliases[a].unit_column, table=a) for a in aliases
                if scope.aliases[a].unit_column is not None]
-    unit = columns[0] if len(columns) == 1 else exp.Coalesce(this=columns[0], expressions=columns[1:])
+    unit = columns[0] if len(columns) == 1 or _equal_on_every_row(scope, columns, equalities) \
+        else exp.Coalesce(this=columns[0], expressions=columns[1:])
     for join in added:
         scope.notes.append(f"dpsql joins {join.this.name} AS {join.this.alias} to reach the unit")
     for alias in aliases:
@@ -110,6 +111,26 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
                  else f"reaches the unit through {table.parent}")
         scope.notes.append(f"relation {alias} ({table.name}): {how}; {reach}")
     return unit, math.prod(scope.aliases[a].max_rows_per_unit for a in aliases if a in free), added
+
+
+def _equal_on_every_row(scope: Scope, columns: list[exp.Column], equalities: list[Equality]) -> bool:
+    """Whether inner joins' equalities make `columns` one value on every joined row (none NULL), so the first
+    stands for their COALESCE: PostgreSQL then sees the unit as a join key and can group the units in the order
+    a merge join reads them (TPC-H Q12 with the order as the unit: 2.7 s hashing COALESCE(o_orderkey,
+    l_orderkey), 1.3 s grouping o_orderkey in index order). An outer join keeps rows whose columns are NULL."""
+    if any(join.side for join in scope.joins):
+        return False
+    pairs = [(_column_key(left), _column_key(right)) for left, right in equalities]
+    reached, grown = {_column_key(columns[0])}, True
+    while grown:  # every column equated with the first, through chains of equalities
+        before = len(reached)
+        reached |= {c for pair in pairs if reached.intersection(pair) for c in pair}
+        grown = len(reached) > before
+    return all(_column_key(c) in reached for c in columns)
+
+
+def _column_key(column: exp.Column) -> tuple[str, str]:
+    return column.table, column.name
 
 
 def _key_links(scope: Scope, aliases: dict, equalities: list[Equality]) -> list[tuple[str, str]]:
