@@ -44,13 +44,14 @@ from dpsql.errors import (
     UnsupportedQuery,
 )
 from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
-from dpsql.mechanisms.race import FALLBACK_SHARE, RaceToTheTop
+from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect
 from dpsql.postprocess import (
     INTERVALS_COVER,
     Accuracy,
     Result,
     describe_selection,
+    describe_units_over,
     evaluate,
     finish,
     sort_rows,
@@ -136,6 +137,7 @@ class Prepared:
     race_sql: str | None = None  # what the race reads: the truncated row counts for each of its caps
     race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
     race_answers: bool = False  # the race's values are the answer's exact value at each bound it may choose
+    bound_note: str | None = None  # how many units hold more than the bound the race chose (`bounded_by_race`)
 
     @property
     def cost(self) -> Cost:
@@ -241,9 +243,10 @@ class Engine:
                       f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
             read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
                    "the same pass" if race_answers else ""
-            if _fallback_epsilon(calibration):
+            if _lent(calibration, FALLBACK_SHARE):
                 read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
-                         "the bound instead (sparse vector)")
+                         f"the bound instead (sparse vector); below the cap, {EFFECT_SHARE:.0%} of it counts the "
+                         "units that hold more than the chosen bound, shown with the answer")
             plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
                 f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
                 f"query's {options.epsilon:g}){read}; the plan shown is the declared bound's")])
@@ -414,7 +417,7 @@ class Engine:
             result = finish(prepared.plan, cost, groups)
             selection = describe_selection(prepared.plan, cost)  # at the bound the answer used, kept with it
             answer = Answer(result.names, result.types, result.rows, result.accuracy, charged.epsilon, charged.delta,
-                            notes=[selection] if selection else [])
+                            notes=[note for note in (selection, prepared.bound_note) if note])
             encoded = _encode(answer)
         except Exception as exc:
             raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
@@ -437,11 +440,14 @@ class Engine:
         prepared at the chosen bound, and the rows of its statistics where they are the race's own value at that
         bound (`race_answers`), else None (its statement runs)."""
         race = prepared.race
-        bound, spent = race.decide(truncated, _fallback_epsilon(prepared.calibration))
+        decision = race.decide(truncated, _lent(prepared.calibration, FALLBACK_SHARE),
+                               effect_epsilon=_lent(prepared.calibration, EFFECT_SHARE))
         rows = None
-        if prepared.race_answers and bound < race.taus[-1]:  # one row: the measure, then the units (unread)
-            rows = [(truncated[race.taus.index(bound)], 0)]
-        return self._bounded_at(prepared, bound, spent), rows
+        if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
+            rows = [(truncated[race.taus.index(decision.bound)], 0)]
+        bounded = self._bounded_at(prepared, decision.bound, decision.spent)
+        note = describe_units_over(decision.over, "total" if prepared.race_totals else "rows")
+        return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0) -> Prepared:
         """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
@@ -605,11 +611,12 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)
 
 
-def _fallback_epsilon(calibration: Calibration) -> float:
-    """The ε the answer lends its bound's choice where the race cannot resolve the data: a share of a pure-ε
-    answer's (one with a δ keeps its own, and its bound the cap)."""
+def _lent(calibration: Calibration, share: float) -> float:
+    """The ε a pure-ε answer lends the race's choice (the fallback's search, the units over its bound): `share`
+    of its own. One with a δ lends nothing: its bound stays the cap where the race cannot resolve the data, and
+    the units over its bound are not counted."""
     cost = calibration.cost
-    return FALLBACK_SHARE * cost.epsilon if cost.delta == 0 and cost.approx_delta == 0 else 0.0
+    return share * cost.epsilon if cost.delta == 0 and cost.approx_delta == 0 else 0.0
 
 
 def _raceable(plan: Plan, options: Options) -> bool:

@@ -19,6 +19,7 @@ from dpsql.config import Settings
 from dpsql.demo import load_demo_data
 from dpsql.engine import Engine
 from dpsql.schema import load_schema
+from dpsql.session import Options
 from tests.accuracy import QUESTIONS, exact, measure
 from tests.conftest import SHIPPED_SCHEMA, database_url
 
@@ -85,7 +86,9 @@ def test_where_the_race_cannot_resolve_the_data_the_answer_lends_it_a_sparse_vec
             truncated = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
             chosen = [shipped.bounded_by_race(prepared, truncated)[0] for _ in range(20)]
             kept = {round(c.calibration.epsilon / prepared.calibration.epsilon, 6) for c in chosen}
-            assert kept == ({1.0} if resolved else {0.75}), (epsilon, kept)
+            # lent: a quarter to the fallback's choice where the race cannot resolve the data, and 5% to count
+            # the units over a bound below the cap
+            assert kept <= ({1.0, 0.95} if resolved else {0.75, 0.7}), (epsilon, kept)
             below_cap = [c.plan.unit_total for c in chosen if c.plan.unit_total is not None]
             assert len(below_cap) >= 15, (epsilon, below_cap)
 
@@ -95,7 +98,6 @@ def test_the_schema_sets_the_default_and_a_session_may_declare_instead(shipped):
     'declared'` answers with the declared caps; another value is refused with what it may be."""
     from dpsql.errors import SchemaError
     from dpsql.schema import parse_schema
-    from dpsql.session import Options
 
     assert shipped.schema.rows_per_unit == "auto"
     assert shipped.prepare("SELECT COUNT(*) FROM visits").race is not None
@@ -103,3 +105,22 @@ def test_the_schema_sets_the_default_and_a_session_may_declare_instead(shipped):
     with pytest.raises(SchemaError, match="rows_per_unit = 'guess' must be one of declared, auto"):
         parse_schema({"privacy": {"unit": "people.person_id", "rows_per_unit": "guess"},
                       "tables": {"people": {"columns": {"person_id": "bigint"}}}})
+
+
+def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
+    """Below the cap, 5% of the answer's ε counts the units holding more than the chosen bound, and the answer
+    says so with its interval and share of the units read; a loss over 1% of the units even at the interval's
+    low end is called out."""
+    from dpsql.mechanisms.race import UnitsOver
+    from dpsql.postprocess import describe_units_over
+
+    shipped.ledger.add_analyst("units_over", 100.0, 1e-3)
+    notes = [shipped.query("SELECT SUM(amount) FROM visits", analyst="units_over", epsilon=1.0,
+                           options=Options(rows_per_unit="auto")).notes for _ in range(3)]
+    told = [n for answer in notes for n in answer if "chosen from the data" in n]
+    assert told and all("units read hold more (95%:" in n and "counted at ε = 0.04" in n for n in told), notes
+    quiet = describe_units_over(UnitsOver(64, 20.0, 60.0, 10_000.0, 0.04), "rows")
+    assert quiet.startswith("bounded at 64 rows per unit") and "at least" not in quiet
+    loud = describe_units_over(UnitsOver(64, 400.0, 60.0, 10_000.0, 0.04), "total")
+    assert "at least 3.4% of the units lose their totals beyond it" in loud
+    assert describe_units_over(None, "rows") is None

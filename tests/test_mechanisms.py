@@ -341,12 +341,38 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
     few = [100.0, 200, 400, 790, 1500, 2800, 3100, 3150, 3150, 3150, 3150]  # 100 units, most of 30 or so rows
     assert race.units_above(few)[:5] == [100.0, 100.0, 97.5, 88.75, 81.25] and race.steps == 1
     for seed in range(20):
-        bound, spent = race.decide(few, 0.05, random.Random(seed))
+        bound, spent, over = race.decide(few, 0.05, random.Random(seed))
         draws = random.Random(seed)
         race._shifted(few, draws)  # the race's own draws come first
         index = FirstBelowThreshold.calibrate(1, 0.05).first_below(race.units_above(few), 0.0, draws)
         assert spent == pytest.approx(0.05)
         assert bound == (1024 if index is None else min(FALLBACK_MARGIN * race.taus[index], 1024))
-        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0)  # nothing lent: the cap
+        assert over is None  # no ε lent to count the units over the bound
+        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0, None)  # nothing lent: the cap
     many = [100_000 * v / 100 for v in few]  # 100,000 units: the race resolves and lends nothing
     assert all(race.decide(many, 0.05, random.Random(seed))[1] == 0.0 for seed in range(5))
+
+
+def test_the_units_over_the_chosen_bound_are_one_laplace_release_after_the_race():
+    """With ε lent to it, `decide` also releases the units holding more than the chosen bound (the race's own
+    fractional count at that τ, sensitivity 1) with Laplace noise at that ε, drawn after the race's and the
+    fallback's; its ε joins what the answer lent. At the cap nothing is counted (nothing is read beyond it)."""
+    from dpsql.mechanisms.laplace import LaplaceMechanism
+    from dpsql.mechanisms.race import RaceToTheTop
+
+    race = RaceToTheTop.calibrate(1024, 0.5)
+    many = [100_000.0, 180_000, 300_000, 420_000, 480_000, 500_000, 505_000, 506_000, 506_000, 506_000, 506_000]
+    for seed in range(20):
+        decision = race.decide(many, 0.2, random.Random(seed), effect_epsilon=0.05)
+        draws = random.Random(seed)
+        shifted = race._shifted(many, draws)  # the race's draws first; it resolves, so no fallback draws
+        assert decision.bound == min(race.margin_at(shifted) * race._best(shifted), 1024)
+        mechanism = LaplaceMechanism.calibrate(1, 0.05, False)
+        expected = mechanism.release(race.units_above(many)[race.taus.index(decision.bound)], draws)
+        assert decision.over.units == expected and decision.over.bound == decision.bound
+        assert decision.over.halfwidth == mechanism.ci_halfwidth()
+        assert decision.over.units_read == pytest.approx(shifted[0] + race.shift(0))
+        assert decision.spent == pytest.approx(0.05) == decision.over.epsilon
+    capped = RaceToTheTop.calibrate(8, 0.5)
+    assert all(capped.decide([100_000.0, 200_000, 400_000, 800_000], 0.2, random.Random(seed),
+                             effect_epsilon=0.05) == (8, 0.0, None) for seed in range(5))

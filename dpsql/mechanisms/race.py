@@ -57,6 +57,11 @@ margins (4 and 8) gave 7-31%, and the τ itself (no margin) let coverage fall to
 cost their ε either way; this choice is (the share)-DP, taken from the answer's ε, so the query's ε is
 unchanged. Measured in benchmarks/results/tpch_r2t.md and accuracy_eps0.1.md.
 
+Below the cap, `decide` can also count the units that hold more than the bound it chose (`units_over`): the
+fractional count of `units_above` at that τ (sensitivity 1, 2 under replace) released with Laplace noise at a
+share of the answer's ε (EFFECT_SHARE), so that the answer can say what its bound leaves out. The race's own
+released Q(1) stands for the units read (no further ε).
+
 The privacy map is the mechanisms' own: `epsilon` is the sum of theirs.
 """
 
@@ -65,6 +70,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dpsql.mechanisms.laplace import LaplaceMechanism
 from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, check_positive
@@ -76,6 +82,23 @@ MIN_RESOLUTION = 4  # the units read, in shifts of τ = 1, below which the race 
 COARSE_RESOLUTION = 16  # below this many shifts the race resolves the data coarsely: the answer keeps twice the margin
 FALLBACK_MARGIN = 2  # the sparse vector's choice overshoots already: the answer keeps twice it (module docstring)
 FALLBACK_SHARE = 0.25  # of the answer's ε, spent choosing the bound where the race cannot resolve the data
+EFFECT_SHARE = 0.05  # of the answer's ε, spent counting the units that hold more than the chosen bound
+
+
+@dataclass(frozen=True)
+class UnitsOver:
+    """How many units hold more than the answer's bound, released (`RaceToTheTop.units_over`)."""
+    bound: int
+    units: float  # counted fractionally up to the next τ, as `units_above`
+    halfwidth: float  # of its 95% interval
+    units_read: float  # the race's own released Q(1): the units the query reads (no further ε)
+    epsilon: float
+
+
+class Decision(NamedTuple):
+    bound: int  # what the rewrite enforces for the answer
+    spent: float  # the ε taken from the answer's (the fallback's choice, the units over the bound)
+    over: UnitsOver | None = None
 
 
 def taus(cap: int) -> tuple[int, ...]:
@@ -130,20 +153,35 @@ class RaceToTheTop:
         the race cannot resolve the data (`resolves`)."""
         return self.decide(truncated, 0.0, rng)[0]
 
-    def decide(self, truncated: Sequence[float], fallback_epsilon: float,
-               rng: Randomness = SYSTEM_RANDOM) -> tuple[int, float]:
-        """The bound to enforce for the answer, and the ε it took from the answer's: 0 where the race resolves
-        the data; where it does not, `fallback_epsilon` spent on the first τ that few units exceed (the module's
-        docstring), or nothing and the cap when `fallback_epsilon` is 0."""
+    def decide(self, truncated: Sequence[float], fallback_epsilon: float, rng: Randomness = SYSTEM_RANDOM,
+               effect_epsilon: float = 0.0) -> Decision:
+        """The bound to enforce for the answer, and the ε it took from the answer's: where the race resolves the
+        data, nothing; where it does not, `fallback_epsilon` spent on the first τ that few units exceed (the
+        module's docstring), or nothing and the cap when `fallback_epsilon` is 0. With `effect_epsilon`, also
+        the units holding more than a bound below the cap (`units_over`), at that ε more."""
         shifted = self._shifted(truncated, rng)
         if self.resolves(shifted):
-            return min(self.margin_at(shifted) * self._best(shifted), self.taus[-1]), 0.0
-        if fallback_epsilon <= 0 or len(self.taus) < 2:
-            return self.taus[-1], 0.0
-        sparse = FirstBelowThreshold.calibrate(self.steps, fallback_epsilon)
-        index = sparse.first_below(self.units_above(truncated), 0.0, rng)
-        chosen = self.taus[-1] if index is None else min(FALLBACK_MARGIN * self.taus[index], self.taus[-1])
-        return chosen, sparse.epsilon
+            bound, spent = min(self.margin_at(shifted) * self._best(shifted), self.taus[-1]), 0.0
+        elif fallback_epsilon <= 0 or len(self.taus) < 2:
+            bound, spent = self.taus[-1], 0.0
+        else:
+            sparse = FirstBelowThreshold.calibrate(self.steps, fallback_epsilon)
+            index = sparse.first_below(self.units_above(truncated), 0.0, rng)
+            bound = self.taus[-1] if index is None else min(FALLBACK_MARGIN * self.taus[index], self.taus[-1])
+            spent = sparse.epsilon
+        if effect_epsilon <= 0 or bound >= self.taus[-1]:
+            return Decision(bound, spent)
+        over = self.units_over(truncated, bound, effect_epsilon, shifted[0] + self.shift(0), rng)
+        return Decision(bound, spent + over.epsilon, over)
+
+    def units_over(self, truncated: Sequence[float], bound: int, epsilon: float, units_read: float,
+                   rng: Randomness = SYSTEM_RANDOM) -> UnitsOver:
+        """The units holding more than `bound` (a τ of the race below the cap), counted fractionally up to the
+        next τ (`units_above`: sensitivity 1 per neighbouring step), released with Laplace noise at `epsilon`.
+        `units_read` is the race's released Q(1), already paid for."""
+        mechanism = LaplaceMechanism.calibrate(self.steps, epsilon, False)
+        units = mechanism.release(self.units_above(truncated)[self.taus.index(bound)], rng)
+        return UnitsOver(bound, units, mechanism.ci_halfwidth(), units_read, mechanism.epsilon)
 
     def units_above(self, truncated: Sequence[float]) -> list[float]:
         """For each τ but the last, the units holding more than τ, counted fractionally: (Q(τ') − Q(τ)) / (τ' − τ)
@@ -175,4 +213,4 @@ class RaceToTheTop:
         return self.taus[best]
 
 
-__all__ = ["FALLBACK_SHARE", "RaceToTheTop", "taus"]
+__all__ = ["EFFECT_SHARE", "FALLBACK_SHARE", "Decision", "RaceToTheTop", "UnitsOver", "taus"]
