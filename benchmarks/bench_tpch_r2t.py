@@ -25,10 +25,13 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import functools
+import re
 import statistics
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -46,6 +49,7 @@ from dpsql.session import Options
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "benchmarks" / "schemas" / "tpch_customer.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "tpch_r2t.md"
+SPARK_RESULTS = ROOT / "benchmarks" / "results" / "tpch_r2t_spark.md"
 CAP = 10**6  # R2T's global sensitivity bound: the most rows one unit may have
 EPSILONS = (0.8, 0.1)
 R2T = {"Q3": 0.25, "Q5": 1.63, "Q7": 0.61, "Q8": 1.92, "Q10": 0.17, "Q11": 1.82, "Q12": 0.023, "Q18": 0.13,
@@ -78,11 +82,17 @@ QUERIES = {  # name: (privacy unit, SQL), R2T's forms (the `ids` joins dropped w
     "Q21": ("customer", "SELECT COUNT(*) FROM nation, supplier, lineitem, orders WHERE s_suppkey = l_suppkey AND "
                         "o_orderkey = l_orderkey AND s_nationkey = n_nationkey"),
 }
+Run = Callable[[str], tuple[float, list[tuple]]]  # a statement's seconds and rows
 JOINT = ("Q5", "Q7", "Q8", "Q21")  # R2T protects customers and suppliers together here
 
 
 def schemas() -> dict[str, object]:
     """The privacy schemas of the three units, from the customer schema's tables, every bound the cap."""
+    return {unit: parse_schema(raw, f"tpch_r2t_{unit}") for unit, raw in raw_schemas().items()}
+
+
+def raw_schemas() -> dict[str, dict]:
+    """`schemas` as TOML tables."""
     base = tomllib.loads(BASE.read_text(encoding="utf-8"))
     base["privacy"]["rows_per_unit"] = "auto"
     base["tables"]["region"] = {"public": True, "columns": {"r_regionkey": {"type": "integer", "unique": True},
@@ -112,16 +122,16 @@ def schemas() -> dict[str, object]:
     supplier["tables"]["lineitem"]["unit_column"] = "l_suppkey"
     supplier["tables"]["partsupp"] = {"unit_column": "ps_suppkey", "max_rows_per_unit": CAP,
                                       "columns": {**partsupp, "ps_suppkey": {"type": "bigint"}}}
-    return {unit: parse_schema(raw, f"tpch_r2t_{unit}") for unit, raw in
-            (("customer", customer), ("order", order), ("supplier", supplier))}
+    return {"customer": customer, "order": order, "supplier": supplier}
 
 
-def measure(engine: Engine, conn: psycopg.Connection, sql: str, runs: int, epsilon: float, statements: dict) -> dict:
-    """The median relative error of `runs` answers at `epsilon`, and the bounds the race chose. `statements` keeps
-    each statement's rows and time (the same bounded statement serves every ε that chooses its bound)."""
+def measure(engine: Engine, run: Run, sql: str, runs: int, epsilon: float, statements: dict) -> dict:
+    """The median relative error of `runs` answers at `epsilon`, and the bounds the race chose. `run` gives a
+    statement's time and rows; `statements` keeps them (the same bounded statement serves every ε that chooses its
+    bound)."""
     def rows_of(statement: str) -> list[tuple]:
         if statement not in statements:
-            statements[statement] = _timed(conn, statement)
+            statements[statement] = run(statement)
         return statements[statement][1]
 
     prepared = engine.prepare(sql, epsilon=epsilon, options=Options(rows_per_unit="auto"))
@@ -147,19 +157,98 @@ def measure(engine: Engine, conn: psycopg.Connection, sql: str, runs: int, epsil
                                          *([] if read_from_race else [common]))}
 
 
-def timed(conn: psycopg.Connection, engine: Engine, statements: tuple, runs: int) -> tuple[float, float]:
-    """Milliseconds of the exact query (at the server's settings, as an analyst would run it) and of the statements
-    dpsql runs (through the engine's own backend session: its settings and each statement's work_mem), medians of
-    `runs` interleaved runs."""
+def timed(run: Run, engine: Engine, statements: tuple, runs: int) -> tuple[float, float]:
+    """Milliseconds of the exact query (`run`: at the server's settings, as an analyst would run it) and of the
+    statements dpsql runs (through the engine's own backend session: its settings and each statement's work_mem),
+    medians of `runs` interleaved runs."""
     exact, dpsql = [], []
     for _ in range(runs):
-        exact.append(_timed(conn, statements[0])[0])
+        exact.append(run(statements[0])[0])
         with engine.backend.session() as session:
             started = time.perf_counter()
             for statement, work_mem in statements[1:]:
                 session.run(statement, work_mem)
             dpsql.append(time.perf_counter() - started)
     return 1000 * statistics.median(exact), 1000 * statistics.median(dpsql)
+
+
+def spark_schema(unit: str, directory: Path):
+    """The unit's schema on Spark, its tables read from Parquet in `directory`. Spark verifies no key, so with the
+    customer as the unit a line item reaches it through its own l_custkey (its order's customer, written by
+    bench_tpch_spark's generator), not through orders' key."""
+    raw = raw_schemas()[unit]
+    for name, table in raw["tables"].items():
+        table["path"] = str(directory / f"{name}.parquet")
+    lineitem = raw["tables"]["lineitem"]
+    lineitem["columns"]["l_custkey"] = {"type": "bigint"}
+    if unit == "customer":
+        del lineitem["parent"]
+        lineitem["unit_column"] = "l_custkey"
+    return parse_schema(raw, f"tpch_r2t_{unit}_spark")
+
+
+def spark_sql(unit: str, sql: str) -> str:
+    """R2T's query; with the customer as the unit, each line item also tied to its order's customer (the same
+    rows), how it reaches the unit on Spark."""
+    if unit != "customer":
+        return sql
+    return re.sub(r"(l_orderkey = o_orderkey|o_orderkey = l_orderkey)", r"\1 AND l_custkey = o_custkey", sql)
+
+
+def on_spark(args: argparse.Namespace) -> int:
+    """R2T's queries on Spark local[2], from Parquet (generated as bench_tpch_spark.py does), one engine per unit."""
+    from bench_tpch_spark import generate
+
+    directory = Path(args.spark) / "sf1"
+    generate(1.0, directory)
+    ledger = EmbeddedPostgres()
+    ledger.start()
+    started, rows = time.perf_counter(), []
+    engines = {}
+    try:
+        for name in args.queries.split(","):
+            unit, sql = QUERIES[name]
+            if unit not in engines:
+                engines[unit] = Engine(Settings(database=f"spark://local[2]?spark.driver.memory={args.spark_memory}",
+                                                ledger=ledger.url, statement_timeout_ms=3_600_000),
+                                       spark_schema(unit, directory))
+            engine = engines[unit]
+            with engine.backend.session() as session:
+                def run(statement: str, session=session) -> tuple[float, list[tuple]]:
+                    began = time.perf_counter()
+                    found = session.run(statement)
+                    return time.perf_counter() - began, found
+
+                statements = {}
+                found = {epsilon: measure(engine, run, spark_sql(unit, sql), args.runs, epsilon, statements)
+                         for epsilon in EPSILONS}
+                exact_s, dpsql_s = (t / 1000 for t in timed(run, engine, found[EPSILONS[0]]["statements"],
+                                                             args.timing_runs))
+                cells = [name, unit]
+                for epsilon in EPSILONS:
+                    chosen = ", ".join(f"{b:,} ({n})" for b, n in sorted(found[epsilon]["bounds"].items()))
+                    cells += [f"{100 * found[epsilon]['error']:.3g}%", chosen]
+                cells += [f"{R2T[name]}%", f"{exact_s:.2f}", f"{dpsql_s:.2f}", f"{dpsql_s / exact_s:.2f}"]
+                rows.append("| " + " | ".join(cells) + " |")
+                print(rows[-1], file=sys.stderr)
+    finally:
+        for engine in engines.values():
+            engine.close()
+        ledger.stop()
+    text = "\n".join([
+        "# TPC-H SF1 on Spark local[2], R2T's queries, no declared per-unit bound", "",
+        f"`python benchmarks/bench_tpch_r2t.py --spark {args.spark} --runs {args.runs}` "
+        f"({time.perf_counter() - started:.0f} s, driver memory {args.spark_memory}): as on PostgreSQL "
+        "(benchmarks/results/tpch_r2t.md), with the data as Parquet; Spark verifies no key, so with the customer as "
+        "the unit each line item is tied to its customer by its own l_custkey, and with the supplier as the unit a "
+        "line item's partsupp row is not known to be unique (the race's cap is the product of the two tables' "
+        "caps); times are medians of "
+        f"{args.timing_runs} interleaved runs at ε = 0.8 of the exact query and of the engine's statements on Spark.",
+        "", "| query | unit | error ε = 0.8 | bounds | error ε = 0.1 | bounds | R2T ε = 0.8 | exact (s) | dpsql (s) | "
+        "ratio |", "|---|---|---:|---|---:|---|---:|---:|---:|---:|", *rows, ""])
+    print(text)
+    SPARK_RESULTS.write_text(text, encoding="utf-8")
+    return 0
 
 
 def main() -> int:
@@ -169,7 +258,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=25)
     parser.add_argument("--timing-runs", type=int, default=3)
     parser.add_argument("--queries", default=",".join(QUERIES))
+    parser.add_argument("--spark", metavar="DIR", help="run the customer queries on Spark, Parquet data in DIR")
+    parser.add_argument("--spark-memory", default="6g")
     args = parser.parse_args()
+    if args.spark:
+        return on_spark(args)
     url = args.database or EmbeddedPostgres(args.data_dir, keep=True).start()
     with psycopg.connect(url, autocommit=True) as pg:  # data loaded before tpch_load added them
         add_foreign_keys(pg)
@@ -182,9 +275,10 @@ def main() -> int:
             for name in args.queries.split(","):
                 unit, sql = QUERIES[name]
                 statements = {}
-                found = {epsilon: measure(engines[unit], conn, sql, args.runs, epsilon, statements)
+                run = functools.partial(_timed, conn)
+                found = {epsilon: measure(engines[unit], run, sql, args.runs, epsilon, statements)
                          for epsilon in EPSILONS}
-                exact_ms, dpsql_ms = timed(conn, engines[unit], found[EPSILONS[0]]["statements"], args.timing_runs)
+                exact_ms, dpsql_ms = timed(run, engines[unit], found[EPSILONS[0]]["statements"], args.timing_runs)
                 setting = f"{unit}" + (" (R2T: customers and suppliers)" if name in JOINT else "")
                 cells = [name, setting]
                 for epsilon in EPSILONS:

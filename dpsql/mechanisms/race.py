@@ -96,6 +96,7 @@ class UnitsOver:
 
 
 class Decision(NamedTuple):
+    """What `RaceToTheTop.decide` chose for the answer."""
     bound: int  # what the rewrite enforces for the answer
     spent: float  # the ε taken from the answer's (the fallback's choice, the units over the bound)
     over: UnitsOver | None = None
