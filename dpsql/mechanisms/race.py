@@ -40,7 +40,7 @@ post-processing of the released Q(1)). Measured with `benchmarks/bench_accuracy.
 Q(16) is 8.6% below Q(64)) went from 5.2%, 5.1% and 3.3% low with 36%, 85% and 75% coverage to within 1.2% with
 94-96% coverage, and their median errors from 7.7-8.6% to 2.9-7.3%. The price is twice the noise where the
 tail is light: TPC-H's customer queries at ε = 0.1 (ratios 9 and up, nothing lost at four times) went from
-0.05-0.08% to 0.12-0.22% median error, Q11 and Q20 at ε = 0.8 from 0.13% to 0.14-0.23%
+0.05-0.08% to 0.11-0.28% median error (two runs), Q11 and Q20 at ε = 0.8 from 0.13% to 0.12-0.23%
 (benchmarks/results/tpch_r2t.md). At 16 shifts and more (the demo at ε = 1: 53) nothing changes.
 
 Where the race cannot resolve the data, answering at the cap would cost noise thousands of times the answer
