@@ -172,6 +172,19 @@ def timed(run: Run, engine: Engine, statements: tuple, runs: int) -> tuple[float
     return 1000 * statistics.median(exact), 1000 * statistics.median(dpsql)
 
 
+def table_row(name: str, setting: str, found: dict, times: tuple[float, float], digits: int, lost: bool) -> str:
+    """One query's line of the results table: at each ε its error, the bounds chosen (and what the most chosen
+    loses), R2T's error, then the exact query's and dpsql's times and their ratio."""
+    cells = [name, setting]
+    for epsilon in EPSILONS:
+        chosen = ", ".join(f"{b:,} ({n})" for b, n in sorted(found[epsilon]["bounds"].items()))
+        cells += [f"{100 * found[epsilon]['error']:.3g}%", chosen,
+                  *([f"{100 * found[epsilon]['lost']:.2g}%"] if lost else [])]
+    exact, dpsql = times
+    cells += [f"{R2T[name]}%", f"{exact:.{digits}f}", f"{dpsql:.{digits}f}", f"{dpsql / exact:.2f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
 def spark_schema(unit: str, directory: Path):
     """The unit's schema on Spark, its tables read from Parquet in `directory`. Spark verifies no key, so with the
     customer as the unit a line item reaches it through its own l_custkey (its order's customer, written by
@@ -224,12 +237,7 @@ def on_spark(args: argparse.Namespace) -> int:
                          for epsilon in EPSILONS}
                 exact_s, dpsql_s = (t / 1000 for t in timed(run, engine, found[EPSILONS[0]]["statements"],
                                                              args.timing_runs))
-                cells = [name, unit]
-                for epsilon in EPSILONS:
-                    chosen = ", ".join(f"{b:,} ({n})" for b, n in sorted(found[epsilon]["bounds"].items()))
-                    cells += [f"{100 * found[epsilon]['error']:.3g}%", chosen]
-                cells += [f"{R2T[name]}%", f"{exact_s:.2f}", f"{dpsql_s:.2f}", f"{dpsql_s / exact_s:.2f}"]
-                rows.append("| " + " | ".join(cells) + " |")
+                rows.append(table_row(name, unit, found, (exact_s, dpsql_s), 2, lost=False))
                 print(rows[-1], file=sys.stderr)
     finally:
         for engine in engines.values():
@@ -280,12 +288,7 @@ def main() -> int:
                          for epsilon in EPSILONS}
                 exact_ms, dpsql_ms = timed(run, engines[unit], found[EPSILONS[0]]["statements"], args.timing_runs)
                 setting = f"{unit}" + (" (R2T: customers and suppliers)" if name in JOINT else "")
-                cells = [name, setting]
-                for epsilon in EPSILONS:
-                    chosen = ", ".join(f"{b:,} ({n})" for b, n in sorted(found[epsilon]["bounds"].items()))
-                    cells += [f"{100 * found[epsilon]['error']:.3g}%", chosen, f"{100 * found[epsilon]['lost']:.2g}%"]
-                cells += [f"{R2T[name]}%", f"{exact_ms:.0f}", f"{dpsql_ms:.0f}", f"{dpsql_ms / exact_ms:.2f}"]
-                rows.append("| " + " | ".join(cells) + " |")
+                rows.append(table_row(name, setting, found, (exact_ms, dpsql_ms), 0, lost=True))
                 print(rows[-1], file=sys.stderr)
     finally:
         for engine in engines.values():
