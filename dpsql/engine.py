@@ -446,7 +446,7 @@ class Engine:
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
         bounded = self._bounded_at(prepared, decision.bound, decision.spent)
-        note = describe_units_over(decision.over, "total" if prepared.race_totals else "rows")
+        note = describe_units_over(decision.over, prepared.race_totals)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0) -> Prepared:

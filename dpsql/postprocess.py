@@ -409,20 +409,20 @@ def describe_bounds_effect(effect: dict) -> list[str]:
 UNITS_OVER_WARNING = 0.01  # the share of the units read above which a chosen bound's loss is called out
 
 
-def describe_units_over(over: UnitsOver | None, bounded: str) -> str | None:
+def describe_units_over(over: UnitsOver | None, totals: bool) -> str | None:
     """What a bound chosen from the data leaves out (`RaceToTheTop.units_over`), for people: the released count of
-    units holding more than it (`bounded` their "rows" or their "total"), its 95% interval and share of the units
+    units holding more than it (their rows, or with `totals` their total), its 95% interval and share of the units
     read; a warning where even the interval's low end is over UNITS_OVER_WARNING of them."""
     if over is None:
         return None
     read = max(over.units_read, 1.0)
     low, high = max(0.0, over.units - over.halfwidth), max(0.0, over.units + over.halfwidth)
-    what = f"{over.bound:,} rows per unit" if bounded == "rows" else f"a total of {over.bound:,} per unit"
+    what = f"a total of {over.bound:,} per unit" if totals else f"{over.bound:,} rows per unit"
     text = (f"bounded at {what}, chosen from the data; about {max(0.0, over.units):,.0f} of the {read:,.0f} units "
             f"read hold more (95%: {low:,.0f} to {high:,.0f}, {100 * low / read:.2g}-{100 * high / read:.2g}%; "
             f"counted at ε = {over.epsilon:.2g} of the query's)")
     if low / read > UNITS_OVER_WARNING:
-        beyond = "rows beyond it" if bounded == "rows" else "totals beyond it"
+        beyond = "totals beyond it" if totals else "rows beyond it"
         text += (f"; at least {100 * low / read:.2g}% of the units lose their {beyond}, so the answer is low by "
                  "what they hold there: a larger ε lets the race see them and choose a larger bound")
     return text

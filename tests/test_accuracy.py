@@ -119,8 +119,8 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
                            options=Options(rows_per_unit="auto")).notes for _ in range(3)]
     told = [n for answer in notes for n in answer if "chosen from the data" in n]
     assert told and all("units read hold more (95%:" in n and "counted at ε = 0.04" in n for n in told), notes
-    quiet = describe_units_over(UnitsOver(64, 20.0, 60.0, 10_000.0, 0.04), "rows")
+    quiet = describe_units_over(UnitsOver(64, 20.0, 60.0, 10_000.0, 0.04), totals=False)
     assert quiet.startswith("bounded at 64 rows per unit") and "at least" not in quiet
-    loud = describe_units_over(UnitsOver(64, 400.0, 60.0, 10_000.0, 0.04), "total")
+    loud = describe_units_over(UnitsOver(64, 400.0, 60.0, 10_000.0, 0.04), totals=True)
     assert "at least 3.4% of the units lose their totals beyond it" in loud
-    assert describe_units_over(None, "rows") is None
+    assert describe_units_over(None, totals=False) is None

@@ -95,14 +95,16 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
         (measure,) = [m for m in plan.measures if m.kind == "sum"]  # an AVG's count beside it keeps its rows
         items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(measure.expr)} AS dpsql_value"]
         ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
-                "dpsql_counts AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_rows_of_unit, 1 AS dpsql_units "
-                "FROM dpsql_rows GROUP BY dpsql_unit)"]
+                "dpsql_counts AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_rows_of_unit FROM dpsql_rows "
+                "GROUP BY dpsql_unit)"]
+        weight = ""
     else:  # units with as many rows counted together: a handful of sizes instead of every unit, for each cap
         ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
                 "dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)",
                 "dpsql_counts AS (SELECT dpsql_rows_of_unit, COUNT(*) AS dpsql_units FROM dpsql_sizes "
                 "GROUP BY dpsql_rows_of_unit)"]
-    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)}) * dpsql_units), 0)" for c in caps)
+        weight = " * dpsql_units"
+    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)}){weight}), 0)" for c in caps)
     return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_counts"
 
 
