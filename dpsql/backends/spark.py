@@ -40,6 +40,8 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
   `tableoid` is the table's name and `ctid` is the row's text (each column as text, in a JSON array:
   unambiguous) with its copy number among identical rows. Identical rows are interchangeable, so which of them
   gets which copy number changes no answer, and adding a row adds one id.
+- Bands: PostgreSQL's `width_bucket(x, ARRAY[t1, ..., tn])` (how many thresholds are at most x; NULL for NULL)
+  has no Spark form; it becomes `CASE WHEN x IS NULL THEN NULL WHEN x < t1 THEN 0 ... ELSE n END`.
 - Text keys: the rewrite groups text keys bytewise (`COLLATE "C"`); Spark's strings already compare byte by
   byte, so the collation is dropped.
 
@@ -97,7 +99,7 @@ def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
     """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
     tree = _row_identities(sqlglot.parse_one(sql, read="postgres"), schema)
     tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
-        .transform(_bytewise).transform(_plain_numbers).transform(_finite).transform(_spark_patterns)
+        .transform(_bytewise).transform(_plain_numbers).transform(_finite).transform(_spark_patterns).transform(_bands)
     for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
         if node.name.lower() in STRICT_BOUNDS:
             node.replace(_strict_bounds(node))
@@ -213,6 +215,18 @@ def _spark_patterns(node: exp.Expression) -> exp.Expression:
         raise UnsupportedQuery("to_char's ISO week fields (IYYY, IW, ID) have no Spark datetime pattern",
                                "use EXTRACT(WEEK FROM ...) or date_trunc('week', ...) as the key")
     return node
+
+
+def _bands(node: exp.Expression) -> exp.Expression:
+    if not (isinstance(node, exp.WidthBucket) and node.args.get("threshold") is not None):
+        return node
+    thresholds = node.args["threshold"]
+    thresholds = thresholds.this if isinstance(thresholds, exp.Cast) else thresholds
+    value = node.this
+    ifs = [exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())]
+    ifs += [exp.If(this=exp.LT(this=value.copy(), expression=t.copy()), true=exp.Literal.number(band))
+            for band, t in enumerate(thresholds.expressions)]
+    return exp.Case(ifs=ifs, default=exp.Literal.number(len(thresholds.expressions)))
 
 
 def _finite(node: exp.Expression) -> exp.Expression:

@@ -88,23 +88,29 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     """One row: for each cap τ, Σ over units of min(the unit's rows, τ), over the query's joined rows (FROM, JOIN,
     WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). With `totals`,
     Σ over units of min(the unit's total of the plan's one sum, τ), the values clamped to their declared range
-    (non-negative), to choose the bound on a unit's total. One unit moves each value by at most τ. Rows are
-    counted per unit, then units per row count, so each τ sums over the few distinct counts (TPC-H Q12's 1.5
-    million orders have 7): 0.9 s instead of 1.3 s."""
+    (non-negative), to choose the bound on a unit's total. One unit moves each value by at most τ.
+
+    Each τ sums over a few rows, not over every unit: rows are counted per unit, then units per row count (TPC-H
+    Q12's 1.5 million orders have 7 counts: 0.9 s instead of 1.3 s); totals are banded between the caps
+    (`width_bucket`: band j holds the totals in [τ_j, τ_j+1)), and min(total, τ_i) is the band's sum below τ_i
+    and τ_i per unit from τ_i up (SUM(amount) of 70,000 people: 85 ms instead of 115 ms)."""
     if totals:
         (measure,) = [m for m in plan.measures if m.kind == "sum"]  # an AVG's count beside it keeps its rows
         items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(measure.expr)} AS dpsql_value"]
+        thresholds = ", ".join(str(int(c)) for c in caps)
         ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
-                "dpsql_counts AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_rows_of_unit FROM dpsql_rows "
-                "GROUP BY dpsql_unit)"]
-        weight = ""
-    else:  # units with as many rows counted together: a handful of sizes instead of every unit, for each cap
-        ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
-                "dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)",
-                "dpsql_counts AS (SELECT dpsql_rows_of_unit, COUNT(*) AS dpsql_units FROM dpsql_sizes "
-                "GROUP BY dpsql_rows_of_unit)"]
-        weight = " * dpsql_units"
-    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)}){weight}), 0)" for c in caps)
+                "dpsql_totals AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_total FROM dpsql_rows "
+                "GROUP BY dpsql_unit)",
+                f"dpsql_bands AS (SELECT width_bucket(dpsql_total, ARRAY[{thresholds}]) AS dpsql_band, "
+                "SUM(dpsql_total) AS dpsql_sum, COUNT(*) AS dpsql_units FROM dpsql_totals GROUP BY 1)"]
+        sums = ", ".join(f"COALESCE(SUM(CASE WHEN dpsql_band < {band} THEN dpsql_sum ELSE {int(c)} * dpsql_units "
+                         "END), 0)" for band, c in enumerate(caps, start=1))
+        return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_bands"
+    ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
+            "dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)",
+            "dpsql_counts AS (SELECT dpsql_rows_of_unit, COUNT(*) AS dpsql_units FROM dpsql_sizes "
+            "GROUP BY dpsql_rows_of_unit)"]
+    sums = ", ".join(f"COALESCE(SUM(LEAST(dpsql_rows_of_unit, {int(c)}) * dpsql_units), 0)" for c in caps)
     return f"WITH {', '.join(ctes)} SELECT {sums} FROM dpsql_counts"
 
 
