@@ -208,6 +208,7 @@ class Engine:
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
         self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
+        self._variants: OrderedDict[tuple, tuple[CheckedQuery, Any]] = OrderedDict()  # `_remembered`
         self._plans_lock = threading.Lock()
 
     def close(self) -> None:
@@ -235,8 +236,9 @@ class Engine:
                                         ).encode()).hexdigest()
         race_sql, race_answers = None, False
         if race is not None:
-            race_sql = contributions(totals or plan, self._hash_seed, race.taus, totals is not None)
-            self.backend.check(race_sql)
+            race_sql = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None),
+                                        lambda: self._checked(contributions(totals or plan, self._hash_seed,
+                                                                            race.taus, totals is not None)))
             race_answers = answered_by_contributions(totals or plan, totals is not None)
             chosen = (f"each unit's total of {_total_of(totals).label} over all groups: chosen at query time from "
                       f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
@@ -285,7 +287,7 @@ class Engine:
                 evaluate(expr, known)
         rewritten = rewrite(plan, self._hash_seed)
         for statement in [rewritten.sql, *rewritten.histograms.values()]:
-            self.backend.check(statement)  # a statement the backend cannot run is refused before any charge
+            self._checked(statement)
         unit_column = _unit_column(plan)
         if unit_column is not None and self._indexed is not None and unit_column not in self._indexed:
             # no index to read the units in order: PostgreSQL hashes them, in memory rather than on disk
@@ -431,9 +433,32 @@ class Engine:
         if not _raceable(plan, options) or not plan.aggregates or not all(
                 a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in plan.aggregates):
             return None
-        totals = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
-                         self._not_null, None, self._time_zone, math.inf, self._unique_sets)  # the race reads it
+        totals = self._remembered(query, ("totals", options.min_frequency), lambda: analyze(
+            query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
+            self._not_null, None, self._time_zone, math.inf, self._unique_sets))  # the race reads it
         return totals if _bounds_totals(totals) else None
+
+    def _checked(self, statement: str) -> str:
+        self.backend.check(statement)  # a statement the backend cannot run is refused before any charge
+        return statement
+
+    def _remembered(self, query: CheckedQuery, variant: tuple, make: Callable[[], Any]) -> Any:
+        """`make()`: an ε-independent stage of `query` that the race needs on every run (its totals plan, the
+        plan at the bound it chose, one of a few caps), remembered for the query object that `_plan` keeps per
+        SQL text. The entry holds the query itself, so an id reused by another object never matches."""
+        key = (id(query), *variant)
+        with self._plans_lock:
+            entry = self._variants.get(key)
+            if entry is not None and entry[0] is query:
+                self._variants.move_to_end(key)
+                return entry[1]
+        value = make()
+        if not query.timed:  # the clock was read: the same text is another query a moment later
+            with self._plans_lock:
+                self._variants[key] = (query, value)
+                if len(self._variants) > PLAN_CACHE_SIZE:
+                    self._variants.popitem(last=False)
+        return value
 
     def bounded_by_race(self, prepared: Prepared, truncated: Sequence[float]) -> tuple[Prepared, list[tuple] | None]:
         """The race's choice from its exact values (`truncated`, one per τ; its noise is drawn here): the query
@@ -460,7 +485,9 @@ class Engine:
             plan, rewritten = prepared.plan, prepared.rewritten
         else:
             rows, total = (None, bound) if prepared.race_totals else (bound, None)
-            plan, rewritten = self._analysed(prepared.query, prepared.options.min_frequency, rows, total)
+            plan, rewritten = self._remembered(prepared.query, ("bounded", prepared.options.min_frequency, rows, total),
+                                               lambda: self._analysed(prepared.query, prepared.options.min_frequency,
+                                                                      rows, total))
         calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
             plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
             prepared.options.histogram)
