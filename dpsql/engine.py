@@ -137,13 +137,16 @@ class Prepared:
     race_sql: str | None = None  # what the race reads: the truncated row counts for each of its caps
     race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
     race_answers: bool = False  # the race's values are the answer's exact value at each bound it may choose
+    rows_race: RaceToTheTop | None = None  # beside a totals race: the rows per unit of the counts beside the sum
     bound_note: str | None = None  # how many units hold more than the bound the race chose (`bounded_by_race`)
 
     @property
     def cost(self) -> Cost:
         """What answering costs: the answer's mechanisms and, with rows per unit chosen from the data, the race."""
         cost = self.calibration.cost if self.calibration is not None else NO_COST
-        return cost + Cost.pure(self.race.epsilon) if self.race is not None else cost
+        for race in (self.race, self.rows_race):
+            cost = cost + Cost.pure(race.epsilon) if race is not None else cost
+        return cost
 
     @property
     def outputs(self) -> list[Output]:
@@ -224,8 +227,15 @@ class Engine:
         if isinstance(plan, LocalQuery | PublishedQuery):
             return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
         totals = self._totals_plan(query, plan, options)
-        race = _race(totals or plan, options)
-        epsilon = options.epsilon - (race.epsilon if race is not None else 0.0)
+        # the counts beside the sum, and partition selection (the groups a unit reaches), need its rows bounded too:
+        # raced in the same pass, at half the race's share
+        counted = totals is not None and totals.rows_per_unit > 1 and (
+            totals.partition_selection or any(m.kind == "count" for m in totals.measures))
+        share = RACE_SHARE / 2 if counted else RACE_SHARE
+        race = _race(totals or plan, options, share)
+        rows_race = RaceToTheTop.calibrate(totals.rows_per_unit, options.epsilon * share, race.steps) \
+            if counted and race is not None else None
+        epsilon = options.epsilon - sum(r.epsilon for r in (race, rows_race) if r is not None)
         calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
         key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
@@ -236,9 +246,11 @@ class Engine:
                                         ).encode()).hexdigest()
         race_sql, race_answers = None, False
         if race is not None:
-            race_sql = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None),
+            rows_caps = rows_race.taus if rows_race is not None else ()
+            race_sql = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None,
+                                                rows_caps),
                                         lambda: self._checked(contributions(totals or plan, self._hash_seed,
-                                                                            race.taus, totals is not None)))
+                                                                            race.taus, totals is not None, rows_caps)))
             race_answers = answered_by_contributions(totals or plan, totals is not None)
             chosen = (f"each unit's total of {_total_of(totals).label} over all groups: chosen at query time from "
                       f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
@@ -249,11 +261,16 @@ class Engine:
                 read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
                          f"the bound instead (sparse vector); below the cap, {EFFECT_SHARE:.0%} of it counts the "
                          "units that hold more than the chosen bound, shown with the answer")
+            beside = "" if rows_race is None else (
+                f"; the rows per unit of the counts beside it: chosen in the same pass below the declared "
+                f"{totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
+                f"ε = {rows_race.epsilon:.4g})")
             plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
                 f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
-                f"query's {options.epsilon:g}){read}; the plan shown is the declared bound's")])
+                f"query's {options.epsilon:g}){beside}{read}; the plan shown is the declared bound's")])
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size, race=race,
-                        race_sql=race_sql, race_totals=totals is not None, race_answers=race_answers)
+                        race_sql=race_sql, race_totals=totals is not None, race_answers=race_answers,
+                        rows_race=rows_race)
 
     def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery |
                                                                          PublishedQuery, Rewritten | None]:
@@ -430,8 +447,9 @@ class Engine:
         """With rows per unit chosen from the data, the plan whose race bounds each unit's total of the query's one
         sum instead of its rows (`_bounds_totals`): analysed with that total unbounded, which shapes an AVG as a
         plain sum over a count. None where the query is not of that kind."""
-        if not _raceable(plan, options) or not plan.aggregates or not all(
-                a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in plan.aggregates):
+        sums = [a for a in plan.aggregates if a.kind != "count"]  # COUNT(*) and COUNT(x) beside: rows raced too
+        if not _raceable(plan, options) or not sums or not all(
+                a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in sums):
             return None
         totals = self._remembered(query, ("totals", options.min_frequency), lambda: analyze(
             query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
@@ -464,34 +482,43 @@ class Engine:
         """The race's choice from its exact values (`truncated`, one per τ; its noise is drawn here): the query
         prepared at the chosen bound, and the rows of its statistics where they are the race's own value at that
         bound (`race_answers`), else None (its statement runs)."""
-        race = prepared.race
+        race, rows_race = prepared.race, prepared.rows_race
+        truncated, rows_truncated = truncated[:len(race.taus)], truncated[len(race.taus):]
         decision = race.decide(truncated, _lent(prepared.calibration, FALLBACK_SHARE),
                                effect_epsilon=_lent(prepared.calibration, EFFECT_SHARE))
         rows = None
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
-        bounded = self._bounded_at(prepared, decision.bound, decision.spent)
+        # the counts' rows lend the answer no ε: where their race cannot resolve the data, the declared bound
+        rows_bound = rows_race.decide(rows_truncated, 0.0).bound if rows_race is not None else None
+        bounded = self._bounded_at(prepared, decision.bound, decision.spent, rows_bound)
         note = describe_units_over(decision.over, prepared.race_totals)
         return replace(bounded, bound_note=note), rows
 
-    def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0) -> Prepared:
+    def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None
+                    ) -> Prepared:
         """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
         race's choice): analysed, rewritten and calibrated again at the ε the answer keeps, less `spent` where
         the choice took some of it (`RaceToTheTop.decide`); its cost is unchanged (it was charged). At the race's
         cap the declared plan stands as prepared: analysed again, a per-unit bound chosen from the data would lift
-        max_groups_per_unit."""
+        max_groups_per_unit. `rows_bound`: beside a bound on each unit's total, the rows per unit of the counts
+        beside the sum (`Prepared.rows_race`), enforced on the same kept rows."""
         epsilon = prepared.calibration.epsilon - spent
-        if bound >= prepared.race.taus[-1]:
+        below = bound < prepared.race.taus[-1]
+        rows, total = (None, bound if below else None) if prepared.race_totals else (bound if below else None, None)
+        if rows_bound is not None and rows_bound < prepared.rows_race.taus[-1]:
+            rows = rows_bound  # the counts beside a sum whose totals are bounded: their own race's rows per unit
+        if rows is None and total is None:
             plan, rewritten = prepared.plan, prepared.rewritten
         else:
-            rows, total = (None, bound) if prepared.race_totals else (bound, None)
             plan, rewritten = self._remembered(prepared.query, ("bounded", prepared.options.min_frequency, rows, total),
                                                lambda: self._analysed(prepared.query, prepared.options.min_frequency,
                                                                       rows, total))
         calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
             plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
             prepared.options.histogram)
-        return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None, race_sql=None)
+        return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None, race_sql=None,
+                       rows_race=None)
 
     def release(self, analyst: str, kind: str, queries: list[str], cost: Cost,
                 mechanism: Callable[[list[Statistic]], dict], parameters: dict[str, Any]) -> Released:
@@ -619,7 +646,7 @@ def _backend(settings: Settings, schema: PrivacySchema) -> PostgresBackend | Spa
 RACE_SHARE = 0.2  # of a query's ε, spent choosing its rows per unit when asked to (dpsql.rows_per_unit = auto)
 
 
-def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
+def _race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceToTheTop | None:
     """R2T's race for the rows per unit of `plan`, when the options ask for it and the plan bounds a unit's rows
     (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
     declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
@@ -631,11 +658,11 @@ def _race(plan: Plan, options: Options) -> RaceToTheTop | None:
     steps = 2 if plan.neighbouring == "replace" else 1
     if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
         cap = math.ceil(_total_of(plan).unit_range[1])
-        return RaceToTheTop.calibrate(cap, options.epsilon * RACE_SHARE, steps, integer_valued=False,
+        return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
                                       margin=TOTALS_MARGIN)
     if plan.rows_per_unit <= 1:
         return None
-    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * RACE_SHARE, steps)
+    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps)
 
 
 def _lent(calibration: Calibration, share: float) -> float:
@@ -658,14 +685,16 @@ TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answe
 
 def _bounds_totals(plan: Plan) -> bool:
     """Whether the race bounds each unit's total of the query's sum rather than its rows: SUMs and AVGs of one
-    non-negative value (one sum measure, beside the AVG's count), no partition selection, top-k or quantile.
+    non-negative value (one sum measure, beside counts), no top-k or quantile.
     A unit's total is what moves the sum; its rows bound it only through their number times the largest value,
     which for a heavy-tailed value is far above what most units hold (a visit's amount is declared up to
-    5,000, a heavy user's year totals a few thousand). An AVG's count keeps the declared rows per unit."""
+    5,000, a heavy user's year totals a few thousand). The counts beside it (an AVG's, a COUNT(*)) and partition
+    selection (the groups a unit reaches) get the rows per unit of a race of their own in the same pass
+    (`Prepared.rows_race`), enforced on the rows the sum keeps."""
     sums = [m for m in plan.measures if m.kind == "sum"]
     return (plan.unit_total is not None and len(sums) == 1 and sums[0].centre == 0 and sums[0].row_range.lo >= 0
             and all(m.kind == "count" for m in plan.measures if m.kind != "sum")
-            and not plan.histograms and not plan.top_k and not plan.partition_selection and sums[0].unit_range[1] >= 1)
+            and not plan.histograms and not plan.top_k and sums[0].unit_range[1] >= 1)
 
 
 def _total_of(plan: Plan) -> Measure:

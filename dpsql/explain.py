@@ -103,11 +103,14 @@ def explain_text(prepared: Prepared) -> str:
     total = prepared.cost  # the answer's mechanisms, and the race where rows per unit are chosen from the data
     lines.append(f"Cost: ε = {total.epsilon:.6g}, δ = {total.delta:.3g} (zCDP: ρ = {total.rho:.6g}"
                  + (f" beside δ = {total.approx_delta:.3g})" if total.approx_delta else ")"))
-    if prepared.race is not None:
-        race, bounded = prepared.race, ("each unit's total of the sum" if prepared.race_totals else "rows per unit")
+    races = [(prepared.race, "each unit's total of the sum" if prepared.race_totals else "rows per unit",
+              "sum" if prepared.race_totals else "count"), (prepared.rows_race, "rows per unit of the counts", "count")]
+    for race, bounded, truncated in races:
+        if race is None:
+            continue
         lines.append(f"Bound on {bounded} (dpsql.rows_per_unit = auto): R2T's race over τ = "
                      f"{', '.join(map(str, race.taus))}, ε = {race.epsilon:.6g} of the cost, each truncated "
-                     f"{'sum' if prepared.race_totals else 'count'} at its share with sensitivity τ; the answer keeps "
+                     f"{truncated} at its share with sensitivity τ; the answer keeps "
                      f"{race.margin} times the chosen τ (twice that where the race resolves the data coarsely), and "
                      "its noise above is for the declared bound (the chosen one is smaller)")
     bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
@@ -133,7 +136,8 @@ def explain_text(prepared: Prepared) -> str:
     if bounds is not None and prepared.options.bounds_epsilon:
         lines.append(f"  bounds' effect: {bounds.sql}")
     if prepared.race is not None:
-        lines.append(f"  the race's truncated counts (first): {prepared.race_sql}")
+        values = "sums, then counts" if prepared.rows_race is not None else "counts"
+        lines.append(f"  the race's truncated {values} (first): {prepared.race_sql}")
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ QUESTIONS = {
     "visits by category": "SELECT category, COUNT(*) FROM visits GROUP BY category",
     "SUM(amount) by quarter": "SELECT date_trunc('quarter', day), SUM(amount) FROM visits GROUP BY 1",
     "AVG(amount)": "SELECT AVG(amount) FROM visits",
+    "AVG(amount) by category": "SELECT category, AVG(amount) FROM visits GROUP BY category",
     "SUM(amount)": "SELECT SUM(amount) FROM visits",
     "lab and dental": "SELECT category, COUNT(*) FROM visits WHERE category IN ('lab', 'dental') GROUP BY category",
     "people by state": "SELECT state, COUNT(*) FROM people GROUP BY state",

@@ -659,7 +659,8 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
             report.violations += [f"{where} (rows per unit auto): {v}"
                                   for v in race_violations(auto, base, neighbours)]
             tau = rows_rng.choice(auto.race.taus)
-            bounded = engine._bounded_at(auto, tau)  # as the engine answers it
+            rows_tau = rows_rng.choice(auto.rows_race.taus) if auto.rows_race is not None else None
+            bounded = engine._bounded_at(auto, tau, 0.0, rows_tau)  # as the engine answers it
             exact = run_exact(bounded, base)
             report.violations += [f"{where} (at {bounded.plan.rows_per_unit} rows per unit): {v}" for v in
                                   _neighbour_violations(bounded, exact, base, neighbours, report)]
@@ -698,17 +699,23 @@ def race_violations(prepared: Prepared, base: PostgresBackend, neighbours: dict[
     sums of floats up to the rounding of their summation order, which the grid the race releases them on covers),
     and each count of the units above a τ that its fallback compares by at most 1 (2)."""
     steps = 2 if prepared.plan.neighbouring == "replace" else 1
+    races = [race for race in (prepared.race, prepared.rows_race) if race is not None]  # their values, in order
+    taus = [tau for race in races for tau in race.taus]
     before = [float(v) for v in base.execute(prepared.race_sql)[0]]
     found = []
     for name, backend in neighbours.items():
         after = [float(v) for v in backend.execute(prepared.race_sql)[0]]
         moves = [abs(a - b) for a, b in zip(before, after, strict=True)]
         slack = [1e-12 * max(1.0, abs(a), abs(b)) for a, b in zip(before, after, strict=True)]
-        if any(move > steps * tau + s for move, tau, s in zip(moves, prepared.race.taus, slack, strict=True)):
-            found.append(f"neighbour {name}: the race's counts moved {moves} (each at most {prepared.race.taus})")
+        if any(move > steps * tau + s for move, tau, s in zip(moves, taus, slack, strict=True)):
+            found.append(f"neighbour {name}: the race's counts moved {moves} (each at most {taus})")
         # the sparse vector fallback compares the units above each τ, each of sensitivity `steps`
-        above = [abs(a - b) for a, b in zip(prepared.race.units_above(before), prepared.race.units_above(after),
-                                            strict=True)]
-        if any(move > steps + 1e-12 * max(1.0, *map(abs, before)) for move in above):
-            found.append(f"neighbour {name}: the units above each τ moved {above} (each at most {steps})")
+        start = 0
+        for race in races:
+            end = start + len(race.taus)
+            above = [abs(a - b) for a, b in zip(race.units_above(before[start:end]), race.units_above(after[start:end]),
+                                                strict=True)]
+            if any(move > steps + 1e-12 * max(1.0, *map(abs, before)) for move in above):
+                found.append(f"neighbour {name}: the units above each τ moved {above} (each at most {steps})")
+            start = end
     return found

@@ -396,11 +396,12 @@ def test_the_race_releases_each_truncated_count_at_its_share_and_picks_the_large
 def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_url, neighbour_url):
     """What the race reads, on the demo data and on its neighbour with one person of 5,000 visits: Σ min(c_u, τ)
     moves by at most τ for every τ (the sensitivity its mechanisms are calibrated to), c_u a unit's rows or, for
-    a query of sums, its total."""
+    a query of sums, its total (and then, for the counts beside the sum, its rows: a second race, same row)."""
     from dpsql.session import Options
 
     for sql in ["SELECT COUNT(*) FROM visits", "SELECT category, SUM(amount) FROM visits GROUP BY category",
                 "SELECT SUM(amount) FROM visits", "SELECT category, AVG(amount), SUM(amount) FROM visits GROUP BY 1",
+                "SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category",
                 "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE p.age > 30",
                 "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits",
                 "SELECT category, COUNT(*) FROM visits GROUP BY category ORDER BY COUNT(*) DESC LIMIT 2"]:
@@ -413,9 +414,12 @@ def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_
             with psycopg.connect(url) as conn:
                 values[side] = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
         moves = [abs(a - b) for a, b in zip(values["base"], values["neighbour"], strict=True)]
+        taus = prepared.race.taus + (prepared.rows_race.taus if prepared.rows_race is not None else ())
+        assert (prepared.rows_race is not None) == ("AVG" in sql), sql  # an AVG's count races its rows
         # (sums of floats: the summation order may differ by 1e-10; the grid's rounding slack covers it)
-        assert all(move <= tau * (1 + 1e-9) for move, tau in zip(moves, prepared.race.taus, strict=True)), (sql, moves)
-        assert moves[-1] == pytest.approx(prepared.race.taus[-1])  # the extreme person reaches every cap
+        assert all(move <= tau * (1 + 1e-9) for move, tau in zip(moves, taus, strict=True)), (sql, moves)
+        assert moves[len(prepared.race.taus) - 1] == pytest.approx(prepared.race.taus[-1])  # the extreme person
+        assert moves[-1] == pytest.approx(taus[-1])  # reaches every cap
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits",
@@ -456,21 +460,26 @@ def test_other_answers_under_the_race_run_their_own_statement(engine, sql):
 
 @pytest.mark.parametrize("sql", ["SELECT category, SUM(amount) FROM visits GROUP BY category",
                                  "SELECT date_trunc('month', day), SUM(amount), AVG(amount) FROM visits GROUP BY 1",
-                                 "SELECT SUM(amount) FROM visits WHERE category = 'lab'"])
+                                 "SELECT SUM(amount) FROM visits WHERE category = 'lab'",
+                                 "SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category"])
 def test_a_units_total_bounded_from_the_data_moves_every_group_together_by_at_most_the_bound(
         engine, base_url, neighbour_url, sql):
     """A query of sums answered with each unit's total bounded by τ (the race's choice): its per-group sums are
     scaled down together, so the neighbour's extra person (5,000 visits at the top of every range) moves all of
-    a sum's groups by at most τ in L1, the sensitivity its mechanism is calibrated to; an AVG's count keeps its
-    declared rows."""
+    a sum's groups by at most τ in L1, the sensitivity its mechanism is calibrated to; the counts beside it
+    (an AVG's) keep at most the rows per unit their own race chose, over all groups together."""
     from dpsql.session import Options
 
     prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
-    assert prepared.race_totals
-    for bound in (64, 1024, 8192):
-        bounded = engine._bounded_at(prepared, bound)
+    assert prepared.race_totals and (prepared.rows_race is not None) == ("AVG" in sql)
+    # a bound of 1 against sums in the millions: every row is added once, so no cancellation blurs it
+    for bound, rows in ((1, 2), (64, 2), (1024, 8), (8192, None)):
+        bounded = engine._bounded_at(prepared, bound, 0.0, rows if prepared.rows_race is not None else None)
         (total,) = [m for m in bounded.plan.measures if m.kind == "sum"]
         assert bounded.plan.unit_total == bound and total.sensitivity == bound and total.l2_sensitivity == bound
+        counts = [m for m in bounded.plan.measures if m.kind == "count"]
+        assert all(m.sensitivity == (rows or bounded.plan.rows_per_unit) for m in counts)
+        assert prepared.rows_race is None or rows is None or bounded.plan.rows_per_unit == rows
         keys = len(bounded.plan.group_keys)
         answers = {}
         for side, url in (("base", base_url), ("neighbour", neighbour_url)):

@@ -41,10 +41,12 @@ def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
                      bounds.effect(plan, hash_seed))
 
 
-def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False) -> str:
+def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False,
+                  rows_caps: tuple[int, ...] = ()) -> str:
     """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage), or
-    with `totals` the bound on each unit's total of its one sum."""
-    return per_unit.contributions(plan, hash_seed, caps, totals)
+    with `totals` the bound on each unit's total of its one sum (and with `rows_caps`, in the same row, the rows
+    per unit of the counts beside it)."""
+    return per_unit.contributions(plan, hash_seed, caps, totals, rows_caps)
 
 
 def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:

@@ -47,18 +47,20 @@ def within_rows_per_unit(columns: list[str], k: int, seed: int) -> list[str]:
             f"WHERE dpsql_rank <= {int(k)})"]
 
 
-def ranked_rows_of_over(columns: list[str], k: int, seed: int, distinct: bool = False) -> list[str]:
+def ranked_rows_of_over(columns: list[str], k: int, seed: int, distinct: bool = False,
+                        heavier: str | None = None) -> list[str]:
     """CTEs over `dpsql_rows` ending in `dpsql_ranked`: the rows of the units with more than k rows, each with
     its `dpsql_rank` by the keyed hash that `within_rows_per_unit` cuts at, for statistics that correct the
     aggregate over all rows by those units' rows alone. `distinct`: their distinct rows are ranked (a unit then
-    keeps k distinct rows; only a unit with more than k rows can have more than k distinct ones)."""
-    return [_over(k), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed, distinct)})"]
+    keeps k distinct rows; only a unit with more than k rows can have more than k distinct ones). `heavier`:
+    a condition on a unit's rows (`SUM(m1) > 500`) that also makes its rows ranked (its total to be bounded)."""
+    return [_over(k, heavier), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed, distinct)})"]
 
 
-def _over(k: int) -> str:
+def _over(k: int, heavier: str | None = None) -> str:
     # MATERIALIZED: the few units over k are found once and read by every branch (inlined, each would group again)
     return (f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit "
-            f"HAVING COUNT(*) > {int(k)})")
+            f"HAVING COUNT(*) > {int(k)}{f' OR {heavier}' if heavier else ''})")
 
 
 def _ranked_rows_of_over(columns: list[str], seed: int, distinct: bool = False) -> str:
