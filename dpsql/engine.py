@@ -262,8 +262,8 @@ class Engine:
                          f"the bound instead (sparse vector); below the cap, {EFFECT_SHARE:.0%} of it counts the "
                          "units that hold more than the chosen bound, shown with the answer")
             beside = "" if rows_race is None else (
-                f"; the rows per unit of the counts beside it: chosen in the same pass below the declared "
-                f"{totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
+                f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
+                f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
                 f"ε = {rows_race.epsilon:.4g})")
             plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
                 f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "

@@ -104,7 +104,8 @@ def explain_text(prepared: Prepared) -> str:
     lines.append(f"Cost: ε = {total.epsilon:.6g}, δ = {total.delta:.3g} (zCDP: ρ = {total.rho:.6g}"
                  + (f" beside δ = {total.approx_delta:.3g})" if total.approx_delta else ")"))
     races = [(prepared.race, "each unit's total of the sum" if prepared.race_totals else "rows per unit",
-              "sum" if prepared.race_totals else "count"), (prepared.rows_race, "rows per unit of the counts", "count")]
+              "sum" if prepared.race_totals else "count"),
+             (prepared.rows_race, "rows per unit (the counts beside the sum, the groups a unit reaches)", "count")]
     for race, bounded, truncated in races:
         if race is None:
             continue

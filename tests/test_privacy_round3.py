@@ -494,6 +494,25 @@ def test_a_units_total_bounded_from_the_data_moves_every_group_together_by_at_mo
             assert float(answers["neighbour"][()][0]) - float(answers["base"][()][0]) == pytest.approx(bound)
 
 
+def test_counts_beside_a_bounded_sum_race_their_rows_within_the_charge(engine):
+    """COUNT(*) and an AVG's count beside a sum whose totals are raced get a race over each unit's rows in the same
+    statement, at half the race's share each: the two races and the answer together cost the query's ε, and
+    explain shows both."""
+    from dpsql.explain import explain_text
+    from dpsql.session import Options
+
+    prepared = engine.prepare("SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category", epsilon=1.0,
+                              options=Options(rows_per_unit="auto"))
+    assert prepared.race_totals and prepared.rows_race is not None
+    assert prepared.race.epsilon == pytest.approx(0.1) and prepared.rows_race.epsilon == pytest.approx(0.1)
+    assert prepared.cost.epsilon == pytest.approx(1.0)
+    text = explain_text(prepared)
+    assert "Bound on each unit's total of the sum" in text and "Bound on rows per unit (the counts beside" in text
+    alone = engine.prepare("SELECT category, SUM(amount) FROM visits GROUP BY category", epsilon=1.0,
+                           options=Options(rows_per_unit="auto"))
+    assert alone.rows_race is None and alone.race.epsilon == pytest.approx(0.2)  # nothing beside the sum
+
+
 def test_an_ungrouped_count_of_units_runs_no_race(engine):
     """Each unit adds at most 1 to COUNT(DISTINCT unit) whatever its rows: no bound to choose, the whole ε answers;
     grouped, a unit's rows bound how many groups it reaches, and the race runs."""

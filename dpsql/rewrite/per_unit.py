@@ -176,7 +176,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     values weighed by min(1, bound / their kept total), so a unit's sums over all groups add up to at most the
     bound. The values are non-negative, so a unit's sum in one group is at most its total and needs no clamp of
     its own. No aggregate per (unit, group), sort or window over every unit (the scaled form, `_scaled_to_total`,
-    took 540 ms against 190 ms for visits by category at 100,000 people), and every row is added once: an
+    took 540 ms against 170 ms for visits by category at 100,000 people), and every row is added once: an
     aggregate over all rows less the heavy units' rows would lose the bound's precision to the cancellation
     of sums far larger than it (the neighbour fuzzer's heavy person moved a sum bounded at 1 by more than 1)."""
     keys = [k.name for k in plan.group_keys]
