@@ -170,6 +170,14 @@ state = { type = "text", domain = ["East", "West"] }
 score = { type = "double precision", lower = -5, upper = 5 }
 code = "text"
 visits = { type = "integer", lower = 0, upper = 10 }
+
+[tables.trips]
+unit_column = "person_id"
+max_rows_per_unit = 20
+[tables.trips.columns]
+person_id = "bigint"
+kind = { type = "text", domain = ["bus", "car"] }
+fare = { type = "double precision", lower = 0, upper = 100 }
 """
 PEOPLE = 400
 ADDED = (0, "5.00", "West", -0.02, "a  ", 3)  # the neighbour's person: numbered and stored before everyone
@@ -190,13 +198,21 @@ def build_world(admin_url: str, url_for: Callable[[str], str], prefix: str = "dp
 
 def _load(url: str, first: tuple | None) -> None:
     """PEOPLE people whose balance is 5.0, score about 0.02 and code 'a' (a bpchar column: equality ignores
-    trailing spaces); the neighbour has `first` before them."""
+    trailing spaces), with up to 5 trips each; the neighbour has `first` before them, with 20 trips at the top
+    fare."""
     rows = [(i, "5.0", "West" if i % 3 else "East", 0.02 + (i % 3) / 100, "a", i % 11) for i in range(1, PEOPLE + 1)]
     with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY, balance numeric, state text, "
                     "score double precision, code bpchar, visits integer)")
         cur.executemany("INSERT INTO people VALUES (%s, %s::numeric, %s, %s, %s, %s)",
                         ([first] if first else []) + rows)
+        # each person's trips (0 to 5, fares up to 30): the neighbour's person takes the cap, 20 at the top fare
+        trips = [(i, "bus" if (i + j) % 3 else "car", float((i * 7 + j) % 31)) for i in range(1, PEOPLE + 1)
+                 for j in range(i % 6)]
+        trips = ([(first[0], "car", 100.0)] * 20 if first else []) + trips
+        cur.execute("CREATE TABLE trips (person_id bigint NOT NULL REFERENCES people, kind text, "
+                    "fare double precision)")
+        cur.executemany("INSERT INTO trips VALUES (%s, %s, %s)", trips)
         cur.execute("ANALYZE")
 
 
@@ -227,8 +243,11 @@ def engine_door(engines: dict[str, Any], ask: Callable[[Any, str], Output]) -> C
     return lambda side: ask(engines[side], new_analyst(engines[side]))
 
 
-def query(sql: str, epsilon: float = 1.0) -> Callable[[Any, str], Output]:
-    return lambda engine, analyst: as_text(engine.query(sql, analyst=analyst, epsilon=epsilon).rows)
+def query(sql: str, epsilon: float = 1.0, rows_per_unit: str | None = None) -> Callable[[Any, str], Output]:
+    from dpsql.session import Options
+
+    options = Options(rows_per_unit=rows_per_unit) if rows_per_unit else None
+    return lambda engine, analyst: as_text(engine.query(sql, analyst=analyst, epsilon=epsilon, options=options).rows)
 
 
 @contextlib.contextmanager
@@ -349,4 +368,7 @@ QUERY_CLASSES = [
     QueryClass("decision tree", release("tree"), 3),
     QueryClass("density (Gaussian process)", release("density"), 1, delta=1e-6),
     QueryClass("bounds' effect estimate", bounds_effect("SELECT SUM(visits) FROM people"), 1),
+    QueryClass("bounds chosen from the data (a race for the sum's totals, one for the counts' rows)",
+               query("SELECT kind, COUNT(*), AVG(fare) FROM trips GROUP BY kind", rows_per_unit="auto"), 1,
+               fast=True),
 ]
