@@ -27,7 +27,7 @@ from sqlglot import exp
 
 from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.accounting.answers import decode_value, encode_value
-from dpsql.analysis import Measure, Plan, analyze
+from dpsql.analysis import Plan, analyze
 from dpsql.analysis.plan import Output
 from dpsql.backends import Cancellation, PostgresBackend
 from dpsql.backends.postgres import BackendSession
@@ -252,7 +252,7 @@ class Engine:
                                         lambda: self._checked(contributions(totals or plan, self._hash_seed,
                                                                             race.taus, totals is not None, rows_caps)))
             race_answers = answered_by_contributions(totals or plan, totals is not None)
-            chosen = (f"each unit's total of {_total_of(totals).label} over all groups: chosen at query time from "
+            chosen = (f"each unit's total of {totals.bounded_sum.label} over all groups: chosen at query time from "
                       f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
                       f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
             read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
@@ -504,8 +504,9 @@ class Engine:
         max_groups_per_unit. `rows_bound`: beside a bound on each unit's total, the rows per unit of the counts
         beside the sum (`Prepared.rows_race`), enforced on the same kept rows."""
         epsilon = prepared.calibration.epsilon - spent
-        below = bound < prepared.race.taus[-1]
-        rows, total = (None, bound if below else None) if prepared.race_totals else (bound if below else None, None)
+        rows = total = None  # at a race's cap, its declared bound
+        if bound < prepared.race.taus[-1]:
+            total, rows = (bound, None) if prepared.race_totals else (None, bound)
         if rows_bound is not None and rows_bound < prepared.rows_race.taus[-1]:
             rows = rows_bound  # the counts beside a sum whose totals are bounded: their own race's rows per unit
         if rows is None and total is None:
@@ -657,7 +658,7 @@ def _race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceToTheT
         return None  # an ungrouped count of units: each adds at most 1, whatever its rows
     steps = 2 if plan.neighbouring == "replace" else 1
     if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
-        cap = math.ceil(_total_of(plan).unit_range[1])
+        cap = math.ceil(plan.bounded_sum.unit_range[1])
         return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
                                       margin=TOTALS_MARGIN)
     if plan.rows_per_unit <= 1:
@@ -695,11 +696,6 @@ def _bounds_totals(plan: Plan) -> bool:
     return (plan.unit_total is not None and len(sums) == 1 and sums[0].centre == 0 and sums[0].row_range.lo >= 0
             and all(m.kind == "count" for m in plan.measures if m.kind != "sum")
             and not plan.histograms and not plan.top_k and sums[0].unit_range[1] >= 1)
-
-
-def _total_of(plan: Plan) -> Measure:
-    """The one sum whose units' totals the race bounds."""
-    return next(m for m in plan.measures if m.kind == "sum")
 
 
 def _unit_column(plan: Plan) -> tuple[str, str] | None:

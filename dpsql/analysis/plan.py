@@ -167,6 +167,11 @@ class Plan:
         """Measures by name."""
         return {m.name: m for m in self.measures}
 
+    @property
+    def bounded_sum(self) -> Measure:
+        """The sum whose units' totals are bounded (`unit_total`, or chosen by R2T's race over them): the first."""
+        return next(m for m in self.measures if m.kind == "sum")
+
     @cached_property
     def histogram(self) -> dict[str, Histogram]:
         """Histograms by name."""

@@ -50,7 +50,7 @@ def statistics(plan: Plan, hash_seed: int) -> str:
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
         if not plan.cap_groups and plan.unit_total is not None and keys \
                 and all(m.kind in ("count", "sum") for m in plan.measures):
-            heavier = f"SUM({_total_of(plan)}) > {literal(plan.unit_total)}"
+            heavier = f"SUM({plan.bounded_sum.name}) > {literal(plan.unit_total)}"
             return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(columns, plan.rows_per_unit,
                                                                                 hash_seed, heavier=heavier))
         if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures) and plan.unit_total is None:
@@ -76,11 +76,6 @@ def statistics(plan: Plan, hash_seed: int) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
-
-
-def _total_of(plan: Plan) -> str:
-    """The column of the one sum whose units' totals are bounded (`Plan.unit_total`)."""
-    return next(m.name for m in plan.measures if m.kind == "sum")
 
 
 def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
@@ -180,7 +175,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     aggregate over all rows less the heavy units' rows would lose the bound's precision to the cancellation
     of sums far larger than it (the neighbour fuzzer's heavy person moved a sum bounded at 1 by more than 1)."""
     keys = [k.name for k in plan.group_keys]
-    total, cap, names = _total_of(plan), literal(plan.unit_total), ", ".join(columns)
+    total, cap, names = plan.bounded_sum.name, literal(plan.unit_total), ", ".join(columns)
     weighed = (f"(SELECT {names}, 1 AS dpsql_weight FROM dpsql_rows WHERE NOT EXISTS (SELECT 1 FROM dpsql_over "
                f"WHERE dpsql_over.dpsql_unit = dpsql_rows.dpsql_unit) UNION ALL SELECT {names}, LEAST(1.0, {cap} / "
                f"NULLIF(SUM({total}) OVER (PARTITION BY dpsql_unit), 0)) FROM dpsql_ranked "
