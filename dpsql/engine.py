@@ -249,8 +249,9 @@ class Engine:
             rows_caps = rows_race.taus if rows_race is not None else ()
             race_sql = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None,
                                                 rows_caps),
-                                        lambda: self._checked(contributions(totals or plan, self._hash_seed,
-                                                                            race.taus, totals is not None, rows_caps)))
+                                        lambda: self._checked(contributions(
+                                            totals or plan, self._hash_seed, race.taus, totals is not None, rows_caps,
+                                            self._in_unit_order(plan))))
             race_answers = answered_by_contributions(totals or plan, totals is not None)
             chosen = (f"each unit's total of {totals.bounded_sum.label} over all groups: chosen at query time from "
                       f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
@@ -302,7 +303,7 @@ class Engine:
         for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order), *windows]:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
-        rewritten = rewrite(plan, self._hash_seed)
+        rewritten = rewrite(plan, self._hash_seed, self._in_unit_order(plan))
         for statement in [rewritten.sql, *rewritten.histograms.values()]:
             self._checked(statement)
         unit_column = _unit_column(plan)
@@ -313,6 +314,10 @@ class Engine:
                               "would let it group them in index order, usually faster")
             rewritten = replace(rewritten, work_mem=UNINDEXED_WORK_MEM)
         return plan, rewritten
+
+    def _in_unit_order(self, plan: Plan) -> bool:
+        """Whether PostgreSQL can read `plan`'s units in order: an index leads with the unit's column."""
+        return self._indexed is not None and _unit_column(plan) in self._indexed
 
     def prepare_parts(self, sql: str, params: Any = None, epsilon: float | None = None,
                       options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:

@@ -162,3 +162,49 @@ def test_all_rows_corrected_equal_the_kept_rows(neighbour_url, demo_schema, sql)
             assert by_key["corrected"][key] == pytest.approx(values, rel=1e-9, abs=1e-6), key
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM visits",
+    "SELECT SUM(amount) FROM visits",
+    "SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category",
+    "SELECT category, COUNT(*) FROM visits GROUP BY category",
+    "SELECT date_trunc('month', day) AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
+])
+def test_units_read_in_index_order_give_the_same_statistics(neighbour_url, demo_schema, sql):
+    """Where an index leads with the unit's column, the groupings by unit ask for the units in its order
+    (`fragments.in_order_of_units`): the race's values, and the statistics at the declared bounds and at bounds
+    a race could choose, are those of the hashed form, on the neighbour whose extreme unit has 5,000 visits."""
+    from dpsql.rewrite import contributions, per_unit
+
+    engine = Engine(Settings(database=neighbour_url), demo_schema)
+    try:
+        prepared = engine.prepare(sql)
+        assert engine._in_unit_order(prepared.plan)
+        pairs = []
+        if prepared.race is not None:
+            raced = engine._totals_plan(prepared.query, prepared.plan, prepared.options) or prepared.plan
+            rows_caps = prepared.rows_race.taus if prepared.rows_race is not None else ()
+            pairs.append([contributions(raced, 7, prepared.race.taus, prepared.race_totals, rows_caps, ordered)
+                          for ordered in (True, False)])
+        bounds = [(None, None), (4, None), *([(None, 512.0), (4, 512.0)] if prepared.race_totals else [])]
+        for rows, total in bounds:
+            plan, _ = engine._analysed(prepared.query, 1, rows, total)
+            pairs.append([per_unit.statistics(plan, 7, ordered) for ordered in (True, False)])
+        for ordered, hashed in pairs:
+            assert "ORDER BY dpsql_unit" in ordered and "ORDER BY dpsql_unit" not in hashed
+            got, expected = (sorted(engine.backend.execute(s), key=repr) for s in (ordered, hashed))
+            assert len(got) == len(expected)
+            for row, want in zip(got, expected, strict=True):
+                assert _keys_of(row) == _keys_of(want)
+                assert _numbers_of(row) == pytest.approx(_numbers_of(want), rel=1e-9), sql
+    finally:
+        engine.close()
+
+
+def _numbers_of(row: tuple) -> list[float]:
+    return [float(v) for v in row if isinstance(v, Decimal | float | int)]
+
+
+def _keys_of(row: tuple) -> list:
+    return [v for v in row if not isinstance(v, Decimal | float | int)]

@@ -34,19 +34,21 @@ class Rewritten:
     work_mem: str | None = None  # PostgreSQL's work_mem for these statements, where the server's would not do
 
 
-def rewrite(plan: Plan, hash_seed: int = 0) -> Rewritten:
-    """The bounded, exact aggregation queries for `plan`."""
-    sql = direct.statistics(plan, hash_seed) if plan.unit is None else per_unit.statistics(plan, hash_seed)
+def rewrite(plan: Plan, hash_seed: int = 0, in_unit_order: bool = False) -> Rewritten:
+    """The bounded, exact aggregation queries for `plan`. `in_unit_order`: PostgreSQL can read the units in the
+    order of an index (`per_unit.statistics`)."""
+    sql = direct.statistics(plan, hash_seed) if plan.unit is None else \
+        per_unit.statistics(plan, hash_seed, in_unit_order)
     return Rewritten(sql, {h.name: histograms.counts(plan, h, hash_seed) for h in plan.histograms},
                      bounds.effect(plan, hash_seed))
 
 
 def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False,
-                  rows_caps: tuple[int, ...] = ()) -> str:
+                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False) -> str:
     """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage), or
     with `totals` the bound on each unit's total of its one sum (and with `rows_caps`, in the same row, the rows
     per unit of the counts beside it)."""
-    return per_unit.contributions(plan, hash_seed, caps, totals, rows_caps)
+    return per_unit.contributions(plan, hash_seed, caps, totals, rows_caps, in_unit_order)
 
 
 def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:

@@ -35,32 +35,46 @@ def keyed_hash(columns: list[str], seed: int) -> str:
     return f"hashtextextended(CAST(ROW({', '.join(columns)}) AS TEXT), {int(seed)})"
 
 
-def within_rows_per_unit(columns: list[str], k: int, seed: int) -> list[str]:
+def within_rows_per_unit(columns: list[str], k: int, seed: int, in_unit_order: bool = False) -> list[str]:
     """CTEs over `dpsql_rows` (with `columns`, dpsql_unit among them) ending in `dpsql_kept`: at most k rows of
     each unit over all its groups. A unit with more has its rows ranked by a keyed hash of the whole row and cut
     at k (rows that tie are identical, so which one is kept makes no difference). Only those units' rows are
-    ranked, so data within its bounds costs one grouping by unit."""
+    ranked, so data within its bounds costs one grouping by unit (in the index's order, `in_order_of_units`)."""
     names = ", ".join(columns)
-    return [_over(k), f"dpsql_kept AS (SELECT {names} FROM dpsql_rows WHERE NOT EXISTS "
+    return [_over(k, None, in_unit_order), f"dpsql_kept AS (SELECT {names} FROM dpsql_rows WHERE NOT EXISTS "
             "(SELECT 1 FROM dpsql_over WHERE dpsql_over.dpsql_unit = dpsql_rows.dpsql_unit) "
             f"UNION ALL SELECT {names} FROM ({_ranked_rows_of_over(columns, seed)}) AS dpsql_ranked_rows "
             f"WHERE dpsql_rank <= {int(k)})"]
 
 
 def ranked_rows_of_over(columns: list[str], k: int, seed: int, distinct: bool = False,
-                        heavier: str | None = None) -> list[str]:
+                        heavier: str | None = None, in_unit_order: bool = False) -> list[str]:
     """CTEs over `dpsql_rows` ending in `dpsql_ranked`: the rows of the units with more than k rows, each with
     its `dpsql_rank` by the keyed hash that `within_rows_per_unit` cuts at, for statistics that correct the
     aggregate over all rows by those units' rows alone. `distinct`: their distinct rows are ranked (a unit then
     keeps k distinct rows; only a unit with more than k rows can have more than k distinct ones). `heavier`:
-    a condition on a unit's rows (`SUM(m1) > 500`) that also makes its rows ranked (its total to be bounded)."""
-    return [_over(k, heavier), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed, distinct)})"]
+    a condition on a unit's rows (`SUM(m1) > 500`) that also makes its rows ranked (its total to be bounded).
+    `in_unit_order`: the units are grouped in the index's order (`in_order_of_units`)."""
+    return [_over(k, heavier, in_unit_order), f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed, distinct)})"]
 
 
-def _over(k: int, heavier: str | None = None) -> str:
+def in_order_of_units(in_unit_order: bool) -> str:
+    """` ORDER BY dpsql_unit` after a grouping by unit, where an index leads with the unit's column: PostgreSQL
+    then reads the units in the index's order instead of hashing them all, which its planner prices as cheaper
+    and which is not (with 90,000 units over 4MB of work_mem the hash spills to disk): on the peers' data the race
+    for COUNT(*) of visits takes 30 ms instead of 77, the declared SUM(amount) 48 ms instead of 83."""
+    return " ORDER BY dpsql_unit" if in_unit_order else ""
+
+
+def _over(k: int, heavier: str | None = None, in_unit_order: bool = False) -> str:
     # MATERIALIZED: the few units over k are found once and read by every branch (inlined, each would group again)
-    return (f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit "
-            f"HAVING COUNT(*) > {int(k)}{f' OR {heavier}' if heavier else ''})")
+    over = f"COUNT(*) > {int(k)}{f' OR {heavier}' if heavier else ''}"
+    if not in_unit_order:
+        return f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit HAVING {over})"
+    # OFFSET 0 keeps the condition out of the ordered grouping: pushed in as a HAVING, PostgreSQL hashes again
+    return (f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM (SELECT dpsql_unit, {over} AS dpsql_is_over "
+            f"FROM dpsql_rows GROUP BY dpsql_unit{in_order_of_units(True)} OFFSET 0) AS dpsql_sizes "
+            "WHERE dpsql_is_over)")
 
 
 def _ranked_rows_of_over(columns: list[str], seed: int, distinct: bool = False) -> str:

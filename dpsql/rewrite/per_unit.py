@@ -21,6 +21,7 @@ from dpsql.rewrite.fragments import (
     UNITS,
     aggregate,
     group_by,
+    in_order_of_units,
     keyed_hash,
     literal,
     present,
@@ -32,8 +33,10 @@ from dpsql.rewrite.fragments import (
 from dpsql.rewrite.truncation import rows_cte
 
 
-def statistics(plan: Plan, hash_seed: int) -> str:
-    """Per group: the keys, one exact sum per measure over the bounded per-unit totals, and the unit count."""
+def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
+    """Per group: the keys, one exact sum per measure over the bounded per-unit totals, and the unit count.
+    `in_unit_order`: an index leads with the unit's column, so the units are grouped in its order
+    (`in_order_of_units`) where one grouping by unit alone finds them."""
     keys = [k.name for k in plan.group_keys]
     rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
     per_unit = ["dpsql_unit", *keys]
@@ -51,19 +54,20 @@ def statistics(plan: Plan, hash_seed: int) -> str:
         if not plan.cap_groups and plan.unit_total is not None and keys \
                 and all(m.kind in ("count", "sum") for m in plan.measures):
             heavier = f"SUM({plan.bounded_sum.name}) > {literal(plan.unit_total)}"
-            return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(columns, plan.rows_per_unit,
-                                                                                hash_seed, heavier=heavier))
+            return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(
+                columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order))
         if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures) and plan.unit_total is None:
             # distinct units read only which groups a unit is in: it keeps k of its groups, not k of its rows
             units_only = all(m.kind == "units" for m in plan.measures)
-            return _all_rows_corrected(plan, ctes + ranked_rows_of_over(columns, plan.rows_per_unit, hash_seed,
-                                                                        distinct=units_only), units_only)
-        ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed)
+            return _all_rows_corrected(plan, ctes + ranked_rows_of_over(
+                columns, plan.rows_per_unit, hash_seed, distinct=units_only, in_unit_order=in_unit_order), units_only)
+        ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed, in_unit_order)
         rows_of_units = "dpsql_kept"
         if not plan.cap_groups and plan.unit_total is None:
             return _kept_rows_per_group(plan, ctes)
+    unit_order = in_order_of_units(in_unit_order and not keys)
     ctes.append(f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM {rows_of_units}"
-                f"{group_by(['dpsql_unit', *keys])})")
+                f"{group_by(['dpsql_unit', *keys])}{unit_order})")
     source, where = "dpsql_per_unit", ""
     if plan.unit_total is not None and keys:
         ctes.append(_scaled_to_total(plan, keys))
@@ -90,7 +94,7 @@ def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
 
 
 def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False,
-                  rows_caps: tuple[int, ...] = ()) -> str:
+                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False) -> str:
     """One row: for each cap τ, Σ over units of min(the unit's rows, τ), over the query's joined rows (FROM, JOIN,
     WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). With `totals`,
     Σ over units of min(the unit's total of the plan's one sum, τ), the values clamped to their declared range
@@ -102,14 +106,18 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     and τ_i per unit from τ_i up (SUM(amount) of 90,000 people: 95 ms instead of 118 ms). With `rows_caps`, the
     same row then holds, after the totals' values, Σ over units of min(the unit's rows, τ) for each of those
     caps: the rows per unit of the counts beside the sum (`RaceToTheTop` for each), from the same per-unit pass.
+    `in_unit_order`: the units are grouped in the order of an index that leads with their column
+    (`in_order_of_units`).
     """
+    unit_order = in_order_of_units(in_unit_order)
     if totals:
         (measure,) = [m for m in plan.measures if m.kind == "sum"]
         items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(measure.expr)} AS dpsql_value"]
         thresholds = ", ".join(str(int(c)) for c in caps)
         ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
                 f"dpsql_totals AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_total"
-                f"{', COUNT(*) AS dpsql_rows_of_unit' if rows_caps else ''} FROM dpsql_rows GROUP BY dpsql_unit)",
+                f"{', COUNT(*) AS dpsql_rows_of_unit' if rows_caps else ''} FROM dpsql_rows "
+                f"GROUP BY dpsql_unit{unit_order})",
                 f"dpsql_bands AS (SELECT width_bucket(dpsql_total, ARRAY[{thresholds}]) AS dpsql_band, "
                 "SUM(dpsql_total) AS dpsql_sum, COUNT(*) AS dpsql_units FROM dpsql_totals GROUP BY 1)"]
         sums = ", ".join(f"COALESCE(SUM(CASE WHEN dpsql_band < {band} THEN dpsql_sum ELSE {int(c)} * dpsql_units "
@@ -121,7 +129,7 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
         return (f"WITH {', '.join(ctes)} SELECT * FROM (SELECT {sums} FROM dpsql_bands) AS dpsql_total_race "
                 f"CROSS JOIN (SELECT {_capped_sizes(rows_caps)} FROM dpsql_counts) AS dpsql_rows_race")
     ctes = [rows_cte(plan, [f"{sql(plan.unit)} AS dpsql_unit"], present(plan.unit), hash_seed),
-            "dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit)",
+            f"dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit{unit_order})",
             _sizes("dpsql_sizes")]
     return f"WITH {', '.join(ctes)} SELECT {_capped_sizes(caps)} FROM dpsql_counts"
 
