@@ -461,7 +461,9 @@ def test_count_distinct_of_a_declared_domain_counts_the_values_surely_present(en
     assert answer.epsilon == pytest.approx(1.0) and any("counted as present" in n for n in answer.notes)
     none = engine.query("SELECT COUNT(DISTINCT category) FROM visits WHERE amount < 0", analyst=analyst,
                         epsilon=1.0)
-    assert none.rows[0][0] <= 1  # no visit has a negative amount: each absent value is counted with about 2.5%
+    # no visit has a negative amount: each of the 8 absent values is counted with about 2.5% (unseeded noise: 2 or
+    # more in 1.7% of runs, as a full run here once drew; 4 or more in 3 of 100,000)
+    assert none.rows[0][0] <= 3
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         cursor = conn.execute("SELECT COUNT(DISTINCT sex) FROM people")
         assert [d.name for d in cursor.description] == ["count"] and cursor.fetchall() == [(2,)]
