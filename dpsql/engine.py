@@ -59,7 +59,7 @@ from dpsql.postprocess import (
 )
 from dpsql.released_rows import aggregate_released, outer_columns
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
-from dpsql.rewrite import Rewritten, answered_by_contributions, contributions, rewrite
+from dpsql.rewrite import Rewritten, answered_by_contributions, contributions, counts_voters, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
@@ -266,6 +266,10 @@ class Engine:
                 f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
                 f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
                 f"ε = {rows_race.epsilon:.4g})")
+            if plan.partition_selection:
+                read += ("; below the cap, partition selection counts only the rows of the units within the τ the "
+                         "race over rows chose (before its margin), so its threshold pays for τ rows, not the "
+                         "answer's")
             plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
                 f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
                 f"query's {options.epsilon:g}){beside}{read}; the plan shown is the declared bound's")])
@@ -294,9 +298,14 @@ class Engine:
         return entry
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
-                  total_cap: float | None = None) -> tuple[Plan, Rewritten]:
+                  total_cap: float | None = None, selection_rows: int | None = None) -> tuple[Plan, Rewritten]:
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
                        self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets)
+        if selection_rows is not None and selection_rows < plan.rows_per_unit and counts_voters(plan):
+            plan.selection_rows = selection_rows
+            plan.notes.append(f"partition selection counts the rows of the units with at most {selection_rows} "
+                              f"row(s) (the race's choice before its margin): one unit moves its counts by at most "
+                              f"{selection_rows} in all, where the answer keeps {plan.rows_per_unit} rows per unit")
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -495,19 +504,25 @@ class Engine:
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
         # the counts' rows lend the answer no ε: where their race cannot resolve the data, the declared bound
-        rows_bound = rows_race.decide(rows_truncated, 0.0).bound if rows_race is not None else None
-        bounded = self._bounded_at(prepared, decision.bound, decision.spent, rows_bound)
+        rows_decision = rows_race.decide(rows_truncated, 0.0) if rows_race is not None else None
+        rows_bound = rows_decision.bound if rows_decision is not None else None
+        # partition selection counts the rows of the units within the τ the race over rows chose (no margin)
+        over_rows = rows_decision or (None if prepared.race_totals else decision)
+        bounded = self._bounded_at(prepared, decision.bound, decision.spent, rows_bound,
+                                   over_rows.tau if over_rows is not None else None)
         note = describe_units_over(decision.over, prepared.race_totals)
         return replace(bounded, bound_note=note), rows
 
-    def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None
-                    ) -> Prepared:
+    def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,
+                    selection_rows: int | None = None) -> Prepared:
         """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
         race's choice): analysed, rewritten and calibrated again at the ε the answer keeps, less `spent` where
         the choice took some of it (`RaceToTheTop.decide`); its cost is unchanged (it was charged). At the race's
         cap the declared plan stands as prepared: analysed again, a per-unit bound chosen from the data would lift
         max_groups_per_unit. `rows_bound`: beside a bound on each unit's total, the rows per unit of the counts
-        beside the sum (`Prepared.rows_race`), enforced on the same kept rows."""
+        beside the sum (`Prepared.rows_race`), enforced on the same kept rows. `selection_rows`: the τ that race
+        chose before its margin; where the rows are bounded below the cap, partition selection counts only the rows
+        of the units with at most that many (`Plan.selection_rows`), so its threshold pays for τ rows, not k."""
         epsilon = prepared.calibration.epsilon - spent
         rows = total = None  # at a race's cap, its declared bound
         if bound < prepared.race.taus[-1]:
@@ -517,9 +532,10 @@ class Engine:
         if rows is None and total is None:
             plan, rewritten = prepared.plan, prepared.rewritten
         else:
-            plan, rewritten = self._remembered(prepared.query, ("bounded", prepared.options.min_frequency, rows, total),
-                                               lambda: self._analysed(prepared.query, prepared.options.min_frequency,
-                                                                      rows, total))
+            voters = selection_rows if rows is not None else None
+            plan, rewritten = self._remembered(
+                prepared.query, ("bounded", prepared.options.min_frequency, rows, total, voters),
+                lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total, voters))
         calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
             plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
             prepared.options.histogram)

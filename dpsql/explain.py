@@ -69,10 +69,10 @@ def explain_text(prepared: Prepared) -> str:
                      f"scale {st.totals.scale:.6g}); elsewhere plain bins at ε {st.fallback.epsilon:.6g} merged by "
                      "NoiseFirst (StructureFirst would lose there: benchmarks/results/selection.md)")
     if cost.selection is not None:
-        sel = cost.selection
+        sel, counted = cost.selection, plan.selection_counts
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "
                      f"keep a group when its noisy count of "
-                     f"{'units (the released count itself, with all of ε)' if cost.selected_by else 'units'} "
+                     f"{'units (the released count itself, with all of ε)' if cost.selected_by else counted} "
                      f"reaches {sel.threshold}"
                      + (f" (min_frequency = {sel.min_units}: a group of fewer units is released with probability "
                         f"at most δ)" if sel.min_units > 1 else ""))

@@ -434,9 +434,9 @@ def describe_selection(plan: Plan, calibration: Calibration | None) -> str | Non
     selection = calibration.selection if calibration is not None else None
     if selection is None:
         return None
-    text = (f"groups are released only where a noisy count of their units reaches {selection.threshold} (DP "
-            f"partition selection at ε = {calibration.selection_epsilon:.3g}), so groups with fewer units may be "
-            "missing")
+    counted = "units" if calibration.selected_by else plan.selection_counts
+    text = (f"groups are released only where a noisy count of their {counted} reaches {selection.threshold} (DP "
+            f"partition selection at ε = {calibration.selection_epsilon:.3g}), so groups with fewer may be missing")
     return f"{text}; to release every group, {plan.every_group}" if plan.every_group else text
 
 

@@ -341,14 +341,15 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
     few = [100.0, 200, 400, 790, 1500, 2800, 3100, 3150, 3150, 3150, 3150]  # 100 units, most of 30 or so rows
     assert race.units_above(few)[:5] == [100.0, 100.0, 97.5, 88.75, 81.25] and race.steps == 1
     for seed in range(20):
-        bound, spent, over = race.decide(few, 0.05, random.Random(seed))
+        bound, spent, over, tau = race.decide(few, 0.05, random.Random(seed))
         draws = random.Random(seed)
         race._shifted(few, draws)  # the race's own draws come first
         index = FirstBelowThreshold.calibrate(1, 0.05).first_below(race.units_above(few), 0.0, draws)
         assert spent == pytest.approx(0.05)
         assert bound == (1024 if index is None else min(FALLBACK_MARGIN * race.taus[index], 1024))
+        assert tau == (None if index is None else race.taus[index])  # the τ itself, before the margin
         assert over is None  # no ε lent to count the units over the bound
-        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0, None)  # nothing lent: the cap
+        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0, None, None)  # nothing lent: the cap
     many = [100_000 * v / 100 for v in few]  # 100,000 units: the race resolves and lends nothing
     assert all(race.decide(many, 0.05, random.Random(seed))[1] == 0.0 for seed in range(5))
 
@@ -367,6 +368,7 @@ def test_the_units_over_the_chosen_bound_are_one_laplace_release_after_the_race(
         draws = random.Random(seed)
         shifted = race._shifted(many, draws)  # the race's draws first; it resolves, so no fallback draws
         assert decision.bound == min(race.margin_at(shifted) * race._best(shifted), 1024)
+        assert decision.tau == race._best(shifted)
         mechanism = LaplaceMechanism.calibrate(1, 0.05, False)
         expected = mechanism.release(race.units_above(many)[race.taus.index(decision.bound)], draws)
         assert decision.over.units == expected and decision.over.bound == decision.bound
@@ -375,4 +377,4 @@ def test_the_units_over_the_chosen_bound_are_one_laplace_release_after_the_race(
         assert decision.spent == pytest.approx(0.05) == decision.over.epsilon
     capped = RaceToTheTop.calibrate(8, 0.5)
     assert all(capped.decide([100_000.0, 200_000, 400_000, 800_000], 0.2, random.Random(seed),
-                             effect_epsilon=0.05) == (8, 0.0, None) for seed in range(5))
+                             effect_epsilon=0.05)[:3] == (8, 0.0, None) for seed in range(5))

@@ -494,6 +494,54 @@ def test_a_units_total_bounded_from_the_data_moves_every_group_together_by_at_mo
             assert float(answers["neighbour"][()][0]) - float(answers["base"][()][0]) == pytest.approx(bound)
 
 
+@pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, COUNT(*) FROM visits GROUP BY 1",
+                                 "SELECT CAST(day AS text) AS d, COUNT(*), AVG(amount) FROM visits GROUP BY 1"])
+def test_partition_selection_counts_only_the_rows_of_units_within_the_races_tau(engine, base_url, neighbour_url,
+                                                                                 sql):
+    """With rows per unit chosen from the data and private keys, partition selection counts only the rows of the
+    units with at most g rows (the τ the race chose, before the margin that gives the answer its k rows): the
+    neighbour's extreme person (5,000 visits, in groups no one else reaches) moves no selection count and adds
+    no group, the measures move within their sensitivity, and the threshold pays for g rows instead of k."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.plan.partition_selection and prepared.race_totals == ("AVG" in sql)
+    for rows, voters in ((4, 1), (8, 2), (8, 4)):  # below the declared 10
+        bound, rows_bound = (4096, rows) if prepared.race_totals else (rows, None)
+        bounded = engine._bounded_at(prepared, bound, 0.0, rows_bound, voters)
+        every_row = engine._bounded_at(prepared, bound, 0.0, rows_bound)
+        plan = bounded.plan
+        assert plan.rows_per_unit == rows and plan.selection_rows == voters and every_row.plan.selection_rows is None
+        assert plan.selection_moves == (voters, voters) and plan.selection_groups == voters
+        assert bounded.calibration.selection.threshold < every_row.calibration.selection.threshold / 2
+        keys = len(plan.group_keys)
+        answers = {}
+        for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+            with psycopg.connect(url) as conn:
+                answers[side] = {tuple(r[:keys]): r[keys:] for r in conn.execute(bounded.rewritten.sql).fetchall()}
+                (voted,) = conn.execute("SELECT COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n FROM visits "
+                                        "GROUP BY person_id HAVING COUNT(*) <= %s) AS v", (voters,)).fetchone()
+            assert sum(r[-1] for r in answers[side].values()) == voted  # the voters' rows, each once
+        assert answers["neighbour"].keys() == answers["base"].keys()  # its groups have no voter
+        assert all(answers["neighbour"][key][-1] == answers["base"][key][-1] for key in answers["base"])
+        for i, measure in enumerate(plan.measures):
+            moved = sum(abs(float(answers["base"][key][i] or 0) - float(answers["neighbour"][key][i] or 0))
+                        for key in answers["base"])
+            assert moved <= measure.sensitivity * (1 + 1e-9), (sql, rows, measure.label, moved)
+
+
+def test_selection_over_a_units_kept_groups_alone_keeps_counting_every_kept_unit(engine):
+    """With no count or sum (MIN alone) the statement reads each group's kept units, not rows: selection over the
+    units within a smaller τ does not apply, and the plan says so (the neighbour fuzzer's seed 50, query 483)."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare("SELECT CAST(day AS text) AS d, MIN(amount) FROM visits GROUP BY 1",
+                              options=Options(rows_per_unit="auto"))
+    bounded = engine._bounded_at(prepared, 4, 0.0, None, 1)
+    assert bounded.plan.partition_selection and bounded.plan.selection_rows is None
+    assert bounded.plan.selection_moves == (4, 4)
+
+
 def test_counts_beside_a_bounded_sum_race_their_rows_within_the_charge(engine):
     """COUNT(*) and an AVG's count beside a sum whose totals are raced get a race over each unit's rows in the same
     statement, at half the race's share each: the two races and the answer together cost the query's ε, and

@@ -146,6 +146,9 @@ class Plan:
     # each unit's total of each (non-negative) sum over all groups together, at most this (chosen from the data
     # by R2T's race over the units' totals): the rewrite scales a unit's per-group totals down to it
     unit_total: float | None = None
+    # partition selection counts only the rows of the units with at most this many rows (the τ a race chose, below
+    # the k rows the answer keeps): one unit moves the selection counts by at most it in all, in as many groups
+    selection_rows: int | None = None
     # windows over the released rows: (the column name outputs and ORDER BY use, the window over aggregate and
     # group-key names), computed once the rows are known
     windows: list[tuple[str, exp.Window]] = field(default_factory=list)
@@ -200,8 +203,22 @@ class Plan:
         if self.stability is not None:
             return self.stability, self.stability
         if self.selects_on_rows:
-            return self.rows_per_unit, self.rows_per_unit
+            rows = self.selection_rows or self.rows_per_unit
+            return rows, rows
         return 1, None
+
+    @property
+    def selection_counts(self) -> str:
+        """What partition selection counts in each group, in words."""
+        if self.selects_on_rows and self.selection_rows is not None:
+            return f"rows of the units with at most {self.selection_rows} row(s)"
+        return "rows" if self.selects_on_rows else "units"
+
+    @property
+    def selection_groups(self) -> int:
+        """How many groups' selection counts one unit may move: a unit that counts in selection with at most
+        `selection_rows` rows reaches at most that many groups."""
+        return self.selection_rows if self.selection_rows is not None and self.selects_on_rows else self.max_groups
 
     @property
     def needs_statistics(self) -> bool:

@@ -100,6 +100,7 @@ class Decision(NamedTuple):
     bound: int  # what the rewrite enforces for the answer
     spent: float  # the ε taken from the answer's (the fallback's choice, the units over the bound)
     over: UnitsOver | None = None
+    tau: int | None = None  # the τ chosen, before the margin (None: the cap stands)
 
 
 def taus(cap: int) -> tuple[int, ...]:
@@ -161,19 +162,22 @@ class RaceToTheTop:
         module's docstring), or nothing and the cap when `fallback_epsilon` is 0. With `effect_epsilon`, also
         the units holding more than a bound below the cap (`units_over`), at that ε more."""
         shifted = self._shifted(truncated, rng)
+        tau = None
         if self.resolves(shifted):
-            bound, spent = min(self.margin_at(shifted) * self._best(shifted), self.taus[-1]), 0.0
+            tau = self._best(shifted)
+            bound, spent = min(self.margin_at(shifted) * tau, self.taus[-1]), 0.0
         elif fallback_epsilon <= 0 or len(self.taus) < 2:
             bound, spent = self.taus[-1], 0.0
         else:
             sparse = FirstBelowThreshold.calibrate(self.steps, fallback_epsilon)
             index = sparse.first_below(self.units_above(truncated), 0.0, rng)
-            bound = self.taus[-1] if index is None else min(FALLBACK_MARGIN * self.taus[index], self.taus[-1])
+            tau = None if index is None else self.taus[index]
+            bound = self.taus[-1] if tau is None else min(FALLBACK_MARGIN * tau, self.taus[-1])
             spent = sparse.epsilon
         if effect_epsilon <= 0 or bound >= self.taus[-1]:
-            return Decision(bound, spent)
+            return Decision(bound, spent, tau=tau)
         over = self.units_over(truncated, bound, effect_epsilon, shifted[0] + self.shift(0), rng)
-        return Decision(bound, spent + over.epsilon, over)
+        return Decision(bound, spent + over.epsilon, over, tau)
 
     def units_over(self, truncated: Sequence[float], bound: int, epsilon: float, units_read: float,
                    rng: Randomness = SYSTEM_RANDOM) -> UnitsOver:

@@ -8,6 +8,11 @@ sensitivity, k groups of 1 each, without dropping a group whose rows all ranked 
 Where the plan bounds each unit's total of its sums over all groups (`unit_total`, chosen from the data), the
 unit's per-group sums are scaled down together until they add up to the bound (`_scaled_to_total`).
 
+Where a race chose the k rows, partition selection may count only the rows of the units with at most g rows,
+g the race's τ before its margin (`Plan.selection_rows`, `counts_voters`): a unit then moves the counts selection
+reads by at most g in all, so its threshold pays for g rows rather than k, and the units with more rows keep
+their k rows in the answer without a say in which groups appear.
+
 Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
 G groups: exactly the sensitivity the analysis computed; after the scaling, by the bound over all groups.
 Rows without a unit are dropped (an outer join's NULL-extended rows, or children whose parent is missing), so
@@ -37,6 +42,8 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     """Per group: the keys, one exact sum per measure over the bounded per-unit totals, and the unit count.
     `in_unit_order`: an index leads with the unit's column, so the units are grouped in its order
     (`in_order_of_units`) where one grouping by unit alone finds them."""
+    if plan.selection_rows is not None and not counts_voters(plan):
+        raise ValueError("partition selection over the rows of units with few rows has no statement of this form")
     keys = [k.name for k in plan.group_keys]
     rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
     per_unit = ["dpsql_unit", *keys]
@@ -55,12 +62,14 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
                 and all(m.kind in ("count", "sum") for m in plan.measures):
             heavier = f"SUM({plan.bounded_sum.name}) > {literal(plan.unit_total)}"
             return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(
-                columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order))
+                columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order,
+                voters_up_to=plan.selection_rows))
         if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures) and plan.unit_total is None:
             # distinct units read only which groups a unit is in: it keeps k of its groups, not k of its rows
             units_only = all(m.kind == "units" for m in plan.measures)
             return _all_rows_corrected(plan, ctes + ranked_rows_of_over(
-                columns, plan.rows_per_unit, hash_seed, distinct=units_only, in_unit_order=in_unit_order), units_only)
+                columns, plan.rows_per_unit, hash_seed, distinct=units_only, in_unit_order=in_unit_order,
+                voters_up_to=plan.selection_rows), units_only)
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed, in_unit_order)
         rows_of_units = "dpsql_kept"
         if not plan.cap_groups and plan.unit_total is None:
@@ -80,6 +89,23 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
+
+
+def counts_voters(plan: Plan) -> bool:
+    """Whether `statistics` can give partition selection the rows of only the units with at most
+    `Plan.selection_rows` rows (the voters) instead of every kept row: private keys, at most k rows per unit over
+    all groups and no cap on its groups, counts and sums only (`_kept_rows_weighed`, `_all_rows_corrected`).
+    A unit with more rows still keeps its k rows in the measures; it only has no say in which groups appear."""
+    if not plan.partition_selection or not plan.rows_total or plan.cap_groups or plan.stability is not None \
+            or not plan.measures or not all(m.kind in ("count", "sum") for m in plan.measures):
+        return False  # (with no measure, `_all_rows_corrected` reads each group's kept units, as for COUNT(DISTINCT))
+    return plan.unit_total is None or bool(plan.group_keys)
+
+
+def _votes() -> str:
+    """1 for a row of `dpsql_ranked` whose unit may vote in partition selection, 0 for one of `dpsql_nonvoters`."""
+    return ("CASE WHEN EXISTS (SELECT 1 FROM dpsql_nonvoters WHERE dpsql_nonvoters.dpsql_unit = "
+            "dpsql_ranked.dpsql_unit) THEN 0 ELSE 1 END")
 
 
 def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
@@ -181,17 +207,32 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     its own. No aggregate per (unit, group), sort or window over every unit (the scaled form, `_scaled_to_total`,
     took 540 ms against 170 ms for visits by category at 100,000 people), and every row is added once: an
     aggregate over all rows less the heavy units' rows would lose the bound's precision to the cancellation
-    of sums far larger than it (the neighbour fuzzer's heavy person moved a sum bounded at 1 by more than 1)."""
+    of sums far larger than it (the neighbour fuzzer's heavy person moved a sum bounded at 1 by more than 1).
+    With `Plan.selection_rows` (g), partition selection reads each group's rows of the units with at most g rows
+    (`dpsql_vote`), and a group that no such unit reaches is left out."""
     keys = [k.name for k in plan.group_keys]
     total, cap, names = plan.bounded_sum.name, literal(plan.unit_total), ", ".join(columns)
-    weighed = (f"(SELECT {names}, 1 AS dpsql_weight FROM dpsql_rows WHERE NOT EXISTS (SELECT 1 FROM dpsql_over "
-               f"WHERE dpsql_over.dpsql_unit = dpsql_rows.dpsql_unit) UNION ALL SELECT {names}, LEAST(1.0, {cap} / "
-               f"NULLIF(SUM({total}) OVER (PARTITION BY dpsql_unit), 0)) FROM dpsql_ranked "
+    voting = plan.selection_rows is not None
+    if voting:  # the units within both bounds that may not vote are few: their rows are read apart, no lookup per row
+        within = (f"SELECT {names}, 1 AS dpsql_weight, 1 AS dpsql_vote FROM dpsql_rows WHERE NOT EXISTS (SELECT 1 "
+                  "FROM dpsql_flagged WHERE dpsql_flagged.dpsql_unit = dpsql_rows.dpsql_unit) UNION ALL SELECT "
+                  f"{names}, 1, 0 FROM dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_flagged WHERE "
+                  "NOT dpsql_is_over)")
+    else:
+        within = (f"SELECT {names}, 1 AS dpsql_weight FROM dpsql_rows WHERE NOT EXISTS (SELECT 1 FROM dpsql_over "
+                  "WHERE dpsql_over.dpsql_unit = dpsql_rows.dpsql_unit)")
+    weighed = (f"({within} UNION ALL SELECT {names}, LEAST(1.0, {cap} / NULLIF(SUM({total}) OVER (PARTITION BY "
+               f"dpsql_unit), 0)){f', {_votes()}' if voting else ''} FROM dpsql_ranked "
                f"WHERE dpsql_rank <= {int(plan.rows_per_unit)}) AS dpsql_weighed")
     sums = [f"SUM({m.name} * dpsql_weight) AS {m.name}" if m.name == total
             else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
-    units = f"{'COUNT(*)' if plan.partition_selection else '0'} AS {UNITS}"
-    return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM {weighed}{group_by(keys)}"
+    selected = "SUM(dpsql_vote)" if voting else "COUNT(*)"
+    units = f"{selected if plan.partition_selection else '0'} AS {UNITS}"
+    # a group no voter reached is left out, as a group without rows is: a unit with no vote may reach k groups,
+    # more than the g its threshold pays for
+    having = " HAVING SUM(dpsql_vote) > 0" if voting else ""
+    return (f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM {weighed}{group_by(keys)}"
+            f"{having}")
 
 
 def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -> str:
@@ -202,19 +243,26 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     only the rows of units over k are ranked. A group left with no kept row is not
     returned, as by the other form, so partition selection never sees a group that only dropped rows held.
     `units_only`: the units over k keep k distinct groups, and what partition selection reads per group is its
-    kept units, not rows (an over unit's rows beyond its kept groups would count otherwise)."""
+    kept units, not rows (an over unit's rows beyond its kept groups would count otherwise). With
+    `Plan.selection_rows` (g), what selection reads is each group's rows less those of the units with more than
+    g rows (`dpsql_nonvoters`), and a group left with none is not returned."""
     keys = [k.name for k in plan.group_keys]
     sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, None if m.expr is None else m.name)
             for m in plan.measures]
 
-    def part(source: str, sign: str) -> str:
-        items = [*keys, *(f"{sign}{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
-                 f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'} AS {UNITS}"]
+    def part(source: str, sign: str, units: str | None = None, measured: bool = True) -> str:
+        units = units or f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'}"
+        items = [*keys, *(f"{sign}{s} AS {m.name}" if measured else f"0 AS {m.name}"
+                          for s, m in zip(sums, plan.measures, strict=True)), f"{units} AS {UNITS}"]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
     k = int(plan.rows_per_unit)
     if units_only or any(m.kind == "units" for m in plan.measures):  # distinct counts do not subtract row by row
         parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"), part(f"dpsql_ranked WHERE dpsql_rank <= {k}", "")]
+    elif plan.selection_rows is not None:  # selection counts every row less those of the units with over g rows
+        parts = [part("dpsql_rows", ""), part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-", "0"),
+                 part("dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_nonvoters)", "", "-COUNT(*)",
+                      measured=False)]
     else:  # less the rows a unit over k drops: one pass over its ranked rows (Spark would rank them twice)
         parts = [part("dpsql_rows", ""), part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-")]
     # counts stay bigint: a sum of bigints would be numeric
