@@ -58,13 +58,13 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     rows_of_units = "dpsql_rows"
     if plan.rows_total:  # k rows per unit over all groups together
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
-        if not plan.cap_groups and plan.unit_total is not None and keys \
-                and all(m.kind in ("count", "sum") for m in plan.measures):
+        form = _rows_total_form(plan)
+        if form == "weighed":
             heavier = f"SUM({plan.bounded_sum.name}) > {literal(plan.unit_total)}"
             return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(
                 columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order,
                 voters_up_to=plan.selection_rows))
-        if not plan.cap_groups and all(m.kind != "distinct" for m in plan.measures) and plan.unit_total is None:
+        if form == "corrected":
             # distinct units read only which groups a unit is in: it keeps k of its groups, not k of its rows
             units_only = all(m.kind == "units" for m in plan.measures)
             return _all_rows_corrected(plan, ctes + ranked_rows_of_over(
@@ -72,7 +72,7 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
                 voters_up_to=plan.selection_rows), units_only)
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed, in_unit_order)
         rows_of_units = "dpsql_kept"
-        if not plan.cap_groups and plan.unit_total is None:
+        if form == "kept":
             return _kept_rows_per_group(plan, ctes)
     unit_order = in_order_of_units(in_unit_order and not keys)
     ctes.append(f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM {rows_of_units}"
@@ -91,15 +91,27 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
 
 
+def _rows_total_form(plan: Plan) -> str:
+    """The statement `statistics` writes where each unit keeps at most k rows over all groups (`Plan.rows_total`):
+    "weighed" (`_kept_rows_weighed`), "corrected" (`_all_rows_corrected`), "kept" (`_kept_rows_per_group`), or
+    "per unit" (a sum per unit and group, its groups capped)."""
+    if plan.cap_groups:
+        return "per unit"
+    if plan.unit_total is not None:
+        return "weighed" if plan.group_keys and all(m.kind in ("count", "sum") for m in plan.measures) \
+            else "per unit"
+    return "kept" if any(m.kind == "distinct" for m in plan.measures) else "corrected"
+
+
 def counts_voters(plan: Plan) -> bool:
     """Whether `statistics` can give partition selection the rows of only the units with at most
     `Plan.selection_rows` rows (the voters) instead of every kept row: private keys, at most k rows per unit over
-    all groups and no cap on its groups, counts and sums only (`_kept_rows_weighed`, `_all_rows_corrected`).
-    A unit with more rows still keeps its k rows in the measures; it only has no say in which groups appear."""
-    if not plan.partition_selection or not plan.rows_total or plan.cap_groups or plan.stability is not None \
-            or not plan.measures or not all(m.kind in ("count", "sum") for m in plan.measures):
-        return False  # (with no measure, `_all_rows_corrected` reads each group's kept units, as for COUNT(DISTINCT))
-    return plan.unit_total is None or bool(plan.group_keys)
+    all groups and no cap on its groups, counts and sums only (the forms "weighed" and "corrected"; with no
+    measure, or a count of units, the latter reads each group's kept units instead of rows). A unit with more
+    rows still keeps its k rows in the measures; it only has no say in which groups appear."""
+    return (plan.partition_selection and plan.rows_total and plan.stability is None and bool(plan.measures)
+            and all(m.kind in ("count", "sum") for m in plan.measures)
+            and _rows_total_form(plan) in ("weighed", "corrected"))
 
 
 def _votes() -> str:
