@@ -178,8 +178,17 @@ max_rows_per_unit = 20
 person_id = "bigint"
 kind = { type = "text", domain = ["bus", "car"] }
 fare = { type = "double precision", lower = 0, upper = 100 }
+
+[tables.rides]
+unit_column = "person_id"
+trust_link = true                # riders are units whether or not they are among the people
+max_rows_per_unit = 100
+[tables.rides.columns]
+person_id = "bigint"
+line = "text"
 """
 PEOPLE = 400
+RIDERS = 3000  # the riders of `rides`: units of their own, most not among the people
 ADDED = (0, "5.00", "West", -0.02, "a  ", 3)  # the neighbour's person: numbered and stored before everyone
 
 
@@ -198,8 +207,8 @@ def build_world(admin_url: str, url_for: Callable[[str], str], prefix: str = "dp
 
 def _load(url: str, first: tuple | None) -> None:
     """PEOPLE people whose balance is 5.0, score about 0.02 and code 'a' (a bpchar column: equality ignores
-    trailing spaces), with up to 5 trips each; the neighbour has `first` before them, with 20 trips at the top
-    fare."""
+    trailing spaces), with up to 5 trips and 5 rides each; the neighbour has `first` before them, with 20 trips at
+    the top fare and 3 rides on a line no one else takes."""
     rows = [(i, "5.0", "West" if i % 3 else "East", 0.02 + (i % 3) / 100, "a", i % 11) for i in range(1, PEOPLE + 1)]
     with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE people (person_id bigint PRIMARY KEY, balance numeric, state text, "
@@ -213,6 +222,12 @@ def _load(url: str, first: tuple | None) -> None:
         cur.execute("CREATE TABLE trips (person_id bigint NOT NULL REFERENCES people, kind text, "
                     "fare double precision)")
         cur.executemany("INSERT INTO trips VALUES (%s, %s, %s)", trips)
+        # rides (0 to 5 a rider) on three lines, by RIDERS riders: enough for the race to resolve the data, so that
+        # its τ bounds partition selection; the neighbour's person rides 3 times on a line of its own
+        rides = [(i, f"l{(i + j) % 3}") for i in range(1, RIDERS + 1) for j in range(i % 6)]
+        rides = ([(first[0], "x")] * 3 if first else []) + rides
+        cur.execute("CREATE TABLE rides (person_id bigint NOT NULL, line text)")
+        cur.executemany("INSERT INTO rides VALUES (%s, %s)", rides)
         cur.execute("ANALYZE")
 
 
@@ -371,4 +386,6 @@ QUERY_CLASSES = [
     QueryClass("bounds chosen from the data (a race for the sum's totals, one for the counts' rows)",
                query("SELECT kind, COUNT(*), AVG(fare) FROM trips GROUP BY kind", rows_per_unit="auto"), 1,
                fast=True),
+    QueryClass("partition selection over the rows of the units within the race's τ",
+               query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
 ]
