@@ -143,6 +143,25 @@ def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine
     _assert_same_rows(spark_engine, bounded, within_bounds, sql)
 
 
+@pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, COUNT(*) FROM visits GROUP BY 1",
+                                 "SELECT CAST(day AS text) AS d, COUNT(*), AVG(amount) FROM visits GROUP BY 1"])
+def test_selection_over_the_units_within_a_smaller_tau_reads_alike_on_spark(spark_engine, within_bounds, sql):
+    """Partition selection over the rows of the units within the race's τ (`Plan.selection_rows`): the answer's
+    statement releases the same groups with the same selection counts on Spark as on PostgreSQL. (Which of a
+    unit's rows beyond k are kept follows each engine's keyed hash, so the measures of its groups may differ.)"""
+    from dpsql.session import Options
+
+    prepared = spark_engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    bound, rows = (4096, 8) if prepared.race_totals else (8, None)
+    bounded = spark_engine._bounded_at(prepared, bound, 0.0, rows, 2)
+    assert bounded.plan.selection_rows == 2
+    with psycopg.connect(within_bounds) as conn:
+        expected = {row[0]: int(row[-1]) for row in conn.execute(bounded.rewritten.sql).fetchall()}
+    with spark_engine.backend.session() as session:
+        got = {row[0]: int(row[-1]) for row in session.run(bounded.rewritten.sql)}
+    assert got == expected and len(got) > 300, sql  # 366 days, a few of them without a voter
+
+
 def test_a_parent_link_needs_a_key_spark_cannot_verify(spark_engine):
     """prescriptions reach a person through visits.visit_id, which must be unique; Spark verifies no key, so the
     query is refused rather than trusted."""
