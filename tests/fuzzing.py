@@ -665,7 +665,8 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
             # and partition selection over the rows of the units within a smaller τ (`Plan.selection_rows`)
             rows_race = auto.rows_race or (None if auto.race_totals else auto.race)
             voters = rows_rng.choice([None, *(rows_race.taus if rows_race is not None else ())])
-            bounded = engine._bounded_at(auto, tau, 0.0, rows_tau, voters)  # as the engine answers it
+            # at a cap, the fallback's declared plan, or the margin's reach analysed as chosen
+            bounded = engine._bounded_at(auto, tau, 0.0, rows_tau, voters, rows_rng.random() < 0.5)
             report.voted += bounded.plan.selection_rows is not None
             exact = run_exact(bounded, base)
             report.violations += [f"{where} (at {bounded.plan.rows_per_unit} rows per unit): {v}" for v in

@@ -208,6 +208,11 @@ class Plan:
         return 1, None
 
     @property
+    def rows_counted_and_summed(self) -> bool:
+        """Whether the measures are counts and sums of rows only (at least one; no distinct units or values)."""
+        return bool(self.measures) and all(m.kind in ("count", "sum") for m in self.measures)
+
+    @property
     def selection_counts(self) -> str:
         """What partition selection counts in each group, in words."""
         if self.selects_on_rows and self.selection_rows is not None:

@@ -98,8 +98,7 @@ def _rows_total_form(plan: Plan) -> str:
     if plan.cap_groups:
         return "per unit"
     if plan.unit_total is not None:
-        return "weighed" if plan.group_keys and all(m.kind in ("count", "sum") for m in plan.measures) \
-            else "per unit"
+        return "weighed" if plan.group_keys and plan.rows_counted_and_summed else "per unit"
     return "kept" if any(m.kind == "distinct" for m in plan.measures) else "corrected"
 
 
@@ -109,8 +108,7 @@ def counts_voters(plan: Plan) -> bool:
     all groups and no cap on its groups, counts and sums only (the forms "weighed" and "corrected"; with no
     measure, or a count of units, the latter reads each group's kept units instead of rows). A unit with more
     rows still keeps its k rows in the measures; it only has no say in which groups appear."""
-    return (plan.partition_selection and plan.rows_total and plan.stability is None and bool(plan.measures)
-            and all(m.kind in ("count", "sum") for m in plan.measures)
+    return (plan.partition_selection and plan.rows_total and plan.stability is None and plan.rows_counted_and_summed
             and _rows_total_form(plan) in ("weighed", "corrected"))
 
 
