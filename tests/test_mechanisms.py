@@ -122,6 +122,25 @@ def test_partition_threshold_bounds_delta_and_is_minimal(epsilon: float, delta: 
     assert sel.threshold == per_group + 1 or leak(sel.threshold - 1) > delta
 
 
+@pytest.mark.parametrize("epsilon,delta,voters,uncounted", [(0.4, 1e-6, 16, 64), (1.0, 1e-6, 4, 8), (0.1, 1e-8, 2, 100),
+                                                              (2.0, 1e-6, 8, 32)])
+def test_partition_threshold_also_bounds_groups_a_unit_brings_uncounted(epsilon: float, delta: float, voters: int,
+                                                                       uncounted: int) -> None:
+    """Selection over the rows of the units with at most g rows (a unit over them keeps its k rows, so the groups
+    they reach are present with a count of 0): one unit either counts (at most g in at most g groups) or brings up
+    to k groups at 0, so the threshold bounds both leaks by δ and is the smallest that does."""
+    sel = PartitionSelection(voters, epsilon, delta, voters, voters, 1, uncounted)
+    q = math.exp(-1 / float(sel.scale))
+
+    def leak(threshold: int) -> float:
+        counted = voters * q ** (threshold - voters) / (1 + q)
+        return max(counted, uncounted * q ** threshold / (1 + q))
+
+    assert leak(sel.threshold) <= delta
+    assert leak(sel.threshold - 1) > delta
+    assert sel.threshold >= PartitionSelection(voters, epsilon, delta, voters, voters).threshold
+
+
 def test_partition_keep_probability() -> None:
     sel = PartitionSelection(max_groups=1, epsilon=1.0, delta=1e-2)
     rng = random.Random(7)

@@ -220,6 +220,12 @@ class Plan:
         return "rows" if self.selects_on_rows else "units"
 
     @property
+    def selection_uncounted_groups(self) -> int:
+        """Groups one unit may bring to partition selection without counting in them: with `selection_rows`, a
+        unit over them keeps its k rows (the groups they reach are present) but counts nowhere."""
+        return self.rows_per_unit if self.selection_rows is not None and self.selects_on_rows else 0
+
+    @property
     def selection_groups(self) -> int:
         """How many groups' selection counts one unit may move: a unit that counts in selection with at most
         `selection_rows` rows reaches at most that many groups."""

@@ -219,7 +219,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     aggregate over all rows less the heavy units' rows would lose the bound's precision to the cancellation
     of sums far larger than it (the neighbour fuzzer's heavy person moved a sum bounded at 1 by more than 1).
     With `Plan.selection_rows` (g), partition selection reads each group's rows of the units with at most g rows
-    (`dpsql_vote`), and a group that no such unit reaches is left out."""
+    (`dpsql_vote`); a group only other units reach is returned with 0 (`Plan.selection_uncounted_groups`)."""
     keys = [k.name for k in plan.group_keys]
     total, cap, names = plan.bounded_sum.name, literal(plan.unit_total), ", ".join(columns)
     voting = plan.selection_rows is not None
@@ -238,11 +238,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
             else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
     selected = "SUM(dpsql_vote)" if voting else "COUNT(*)"
     units = f"{selected if plan.partition_selection else '0'} AS {UNITS}"
-    # a group no voter reached is left out, as a group without rows is: a unit with no vote may reach k groups,
-    # more than the g its threshold pays for
-    having = " HAVING SUM(dpsql_vote) > 0" if voting else ""
-    return (f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM {weighed}{group_by(keys)}"
-            f"{having}")
+    return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM {weighed}{group_by(keys)}"
 
 
 def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -> str:
@@ -255,15 +251,20 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     `units_only`: the units over k keep k distinct groups, and what partition selection reads per group is its
     kept units, not rows (an over unit's rows beyond its kept groups would count otherwise). With
     `Plan.selection_rows` (g), what selection reads is each group's rows less those of the units with more than
-    g rows (`dpsql_nonvoters`), and a group left with none is not returned."""
+    g rows (`dpsql_nonvoters`), and a group is returned while it keeps a row, with 0 if only other units reach it
+    (`Plan.selection_uncounted_groups`)."""
     keys = [k.name for k in plan.group_keys]
     sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, None if m.expr is None else m.name)
             for m in plan.measures]
 
+    voting = plan.selection_rows is not None
+
     def part(source: str, sign: str, units: str | None = None, measured: bool = True) -> str:
-        units = units or f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'}"
+        kept = f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'}"
         items = [*keys, *(f"{sign}{s} AS {m.name}" if measured else f"0 AS {m.name}"
-                          for s, m in zip(sums, plan.measures, strict=True)), f"{units} AS {UNITS}"]
+                          for s, m in zip(sums, plan.measures, strict=True)), f"{units or kept} AS {UNITS}"]
+        if voting:  # the kept rows, apart from what selection counts: a group is returned if it keeps one
+            items.append(f"{kept if measured else '0'} AS dpsql_kept")
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
     k = int(plan.rows_per_unit)
@@ -279,6 +280,6 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     totals = [f"SUM({m.name}) AS {m.name}" if m.kind == "sum" else f"CAST(SUM({m.name}) AS BIGINT) AS {m.name}"
               for m in plan.measures]
     units = f"CAST(SUM({UNITS}) AS BIGINT)" if plan.partition_selection else "0"
-    having = f" HAVING SUM({UNITS}) > 0" if keys else ""
+    having = f" HAVING SUM({'dpsql_kept' if voting else UNITS}) > 0" if keys else ""
     return (f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *totals, f'{units} AS {UNITS}'])} FROM "
             f"({' UNION ALL '.join(parts)}) AS dpsql_parts{group_by(keys)}{having}")
