@@ -326,8 +326,14 @@ def test_a_second_instance_shares_the_shadow_and_a_new_schema_version_keeps_the_
 
     from dpsql.server.shadow import create_shadow
 
+    def shadows() -> list[str]:
+        with psycopg.connect(deployed.url) as conn:
+            query = "SELECT datname FROM pg_database WHERE datname LIKE 'ops_dpsql_shadow%'"
+            return [name for (name,) in conn.execute(query)]
+
     with psycopg.connect(deployed.dsn(), autocommit=True) as client:
-        first = client.execute("SELECT current_database()").fetchone()[0]
+        assert client.execute("SELECT current_database()").fetchone() == ("demo",)  # the name the client asked for
+        [first] = shadows()
         again, _ = create_shadow(deployed.url, deployed.engine.schema)  # what a second `dpsql serve` does
         assert psycopg.conninfo.conninfo_to_dict(again)["dbname"] == first
         assert client.execute("SELECT count(*) FROM states").fetchone()[0] > 0  # refreshed, never gone
@@ -338,9 +344,7 @@ def test_a_second_instance_shares_the_shadow_and_a_new_schema_version_keeps_the_
         # the old version stays in use, prescriptions and all
         assert client.execute("SELECT count(*) FROM pg_class WHERE relname = 'prescriptions'").fetchone() == (1,)
     create_shadow(deployed.url, deployed.engine.schema)  # back to the first version; the unused one goes
-    with psycopg.connect(deployed.url) as conn:
-        names = [n for (n,) in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'ops_dpsql_shadow%'")]
-    assert names == [first]
+    assert shadows() == [first]
 
 
 def test_catalog_results_past_the_limit_are_cancelled_not_buffered(deployed: Deployment):

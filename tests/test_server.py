@@ -194,7 +194,12 @@ def test_catalog_probes_and_comments_go_to_the_data_free_shadow(served: Running)
         with psycopg.connect(served.engine.settings.database) as direct:
             states = direct.execute("SELECT code, name FROM states ORDER BY code").fetchall()
         assert conn.execute("SELECT code, name FROM states ORDER BY code").fetchall() == states  # public rows
-        assert conn.execute("SELECT current_database()").fetchone()[0].rsplit("_", 1)[0].endswith("_dpsql_shadow")
+        # one database, under the name the client connected to, as psql's \l+ and a BI tool's browser list it
+        assert conn.execute("SELECT current_database(), current_catalog").fetchone() == ("demo", "demo")
+        listed = conn.execute("SELECT d.datname, pg_catalog.has_database_privilege(d.datname, 'CONNECT'), "
+                              "pg_catalog.pg_database_size(d.datname) FROM pg_catalog.pg_database d ORDER BY 1")
+        assert listed.fetchall() == [("demo", True, None)]
+        assert conn.execute("SELECT count(*) FROM pg_database").fetchone() == (1,)
         cur = conn.execute("SELECT TRUE FROM people WHERE 1 <> 1 LIMIT 0")  # Metabase's probe
         assert cur.fetchall() == [] and [d.name for d in cur.description] == ["?column?"]
         cur = conn.execute('SELECT "person_id", "age" FROM "public"."people" WHERE (1 = 0)')  # Tableau's

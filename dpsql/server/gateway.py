@@ -63,15 +63,16 @@ class Gateway:
         """Let the shadow go (another instance may drop it once no client uses it)."""
         self._lease.close()
 
-    def shadow_connection(self, application_name: str, statement_timeout_ms: int) -> ShadowConnection:
-        """A client's session in the shadow. The lease is renewed first if a restart cut it; a shadow that another
-        instance dropped meanwhile (the lease was down) is made again, once, as at start-up."""
+    def shadow_connection(self, application_name: str, statement_timeout_ms: int, database: str) -> ShadowConnection:
+        """A client's session in the shadow, where the shadow goes by the name of the `database` the client asked
+        for. The lease is renewed first if a restart cut it; a shadow that another instance dropped meanwhile (the
+        lease was down) is made again, once, as at start-up."""
         self._renew()
         try:
-            return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms)
+            return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms, database)
         except ShadowLost:  # the shadow itself may be gone
             self._renew()
-            return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms)
+            return ShadowConnection(self.shadow_url, self.shadow_role, application_name, statement_timeout_ms, database)
 
     def _renew(self) -> None:
         """A new lease if the old one is lost (one round trip to find out), and the shadow made again if gone."""
@@ -110,7 +111,7 @@ class Gateway:
             self._logged_in[user] += 1
         self.metrics.count("logins_total", result="ok")
         log.info("login analyst=%s application=%r", user, parameters.get("application_name", ""))
-        return ClientSession(self, user, parameters.get("application_name", ""))
+        return ClientSession(self, user, parameters.get("application_name", ""), database)
 
     def session_closed(self, user: str) -> None:
         with self._logged_in_lock:
@@ -139,8 +140,9 @@ class Gateway:
 
 
 class ClientSession:
-    def __init__(self, gateway: Gateway, analyst: str, application_name: str):
+    def __init__(self, gateway: Gateway, analyst: str, application_name: str, database: str):
         self.gateway, self.analyst, self.application_name = gateway, analyst, application_name
+        self.database = database  # the name the client connected to: the shadow goes by it
         self.options = Options()
         self._shadow: ShadowConnection | None = None
         self._running: Cancellation | ShadowConnection | None = None
@@ -291,7 +293,8 @@ class ClientSession:
     def shadow(self) -> ShadowConnection:
         if self._shadow is None:
             self._shadow = self.gateway.shadow_connection(self.application_name,
-                                                          self.gateway.engine.settings.statement_timeout_ms)
+                                                          self.gateway.engine.settings.statement_timeout_ms,
+                                                          self.database)
         return self._shadow
 
     def _reset_shadow(self) -> dict[str, str]:

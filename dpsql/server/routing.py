@@ -63,6 +63,7 @@ USER_TOKENS = {TokenType.CURRENT_USER, TokenType.SESSION_USER}
 USER_WORDS = {"user", "current_role"}
 SCHEMA_CATALOGS = {"pg_statistic_ext"}  # definitions of statistics objects (psql's \d lists them), not their data
 IDENTIFIER_TOKENS = {TokenType.VAR, TokenType.IDENTIFIER}
+THIS_DATABASE = "(SELECT * FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,16 @@ def _refuse_server_state(statement: Statement) -> None:
                                  "aggregates of the data instead")
 
 
+def _reads_databases(tokens: tuple[Token, ...], index: int) -> bool:
+    """Whether tokens[index] is pg_database (or pg_catalog.pg_database) read as a table in a FROM list."""
+    if tokens[index].token_type not in IDENTIFIER_TOKENS or tokens[index].text.lower() != "pg_database":
+        return False
+    if index + 1 < len(tokens) and tokens[index + 1].token_type in (TokenType.DOT, TokenType.L_PAREN):
+        return False
+    before = index - 3 if index >= 2 and tokens[index - 1].token_type == TokenType.DOT else index - 1
+    return before >= 0 and tokens[before].token_type in (TokenType.FROM, TokenType.JOIN, TokenType.COMMA)
+
+
 def _is_call(tokens: tuple[Token, ...], index: int, name: str | set[str]) -> bool:
     """Whether tokens[index] names the function `name` (one of `name`) and a call of it follows."""
     names = {name} if isinstance(name, str) else name
@@ -200,7 +211,8 @@ def _check_set_config(tokens: tuple[Token, ...], index: int) -> None:
 
 def catalog_text(statement: Statement, analyst: str) -> str:
     """The text to run in the shadow for a catalog query: the analyst as the current user (the shadow's role is
-    not theirs) and NULL for the size of a database or tablespace (they would describe the real data)."""
+    not theirs), NULL for the size of a database or tablespace (they would describe the real data), and
+    pg_database holding the shadow alone (the client sees one database, under the name it connected to)."""
     tokens, sql = statement.tokens, statement.sql
     offset = statement.tokens[0].start if tokens else 0
     edits: list[tuple[int, int, str]] = []  # (start, end exclusive, replacement) in the statement's text
@@ -219,6 +231,11 @@ def catalog_text(statement: Statement, analyst: str) -> str:
             if alone and index and tokens[index - 1].token_type in (TokenType.SELECT, TokenType.COMMA):
                 literal += f' AS "{token.text.lower()}"'
             edits.append((token.start - offset, token.end + 1 - offset, literal))
+        elif _reads_databases(tokens, index):
+            start = tokens[index - 2].start if tokens[index - 1].token_type == TokenType.DOT else token.start
+            aliased = index + 1 < len(tokens) and tokens[index + 1].token_type in {*IDENTIFIER_TOKENS, TokenType.ALIAS}
+            edits.append((start - offset, token.end + 1 - offset,
+                          THIS_DATABASE + ("" if aliased else " AS pg_database")))
     for start, end, replacement in reversed(edits):
         sql = sql[:start] + replacement + sql[end:]
     return sql

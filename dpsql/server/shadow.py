@@ -162,13 +162,17 @@ class ShadowLost(Exception):
 class ShadowConnection:
     """One client's session in the shadow database (its SET commands persist in it)."""
 
-    def __init__(self, url: str, role: str | None, application_name: str = "", statement_timeout_ms: int = 30_000):
+    def __init__(self, url: str, role: str | None, application_name: str = "", statement_timeout_ms: int = 30_000,
+                 database: str | None = None):
         try:
             self._conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8", connect_timeout=10,
                                          application_name=application_name[:63])
         except psycopg.OperationalError as exc:
             log.warning("cannot connect to the shadow database: %s", exc)
             raise ShadowLost("cannot connect to the catalog database") from None
+        # the client sees the shadow under the name it connected to (current_database(), psql's \l), as it would
+        # see the database it asked PostgreSQL for
+        self._renamed = (self._conn.info.dbname.encode(), (database or self._conn.info.dbname).encode())
         self._notices: list[Notice] = []
         self._conn.add_notice_handler(self._on_notice)
         self._lock = threading.Lock()
@@ -235,7 +239,7 @@ class ShadowConnection:
                         continue
                     if too_large:
                         continue
-                    row = [result.get_value(0, c) for c in range(result.nfields)]
+                    row = [self._face(result.get_value(0, c)) for c in range(result.nfields)]
                     size += sum(len(v) for v in row if v is not None) + 16 * len(row)
                     if binary:
                         row = [None if v is None else RawValue(v, result.ftype(c)) for c, v in enumerate(row)]
@@ -254,6 +258,11 @@ class ShadowConnection:
         columns = _columns(result)
         tag = (result.command_status or b"").decode()
         return tag, columns, rows, self._notices
+
+    def _face(self, value: bytes | None) -> bytes | None:
+        """A value as the client sees it: the shadow's own name is the name the client connected to (a name's text
+        and binary forms are its bytes)."""
+        return self._renamed[1] if value == self._renamed[0] else value
 
     def read_value(self, text: str, type_name: str) -> bytes:
         """PostgreSQL's binary form of `text` read as `type_name` in this session (its DateStyle, TimeZone)."""
