@@ -213,9 +213,14 @@ class Plan:
         return bool(self.measures) and all(m.kind in ("count", "sum") for m in self.measures)
 
     @property
+    def selects_on_voters(self) -> bool:
+        """Whether partition selection counts the rows of only the units with at most `selection_rows` rows."""
+        return self.selection_rows is not None and self.selects_on_rows
+
+    @property
     def selection_counts(self) -> str:
         """What partition selection counts in each group, in words."""
-        if self.selects_on_rows and self.selection_rows is not None:
+        if self.selects_on_voters:
             return f"rows of the units with at most {self.selection_rows} row(s)"
         return "rows" if self.selects_on_rows else "units"
 
@@ -223,13 +228,13 @@ class Plan:
     def selection_uncounted_groups(self) -> int:
         """Groups one unit may bring to partition selection without counting in them: with `selection_rows`, a
         unit over them keeps its k rows (the groups they reach are present) but counts nowhere."""
-        return self.rows_per_unit if self.selection_rows is not None and self.selects_on_rows else 0
+        return self.rows_per_unit if self.selects_on_voters else 0
 
     @property
     def selection_groups(self) -> int:
         """How many groups' selection counts one unit may move: a unit that counts in selection with at most
         `selection_rows` rows reaches at most that many groups."""
-        return self.selection_rows if self.selection_rows is not None and self.selects_on_rows else self.max_groups
+        return self.selection_rows if self.selects_on_voters else self.max_groups
 
     @property
     def needs_statistics(self) -> bool:
