@@ -21,7 +21,7 @@ no row escapes the bound.
 
 from __future__ import annotations
 
-from dpsql.analysis import Plan
+from dpsql.analysis import Measure, Plan
 from dpsql.rewrite.fragments import (
     UNITS,
     aggregate,
@@ -45,22 +45,22 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     if plan.selection_rows is not None and not counts_voters(plan):
         raise ValueError("partition selection over the rows of units with few rows has no statement of this form")
     keys = [k.name for k in plan.group_keys]
-    rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if m.expr is not None)]
+    rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if _column(plan, m) == m.name)]
     per_unit = ["dpsql_unit", *keys]
     for m in plan.measures:
         if m.kind == "units":
             per_unit.append(f"1 AS {m.name}")
         else:  # the unit's total, clamped to what k rows could give
             lo, hi = (literal(v) for v in m.unit_range)
-            total = aggregate(m, None if m.expr is None else m.name)
+            total = aggregate(m, _column(plan, m))
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
     ctes = [rows_cte(plan, rows, present(plan.unit), hash_seed)]
     rows_of_units = "dpsql_rows"
     if plan.rows_total:  # k rows per unit over all groups together
-        columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if m.expr is not None)]
+        columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if _column(plan, m) == m.name)]
         form = _rows_total_form(plan)
         if form == "weighed":
-            heavier = f"SUM({plan.bounded_sum.name}) > {literal(plan.unit_total)}"
+            heavier = f"SUM({_column(plan, plan.bounded_sum)}) > {literal(plan.unit_total)}"
             return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(
                 columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order,
                 voters_up_to=plan.selection_rows))
@@ -89,6 +89,15 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
+
+
+def _column(plan: Plan, measure: Measure) -> str | None:
+    """The column of `dpsql_rows` that holds `measure`'s value (None: it has none, COUNT(*)). Measures of one
+    expression, an AVG's count and sum, share the first one's, so that PostgreSQL computes it once a row."""
+    if measure.expr is None:
+        return None
+    text = sql(measure.expr)
+    return next(m.name for m in plan.measures if m.expr is not None and sql(m.expr) == text)
 
 
 def _rows_total_form(plan: Plan) -> str:
@@ -206,7 +215,7 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     (unit, group) and its sort. Partition selection reads each group's kept rows (`Plan.selects_on_rows`)."""
     keys = [k.name for k in plan.group_keys]
     sums = [f"COUNT(DISTINCT dpsql_unit) AS {m.name}" if m.kind == "units"
-            else f"{aggregate(m, None if m.expr is None else m.name)} AS {m.name}" for m in plan.measures]
+            else f"{aggregate(m, _column(plan, m))} AS {m.name}" for m in plan.measures]
     units = f"{'COUNT(*)' if plan.partition_selection else '0'} AS {UNITS}"
     return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"
 
@@ -226,14 +235,14 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     selection reads each group's rows of the units with at most g rows (`dpsql_vote`); a group only other units
     reach is returned with 0 (`Plan.selection_uncounted_groups`)."""
     keys = [k.name for k in plan.group_keys]
-    total, cap = plan.bounded_sum.name, literal(plan.unit_total)
+    total, cap = _column(plan, plan.bounded_sum), literal(plan.unit_total)
     voting = plan.selection_rows is not None
 
     def part(source: str, units: str, weighed: bool = False) -> str:
         """The statistics per group over one set of units' rows: each part is PostgreSQL's plain aggregate, and
         the parts' units are disjoint, so adding them up cancels nothing."""
-        sums = [f"SUM({m.name} * dpsql_weight)" if weighed and m.name == total
-                else aggregate(m, None if m.expr is None else m.name) for m in plan.measures]
+        sums = [f"SUM({total} * dpsql_weight)" if weighed and m.name == plan.bounded_sum.name
+                else aggregate(m, _column(plan, m)) for m in plan.measures]
         items = [*keys, *(f"{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
                  f"{units if plan.partition_selection else '0'} AS {UNITS}"]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
@@ -271,7 +280,7 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     g rows (`dpsql_nonvoters`), and a group is returned while it keeps a row, with 0 if only other units reach it
     (`Plan.selection_uncounted_groups`)."""
     keys = [k.name for k in plan.group_keys]
-    sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, None if m.expr is None else m.name)
+    sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, _column(plan, m))
             for m in plan.measures]
 
     voting = plan.selection_rows is not None
