@@ -143,6 +143,11 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         cursor = conn.execute(f"SELECT COUNT(*) AS k FROM ({inner}) t")
         assert [d.name for d in cursor.description] == ["k"] and cursor.fetchall() == [(8,)]
+    # the inner query's HAVING, ORDER BY and LIMIT over its noisy values: its released rows, as answered alone
+    top = f"{inner} HAVING COUNT(*) > 100 ORDER BY n DESC LIMIT 3"
+    released = engine.query(top, analyst=analyst, epsilon=1.0)
+    answer = engine.query(f"SELECT SUM(n) AS total, COUNT(*) AS k FROM ({top}) t", analyst=analyst, epsilon=1.0)
+    assert answer.cached and answer.rows == [(sum(row[1] for row in released.rows), len(released.rows))]
 
 
 def test_running_totals_and_partitions_follow_postgresql(engine, analyst):

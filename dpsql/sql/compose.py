@@ -82,12 +82,12 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
 def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
     """`SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t GROUP BY k) s`: an aggregate of the released rows of a
     grouped query that is not grouped by the unit (that one bounds a unit's contributions, and the analysis
-    answers it): the inner query is the one part, the outer one post-processing of its rows."""
+    answers it): the inner query is the one part, the outer one post-processing of its rows. The inner query
+    may filter, order and cut its groups (HAVING, ORDER BY, LIMIT): answered alone, it releases those rows."""
     source = tree.args["from_"].this if tree.args.get("from_") else None
     inner = source.this if isinstance(source, exp.Subquery) else None
     if (not isinstance(inner, exp.Select) or not inner.args.get("group") or tree.args.get("joins")
             or tree.args.get("with_") or not any(e.find(*AGGREGATES) for e in tree.expressions)
-            or any(inner.args.get(k) for k in ("order", "limit", "offset", "having"))
             or tree.find(exp.Window) or any(e.find(exp.Subquery) for e in tree.expressions)):
         return None
     units = {t.unit_column for t in schema.tables.values() if t.unit_column} | {schema.unit_column}
