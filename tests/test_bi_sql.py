@@ -472,6 +472,10 @@ def test_count_distinct_of_a_declared_domain_counts_the_values_surely_present(en
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         cursor = conn.execute("SELECT COUNT(DISTINCT sex) FROM people")
         assert [d.name for d in cursor.description] == ["count"] and cursor.fetchall() == [(2,)]
+    # through a parent: a prescription's unit is its visit's person (visit_id is also a column of visits)
+    drugs = engine.query("SELECT COUNT(DISTINCT drug) FROM prescriptions WHERE visit_id > 0 AND cost >= 0",
+                         analyst=analyst, epsilon=1.0)
+    assert drugs.rows == [(8,)] and any("counted as present" in n for n in drugs.notes)
 
 
 def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its_noise(engine, analyst):

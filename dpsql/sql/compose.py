@@ -16,7 +16,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
-from dpsql.schema import PrivacySchema
+from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.query import AGGREGATES, output_name, to_sql
@@ -127,17 +127,42 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
     column = declared.columns.get(distinct.expressions[0].name) if declared is not None else None
     if column is None or column.domain is None or declared.public or column.local is not None:
         return None
-    unit = declared.unit_column if schema.unit_table is not None and declared.unit_column else None
-    if unit is None:
-        return None  # reached through a parent or row-level: left to the ordinary stages
+    path = _path_to_unit(schema, declared, table.alias_or_name)
+    if path is None:
+        return None  # row-level privacy: left to the ordinary stages
+    unit, joins = path
     tree = bind_parameters(tree, params)
-    inner = exp.select(exp.column(column.name), exp.alias_(
-        exp.Count(this=exp.Distinct(expressions=[exp.column(unit)])), UNITS_PER_VALUE)).from_(table.copy())
-    if tree.args.get("where"):
-        inner.set("where", tree.args["where"].copy())
-    inner.set("group", exp.Group(expressions=[exp.column(column.name)]))
+    own = table.alias_or_name
+    inner = exp.select(exp.column(column.name, table=own), exp.alias_(
+        exp.Count(this=exp.Distinct(expressions=[unit])), UNITS_PER_VALUE)).from_(table.copy())
+    for join in joins:
+        inner = inner.join(join)
+    if tree.args.get("where"):  # its columns are the table's own: named as such beside the parents joined
+        where = tree.args["where"].copy()
+        for name in where.find_all(exp.Column):
+            if not name.table:
+                name.set("table", exp.to_identifier(own))
+        inner.set("where", where)
+    inner.set("group", exp.Group(expressions=[exp.column(column.name, table=own)]))
     return Composition([to_sql(inner)], f"the declared values of {table.name}.{column.name} present: counted from "
                        "a noisy count of units per value", values_present=output_name(tree.expressions[0]))
+
+
+def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.Column, list[exp.Join]] | None:
+    """The unit of `table`'s rows (read as `alias`) and the joins to its parents that reach it (none where the
+    table has the unit column); None under row-level privacy."""
+    if schema.unit_table is None:
+        return None
+    joins: list[exp.Join] = []
+    while table.unit_column is None:
+        if table.parent is None or len(joins) >= len(schema.tables):
+            return None
+        link, parent = table.parent, f"dpsql_up{len(joins) + 1}"
+        joins.append(exp.Join(this=exp.Table(this=exp.to_identifier(link.table), alias=exp.TableAlias(
+            this=exp.to_identifier(parent))), on=exp.column(link.key, table=parent).eq(exp.column(link.column,
+                                                                                                  table=alias))))
+        table, alias = schema.tables[link.table], parent
+    return exp.column(table.unit_column, table=alias), joins
 
 
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
