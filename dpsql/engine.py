@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import astuple, dataclass, field, fields, replace
 from typing import Any
 
 from sqlglot import exp
@@ -835,12 +835,15 @@ def _wait_until(deadline: float) -> None:
 # --- answers in the cache (JSON in dpsql.answers) --------------------------------------------------------------
 
 
+ACCURACY_FIELDS = tuple(f.name for f in fields(Accuracy))  # astuple would deep-copy each value (a tenth of a query)
+
+
 def _encode(answer: Answer) -> dict:
     return {
         "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
         "notes": answer.notes,
         "rows": [[encode_value(v) for v in row] for row in answer.rows],
-        "accuracy": [[None if a is None else [encode_value(v) for v in astuple(a)] for a in row]
+        "accuracy": [[None if a is None else [encode_value(getattr(a, name)) for name in ACCURACY_FIELDS] for a in row]
                      for row in answer.accuracy],
     }
 
