@@ -377,6 +377,10 @@ def test_metrics_count_connections_logins_statements_and_budgets(deployed: Deplo
                  'dpsql_statements_total{route="catalog"}', 'dpsql_errors_total{sqlstate="42501"}',
                  'dpsql_epsilon_spent{analyst="ops"}', "dpsql_open_connections"]:
         assert line in text, line
+    gauges = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith(("process_resident_memory_bytes", "dpsql_threads", "dpsql_python_allocated"))}
+    assert gauges["process_resident_memory_bytes"] > 2**20 and gauges["dpsql_threads"] >= 2
+    assert gauges["dpsql_python_allocated_blocks"] > 1000
     assert "people" not in text  # no query text
 
 

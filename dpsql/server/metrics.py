@@ -2,12 +2,15 @@
 
 Counters: connections (open, accepted, refused past the limit), logins by result, statements by route,
 errors by SQLSTATE, answers by whether they came from the cache. At each scrape the ledger adds every
-analyst's ε spent and left. Nothing here holds a query's text or values: the log lines name the analyst,
+analyst's ε spent and left, and the process its resident memory, threads and live Python objects (memory that
+a burst of clients leaves resident shows as RSS above a baseline while the live objects are back at theirs). Nothing here holds a query's text or values: the log lines name the analyst,
 the route and the outcome only.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -34,7 +37,8 @@ class Metrics:
         """The exposition text; `budgets` reads the ledger (skipped, with a note, when it is out of reach)."""
         with self._lock:
             counts = sorted(self._counts.items())
-            lines = ["# TYPE dpsql_open_connections gauge", f"dpsql_open_connections {self.open_connections}"]
+            lines = ["# TYPE dpsql_open_connections gauge", f"dpsql_open_connections {self.open_connections}",
+                     *_process_gauges()]
         typed = set()
         for (name, labels), value in counts:
             if name not in typed:
@@ -52,6 +56,20 @@ class Metrics:
                 value = budget.epsilon_spent if kind == "spent" else budget.epsilon_left
                 lines.append(f"dpsql_epsilon_{kind}{_labels((('analyst', budget.analyst),))} {value:.6g}")
         return "\n".join(lines) + "\n"
+
+
+def _process_gauges() -> list[str]:
+    """Resident memory (Prometheus' standard name), threads, and the blocks CPython has allocated."""
+    lines = []
+    try:
+        with open("/proc/self/statm") as statm:
+            resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        lines += ["# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {resident}"]
+    except (OSError, ValueError):  # not Linux
+        pass
+    return lines + ["# TYPE dpsql_threads gauge", f"dpsql_threads {threading.active_count()}",
+                    "# TYPE dpsql_python_allocated_blocks gauge",
+                    f"dpsql_python_allocated_blocks {sys.getallocatedblocks()}"]
 
 
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
