@@ -145,7 +145,7 @@ def main() -> None:
               "the analyst closes, the live Python objects are back within a few percent of the baseline (the "
               "column above, from the server's own `dpsql_python_allocated_blocks`): what remains are the bounded "
               "caches of recent statements (1,024 split texts, 1,024 routes, 256 plans: about 1 MB) and the idle "
-              "workers the thread pools started (at most max_client_connections + 4). The resident memory stays "
+              "workers the thread pools started (at most max_client_connections + 16). The resident memory stays "
               "higher because CPython's small-object allocator returns an arena (1 MB) to the system only when "
               "every block in it is free, and a round opens about 12 arenas in which a few long-lived blocks then "
               "live (a dict that grew, a thread's state). Measured by hand with `sys._debugmallocstats()` in the "
