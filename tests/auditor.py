@@ -186,6 +186,7 @@ max_rows_per_unit = 100
 [tables.rides.columns]
 person_id = "bigint"
 line = "text"
+fare = { type = "double precision", lower = 0, upper = 50 }
 """
 PEOPLE = 400
 RIDERS = 3000  # the riders of `rides`: units of their own, most not among the people
@@ -222,12 +223,13 @@ def _load(url: str, first: tuple | None) -> None:
         cur.execute("CREATE TABLE trips (person_id bigint NOT NULL REFERENCES people, kind text, "
                     "fare double precision)")
         cur.executemany("INSERT INTO trips VALUES (%s, %s, %s)", trips)
-        # rides (0 to 5 a rider) on three lines, by RIDERS riders: enough for the race to resolve the data, so that
-        # its τ bounds partition selection; the neighbour's person rides 3 times on a line of its own
-        rides = [(i, f"l{(i + j) % 3}") for i in range(1, RIDERS + 1) for j in range(i % 6)]
-        rides = ([(first[0], "x")] * 3 if first else []) + rides
-        cur.execute("CREATE TABLE rides (person_id bigint NOT NULL, line text)")
-        cur.executemany("INSERT INTO rides VALUES (%s, %s)", rides)
+        # rides (0 to 5 a rider, fares up to 19) on three lines, by RIDERS riders: enough for the race to resolve
+        # the data, so that its τ bounds partition selection; the neighbour's person rides 3 times on a line of its
+        # own at the top fare
+        rides = [(i, f"l{(i + j) % 3}", float((i + j) % 20)) for i in range(1, RIDERS + 1) for j in range(i % 6)]
+        rides = ([(first[0], "x", 50.0)] * 3 if first else []) + rides
+        cur.execute("CREATE TABLE rides (person_id bigint NOT NULL, line text, fare double precision)")
+        cur.executemany("INSERT INTO rides VALUES (%s, %s, %s)", rides)
         cur.execute("ANALYZE")
 
 
@@ -388,4 +390,7 @@ QUERY_CLASSES = [
                fast=True),
     QueryClass("partition selection over the rows of the units within the race's τ",
                query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
+    QueryClass("the same beside an average (the weighed answer: each set of units aggregated apart)",
+               query("SELECT line, COUNT(*), AVG(fare) FROM rides GROUP BY line", rows_per_unit="auto"), 1,
+               delta=DELTA),
 ]
