@@ -3,8 +3,8 @@
 Counters: connections (open, accepted, refused past the limit), logins by result, statements by route,
 errors by SQLSTATE, answers by whether they came from the cache. At each scrape the ledger adds every
 analyst's ε spent and left, and the process its resident memory, threads and live Python objects (memory that
-a burst of clients leaves resident shows as RSS above a baseline while the live objects are back at theirs). Nothing here holds a query's text or values: the log lines name the analyst,
-the route and the outcome only.
+a burst of clients leaves resident shows as RSS above a baseline while the live objects are back at theirs).
+Nothing here holds a query's text or values: the log lines name the analyst, the route and the outcome only.
 """
 
 from __future__ import annotations
