@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import hmac
 import itertools
 import logging
 import secrets
 import signal
 import ssl
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +33,13 @@ from dpsql.server.auth import METHODS
 from dpsql.server.gateway import Gateway
 from dpsql.server.protocol import Conversation
 from dpsql.server.shadow import create_shadow
+from dpsql.server.workers import IdleEndingExecutor
 
 log = logging.getLogger("dpsql.server")
 READ_SIZE = 256 * 1024
 LOGIN_WORKERS = 16  # logins, cancels and closes: short, and never behind a statement
 LOGIN_TIMEOUT = 60.0  # seconds a connection may take to log in, in all (PostgreSQL's authentication_timeout)
+TRIM_DELAY = 0.5  # seconds after a disconnection before freed memory is given back (one trim for a wave of them)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,17 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
 class Server:
     """One listening socket; `await start()`, then `await serve_forever()` or `await close()`."""
 
@@ -86,8 +100,9 @@ class Server:
         self.max_prepared_statements = max_prepared_statements
         self.idle_timeout, self.idle_in_transaction_timeout = idle_timeout, idle_in_transaction_timeout
         # a client runs one statement at a time, so one worker per allowed client means no statement ever waits
-        self._executor = ThreadPoolExecutor(max_clients, thread_name_prefix="dpsql-statement")
-        self._login_executor = ThreadPoolExecutor(LOGIN_WORKERS, thread_name_prefix="dpsql-login")
+        self._executor = IdleEndingExecutor(max_clients, "dpsql-statement")
+        self._login_executor = IdleEndingExecutor(LOGIN_WORKERS, "dpsql-login")
+        self._trim_pending = False
         self._server: asyncio.base_events.Server | None = None
         self.port = listen.port
         self.metrics_listen = metrics_listen
@@ -188,10 +203,29 @@ class Server:
             # a cancel here comes from the server closing: the cleanup still runs (in its thread), quietly
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 await loop.run_in_executor(self._login_executor, conversation.close)
+            self._trim_soon(loop)
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, asyncio.CancelledError):
                 await writer.wait_closed()
             self._handlers.discard(handler)
+
+    def _trim_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Give the memory a closed connection freed back to the system shortly: its prepared statements were
+        malloc blocks (`protocol._PreparedStatements`), which glibc otherwise keeps for reuse (one analyst's
+        16,000 statements left 13 MB resident, 5 MB with this). In a pool thread; one trim for a wave of closes."""
+        if MALLOC_TRIM is None or self._trim_pending:
+            return
+        self._trim_pending = True
+
+        def trim() -> None:
+            self._trim_pending = False
+            MALLOC_TRIM(0)
+
+        def start() -> None:
+            with contextlib.suppress(RuntimeError):  # the server closed meanwhile
+                loop.run_in_executor(self._login_executor, trim)
+
+        loop.call_later(TRIM_DELAY, start)
 
     def _idle_timeout(self, conversation: Conversation) -> float | None:
         """How long a logged-in client may stay silent (None: for ever), by its transaction status."""
