@@ -103,11 +103,13 @@ BEGIN
 END $$;
 """
 MAX_CHARGE_ATTEMPTS = 1000  # a charge re-reads the budget after losing a race to a concurrent one
-UNANSWERED = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
-              "AND NOT c.settled "
-              "AND NOT EXISTS (SELECT 1 FROM dpsql.answers a WHERE a.analyst = %(n)s AND a.query_key = %(k)s))")
-BUDGETS = "SELECT name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent " \
-          "FROM dpsql.analysts a WHERE removed_at IS NULL"
+BUDGET_COLUMNS = "name, epsilon_total, delta_total, epsilon_spent, delta_spent, rho_spent, approx_delta_spent"
+BUDGETS = f"SELECT {BUDGET_COLUMNS} FROM dpsql.analysts a WHERE removed_at IS NULL"
+# whether the query was charged by an attempt that released nothing, and the analyst's budget: one round trip
+UNANSWERED_AND_BUDGET = ("SELECT EXISTS (SELECT 1 FROM dpsql.charges c WHERE c.analyst = %(n)s AND c.query_key = %(k)s "
+                         "AND NOT c.settled AND NOT EXISTS (SELECT 1 FROM dpsql.answers s WHERE s.analyst = %(n)s "
+                         f"AND s.query_key = %(k)s)), {BUDGET_COLUMNS} FROM dpsql.analysts a "
+                         "WHERE removed_at IS NULL AND name = %(n)s")
 RECORD = ("INSERT INTO dpsql.budget_changes (analyst, by, action, epsilon_total, delta_total) "
           "SELECT name, COALESCE(%(by)s, session_user), %(action)s, epsilon_total, delta_total FROM dpsql.analysts "
           "WHERE name = %(n)s")
@@ -239,10 +241,15 @@ class Ledger:
         settled (`settle`), and asking again is charged again, as before: free retries would let an analyst
         sample a data-dependent outcome (how long the query runs) as often as they like."""
         with pooled(self._pool) as conn:
-            if conn.execute(UNANSWERED, {"n": name, "k": query_key}).fetchone()[0]:
-                return _budget(conn, name)  # paid already, by an attempt that never delivered its answer
-            for _ in range(MAX_CHARGE_ATTEMPTS):
-                before = _budget(conn, name)  # raises UnknownAnalyst
+            row = conn.execute(UNANSWERED_AND_BUDGET, {"n": name, "k": query_key}).fetchone()
+            if row is None:
+                raise _unknown(name)
+            unanswered, before = row[0], _as_budget(row[1:])
+            if unanswered:
+                return before  # paid already, by an attempt that never delivered its answer
+            for attempt in range(MAX_CHARGE_ATTEMPTS):
+                if attempt:
+                    before = _budget(conn, name)  # another charge came first: read again (raises UnknownAnalyst)
                 after = before.plus(cost)
                 if not after.within:
                     raise BudgetExhausted(
