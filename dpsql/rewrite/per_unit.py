@@ -236,7 +236,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     reach is returned with 0 (`Plan.selection_uncounted_groups`)."""
     keys = [k.name for k in plan.group_keys]
     total, cap = _column(plan, plan.bounded_sum), literal(plan.unit_total)
-    voting = plan.selection_rows is not None
+    voting = plan.selects_on_voters
 
     def part(source: str, units: str, weighed: bool = False) -> str:
         """The statistics per group over one set of units' rows: each part is PostgreSQL's plain aggregate, and
@@ -283,7 +283,7 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, _column(plan, m))
             for m in plan.measures]
 
-    voting = plan.selection_rows is not None
+    voting = plan.selects_on_voters
 
     def part(source: str, sign: str, units: str | None = None, measured: bool = True) -> str:
         kept = f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'}"
@@ -296,7 +296,7 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     k = int(plan.rows_per_unit)
     if units_only or any(m.kind == "units" for m in plan.measures):  # distinct counts do not subtract row by row
         parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"), part(f"dpsql_ranked WHERE dpsql_rank <= {k}", "")]
-    elif plan.selection_rows is not None:  # selection counts every row less those of the units with over g rows
+    elif voting:  # selection counts every row less those of the units with over g rows
         parts = [part("dpsql_rows", ""), part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-", "0"),
                  part("dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_nonvoters)", "", "-COUNT(*)",
                       measured=False)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import hmac
 import itertools
 import logging
@@ -71,9 +70,10 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 
 def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None (another C library)."""
+    """glibc's malloc_trim, or None (another C library), from the symbols the process already has loaded
+    (ctypes.util.find_library would run ldconfig at every start: 20 ms)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 
