@@ -259,9 +259,10 @@ class Engine:
             read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
                    "the same pass" if race_answers else ""
             if _lent(calibration, FALLBACK_SHARE):
+                halves = ", half for each race" if rows_race else ""
                 read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
-                         f"the bound instead (sparse vector); below the cap, {EFFECT_SHARE:.0%} of it counts the "
-                         "units that hold more than the chosen bound, shown with the answer")
+                         f"the bound instead (sparse vector{halves}); below the cap, {EFFECT_SHARE:.0%} of it counts "
+                         "the units that hold more than the chosen bound, shown with the answer")
             beside = "" if rows_race is None else (
                 f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
                 f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
@@ -498,18 +499,20 @@ class Engine:
         bound (`race_answers`), else None (its statement runs)."""
         race, rows_race = prepared.race, prepared.rows_race
         truncated, rows_truncated = truncated[:len(race.taus)], truncated[len(race.taus):]
-        decision = race.decide(truncated, _lent(prepared.calibration, FALLBACK_SHARE),
-                               effect_epsilon=_lent(prepared.calibration, EFFECT_SHARE))
+        # beside a race over totals, the counts' race shares the fallback's ε: an AVG's denominator at the
+        # declared cap is as noisy as its numerator at the cap
+        fallback = _lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
+        decision = race.decide(truncated, fallback, effect_epsilon=_lent(prepared.calibration, EFFECT_SHARE))
         rows = None
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
-        # the counts' rows lend the answer no ε: where their race cannot resolve the data, the declared bound
-        rows_decision = rows_race.decide(rows_truncated, 0.0) if rows_race is not None else None
+        rows_decision = rows_race.decide(rows_truncated, fallback) if rows_race is not None else None
         rows_bound = rows_decision.bound if rows_decision is not None else None
         # partition selection counts the rows of the units within the τ the race over rows chose (no margin)
         over_rows = rows_decision or (None if prepared.race_totals else decision)
         resolved = all(d.tau is not None for d in (decision, rows_decision) if d is not None)
-        bounded = self._bounded_at(prepared, decision.bound, decision.spent, rows_bound,
+        spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
+        bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound,
                                    over_rows.tau if over_rows is not None else None, resolved)
         note = describe_units_over(decision.over, prepared.race_totals)
         return replace(bounded, bound_note=note), rows
