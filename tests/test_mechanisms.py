@@ -62,6 +62,67 @@ def test_discrete_gaussian_pmf(sigma_squared: Fraction) -> None:
     _assert_matches_pmf(samples, lambda z: math.exp(-z * z / (2 * s2)) / norm)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8, 10, 256, 1000])
+def test_the_buffered_os_generator_draws_uniformly_below_n(n: int) -> None:
+    """The production generator (the OS CSPRNG read in blocks, rejection with the bits of n - 1) gives every value
+    below n equally often; its draws are the OS's, so this checks the arithmetic, not the source."""
+    from dpsql.mechanisms.samplers import BufferedSystemRandom
+
+    rng = BufferedSystemRandom()
+    draws = [rng.randrange(n) for _ in range(20 * n if n > 100 else 20_000)]
+    assert min(draws) >= 0 and max(draws) < n
+    if n > 1:
+        observed = [Counter(draws)[v] for v in range(n)]
+        assert stats.chisquare(observed).pvalue > 1e-4
+    assert 0 <= rng.randrange(5, 9) - 5 < 4 and rng.randrange(0, 10, 5) in (0, 5)  # the other forms: Random's
+
+
+def test_the_buffered_os_generators_laplace_matches_its_pmf() -> None:
+    """The samplers' own check on the production generator."""
+    from dpsql.mechanisms.samplers import SYSTEM_RANDOM
+
+    scale, q = Fraction(3, 2), math.exp(-2 / 3)
+    samples = [discrete_laplace(scale, SYSTEM_RANDOM) for _ in range(SAMPLES)]
+    _assert_matches_pmf(samples, lambda z: (1 - q) / (1 + q) * q ** abs(z))
+
+
+def test_threads_and_forked_children_never_share_the_buffered_bytes() -> None:
+    """Each thread reads its own block of the OS's bytes, and a forked child drops the block it inherited: a
+    child that replayed its parent's buffer would draw the parent's next noise."""
+    import os
+    import threading
+
+    from dpsql.mechanisms.samplers import BufferedSystemRandom
+
+    rng = BufferedSystemRandom()
+    rng.getrandbits(64)  # a block in hand
+    drawn: dict[str, list[int]] = {}
+    threads = [threading.Thread(target=lambda name=name: drawn.__setitem__(name, [rng.getrandbits(64)
+                                                                                   for _ in range(200)]))
+               for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not set(drawn["a"]) & set(drawn["b"])
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child writes its next draws and leaves at once
+        os.write(write, b"".join(rng.getrandbits(64).to_bytes(8, "big") for _ in range(16)))
+        os._exit(0)
+    os.close(write)
+    theirs = b""
+    while len(theirs) < 128:
+        chunk = os.read(read, 128 - len(theirs))
+        if not chunk:
+            break
+        theirs += chunk
+    os.close(read)
+    os.waitpid(child, 0)
+    ours = b"".join(rng.getrandbits(64).to_bytes(8, "big") for _ in range(16))
+    assert len(theirs) == 128 and theirs != ours
+
+
 def test_count_mechanism_is_exactly_epsilon_with_scale_one_over_epsilon() -> None:
     for epsilon in (0.1, 0.3, 1.0, 2.5):
         mech = LaplaceMechanism.calibrate(sensitivity=1, epsilon=epsilon, integer_valued=True)
