@@ -3,8 +3,8 @@
 These follow Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential Privacy" (2020),
 Algorithms 1-3. They use only integer arithmetic on exact rationals, so no floating-point rounding can
 leak information (Mironov 2012). Randomness comes from an object with `randrange(n)`; in production that
-is `BufferedSystemRandom` (the OS CSPRNG, as `random.SystemRandom`, read in blocks). Tests inject a seeded `random.Random` to check exact
-distributions; nothing outside `dpsql.mechanisms` passes one.
+is `BufferedSystemRandom` (the OS CSPRNG, as `random.SystemRandom`, read in blocks). Tests inject a seeded
+`random.Random` to check exact distributions; nothing outside `dpsql.mechanisms` passes one.
 """
 
 from __future__ import annotations
