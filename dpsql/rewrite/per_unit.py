@@ -33,6 +33,7 @@ from dpsql.rewrite.fragments import (
     ranked_rows_of_over,
     sql,
     unit_and_keys,
+    units_item,
     within_rows_per_unit,
 )
 from dpsql.rewrite.truncation import rows_cte
@@ -87,7 +88,7 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
                     f"{', '.join(keys)}) "
                     f"AS dpsql_rank FROM {source})")
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
-    select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), f"COUNT(*) AS {UNITS}"])
+    select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), units_item(plan)])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
 
 
@@ -216,8 +217,8 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
     keys = [k.name for k in plan.group_keys]
     sums = [f"COUNT(DISTINCT dpsql_unit) AS {m.name}" if m.kind == "units"
             else f"{aggregate(m, _column(plan, m))} AS {m.name}" for m in plan.measures]
-    units = f"{'COUNT(*)' if plan.partition_selection else '0'} AS {UNITS}"
-    return f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units])} FROM dpsql_kept{group_by(keys)}"
+    return (f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *sums, units_item(plan)])} FROM "
+            f"dpsql_kept{group_by(keys)}")
 
 
 def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
@@ -244,7 +245,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
         sums = [f"SUM({total} * dpsql_weight)" if weighed and m.name == plan.bounded_sum.name
                 else aggregate(m, _column(plan, m)) for m in plan.measures]
         items = [*keys, *(f"{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
-                 f"{units if plan.partition_selection else '0'} AS {UNITS}"]
+                 units_item(plan, units)]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
     if voting:  # the units within both bounds that may not vote are few: their rows are read apart, no lookup per row
