@@ -58,6 +58,9 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"Top-{plan.top_k.k} selection: {plan.top_k.k} rounds of the exponential mechanism, ε "
                      f"{cost.top_k.epsilon:.6g} each, count sensitivity {cost.top_k.sensitivity:g}"
                      + (" (monotone)" if cost.top_k.monotone else ""))
+    elif plan.top_k is not None:
+        lines.append(f"Top-{plan.top_k.k} selection: the noisy counts, which select their own groups, ordered and cut "
+                     f"to the first {plan.top_k.k} (post-processing: free)")
     if cost.histogram == "noisefirst":
         lines.append("Histogram: NoiseFirst merges adjacent noisy bins where that lowers the estimated error (free)")
     elif cost.structure is not None:

@@ -132,14 +132,19 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
 
 
 def _counts_select_themselves(plan: Plan) -> bool:
-    """Whether the query releases one count of distinct units per group of private keys and nothing else: then
-    that noisy count can be the partition selection's too (one unit moves it by at most 1 in each of the
-    max_groups groups it reaches, as selection assumes), and the count gets the whole ε instead of a share."""
-    if not plan.partition_selection or len(plan.measures) != 1 or plan.top_k is not None \
+    """Whether the query releases one count of units per group of private keys and nothing else: COUNT(DISTINCT
+    unit), or COUNT(*) where a unit has at most one row in a group (a unit's own table). Then that noisy count
+    can be the partition selection's too (one unit moves it by at most 1 in each of the max_groups groups it
+    reaches, as selection assumes), and the count gets the whole ε instead of a share. A top-k over it is then
+    post-processing: the released counts ordered and cut, as SmartNoise does, rather than peeling at a third of
+    ε with the counts at another third (the peers' top 3 states: scale 1.5 -> 0.5 at ε = 2)."""
+    if not plan.partition_selection or len(plan.measures) != 1 \
             or any(a.chosen for a in plan.aggregates) or plan.neighbouring != "add-remove":
         return False
     measure = plan.measures[0]
-    return measure.kind == "units" and measure.sensitivity == plan.max_groups and plan.stability is None
+    one_per_group = measure.kind == "units" or (
+        measure.kind == "count" and measure.expr is None and tuple(measure.unit_range) == (0, 1))
+    return one_per_group and measure.sensitivity == plan.max_groups and plan.stability is None
 
 
 def _self_selected(plan: Plan, epsilon: float, delta: float) -> Calibration | None:
@@ -205,7 +210,7 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
     if calibration.structure is not None:
         return _structure_first_release(plan, calibration.structure, candidates)
     key_gap = None
-    if plan.top_k is not None:
+    if calibration.top_k is not None:  # (else the released counts select themselves: ORDER BY/LIMIT after)
         key_gap = calibration.top_k.utility_gap(max(len(candidates), 1))
         candidates = _top_k(plan, calibration, candidates, names.index(plan.top_k.measure))
     counts = {h.name: _cell_counts(h.cells, n_keys, histogram_rows[h.name]) for h in plan.histograms}

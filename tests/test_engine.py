@@ -262,17 +262,41 @@ def test_grouped_quantiles(engine, analyst):
 
 
 def test_top_k_keys_are_selected_not_thresholded(engine, analyst):
-    """ORDER BY COUNT(*) DESC LIMIT k over private keys: partition selection gives the candidates, the
-    exponential mechanism picks k of them, and only their counts are noised."""
-    sql = "SELECT state, COUNT(*) FROM people GROUP BY state ORDER BY COUNT(*) DESC LIMIT 3"
+    """ORDER BY COUNT(*) DESC LIMIT k over private keys, with another statistic beside the count: partition
+    selection gives the candidates, the exponential mechanism picks k of them, and only their values are noised."""
+    sql = "SELECT state, COUNT(*), AVG(income) FROM people GROUP BY state ORDER BY COUNT(*) DESC LIMIT 3"
     prepared = engine.prepare(sql, epsilon=2.0)
     assert prepared.plan.top_k.k == 3 and prepared.plan.top_k.sensitivity == 1 and prepared.plan.top_k.monotone
+    assert prepared.calibration.top_k is not None
     answer = engine.query(sql, analyst=analyst, epsilon=2.0)
     assert [row[0] for row in answer.rows][:1] == ["CA"]  # by far the largest state in the demo data
     assert len(answer.rows) == 3 and answer.epsilon == pytest.approx(2.0)
     counts = [row[1] for row in answer.rows]
     assert counts == sorted(counts, reverse=True)
     assert all(row[0].count_gap is not None and row[1].scale is not None for row in answer.accuracy)
+
+
+def test_a_top_k_of_counts_that_select_themselves_orders_the_released_counts(engine, analyst):
+    """A unit's own table has one row per unit: COUNT(*) per state is a count of units, which selects its own
+    groups with all of ε, and ORDER BY ... LIMIT 3 orders and cuts those released counts (post-processing), as
+    SmartNoise answers it, instead of peeling at a third of ε and noising the three counts at another third."""
+    from dpsql.explain import explain_text
+
+    sql = "SELECT state, COUNT(*) FROM people GROUP BY state ORDER BY COUNT(*) DESC LIMIT 3"
+    prepared = engine.prepare(sql, epsilon=2.0)
+    cost = prepared.calibration
+    (measure,) = prepared.plan.measures
+    assert prepared.plan.top_k.k == 3 and cost.top_k is None and cost.selected_by == measure.name
+    assert cost.mechanisms[measure.name].scale == pytest.approx(0.5) and cost.epsilon == pytest.approx(2.0)
+    assert "ordered and cut to the first 3 (post-processing: free)" in explain_text(prepared)
+    answer = engine.query(sql, analyst=analyst, epsilon=2.0)
+    assert [row[0] for row in answer.rows][:1] == ["CA"] and len(answer.rows) == 3
+    counts = [row[1] for row in answer.rows]
+    assert counts == sorted(counts, reverse=True) and all(c >= cost.selection.threshold for c in counts)
+    assert all(row[0] is None and row[1].scale == pytest.approx(0.5) for row in answer.accuracy)
+    # a person's visits may share a day: COUNT(*) per day moves by up to their rows, and selection keeps its share
+    visits = engine.prepare("SELECT day, COUNT(*) FROM visits GROUP BY day ORDER BY 2 DESC LIMIT 3", epsilon=2.0)
+    assert visits.calibration.selected_by is None and visits.calibration.top_k is not None
 
 
 def test_mode_over_a_declared_domain(engine, analyst):

@@ -90,7 +90,8 @@ class Aggregate:
 @dataclass(frozen=True)
 class TopK:
     """GROUP BY ... ORDER BY <count> DESC LIMIT k: the k keys with the largest counts, picked by the
-    exponential mechanism (peeling) on the exact counts of `measure`."""
+    exponential mechanism (peeling) on the exact counts of `measure`, or, where that count selects its own
+    groups, the released noisy counts ordered and cut (`noise._counts_select_themselves`)."""
 
     measure: str
     k: int

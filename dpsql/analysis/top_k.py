@@ -1,7 +1,9 @@
 """Pass: `GROUP BY keys ORDER BY <count> DESC LIMIT k` (no HAVING) selects the top-k keys rather than noising
 every group.
 
-Rule: the exponential mechanism picks the keys one at a time (peeling) on their exact counts. Each key's
+Rule: the exponential mechanism picks the keys one at a time (peeling) on their exact counts, unless the
+count selects its own groups (`noise._counts_select_themselves`): then the noisy counts are released with all
+of ε and ordered and cut as post-processing. Each key's
 count moves by at most one unit's per-group count (k rows, or 1 for distinct units; twice that under
 "replace"), and under add-remove the counts only grow when a unit is added (monotone, which halves the
 noise). Only the chosen groups' measures are noised afterwards.
@@ -38,6 +40,5 @@ def select(scope: Scope) -> None:
     measure = next(m for m in scope.measures.values() if m.name == agg.measures[0])
     steps = scope.steps
     sensitivity = steps * max(abs(measure.unit_range[0]), abs(measure.unit_range[1]))
-    scope.notes.append(f"top {limit + offset} keys by {agg.sql}: exponential mechanism (peeling), count "
-                       f"sensitivity {sensitivity:g} per key")
+    scope.notes.append(f"top {limit + offset} keys by {agg.sql}: count sensitivity {sensitivity:g} per key")
     scope.top_k = TopK(measure.name, limit + offset, sensitivity, monotone=steps == 1)
