@@ -446,3 +446,28 @@ def test_a_second_serve_with_another_schema_leaves_the_first_one_s_shadow(deploy
     finally:
         second.gateway.close()
         engine.close()
+
+
+def test_the_pool_hands_out_an_idle_connection_unasked_and_replaces_a_terminated_one(server):
+    """A pooled connection with nothing to read is handed out without a round trip; one whose backend was
+    terminated while it sat idle has the server's goodbye to read, fails its check and is replaced, so the
+    statement after it runs."""
+    import time
+
+    from dpsql.backends.postgres import check_alive, checked_pool, pooled
+
+    pool = checked_pool(server.url, 1)
+    try:
+        with pooled(pool) as conn:
+            pid = conn.info.backend_pid
+        with pooled(pool) as conn:
+            check_alive(conn)  # idle and alive: returns
+            assert conn.info.backend_pid == pid
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+                time.sleep(0.01)
+        with pooled(pool) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,) and conn.info.backend_pid != pid
+    finally:
+        pool.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,9 +54,21 @@ SAFE_LOADERS = {"date": _text_on_failure(DateLoader), "timestamp": _text_on_fail
                 "timestamptz": _text_on_failure(TimestamptzLoader)}
 
 
+def check_alive(conn: psycopg.Connection) -> None:
+    """The pool's check of a connection it hands out: raises if the connection is dead. A connection that has
+    nothing to read is idle and alive, as far as one can tell without asking; one the server wrote to while it
+    was idle (a terminated backend's FATAL message, the EOF of a restart) is asked with an empty round trip,
+    which fails if it is dead. The round trip on every hand-out was 4 of the 13 a fresh answer takes."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
+
+
 def checked_pool(conninfo: str, max_size: int, configure: Callable[[psycopg.Connection], None] | None = None,
                  wait: float = CONNECT_WAIT) -> ConnectionPool:
-    """A pool whose connections are checked (one empty round trip) each time one is handed out, so that after a
+    """A pool whose connections are checked (`check_alive`) each time one is handed out, so that after a
     PostgreSQL restart or a terminated backend the pool replaces dead connections instead of handing them on.
     A database that cannot be reached at all fails at once, with PostgreSQL's reason: a wrong URL or password is
     the operator's to fix, and waiting for the pool would only hide it."""
@@ -68,7 +81,7 @@ def checked_pool(conninfo: str, max_size: int, configure: Callable[[psycopg.Conn
                                  "check --database / DPSQL_DATABASE (a postgresql:// URL) and that the server runs"
                                  ) from None
     return ConnectionPool(conninfo, min_size=1, max_size=max_size, open=True, configure=configure,
-                          check=ConnectionPool.check_connection, timeout=wait,
+                          check=check_alive, timeout=wait,
                           kwargs={"autocommit": True})
 
 
