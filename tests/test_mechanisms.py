@@ -414,7 +414,7 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
     """Few units for the race's ε: instead of the cap, the first τ that few units exceed (counted fractionally
     from the race's own values), times the fallback's margin, at the ε lent; where the race resolves, nothing is
     lent."""
-    from dpsql.mechanisms.race import FALLBACK_MARGIN, RaceToTheTop
+    from dpsql.mechanisms.race import FALLBACK_MARGIN, FALLBACK_THRESHOLD, RaceToTheTop
     from dpsql.mechanisms.sparse import FirstBelowThreshold
 
     race = RaceToTheTop.calibrate(1024, 0.02)
@@ -424,7 +424,8 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
         bound, spent, over, tau = race.decide(few, 0.05, random.Random(seed))
         draws = random.Random(seed)
         race._shifted(few, draws)  # the race's own draws come first
-        index = FirstBelowThreshold.calibrate(1, 0.05).first_below(race.units_above(few), 0.0, draws)
+        sparse = FirstBelowThreshold.calibrate(1, 0.05)
+        index = sparse.first_below(race.units_above(few), FALLBACK_THRESHOLD * sparse.value_noise, draws)
         assert spent == pytest.approx(0.05)
         assert bound == (1024 if index is None else min(FALLBACK_MARGIN * race.taus[index], 1024))
         assert tau == (None if index is None else race.taus[index])  # the τ itself, before the margin

@@ -49,6 +49,11 @@ class FirstBelowThreshold:
         return int(self.sensitivity // self.grid) + 1
 
     @property
+    def value_noise(self) -> float:
+        """ν's scale in the statistics' own units (a public constant: ε and Δ only)."""
+        return float(self.value_scale) * self.grid
+
+    @property
     def epsilon(self) -> float:
         """The privacy map: ε₁ + ε₂, from the two noise scales."""
         steps = self.sensitivity_units
