@@ -71,7 +71,10 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
     simulate = any(not _exact_interval(o.expr, plan) for o in plan.outputs)
     if calibration.histogram == "noisefirst":
         groups = _noise_first(groups, calibration)
-    unit_draws = _unit_draws(groups, _simulated_measures(plan), mechanisms, rng) if simulate else {}
+    # a row's interval needs only its own noise's law, so rows share one set of draws, except where windows
+    # combine rows (their draws must be independent across rows)
+    draw_rows = len(groups) if plan.windows else 1
+    unit_draws = _unit_draws(draw_rows, _simulated_measures(plan), mechanisms, rng) if simulate else {}
     kept = []
     for index, group in enumerate(groups):
         env: dict[str, Any] = {k.name: v for k, v in zip(plan.group_keys, group.keys, strict=True)}
@@ -79,7 +82,8 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
         if simulate:
             for name, value in group.measures.items():
                 spread = group.interval_factor.get(name, 1.0) * mechanisms[name].scale
-                simulated[name] = value - spread * unit_draws[name][index] if name in unit_draws else value
+                row = index if plan.windows else 0
+                simulated[name] = value - spread * unit_draws[name][row] if name in unit_draws else value
         for agg in plan.aggregates:
             if agg.chosen:
                 env[agg.name] = simulated[agg.name] = group.choices[agg.name]
@@ -120,10 +124,9 @@ def _simulated_measures(plan: Plan) -> set[str]:
             for c in o.expr.find_all(exp.Column) if c.name in noisy for m in noisy[c.name].measures}
 
 
-def _unit_draws(groups: list[NoisyGroup], names: set[str], mechanisms: dict,
-                rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Per measure in `names`, SIMULATIONS draws of its noise at unit scale for every group, in one batch."""
-    size = (len(groups), SIMULATIONS)
+def _unit_draws(rows: int, names: set[str], mechanisms: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per measure in `names`, SIMULATIONS draws of its noise at unit scale for each of `rows`, in one batch."""
+    size = (rows, SIMULATIONS)
     return {name: rng.normal(0.0, 1.0, size) if isinstance(mechanisms[name], GaussianMechanism)
             else rng.laplace(0.0, 1.0, size) for name in sorted(names) if name in mechanisms}
 
