@@ -80,9 +80,9 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
         env: dict[str, Any] = {k.name: v for k, v in zip(plan.group_keys, group.keys, strict=True)}
         simulated: dict[str, Any] = dict(env)
         if simulate:
+            row = index if draw_rows > 1 else 0
             for name, value in group.measures.items():
                 spread = group.interval_factor.get(name, 1.0) * mechanisms[name].scale
-                row = index if plan.windows else 0
                 simulated[name] = value - spread * unit_draws[name][row] if name in unit_draws else value
         for agg in plan.aggregates:
             if agg.chosen:
