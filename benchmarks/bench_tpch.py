@@ -118,9 +118,9 @@ def measure(engine: Engine, conn: psycopg.Connection, name: str, sql: str, runs:
         exact_times.append(seconds)
         with engine.backend.session() as session:
             started = time.perf_counter()
-            bounded_rows = session.run(rewritten.sql, rewritten.work_mem)
+            bounded_rows = session.run(rewritten.statement, rewritten.work_mem)
             rewritten_times.append(time.perf_counter() - started)
-            histograms = {h: session.run(s, rewritten.work_mem) for h, s in rewritten.histograms.items()}
+            histograms = {h: session.run(s, rewritten.work_mem) for h, s in rewritten.histogram_statements.items()}
     names = [output.name for output in plan.outputs]
     exact = _values(names, exact_rows, keys)
     settings = engine.settings

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import functools
 import re
 import statistics
 import sys
@@ -45,6 +44,7 @@ from dpsql.noise import add_noise
 from dpsql.postprocess import finish
 from dpsql.schema import parse_schema
 from dpsql.session import Options
+from dpsql.sql.dialect import Statement
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "benchmarks" / "schemas" / "tpch_customer.toml"
@@ -82,7 +82,7 @@ QUERIES = {  # name: (privacy unit, SQL), R2T's forms (the `ids` joins dropped w
     "Q21": ("customer", "SELECT COUNT(*) FROM nation, supplier, lineitem, orders WHERE s_suppkey = l_suppkey AND "
                         "o_orderkey = l_orderkey AND s_nationkey = n_nationkey"),
 }
-Run = Callable[[str], tuple[float, list[tuple]]]  # a statement's seconds and rows
+Run = Callable[[Statement], tuple[float, list[tuple]]]  # a statement's seconds and rows
 JOINT = ("Q5", "Q7", "Q8", "Q21")  # R2T protects customers and suppliers together here
 
 
@@ -129,31 +129,32 @@ def measure(engine: Engine, run: Run, sql: str, runs: int, epsilon: float, state
     """The median relative error of `runs` answers at `epsilon`, and the bounds the race chose. `run` gives a
     statement's time and rows; `statements` keeps them (the same bounded statement serves every ε that chooses its
     bound)."""
-    def rows_of(statement: str) -> list[tuple]:
-        if statement not in statements:
-            statements[statement] = run(statement)
-        return statements[statement][1]
+    def rows_of(statement: Statement) -> list[tuple]:
+        if statement.sql not in statements:
+            statements[statement.sql] = run(statement)
+        return statements[statement.sql][1]
 
     prepared = engine.prepare(sql, epsilon=epsilon, options=Options(rows_per_unit="auto"))
     if prepared.race is None:
         raise SystemExit(f"no race for {sql}: {prepared.plan.notes}")
-    exact = {((), "a"): float(rows_of(sql)[0][0])}
-    truncated = [float(v) for v in rows_of(prepared.race_sql)[0]]
+    exact_statement = Statement.parse(sql)
+    exact = {((), "a"): float(rows_of(exact_statement)[0][0])}
+    truncated = [float(v) for v in rows_of(prepared.race_statement)[0]]
     errors, bounds, runs_at = [], [], {}
     for _ in range(runs):
         bounded, rows = engine.bounded_by_race(prepared, truncated)  # as the engine answers it
         bound = bounded.plan.unit_total if prepared.race_totals and bounded.plan.unit_total is not None \
             else bounded.plan.rows_per_unit
         bounds.append(bound)
-        runs_at[bound] = ((bounded.rewritten.sql, bounded.rewritten.work_mem), rows is not None)
-        rows = rows if rows is not None else rows_of(bounded.rewritten.sql)
+        runs_at[bound] = ((bounded.rewritten.statement, bounded.rewritten.work_mem), rows is not None)
+        rows = rows if rows is not None else rows_of(bounded.rewritten.statement)
         result = finish(bounded.plan, bounded.calibration, add_noise(bounded.plan, bounded.calibration, rows, {}))
         errors.append(relative_error({((), "a"): float(result.rows[0][0] or 0)}, exact))
     common, read_from_race = runs_at[collections.Counter(bounds).most_common(1)[0][0]]
     lost = 1 - float(rows_of(common[0])[0][0] or 0) / exact[((), "a")] if exact[((), "a")] else 0.0
     # what the engine runs at that bound: the race's statement, and the answer's unless read from the race's pass
     return {"error": statistics.median(errors), "bounds": collections.Counter(bounds), "cap": prepared.race.taus[-1],
-            "lost": lost, "statements": (sql, (prepared.race_sql, prepared.rewritten.work_mem),
+            "lost": lost, "statements": (exact_statement, (prepared.race_statement, prepared.rewritten.work_mem),
                                          *([] if read_from_race else [common]))}
 
 
@@ -227,7 +228,7 @@ def on_spark(args: argparse.Namespace) -> int:
                                        spark_schema(unit, directory))
             engine = engines[unit]
             with engine.backend.session() as session:
-                def run(statement: str, session=session) -> tuple[float, list[tuple]]:
+                def run(statement: Statement, session=session) -> tuple[float, list[tuple]]:
                     began = time.perf_counter()
                     found = session.run(statement)
                     return time.perf_counter() - began, found
@@ -283,7 +284,9 @@ def main() -> int:
             for name in args.queries.split(","):
                 unit, sql = QUERIES[name]
                 statements = {}
-                run = functools.partial(_timed, conn)
+                def run(statement: Statement, conn=conn) -> tuple[float, list[tuple]]:
+                    return _timed(conn, statement.sql)
+
                 found = {epsilon: measure(engines[unit], run, sql, args.runs, epsilon, statements)
                          for epsilon in EPSILONS}
                 exact_ms, dpsql_ms = timed(run, engines[unit], found[EPSILONS[0]]["statements"], args.timing_runs)

@@ -32,11 +32,11 @@ from pathlib import Path
 from bench_tpch import QUERIES  # benchmarks/ is on sys.path when run as a script
 from tpch_load import extension_path
 
-from dpsql.backends.spark import to_spark
 from dpsql.config import Settings
 from dpsql.embedded import EmbeddedPostgres
 from dpsql.engine import Engine
 from dpsql.schema import parse_schema
+from dpsql.sql.dialect import Statement
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = {"a": ROOT / "benchmarks" / "schemas" / "tpch_rows.toml",
@@ -119,9 +119,9 @@ def shuffles(spark, sql: str) -> int:
     return len(re.findall(r"Exchange", plan))
 
 
-def timed(session, sql: str) -> float:
+def timed(session, statement: Statement) -> float:
     started = time.perf_counter()
-    session.run(sql)
+    session.run(statement)
     return time.perf_counter() - started
 
 
@@ -169,17 +169,17 @@ def main() -> int:
                     continue
                 if prepared.plan is None or not prepared.plan.aggregates:
                     continue
-                exact_sql = to_spark(sql, schema.sqlglot_schema())
-                bounded = prepared.rewritten.sql
+                exact = Statement.parse(sql)  # rendered for Spark as the rewrite is
+                bounded = prepared.rewritten.statement
                 exact_times, bounded_times = [], []
                 with engine.backend.session() as session:
                     for _ in range(args.runs):
-                        exact_times.append(timed(session, sql))  # run() transpiles it as it does the rewrite
+                        exact_times.append(timed(session, exact))
                         bounded_times.append(timed(session, bounded))
                 e, b = statistics.median(exact_times), statistics.median(bounded_times)
                 lines.append(f"| {label} | {name} | {e:.2f} | {b:.2f} | {b / e:.1f}× | "
-                             f"{shuffles(spark, exact_sql)} | "
-                             f"{shuffles(spark, to_spark(bounded, schema.sqlglot_schema()))} |")
+                             f"{shuffles(spark, engine.backend.render(exact))} | "
+                             f"{shuffles(spark, engine.backend.render(bounded))} |")
                 print(lines[-1], file=sys.stderr)
         engine.close()
     finally:

@@ -29,9 +29,7 @@ from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, valid
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
 from dpsql.analysis.plan import Output
-from dpsql.backends import Cancellation, PostgresBackend
-from dpsql.backends.postgres import BackendSession
-from dpsql.backends.spark import SparkBackend, is_spark_url
+from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.config import Settings
 from dpsql.errors import (
     BackendError,
@@ -59,7 +57,7 @@ from dpsql.postprocess import (
 )
 from dpsql.released_rows import aggregate_released, outer_columns
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
-from dpsql.rewrite import Rewritten, answered_by_contributions, contributions, counts_voters, rewrite
+from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contributions, counts_voters, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
@@ -134,11 +132,16 @@ class Prepared:
     group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
     local: LocalQuery | PublishedQuery | None = None  # estimates, or released data: no central noise needed
     race: RaceToTheTop | None = None  # rows per unit chosen from the data (R2T) before the answer, at its own ε
-    race_sql: str | None = None  # what the race reads: the truncated row counts for each of its caps
+    race_statement: Statement | None = None  # what the race reads: the truncated row counts for each of its caps
     race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
     race_answers: bool = False  # the race's values are the answer's exact value at each bound it may choose
     rows_race: RaceToTheTop | None = None  # beside a totals race: the rows per unit of the counts beside the sum
     bound_note: str | None = None  # how many units hold more than the bound the race chose (`bounded_by_race`)
+
+    @property
+    def race_sql(self) -> str | None:
+        """PostgreSQL's text of what the race reads."""
+        return self.race_statement.sql if self.race_statement is not None else None
 
     @property
     def cost(self) -> Cost:
@@ -198,7 +201,8 @@ class Engine:
                 raise ConfigError("no privacy schema given", "pass --schema FILE or set DPSQL_SCHEMA")
             schema = load_schema(settings.schema)
         self.settings, self.schema = settings, schema
-        self.backend = _backend(settings, schema)
+        self.backend = open_backend(settings.database, schema, settings.statement_timeout_ms,
+                                    settings.connect_timeout_s, settings.ledger)
         self.ledger = Ledger(settings.ledger or settings.database, connect_wait=settings.connect_timeout_s)
         catalog = self.backend.catalog()  # None on Spark, which holds no keys
         if catalog is not None:
@@ -244,10 +248,10 @@ class Engine:
                                          *([options.local_estimate] if plan.local_key else []),
                                          *(["rows per unit: auto"] if race is not None else [])]
                                         ).encode()).hexdigest()
-        race_sql, race_answers = None, False
+        race_statement, race_answers = None, False
         if race is not None:
             rows_caps = rows_race.taus if rows_race is not None else ()
-            race_sql = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None,
+            race_statement = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None,
                                                 rows_caps),
                                         lambda: self._checked(contributions(
                                             totals or plan, self._hash_seed, race.taus, totals is not None, rows_caps,
@@ -275,7 +279,7 @@ class Engine:
                 f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
                 f"query's {options.epsilon:g}){beside}{read}; the plan shown is the declared bound's")])
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size, race=race,
-                        race_sql=race_sql, race_totals=totals is not None, race_answers=race_answers,
+                        race_statement=race_statement, race_totals=totals is not None, race_answers=race_answers,
                         rows_race=rows_race)
 
     def _plan(self, sql: str, params: Any, min_frequency: int) -> tuple[CheckedQuery, Plan | LocalQuery |
@@ -314,7 +318,7 @@ class Engine:
             if expr is not None:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
         rewritten = rewrite(plan, self._hash_seed, self._in_unit_order(plan))
-        for statement in [rewritten.sql, *rewritten.histograms.values()]:
+        for statement in [rewritten.statement, *rewritten.histogram_statements.values()]:
             self._checked(statement)
         unit_column = _unit_column(plan)
         if unit_column is not None and self._indexed is not None and unit_column not in self._indexed:
@@ -413,7 +417,7 @@ class Engine:
         """Estimates from locally randomized reports in a public table: post-processing, so nothing is charged."""
         local = prepared.local
         with self.backend.session(cancel) as backend:
-            rows = backend.run(local.sql)
+            rows = backend.run(local.statement)
         if isinstance(local, PublishedQuery):
             rows = exact_rows(local, rows)
             return Answer([o.name for o in local.outputs], [o.type_name for o in local.outputs], rows,
@@ -424,26 +428,26 @@ class Engine:
                       budget=self.ledger.budget(analyst), noisy=[o.noisy for o in local.outputs],
                       intervals_cover=LOCAL_INTERVALS)
 
-    def _answer(self, analyst: str, prepared: Prepared, backend: BackendSession) -> Answer:
+    def _answer(self, analyst: str, prepared: Prepared, backend: Session) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         charged = prepared.cost
         budget = self.ledger.charge(analyst, charged, prepared.key, prepared.query.canonical)
         rows = None
         if prepared.race is not None:  # the rows per unit chosen from the data, then the answer bounded by them
             (truncated,) = self._run_charged(analyst, prepared.key, backend,
-                                             [(prepared.race_sql, prepared.rewritten.work_mem)])
+                                             [(prepared.race_statement, prepared.rewritten.work_mem)])
             try:
                 prepared, rows = self.bounded_by_race(prepared, truncated[0])
             except Exception as exc:
                 raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
         cost = prepared.calibration
         work_mem = prepared.rewritten.work_mem
-        statements = [prepared.rewritten.sql] if prepared.plan.needs_statistics and rows is None else []
-        read = self._run_charged(analyst, prepared.key, backend,
-                                 [(sql, work_mem) for sql in [*statements, *prepared.rewritten.histograms.values()]])
+        statements = [prepared.rewritten.statement] if prepared.plan.needs_statistics and rows is None else []
+        statements += prepared.rewritten.histogram_statements.values()
+        read = self._run_charged(analyst, prepared.key, backend, [(s, work_mem) for s in statements])
         if rows is None:
-            rows = read.pop(0) if statements else []
-        histograms = dict(zip(prepared.rewritten.histograms, read, strict=True))
+            rows = read.pop(0) if prepared.plan.needs_statistics else []
+        histograms = dict(zip(prepared.rewritten.histogram_statements, read, strict=True))
         try:
             groups = add_noise(prepared.plan, cost, rows, histograms)
             groups = debias(prepared.plan.local_key, _count_measures(prepared.plan), cost, groups,
@@ -471,7 +475,7 @@ class Engine:
             self._not_null, None, self._time_zone, math.inf, self._unique_sets))  # the race reads it
         return totals if _bounds_totals(totals) else None
 
-    def _checked(self, statement: str) -> str:
+    def _checked(self, statement: Statement) -> Statement:
         self.backend.check(statement)  # a statement the backend cannot run is refused before any charge
         return statement
 
@@ -548,8 +552,8 @@ class Engine:
         calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
             plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
             prepared.options.histogram)
-        return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None, race_sql=None,
-                       rows_race=None)
+        return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None,
+                       race_statement=None, rows_race=None)
 
     def release(self, analyst: str, kind: str, queries: list[str], cost: Cost,
                 mechanism: Callable[[list[Statistic]], dict], parameters: dict[str, Any]) -> Released:
@@ -574,7 +578,7 @@ class Engine:
                                          self._schema_digest, sorted(parameters.items())]).encode()).hexdigest()
         text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
         return self._charged_once(analyst, key, text, cost,
-                                  [(p.rewritten.sql, p.rewritten.work_mem) for p in statistics],
+                                  [(p.rewritten.statement, p.rewritten.work_mem) for p in statistics],
                                   lambda rows: mechanism([Statistic(p.plan, r)
                                                           for p, r in zip(statistics, rows, strict=True)]))
 
@@ -589,14 +593,15 @@ class Engine:
         if epsilon > self.settings.max_epsilon:
             raise InvalidParameter(f"dpsql.bounds_epsilon {epsilon:g} is above the per-query cap of "
                                    f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon")
-        self.backend.check(statement.sql)  # as the answer's own statements: refused before any charge
+        self.backend.check(statement.statement)  # as the answer's own statements: refused before any charge
         key = hashlib.sha256(json.dumps(["bounds", prepared.query.canonical, epsilon,
                                          self._schema_digest]).encode()).hexdigest()
         return self._charged_once(analyst, key, f"bounds effect: {prepared.query.canonical}", Cost.pure(epsilon),
-                                  [(statement.sql, prepared.rewritten.work_mem)],
+                                  [(statement.statement, prepared.rewritten.work_mem)],
                                   lambda rows: noisy_bounds_effect(statement.labels, rows[0][0], epsilon))
 
-    def _charged_once(self, analyst: str, key: str, text: str, cost: Cost, statements: list[tuple[str, str | None]],
+    def _charged_once(self, analyst: str, key: str, text: str, cost: Cost,
+                      statements: list[tuple[Statement, str | None]],
                       mechanism: Callable[[list[list[tuple]]], dict]) -> Released:
         """Runs `statements` and keeps `mechanism`'s output of their rows, charged `cost` once under `key`: asked
         again, the kept output comes back at no cost."""
@@ -628,8 +633,8 @@ class Engine:
             self.ledger.settle(analyst, key)
         return _internal(exc, f"{what} and its charge stands")
 
-    def _run_charged(self, analyst: str, key: str, backend: BackendSession,
-                     statements: list[tuple[str, str | None]]) -> list[list[tuple]]:
+    def _run_charged(self, analyst: str, key: str, backend: Session,
+                     statements: list[tuple[Statement, str | None]]) -> list[list[tuple]]:
         """The rows of each statement of a charged attempt. A failure, timeout or cancel that reaches the analyst
         settles the charge, so asking again is charged again: whether the statements finish depends on the data,
         and a free retry would let the analyst sample it as often as they like. A fault that broke the connection
@@ -661,17 +666,6 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}",
                                    "ask for a smaller epsilon; the cap is the max_epsilon setting")
         return resolved
-
-
-def _backend(settings: Settings, schema: PrivacySchema) -> PostgresBackend | SparkBackend:
-    """PostgreSQL, or Spark for a spark:// or sc:// URL (whose ledger must live in PostgreSQL)."""
-    if not is_spark_url(settings.database):
-        return PostgresBackend(settings.database, settings.statement_timeout_ms,
-                               connect_wait=settings.connect_timeout_s)
-    if not settings.ledger:
-        raise ConfigError("the Spark backend keeps its ledger in PostgreSQL: no ledger given",
-                          "pass --ledger postgresql://... or set DPSQL_LEDGER (dpsql demo --keep starts one)")
-    return SparkBackend(settings.database, schema, settings.statement_timeout_ms)
 
 
 RACE_SHARE = 0.2  # of a query's ε, spent choosing its rows per unit when asked to (dpsql.rows_per_unit = auto)

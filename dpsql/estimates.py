@@ -33,6 +33,7 @@ from dpsql.postprocess import Accuracy, Result, evaluate, sort_rows
 from dpsql.schema import Column, PrivacySchema, Table
 from dpsql.schema.model import LocalRandomizer
 from dpsql.sql import CheckedQuery, to_sql
+from dpsql.sql.dialect import Statement
 
 Z95 = 1.959963984540054
 LOCAL_INTERVALS = ("the intervals cover the randomization of the reports (each device randomized its own value; a "
@@ -61,7 +62,7 @@ class LocalQuery:
 
     table: str
     column: Column  # the local column
-    sql: str  # report counts per group: public keys, then the local key (categorical), then the counts
+    statement: Statement  # report counts per group: public keys, then the local key (categorical), then the counts
     keys: list[str]  # the public group keys' names (internal)
     local_key: bool  # whether the query groups by the local column
     items: list[LocalItem]
@@ -145,7 +146,7 @@ def _build(query: CheckedQuery, table: Table, column: Column, alias: str) -> Loc
              for o in (tree.args["order"].expressions if tree.args.get("order") else [])]
     limit = int(tree.args["limit"].expression.to_py()) if tree.args.get("limit") else None
     offset = int(tree.args["offset"].expression.to_py()) if tree.args.get("offset") else 0
-    return LocalQuery(table.name, column, _counts_sql(tree, column, alias, public_keys, local_key),
+    return LocalQuery(table.name, column, _counts_statement(tree, column, alias, public_keys, local_key),
                       list(key_names.values()), local_key, items, having, order, limit, offset,
                       _notes(column, local_key))
 
@@ -198,7 +199,8 @@ def _over_items(node: exp.Expression, items: list[LocalItem], tree: exp.Select,
     return node.copy().transform(replace)
 
 
-def _counts_sql(tree: exp.Select, column: Column, alias: str, public_keys: list[exp.Column], local_key: bool) -> str:
+def _counts_statement(tree: exp.Select, column: Column, alias: str, public_keys: list[exp.Column],
+                      local_key: bool) -> Statement:
     """Report counts per group: the public keys, the local column's report (categorical), then COUNT(*) and, for
     unary encoding, one bit count per value, or for an average of a boolean, the reports of true."""
     ref = exp.column(column.name, table=alias)
@@ -222,7 +224,7 @@ def _counts_sql(tree: exp.Select, column: Column, alias: str, public_keys: list[
         query = query.where(tree.args["where"].this.copy())
     if keys:
         query = query.group_by(*keys)
-    return to_sql(query)
+    return Statement(query)
 
 
 def _notes(column: Column, local_key: bool) -> list[str]:
@@ -243,7 +245,7 @@ def describe_randomizer(spec: LocalRandomizer) -> str:
 
 
 def answer_local(plan: LocalQuery, rows: list[tuple], simplex: bool) -> Result:
-    """The estimates from the report counts `rows` (in the order `plan.sql` gives them)."""
+    """The estimates from the report counts `rows` (in the order `plan.statement` gives them)."""
     spec = plan.column.local
     mechanism = randomizer(spec)
     n_keys = len(plan.keys)

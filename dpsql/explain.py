@@ -33,7 +33,7 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
 def explain_text(prepared: Prepared) -> str:
     if isinstance(prepared.local, PublishedQuery):
         return "\n".join(["Plan: released data", *(f"  {n}" for n in prepared.local.notes),
-                           "Cost: ε = 0, δ = 0", "SQL:", f"  {prepared.local.sql}"])
+                           "Cost: ε = 0, δ = 0", "SQL:", f"  {prepared.local.statement.sql}"])
     if prepared.local is not None:
         return _explain_local(prepared.local)
     plan, cost = prepared.plan, prepared.calibration
@@ -138,7 +138,7 @@ def explain_text(prepared: Prepared) -> str:
     for name, sql in prepared.rewritten.histograms.items():
         lines.append(f"  {histograms[name].label}: {sql}")
     if bounds is not None and prepared.options.bounds_epsilon:
-        lines.append(f"  bounds' effect: {bounds.sql}")
+        lines.append(f"  bounds' effect: {bounds.statement.sql}")
     if prepared.race is not None:
         values = "sums, then counts" if prepared.rows_race is not None else "counts"
         lines.append(f"  the race's truncated {values} (first): {prepared.race_sql}")
@@ -155,5 +155,5 @@ def _explain_local(local: LocalQuery) -> str:
         lines.append(f"  {output.name} ({output.type_name}): {what}")
     lines.append("Cost: ε = 0, δ = 0 (nothing is charged: each report was randomized before collection)")
     lines.append("SQL (counts of reports):")
-    lines.append(f"  {local.sql}")
+    lines.append(f"  {local.statement.sql}")
     return "\n".join(lines)

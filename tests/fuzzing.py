@@ -40,6 +40,7 @@ from dpsql.mechanisms import rank_scores
 from dpsql.noise import released_key
 from dpsql.schema import parse_schema
 from dpsql.session import Options
+from dpsql.sql.dialect import Statement
 
 EXTREME = 10**9
 
@@ -463,11 +464,13 @@ class SparkDatabase:
     def __init__(self, engine, paths: dict[str, Path]):
         self.engine, self.paths = engine, paths
 
-    def execute(self, sql: str) -> list[tuple]:
+    @contextmanager
+    def session(self) -> Iterator:
         spark = self.engine.backend.spark
         for table, path in self.paths.items():
             spark.read.parquet(str(path)).createOrReplaceTempView(table)
-        return self.engine.backend.execute(sql)
+        with self.engine.backend.session() as session:
+            yield session
 
 
 @contextmanager
@@ -503,18 +506,24 @@ def run_exact(prepared: Prepared, backend: PostgresBackend) -> Exact:
     """The rewritten SQL on one database, read the way the engine reads it (its backend, its loaders)."""
     plan = prepared.plan
     n_keys = len(plan.group_keys)
-    read = backend.execute(prepared.rewritten.sql)
+    read = _read(backend, prepared.rewritten.statement)
     rows = {released_key(r[:n_keys]): [float(v or 0) for v in r[n_keys:]] for r in read}
     spelled = {released_key(r[:n_keys]): tuple(map(str, released_key(r[:n_keys]))) for r in read}
     histograms = {}
     for histogram in plan.histograms:
         cells: dict[tuple, list[int]] = {}
-        for r in backend.execute(prepared.rewritten.histograms[histogram.name]):
+        for r in _read(backend, prepared.rewritten.histogram_statements[histogram.name]):
             cells.setdefault(released_key(r[:n_keys]), [0] * histogram.cells)[int(r[n_keys])] += int(r[n_keys + 1])
         histograms[histogram.name] = cells
     statement = prepared.rewritten.bounds
-    bounds = None if statement is None else [int(v or 0) for v in backend.execute(statement.sql)[0]]
+    bounds = None if statement is None else [int(v or 0) for v in _read(backend, statement.statement)[0]]
     return Exact(rows, histograms, bounds, spelled)
+
+
+def _read(backend: PostgresBackend | SparkDatabase, statement: Statement) -> list[tuple]:
+    """The rows of one statement on one database, rendered and read as the engine renders and reads it."""
+    with backend.session() as session:
+        return session.run(statement)
 
 
 def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[str]:
@@ -694,7 +703,7 @@ def _neighbour_violations(prepared: Prepared, before: Exact, base: PostgresBacke
 def _read_from_race(prepared: Prepared, tau: int, exact: Exact, base: PostgresBackend) -> list[str]:
     """Where the engine reads the answer from the race's pass (`race_answers`, below the cap), the race's value
     at τ must be the bounded statement's own measure: the neighbour checks of that statement then cover it."""
-    read = float(base.execute(prepared.race_sql)[0][prepared.race.taus.index(tau)])
+    read = float(_read(base, prepared.race_statement)[0][prepared.race.taus.index(tau)])
     statement = exact.rows.get((), [0.0])[0]
     if abs(read - statement) > 1e-9 * max(1.0, abs(statement)):
         return [f"the race read {read} where the statement bounded at τ returns {statement}"]
@@ -708,10 +717,10 @@ def race_violations(prepared: Prepared, base: PostgresBackend, neighbours: dict[
     steps = 2 if prepared.plan.neighbouring == "replace" else 1
     races = [race for race in (prepared.race, prepared.rows_race) if race is not None]  # their values, in order
     taus = [tau for race in races for tau in race.taus]
-    before = [float(v) for v in base.execute(prepared.race_sql)[0]]
+    before = [float(v) for v in _read(base, prepared.race_statement)[0]]
     found = []
     for name, backend in neighbours.items():
-        after = [float(v) for v in backend.execute(prepared.race_sql)[0]]
+        after = [float(v) for v in _read(backend, prepared.race_statement)[0]]
         moves = [abs(a - b) for a, b in zip(before, after, strict=True)]
         slack = [1e-12 * max(1.0, abs(a), abs(b)) for a, b in zip(before, after, strict=True)]
         if any(move > steps * tau + s for move, tau, s in zip(moves, taus, slack, strict=True)):

@@ -34,7 +34,7 @@ def _counts(url: str, sql: str) -> list[int]:
 def test_neighbour_moves_each_count_by_at_most_one(engine, base_url, neighbour_url, sql):
     statement = engine.prepare(sql).rewritten.bounds
     assert statement is not None and len(statement.labels) >= 2
-    before, after = _counts(base_url, statement.sql), _counts(neighbour_url, statement.sql)
+    before, after = _counts(base_url, statement.statement.sql), _counts(neighbour_url, statement.statement.sql)
     assert len(before) == len(statement.labels)
     assert all(abs(a - b) <= 1 for a, b in zip(before, after, strict=True)), (before, after)
     assert after[0] == before[0] + 1  # the extreme unit is read, and it is over every bound it meets
@@ -91,6 +91,6 @@ def test_extreme_unit_is_counted_in_the_neighbour(neighbour_url, demo_schema):
     try:
         statement = engine.prepare("SELECT COUNT(*), SUM(amount) FROM visits WHERE person_id = %s",
                                    (EXTREME_ID,)).rewritten.bounds
-        assert _counts(neighbour_url, statement.sql) == [1, 1, 1]  # read, over 10 rows, amounts clamped
+        assert _counts(neighbour_url, statement.statement.sql) == [1, 1, 1]  # read, over 10 rows, amounts clamped
     finally:
         engine.close()

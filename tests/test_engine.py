@@ -490,8 +490,8 @@ def test_without_an_index_on_the_unit_explain_names_one_and_the_statement_hashes
         assert sorted(indexed.backend.execute(with_index.rewritten.sql)) == sorted(
             unindexed.backend.execute(without.rewritten.sql))
         with unindexed.backend.session() as session:
-            assert session.run("SHOW work_mem", "64MB") == [("64MB",)]
-            assert session.run("SHOW work_mem") != [("64MB",)]  # for that statement alone
+            assert session.run_text("SHOW work_mem", "64MB") == [("64MB",)]
+            assert session.run_text("SHOW work_mem") != [("64MB",)]  # for that statement alone
     finally:
         indexed.close()
         unindexed.close()

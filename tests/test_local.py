@@ -305,7 +305,7 @@ def test_simplex_estimates_on_request(engine, analyst):
 
 def _total(engine, table: str) -> int:
     with engine.backend.session() as backend:
-        return backend.run(f"SELECT COUNT(*) FROM {table}")[0][0]
+        return backend.run_text(f"SELECT COUNT(*) FROM {table}")[0][0]
 
 
 def test_explain_says_estimates_cost_nothing(engine):

@@ -136,6 +136,7 @@ def test_all_rows_corrected_equal_the_kept_rows(neighbour_url, demo_schema, sql)
     from dpsql.rewrite import per_unit
     from dpsql.rewrite.fragments import present, unit_and_keys, within_rows_per_unit
     from dpsql.rewrite.truncation import rows_cte
+    from dpsql.sql.dialect import Statement
 
     engine = Engine(Settings(database=neighbour_url), demo_schema)
     try:
@@ -155,7 +156,8 @@ def test_all_rows_corrected_equal_the_kept_rows(neighbour_url, demo_schema, sql)
         kept = per_unit._kept_rows_per_group(plan, ctes)
         by_key = {}
         for name, statement in (("corrected", corrected), ("kept", kept)):
-            result = engine.backend.execute(statement)
+            with engine.backend.session() as session:  # the rewrite's text, with its dialect nodes, rendered
+                result = session.run(Statement.parse(statement))
             by_key[name] = {tuple(r[:len(keys)]): [float(v or 0) for v in r[len(keys):-1]] for r in result}
         assert by_key["corrected"].keys() == by_key["kept"].keys()
         for key, values in by_key["kept"].items():
@@ -175,7 +177,7 @@ def test_units_read_in_index_order_give_the_same_statistics(neighbour_url, demo_
     """Where an index leads with the unit's column, the groupings by unit ask for the units in its order
     (`fragments.in_order_of_units`): the race's values, and the statistics at the declared bounds and at bounds
     a race could choose, are those of the hashed form, on the neighbour whose extreme unit has 5,000 visits."""
-    from dpsql.rewrite import contributions, per_unit
+    from dpsql.rewrite import Statement, contributions, per_unit
 
     engine = Engine(Settings(database=neighbour_url), demo_schema)
     try:
@@ -185,12 +187,12 @@ def test_units_read_in_index_order_give_the_same_statistics(neighbour_url, demo_
         if prepared.race is not None:
             raced = engine._totals_plan(prepared.query, prepared.plan, prepared.options) or prepared.plan
             rows_caps = prepared.rows_race.taus if prepared.rows_race is not None else ()
-            pairs.append([contributions(raced, 7, prepared.race.taus, prepared.race_totals, rows_caps, ordered)
+            pairs.append([contributions(raced, 7, prepared.race.taus, prepared.race_totals, rows_caps, ordered).sql
                           for ordered in (True, False)])
         bounds = [(None, None), (4, None), *([(None, 512.0), (4, 512.0)] if prepared.race_totals else [])]
         for rows, total in bounds:
             plan, _ = engine._analysed(prepared.query, 1, rows, total)
-            pairs.append([per_unit.statistics(plan, 7, ordered) for ordered in (True, False)])
+            pairs.append([Statement.parse(per_unit.statistics(plan, 7, ordered)).sql for ordered in (True, False)])
         for ordered, hashed in pairs:
             assert "ORDER BY dpsql_unit" in ordered and "ORDER BY dpsql_unit" not in hashed
             got, expected = (sorted(engine.backend.execute(s), key=repr) for s in (ordered, hashed))

@@ -25,6 +25,7 @@ if shutil.which("java") is None:
 from dpsql.backends.spark import to_spark  # noqa: E402
 from dpsql.demo import export_parquet  # noqa: E402
 from dpsql.engine import Engine  # noqa: E402
+from dpsql.sql.dialect import Statement  # noqa: E402
 
 TABLES = ("people", "visits", "prescriptions", "states")  # the demo tables the tests read on Spark
 QUERIES = [
@@ -117,13 +118,13 @@ def test_pre_noise_answers_on_spark_equal_postgresql_s(spark_engine, within_boun
 
 def _assert_same_rows(engine, prepared, url: str, sql: str) -> None:
     """The prepared query's statements give the same rows on PostgreSQL (at `url`) and on the engine's Spark."""
-    statements = [prepared.rewritten.sql, *prepared.rewritten.histograms.values()]
+    statements = [prepared.rewritten.statement, *prepared.rewritten.histogram_statements.values()]
     with psycopg.connect(url) as conn:
-        expected = [conn.execute(s).fetchall() for s in statements]
+        expected = [conn.execute(s.sql).fetchall() for s in statements]
     with engine.backend.session() as session:
         got = [session.run(s) for s in statements]
     for statement, want, have in zip(statements, expected, got, strict=True):
-        assert _equal(want, have), (sql, to_spark(statement, engine.schema.sqlglot_schema()), want[:5], have[:5])
+        assert _equal(want, have), (sql, engine.backend.render(statement), want[:5], have[:5])
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
@@ -138,7 +139,7 @@ def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine
     with psycopg.connect(within_bounds) as conn:
         expected = conn.execute(prepared.race_sql).fetchall()
     with spark_engine.backend.session() as session:
-        assert _equal(expected, session.run(prepared.race_sql)), sql
+        assert _equal(expected, session.run(prepared.race_statement)), sql
     bounded = spark_engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2])
     _assert_same_rows(spark_engine, bounded, within_bounds, sql)
 
@@ -159,7 +160,7 @@ def test_selection_over_the_units_within_a_smaller_tau_reads_alike_on_spark(spar
     with psycopg.connect(within_bounds) as conn:
         expected = {row[0]: int(row[-1]) for row in conn.execute(bounded.rewritten.sql).fetchall() if row[-1]}
     with spark_engine.backend.session() as session:
-        got = {row[0]: int(row[-1]) for row in session.run(bounded.rewritten.sql) if row[-1]}
+        got = {row[0]: int(row[-1]) for row in session.run(bounded.rewritten.statement) if row[-1]}
     assert got == expected and len(got) > 300, sql  # 366 days, a few of them without a voter
 
 
@@ -177,29 +178,36 @@ def test_no_constraint_is_trusted_on_spark(spark_engine):
     assert "dpsql_unit" in explain  # people's one row per person is enforced, not read from a primary key
 
 
+def _spark(sql: str, schema: dict) -> str:
+    """Spark's rendering of a statement written as the rewrite writes it (PostgreSQL's syntax, dialect nodes)."""
+    return to_spark(Statement.parse(sql).tree, schema)
+
+
 def test_integer_division_sums_and_rounding_keep_postgresql_s_meaning():
     schema = {"t": {"a": "int", "b": "bigint", "x": "double"}}
-    spark_sql = to_spark("SELECT a / 3 AS q, SUM(b) AS s, x / 2 AS h FROM t GROUP BY 1, 3", schema)
+    spark_sql = _spark("SELECT a / 3 AS q, SUM(b) AS s, x / 2 AS h FROM t GROUP BY 1, 3", schema)
     assert "CAST(`t`.`a` / 3 AS BIGINT)" in spark_sql or "CAST(t.a / 3 AS BIGINT)" in spark_sql
     assert "DECIMAL(38, 0)" in spark_sql
-    assert "BROUND(" in to_spark("SELECT round(x) FROM t", schema).upper()  # halves to even, as PostgreSQL
-    keyed = to_spark("SELECT hash_record_extended(ROW(a, b), 7) FROM t", schema)
+    assert "BROUND(" in _spark("SELECT round(x) FROM t", schema).upper()  # halves to even, as PostgreSQL
+    keyed = _spark("SELECT dpsql_keyed_hash(7, a, b) FROM t", schema)
     assert "XXHASH64(7," in keyed.upper()
-    clamp = to_spark("SELECT numeric_smaller(numeric_larger(CAST(x AS DECIMAL), 0), 10) FROM t", schema)
+    clamp = _spark("SELECT dpsql_strict_bound(dpsql_strict_bound(CAST(x AS DECIMAL), 0, 'numeric', TRUE), 10, "
+                   "'numeric', FALSE) FROM t", schema)
     assert "DECIMAL(38, 10)" in clamp and "IS NULL THEN NULL ELSE LEAST(" in clamp
     # PostgreSQL reads 250e-2 as the numeric 2.50 and 1.5e1 as the numeric 15; Spark would read doubles
-    numbers = to_spark("SELECT CAST(250e-2 AS text), 1.5e1 / 2 FROM t", schema)
+    numbers = _spark("SELECT CAST(250e-2 AS text), 1.5e1 / 2 FROM t", schema)
     assert "CAST(2.50 AS STRING)" in numbers and "CAST(15 AS DECIMAL(38, 0)) / 2" in numbers
-    assert "COLLATE" not in to_spark('SELECT CAST(a AS TEXT) COLLATE "C" FROM t', schema)  # bytewise already
+    assert "COLLATE" not in _spark('SELECT CAST(a AS TEXT) COLLATE "C" FROM t', schema)  # bytewise already
 
 
 def test_strict_clamps_keep_null_and_nan_on_spark(spark_engine):
     """PostgreSQL's strict smaller/larger keep NULL NULL and move NaN to the upper bound; so must Spark's."""
-    sql = ("SELECT float8smaller(float8larger(x, 0), 10) AS f, numeric_smaller(numeric_larger(CAST(d AS DECIMAL), "
-           "0), 10) AS n FROM (SELECT CAST(NULL AS DOUBLE PRECISION) AS x, CAST(NULL AS NUMERIC) AS d UNION ALL "
+    sql = ("SELECT dpsql_strict_bound(dpsql_strict_bound(x, 0, 'float', TRUE), 10, 'float', FALSE) AS f, "
+           "dpsql_strict_bound(dpsql_strict_bound(CAST(d AS DECIMAL), 0, 'numeric', TRUE), 10, 'numeric', FALSE) AS n "
+           "FROM (SELECT CAST(NULL AS DOUBLE PRECISION) AS x, CAST(NULL AS NUMERIC) AS d UNION ALL "
            "SELECT CAST('NaN' AS DOUBLE PRECISION), 12.345 UNION ALL SELECT -3.5, 4.125) AS t")
     with spark_engine.backend.session() as session:
-        rows = sorted(session.run(sql), key=repr)
+        rows = sorted(session.run(Statement.parse(sql)), key=repr)
     assert rows == sorted([(None, None), (10.0, 10), (0.0, 4.125)], key=repr)
 
 
@@ -224,7 +232,7 @@ def test_neighbour_moves_spark_s_answers_within_the_sensitivity(spark_engine, ne
             for name, path in paths.items():
                 spark.read.parquet(str(path)).createOrReplaceTempView(name)
             with spark_engine.backend.session() as session:
-                answers.append(session.run(prepared.rewritten.sql))
+                answers.append(session.run(prepared.rewritten.statement))
         plan = prepared.plan
         n_keys = len(plan.group_keys)
         before, after = ({tuple(r[:n_keys]): r[n_keys:] for r in rows} for rows in answers)
@@ -256,11 +264,10 @@ def test_row_ids_on_spark_tell_every_row_apart_and_stay_put(spark_engine):
               ).createOrReplaceTempView("dpsql_ids_test")
     types = {"dpsql_ids_test": {"n": "bigint", "s": "text", "u": "text", "x": "double precision",
                                 "at": "timestamptz", "b": "bytea"}}
-    unit = "CAST(t.tableoid AS TEXT) || ':' || CAST(t.ctid AS TEXT)"
-    ids = [r[0] for r in spark.sql(to_spark(f"SELECT {unit} FROM dpsql_ids_test AS t", types)).collect()]
+    ids = [r[0] for r in spark.sql(_spark("SELECT dpsql_row_id(t) FROM dpsql_ids_test AS t", types)).collect()]
     assert len(set(ids)) == len(ids) == 8, ids
-    pairs = spark.sql(to_spark("SELECT COUNT(*) FROM dpsql_ids_test AS t JOIN dpsql_ids_test AS w "
-                               "ON t.ctid = w.ctid", types)).collect()[0][0]
+    pairs = spark.sql(_spark("SELECT COUNT(*) FROM dpsql_ids_test AS t JOIN dpsql_ids_test AS w "
+                             "ON dpsql_row_id(t) = dpsql_row_id(w)", types)).collect()[0][0]
     assert pairs == 8
 
 
@@ -397,10 +404,11 @@ def test_spark_connect_answers_as_the_local_session_does(connect_url, spark_engi
         assert engine.backend.spark.conf.get("spark.sql.ansi.enabled") == "true"
         assert engine.backend.spark.conf.get("spark.sql.session.timeZone") == "UTC"
         for sql in QUERIES[:4] + QUERIES[6:8]:
-            statements = [(p := engine.prepare(sql)).rewritten.sql, *p.rewritten.histograms.values()]
+            p = engine.prepare(sql)
+            statements = [p.rewritten.statement, *p.rewritten.histogram_statements.values()]
             with psycopg.connect(within_bounds) as conn, engine.backend.session() as remote:
                 for statement in statements:
-                    assert _equal(conn.execute(statement).fetchall(), remote.run(statement)), sql
+                    assert _equal(conn.execute(statement.sql).fetchall(), remote.run(statement)), sql
         engine.ledger.add_analyst("connect", 5.0, 1e-6)
         answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst="connect",
                               epsilon=0.5)
@@ -416,14 +424,14 @@ def test_spark_sql_for_what_postgresql_has_and_spark_lacks(spark_engine):
     from dpsql.errors import UnsupportedQuery
 
     types = {"t": {"d": "date", "ts": "timestamptz"}}
-    sql = to_spark("SELECT EXTRACT(EPOCH FROM t.d), EXTRACT(EPOCH FROM t.ts), isfinite(t.d), "
-                   "width_bucket(t.d - CAST('1970-01-01' AS DATE), 0, 100, 4) FROM t", types)
+    sql = _spark("SELECT EXTRACT(EPOCH FROM t.d), EXTRACT(EPOCH FROM t.ts), isfinite(t.d), "
+                 "width_bucket(t.d - CAST('1970-01-01' AS DATE), 0, 100, 4) FROM t", types)
     assert "UNIX_DATE" in sql and "UNIX_MICROS" in sql and "DATEDIFF" in sql and "ISFINITE" not in sql.upper()
     spark = spark_engine.backend.spark
-    (row,) = spark.sql("SELECT " + to_spark("SELECT EXTRACT(EPOCH FROM CAST('2024-03-01' AS DATE)), "
-                                             "EXTRACT(EPOCH FROM CAST('2024-03-01 12:00:00.5+00' AS TIMESTAMPTZ)), "
-                                             "CAST('2024-03-01' AS DATE) - CAST('2024-01-01' AS DATE)",
-                                             {})[len("SELECT "):]).collect()
+    (row,) = spark.sql("SELECT " + _spark("SELECT EXTRACT(EPOCH FROM CAST('2024-03-01' AS DATE)), "
+                                           "EXTRACT(EPOCH FROM CAST('2024-03-01 12:00:00.5+00' AS TIMESTAMPTZ)), "
+                                           "CAST('2024-03-01' AS DATE) - CAST('2024-01-01' AS DATE)",
+                                           {})[len("SELECT "):]).collect()
     assert [float(v) for v in row] == [1709251200.0, 1709294400.5, 60.0]
     with pytest.raises(UnsupportedQuery, match="ISO week"):
         spark_engine.prepare("SELECT to_char(day, 'IYYY-IW') AS w, COUNT(*) FROM visits GROUP BY w")
@@ -435,9 +443,10 @@ def test_instants_at_the_first_day_spark_holds_come_back(spark_engine):
     failure after the charge (the Spark fuzzer's extreme dates found it)."""
     import datetime
 
-    rows = spark_engine.backend.execute("SELECT date_trunc('month', CAST('0001-01-09' AS DATE)) AS m, 1 AS m, "
-                                        "CAST('2024-05-01 10:00:00.000123+00' AS TIMESTAMPTZ), "
-                                        "CAST(NULL AS TIMESTAMPTZ)")
+    with spark_engine.backend.session() as session:
+        rows = session.run(Statement.parse("SELECT date_trunc('month', CAST('0001-01-09' AS DATE)) AS m, 1 AS m, "
+                                           "CAST('2024-05-01 10:00:00.000123+00' AS TIMESTAMPTZ), "
+                                           "CAST(NULL AS TIMESTAMPTZ)"))
     utc = datetime.UTC
     assert rows == [(datetime.datetime(1, 1, 1, tzinfo=utc), 1,
                      datetime.datetime(2024, 5, 1, 10, 0, 0, 123, tzinfo=utc), None)]
@@ -458,13 +467,13 @@ def test_a_truncation_on_spark_keeps_each_key_within_its_limit(spark_engine):
     sql = f"SELECT k, j, x {from_where(plan, hash_seed=7)}"
     types = {"dpsql_cut_test": {"k": "bigint", "j": "text", "x": "double precision"}}
     # small inputs happen to tie alike without it: that both keys order by one position is checked in the SQL
-    assert to_spark(sql, types).count("`dpsql_tie` NULLS LAST") == 2
+    assert _spark(sql, types).count("`dpsql_tie` NULLS LAST") == 2
     cases = {"VALUES " + ", ".join(["(1, 'a', 0.0D)"] * 6): 3,
              "VALUES " + ", ".join(["(1, 'a', 0.0D)"] * 5 + ["(1, 'b', -0.0D)"] * 2 + ["(NULL, 'a', 1.0D)"] * 4
                                    + ["(2, NULL, 2.0D)"] * 5 + ["(NULL, NULL, 3.0D)"] * 9): None}
     for values, expected in cases.items():
         spark.sql(f"SELECT * FROM {values} AS t(k, j, x)").createOrReplaceTempView("dpsql_cut_test")
-        rows = [tuple(r) for r in spark.sql(to_spark(sql, types)).collect()]
+        rows = [tuple(r) for r in spark.sql(_spark(sql, types)).collect()]
         if expected is not None:
             assert len(rows) == expected, rows
         for column in (0, 1):

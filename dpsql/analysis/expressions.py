@@ -25,6 +25,7 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column, temporal_value
+from dpsql.sql import dialect
 from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
@@ -32,16 +33,13 @@ PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Bet
 EXTRACT_RANGES = {
     "YEAR": (-4713, 5874897), "MONTH": (1, 12), "DAY": (1, 31), "DOW": (0, 6), "ISODOW": (1, 7),
     "DOY": (1, 366), "WEEK": (1, 53), "QUARTER": (1, 4), "HOUR": (0, 23), "MINUTE": (0, 59),
-    # seconds since 1970 of the guarded value (inside SAFE_TEMPORAL, a day of time zones to spare)
+    # seconds since 1970 of the guarded value (inside dialect.earliest() and latest(), a day of time zones to spare)
     "EPOCH": (-188_500_000_000.0, 9_225_000_000_000.0),
 }
 INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT: 2**31 - 1,
                    exp.DataType.Type.BIGINT: 2**63 - 1}
 FLOAT_CASTS = {exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT}
 TIMESTAMP_CASTS = {exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ}
-# Dates and timestamps inside this range survive a cast to timestamp(tz) in any time zone and date_trunc to
-# any unit (date_trunc('millennium', 4001 BC) and dates past 294276 AD overflow; PostgreSQL's dates reach 5874897 AD)
-SAFE_TEMPORAL = ("4000-01-01 BC", "294276-12-01")
 EPOCH_TIMESTAMPS = (-210_866_803_200, 9_224_318_015_999)  # the seconds to_timestamp accepts (4714 BC to 294276 AD)
 TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week", "month", "quarter",
                "year", "decade", "century", "millennium")
@@ -440,8 +438,8 @@ class Expressions:
         return Range(low, math.log(a.hi))
 
     def _check_to_char(self, node: exp.TimeToStr) -> None:
-        """to_char(date or timestamp, 'constant format'): text, NULL outside SAFE_TEMPORAL (a date past 294276 AD
-        would fail its cast to timestamp) as for ±infinity."""
+        """to_char(date or timestamp, 'constant format'): text, NULL outside the engine's safe dates (a date past
+        294276 AD would fail its cast to timestamp) as for ±infinity."""
         if not isinstance(node.args.get("format"), exp.Literal) or not node.args["format"].is_string:
             raise UnsupportedQuery("to_char needs a constant format", "e.g. to_char(day, 'YYYY-MM')")
         if not self._is_temporal(node.this):
@@ -478,14 +476,13 @@ def _cast_limit(to: exp.DataType, source: str) -> float:
 
 
 def _temporal_guard(node: exp.Expression, keep_infinite: bool) -> exp.Expression:
-    """`node` (a date or timestamp) as NULL outside SAFE_TEMPORAL, where a cast to timestamp or date_trunc could
-    overflow; ±infinity is kept where the consumer takes it (casts) and NULL where it would yield an infinite
-    number (EXTRACT(year FROM 'infinity') is Infinity, which no integer cast accepts). Constants are left alone:
-    they fail, if at all, on every database."""
+    """`node` (a date or timestamp) as NULL outside the engine's safe dates (`dialect.earliest()`, `latest()`),
+    where a cast to timestamp or date_trunc could overflow; ±infinity is kept where the consumer takes it (casts)
+    and NULL where it would yield an infinite number (EXTRACT(year FROM 'infinity') is Infinity, which no integer
+    cast accepts). Constants are left alone: they fail, if at all, on every database."""
     if _constant(node):
         return node
-    low, high = (exp.Literal.string(v) for v in SAFE_TEMPORAL)
-    inside = exp.Between(this=node.copy(), low=low, high=high)
+    inside = exp.Between(this=node.copy(), low=dialect.earliest(), high=dialect.latest())
     if keep_infinite:
         finite = exp.Anonymous(this="isfinite", expressions=[node.copy()])
         inside = exp.Or(this=inside, expression=exp.Not(this=finite))
@@ -570,24 +567,19 @@ def _clamp(node: exp.Expression, column: Column, lo: float, hi: float) -> exp.Ex
     return exp.Case(ifs=[below, inside, above])
 
 
-STRICT_BOUNDS = {"integer": ("int8larger", "int8smaller"), "numeric": ("numeric_larger", "numeric_smaller"),
-                 "float": ("float8larger", "float8smaller")}
-
-
 def clamp_to(node: exp.Expression, lo: float, hi: float, kind: str) -> exp.Expression:
     """`node`, of SQL kind `kind` (see `Expressions.kind`), limited to [lo, hi]: enforces a range the analysis
-    relies on. PostgreSQL's strict larger/smaller functions of that type evaluate `node` once and keep NULL
+    relies on. The engine's strict larger and smaller (`dialect.strict_bound`) evaluate `node` once and keep NULL
     NULL (LEAST/GREATEST would turn it into a bound)."""
     if kind == "integer":
         if math.ceil(lo) > math.floor(hi):
             kind = "numeric"
         else:
             lo, hi = math.ceil(lo), math.floor(hi)
-    larger, smaller = STRICT_BOUNDS[kind]
     if kind == "numeric":  # a no-op on numeric; a column declared numeric but stored as a float still works
         node = exp.Cast(this=node, to=exp.DataType.build("DECIMAL"))
-    return exp.Anonymous(this=smaller, expressions=[
-        exp.Anonymous(this=larger, expressions=[node, number(lo)]), number(hi)])
+    return dialect.strict_bound(dialect.strict_bound(node, number(lo), kind, larger=True), number(hi), kind,
+                                larger=False)
 
 
 def temporal_literal(type_name: str, number: float) -> exp.Expression:

@@ -25,6 +25,7 @@ from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import Table
+from dpsql.sql import dialect
 
 
 def bound_rows(scope: Scope) -> None:
@@ -47,11 +48,8 @@ def bound_rows(scope: Scope) -> None:
             k = scope.rows_cap
         outer = any(j.side for j in scope.joins)
         fast = not outer and k == 1 and verified and all(scope.row_is_unit(a) for a in scope.private)
-        if not fast and unit is None:  # each row is its own unit; ctid alone repeats across partitions
-            table = scope.private[0]
-            unit = exp.DPipe(this=exp.DPipe(this=exp.cast(exp.column("tableoid", table=table), "text"),
-                                            expression=exp.Literal.string(":")),
-                             expression=exp.cast(exp.column("ctid", table=table), "text"))
+        if not fast and unit is None:  # each row is its own unit
+            unit = dialect.row_id(scope.private[0])
         scope.notes.append(f"rows per unit in the joined relation: at most {k}"
                            + (" (guaranteed by unique constraints)" if fast else " (enforced per unit)"))
     scope.rows_per_unit, scope.unit, scope.direct = k, None if fast else unit, fast

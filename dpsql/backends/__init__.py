@@ -1,5 +1,74 @@
-"""Where the rewritten SQL runs. PostgreSQL through psycopg 3 for now."""
+"""Where the rewritten statements run: PostgreSQL (psycopg 3) or Spark, behind one protocol.
+
+The engine sees only `Backend` and `Session`. A statement reaches a backend as a tree (`dpsql.sql.dialect.Statement`)
+that the backend renders in its own SQL, spelling the rewrite's dialect nodes its own way; no backend parses SQL
+text. A new backend is one module here (its session, its rendering and its catalog) and one line in `open_backend`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from dpsql.backends.postgres import Cancellation, PostgresBackend
+from dpsql.errors import ConfigError
+from dpsql.schema import PrivacySchema
+from dpsql.schema.catalog import Catalog
+from dpsql.sql.dialect import Statement
 
-__all__ = ["Cancellation", "PostgresBackend"]
+
+class Session(Protocol):
+    """One answer's statements on one connection (or the engine's share of a cluster)."""
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection died, so that what failed was the backend, not the statement."""
+
+    def run(self, statement: Statement, work_mem: str | None = None) -> list[tuple[Any, ...]]:
+        """The rows of one read-only statement, values as psycopg gives PostgreSQL's; a failure is a dpsql error
+        (BackendError, QueryCancelled), never the engine's own text."""
+
+    def hold(self, name: str) -> None:
+        """Wait until no other session holds `name`, then hold it until the session ends (identical queries run
+        one after the other, so the second finds the first's answer)."""
+
+
+class Backend(Protocol):
+    def session(self, cancel: Cancellation | None = None) -> AbstractContextManager[Session]:
+        """A working session, in hand before anything is charged (BackendUnavailable if there is none)."""
+
+    def check(self, statement: Statement) -> None:
+        """Refuse, before any charge, a statement the engine cannot run whatever the data (planned or analysed,
+        never run)."""
+
+    def catalog(self) -> Catalog | None:
+        """Tables, types and the keys the engine verifies; None where it verifies none (every bound is then
+        enforced by the rewrite)."""
+
+    def time_zone(self) -> str | None:
+        """The session time zone in which dates are truncated, or None where it is not known."""
+
+    def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
+        """(table, column) pairs that lead an index, which lets the engine read a table's units in order."""
+
+    def close(self) -> None: ...
+
+
+def is_spark_url(url: str | None) -> bool:
+    return bool(url) and (url.startswith("spark://") or url.startswith("sc://"))
+
+
+def open_backend(database: str, schema: PrivacySchema, statement_timeout_ms: int, connect_wait: float,
+                 ledger: str | None) -> Backend:
+    """PostgreSQL, or Spark for a spark:// or sc:// URL (whose ledger must live in PostgreSQL)."""
+    if not is_spark_url(database):
+        return PostgresBackend(database, statement_timeout_ms, connect_wait=connect_wait)
+    if not ledger:
+        raise ConfigError("the Spark backend keeps its ledger in PostgreSQL: no ledger given",
+                          "pass --ledger postgresql://... or set DPSQL_LEDGER (dpsql demo --keep starts one)")
+    from dpsql.backends.spark import SparkBackend  # pyspark is an extra, imported only when asked for
+
+    return SparkBackend(database, schema, statement_timeout_ms)
+
+
+__all__ = ["Backend", "Cancellation", "PostgresBackend", "Session", "is_spark_url", "open_backend"]

@@ -27,6 +27,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dpsql.errors import BackendError, BackendUnavailable, InvalidConstant, QueryCancelled, SchemaError
 from dpsql.schema.catalog import Catalog
+from dpsql.sql.dialect import Statement
 
 log = logging.getLogger("dpsql.backend")
 FAILED = ("PostgreSQL did not finish the query: it failed or ran past the statement timeout (which of the two, and "
@@ -159,7 +160,7 @@ class PostgresBackend:
     def execute(self, sql: str, cancel: Cancellation | None = None) -> list[tuple[Any, ...]]:
         """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
         with self.session(cancel) as session:
-            return session.run(sql)
+            return session.run_text(sql)
 
     def catalog(self) -> Catalog:
         """The tables of the `public` schema as the catalog declares them: columns and types, primary and unique
@@ -179,11 +180,12 @@ class PostgresBackend:
                        frozenset((t, frozenset(names)) for t, names in self.execute(CATALOG_UNIQUE_SETS)),
                        frozenset(not_null), references, frozenset(enums))
 
-    def check(self, sql: str) -> None:
+    def check(self, statement: Statement) -> None:
         """The statement planned, not run (EXPLAIN reads the catalog, never a row), so what fails whatever the data
         is refused before any charge: a constant PostgreSQL cannot read as its type (InvalidConstant, with its
         SQLSTATE and the constant named), or a table, column or function the privacy schema declares and the
         database lacks (SchemaError). Either would fail on every database, so saying so reveals nothing."""
+        sql = statement.sql
         with pooled(self._pool) as conn:  # a connection lost here is BackendUnavailable: nothing was charged
             try:
                 conn.execute(f"{EXPLAIN}{sql}", prepare=False)
@@ -294,9 +296,13 @@ class BackendSession:
         """Whether the connection died (PostgreSQL restarted, the backend was terminated)."""
         return self._conn.broken
 
-    def run(self, sql: str, work_mem: str | None = None) -> list[tuple[Any, ...]]:
-        """Rows of one read-only query, with `work_mem` for it alone when given; any failure becomes a dpsql
-        error without PostgreSQL's text."""
+    def run(self, statement: Statement, work_mem: str | None = None) -> list[tuple[Any, ...]]:
+        """Rows of one read-only statement, rendered in PostgreSQL's SQL, with `work_mem` for it alone when given;
+        any failure becomes a dpsql error without PostgreSQL's text."""
+        return self.run_text(statement.sql, work_mem)
+
+    def run_text(self, sql: str, work_mem: str | None = None) -> list[tuple[Any, ...]]:
+        """`run` for SQL that dpsql wrote for PostgreSQL alone (the catalog's queries)."""
         try:
             if work_mem is None:
                 return self._rows(sql)

@@ -1,6 +1,7 @@
-"""Apache Spark as the backend: the same rewritten query, transpiled from PostgreSQL's dialect by sqlglot, run
-by a Spark session (`spark://local[N]` for one machine and the tests, `sc://host:port` for a cluster through
-Spark Connect). The ledger, the answer cache and the shadow catalog stay in PostgreSQL.
+"""Apache Spark as the backend: the rewritten statement's tree rendered in Spark SQL (its dialect nodes spelled
+here, the rest transpiled by sqlglot with PostgreSQL's semantics kept; no SQL text is parsed) and run by a Spark
+session (`spark://local[N]` for one machine and the tests, `sc://host:port` for a cluster through Spark Connect).
+The ledger, the answer cache and the shadow catalog stay in PostgreSQL.
 
 What the guarantee rests on must mean the same on Spark; where Spark differs, the rule is here:
 
@@ -15,16 +16,17 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
   double it becomes bround (numeric rounds halves away from zero on both).
 - Sums of integers: PostgreSQL's SUM(bigint) is numeric and cannot overflow; Spark's is a bigint. Integer
   arguments of SUM are cast to DECIMAL(38, 0).
-- The keyed hash that picks which rows of an over-bound unit are kept: PostgreSQL's
-  `hashtextextended(CAST(ROW(...) AS TEXT), seed)` becomes Spark's `xxhash64(seed, ...)` (which mixes each field
+- The keyed hash that picks which rows of an over-bound unit are kept (`dialect.keyed_hash`; PostgreSQL's
+  `hashtextextended(CAST(ROW(...) AS TEXT), seed)`) is Spark's `xxhash64(seed, ...)` (which mixes each field
   in fully, so its values are independent across units too). Both are deterministic functions of the row and
   the stored seed, so a table is always bounded the same way, but the two backends may keep different rows of a
   unit that exceeds its bound (the bound holds on both).
-- Dates: the rewrite keeps dates and timestamps inside PostgreSQL's safe range (`SAFE_TEMPORAL`, 4000 BC to
-  294276 AD), whose bounds Spark cannot parse; Spark's dates run from 0001-01-01 to 9999-12-31, where none of
-  its functions overflow, so the guard's bounds become those.
-- Clamps: the rewrite clamps with PostgreSQL's strict `int8smaller`/`numeric_larger`/... functions, which keep NULL
-  NULL; Spark's LEAST and GREATEST skip NULLs (as PostgreSQL's do), so each becomes
+- Dates: the rewrite keeps dates and timestamps inside the engine's safe range (`dialect.earliest()` and
+  `latest()`: 4000 BC to 294276 AD on PostgreSQL, whose bounds Spark cannot parse); Spark's dates run from
+  0001-01-01 to 9999-12-31, where none of its functions overflow, so the guard's bounds are those.
+- Clamps: the rewrite clamps with strict bounds (`dialect.strict_bound`: PostgreSQL's `int8smaller`,
+  `numeric_larger`, ...), which keep NULL NULL; Spark's LEAST and GREATEST skip NULLs (as PostgreSQL's do), so
+  each is
   `CASE WHEN x IS NULL THEN NULL ELSE LEAST(x, bound) END`. `CAST(x AS DECIMAL)` is PostgreSQL's unbounded
   numeric but Spark's DECIMAL(10, 0), which would round every price: it becomes DECIMAL(38, 10) (bounds are
   within ±1e12).
@@ -34,9 +36,9 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
 - Statement timeout: each statement is tagged, and its tag interrupted when the timeout passes.
 - Row identity: under row-level privacy the rewrite identifies a row by PostgreSQL's physical (tableoid, ctid).
   Spark has no stable row id (monotonically_increasing_id changes between runs, and between two reads of one
-  table in a query). A truncation (rows past a key's frequency, dropped by NOT IN over row ids) becomes a
-  ranking of every row within each key, kept if no key ranks it past its limit: the same rule, one shuffle per
-  key, no row id. Elsewhere (a row as its own unit) a table read for its row ids becomes a subquery where
+  table in a query). A truncation (`dialect.truncated`; on PostgreSQL, NOT IN over row ids) is a ranking of
+  every row within each key, kept if no key ranks it past its limit: the same rule, one shuffle per key, no row
+  id. Elsewhere (a row as its own unit, `dialect.row_id`) a table read for its row ids becomes a subquery where
   `tableoid` is the table's name and `ctid` is the row's text (each column as text, in a JSON array:
   unambiguous) with its copy number among identical rows. Identical rows are interchangeable, so which of them
   gets which copy number changes no answer, and adding a row adds one id.
@@ -64,15 +66,14 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qsl
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
-from dpsql.analysis.expressions import SAFE_TEMPORAL
-from dpsql.analysis.expressions import STRICT_BOUNDS as STRICT_BOUNDS_BY_KIND
 from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled, UnsupportedQuery
 from dpsql.schema import PrivacySchema
+from dpsql.sql import dialect
+from dpsql.sql.dialect import Statement
 
 log = logging.getLogger("dpsql.spark")
 FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
@@ -80,65 +81,58 @@ LOCAL = "spark://local"
 # ANSI: integer overflow and bad casts fail (as in PostgreSQL) instead of wrapping or giving NULL; UTC: dates and
 # timestamps mean what the shadow and the ledger say
 SESSION_RULES = {"spark.sql.ansi.enabled": "true", "spark.sql.session.timeZone": "UTC"}
-SMALLER = {smaller for _, smaller in STRICT_BOUNDS_BY_KIND.values()}
-STRICT_BOUNDS = SMALLER | {larger for larger, _ in STRICT_BOUNDS_BY_KIND.values()}
-SPARK_TEMPORAL = dict(zip(SAFE_TEMPORAL, ("0001-01-01", "9999-12-31"), strict=True))
+SPARK_TEMPORAL = ("0001-01-01", "9999-12-31")  # `dialect.earliest()` and `latest()`: none of its functions overflow
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _SESSION_USERS: dict[int, int] = {}  # id(session) -> open backends using it
 _SESSIONS_LOCK = threading.Lock()
-ROW_ID_COLUMNS = ("tableoid", "ctid")  # PostgreSQL's physical row id, which Spark lacks (see the docstring)
 INTEGER_TYPES = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
                  exp.DataType.Type.BIGINT}
 
 
-def is_spark_url(url: str | None) -> bool:
-    return bool(url) and (url.startswith(LOCAL) or url.startswith("sc://"))
-
-
-def to_spark(sql: str, schema: dict[str, dict[str, str]]) -> str:
-    """The rewritten PostgreSQL query in Spark SQL, with the rules of this module's docstring."""
-    tree = _row_identities(sqlglot.parse_one(sql, read="postgres"), schema)
-    tree = tree.transform(_keyed_hash).transform(_spark_dates).transform(_decimals).transform(_unhinted) \
-        .transform(_bytewise).transform(_plain_numbers).transform(_finite).transform(_spark_patterns).transform(_bands)
-    for node in reversed(list(tree.find_all(exp.Anonymous, bfs=False))):  # innermost first: nested clamps too
-        if node.name.lower() in STRICT_BOUNDS:
-            node.replace(_strict_bounds(node))
+def to_spark(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
+    """A rewritten statement in Spark SQL: its dialect nodes spelled for Spark, then PostgreSQL's semantics kept
+    where Spark's differ, with the rules of this module's docstring."""
+    tree = _dialect_nodes(tree.copy(), schema)
+    tree = tree.transform(_decimals).transform(_unhinted).transform(_bytewise).transform(_plain_numbers) \
+        .transform(_finite).transform(_spark_patterns).transform(_bands)
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences)
     return tree.sql(dialect="spark")
 
 
-def _row_identities(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> exp.Expression:
-    """Row-level truncations in Spark's form, and every other table the query reads row ids of (`t.tableoid`,
-    `t.ctid`) as a subquery that has them."""
-    for node in list(tree.find_all(exp.Subquery)):
-        truncation = _truncation(node)
-        if truncation is not None and truncation[0] in schema:
-            node.replace(_ranked_truncation(*truncation, node.alias_or_name, schema[truncation[0]]))
-    aliases = {c.table for c in tree.find_all(exp.Column) if c.table and c.name in ROW_ID_COLUMNS}
+def _dialect_nodes(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> exp.Expression:
+    """The rewrite's dialect nodes (`dpsql.sql.dialect`) in Spark's spelling; a table whose rows are identified
+    becomes a subquery that has `tableoid` and `ctid` (see the docstring)."""
+    identified = set()
+    for node in list(dialect.nodes(tree, *dialect.NODES)):
+        name = node.name.lower()
+        if name == dialect.TRUNCATED:
+            table, seed, limits = dialect.truncation_parts(node)
+            node.parent.replace(_ranked_truncation(table, limits, exp.Literal.number(seed),
+                                                   node.parent.alias_or_name, schema[table]))
+            continue
+        if name == dialect.ROW_ID:
+            alias = node.expressions[0].name
+            identified.add(alias)
+            spelled = exp.func("concat", exp.column("tableoid", table=alias), exp.Literal.string(":"),
+                               exp.column("ctid", table=alias))
+        elif name == dialect.KEYED_HASH:
+            seed, *fields = node.expressions
+            spelled = exp.Anonymous(this="xxhash64", expressions=[seed, *fields])
+        elif name == dialect.STRICT_BOUND:
+            value, bound, _, larger = dialect.bound_parts(node)
+            pick = exp.Greatest if larger else exp.Least
+            spelled = exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())],
+                               default=pick(this=value, expressions=[bound]))
+        else:
+            spelled = exp.Literal.string(SPARK_TEMPORAL[0 if name == dialect.EARLIEST else 1])
+        tree = spelled if node is tree else tree
+        node.replace(spelled)
     for table in list(tree.find_all(exp.Table)):
-        if table.alias_or_name in aliases and table.name in schema and not table.args.get("db"):
+        if table.alias_or_name in identified and table.name in schema and not table.args.get("db"):
             table.replace(_identified(table, schema[table.name]))
     return tree
-
-
-def _truncation(node: exp.Subquery) -> tuple[str, list[tuple[str, int]], exp.Expression] | None:
-    """(table, [(key column, max frequency)], hash seed) of a truncation as `rewrite/truncation.py` writes it
-    (`SELECT * FROM t AS dpsql_t WHERE (tableoid, ctid) NOT IN (rows ranked past a key's limit)`), or None."""
-    select = node.this
-    source = select.args.get("from_") if isinstance(select, exp.Select) else None
-    where = select.args.get("where") if isinstance(select, exp.Select) else None
-    if source is None or where is None or not isinstance(source.this, exp.Table) \
-            or source.this.alias_or_name != "dpsql_t" or not isinstance(where.this, exp.Not) \
-            or not isinstance(where.this.this, exp.In):
-        return None
-    keys, seed = [], None
-    for window in where.this.this.find_all(exp.Window):  # one per key, in a branch ... WHERE dpsql_rank > f
-        ranked = window.find_ancestor(exp.Subquery).parent_select
-        keys.append((window.args["partition_by"][0].name, int(ranked.args["where"].this.expression.name)))
-        seed = window.args["order"].expressions[0].this.expressions[1]
-    return (source.this.name, keys, seed) if keys else None
 
 
 def _ranked_truncation(table: str, keys: list[tuple[str, int]], seed: exp.Expression, alias: str,
@@ -196,15 +190,6 @@ def _identified(table: exp.Table, columns: dict[str, str]) -> exp.Expression:
                       exp.alias_(ctid, "ctid")).from_(
         exp.Subquery(this=texts, alias=exp.TableAlias(this=exp.to_identifier("dpsql_c"))))
     return exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
-
-
-def _keyed_hash(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.Anonymous) and node.name.lower() in ("hash_record_extended", "hashtextextended"):
-        row, seed = node.expressions
-        row = row.this if isinstance(row, exp.Cast) else row  # the record's text: its fields
-        fields = list(row.expressions) if isinstance(row, exp.Anonymous | exp.Tuple | exp.Struct) else [row]
-        return exp.Anonymous(this="xxhash64", expressions=[seed.copy(), *[f.copy() for f in fields]])
-    return node
 
 
 def _spark_patterns(node: exp.Expression) -> exp.Expression:
@@ -283,24 +268,9 @@ def _bytewise(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _strict_bounds(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.Anonymous) and node.name.lower() in STRICT_BOUNDS:
-        value, bound = (e.copy() for e in node.expressions)
-        pick = exp.Least if node.name.lower() in SMALLER else exp.Greatest
-        return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())],
-                        default=pick(this=value, expressions=[bound]))
-    return node
-
-
 def _decimals(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.DECIMAL and not node.expressions:
         return exp.DataType.build("DECIMAL(38, 10)")
-    return node
-
-
-def _spark_dates(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.Literal) and node.is_string and node.this in SPARK_TEMPORAL:
-        return exp.Literal.string(SPARK_TEMPORAL[node.this])
     return node
 
 
@@ -368,9 +338,9 @@ class SparkBackend:
         finally:
             session.release()
 
-    def execute(self, sql: str) -> list[tuple[Any, ...]]:
-        with self.session() as session:
-            return session.run(sql)
+    def render(self, statement: Statement) -> str:
+        """The statement in Spark SQL (made once per statement)."""
+        return statement.render("spark", lambda tree: to_spark(tree, self._types))
 
     def catalog(self) -> None:
         return None  # Spark verifies no keys (every bound is enforced by the rewrite), and its types are its own
@@ -381,12 +351,12 @@ class SparkBackend:
     def indexed_columns(self) -> None:
         return None  # no indexes: Spark groups by shuffling, whatever the table
 
-    def check(self, sql: str) -> None:
+    def check(self, statement: Statement) -> None:
         """Refuses, before anything is charged, a rewritten statement Spark cannot analyse (a function or pattern
         it lacks). Spark's analysis reads the tables' types only, never their rows, so its verdict cannot depend
         on the data."""
         try:
-            self.spark.sql(to_spark(sql, self._types)).schema  # noqa: B018 - analysis only, no job runs
+            self.spark.sql(self.render(statement)).schema  # noqa: B018 - analysis only, no job runs
         except UnsupportedQuery:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure here is Spark's SQL, not the data's
@@ -436,8 +406,8 @@ class SparkStatements:
         self._backend, self._cancel = backend, cancel
         self._held: threading.Lock | None = None
 
-    def run(self, sql: str, work_mem: str | None = None) -> list[tuple[Any, ...]]:
-        """Rows of one query; `work_mem` is PostgreSQL's and means nothing here."""
+    def run(self, statement: Statement, work_mem: str | None = None) -> list[tuple[Any, ...]]:
+        """Rows of one statement; `work_mem` is PostgreSQL's and means nothing here."""
         if self._cancel is not None and self._cancel.cancelled:
             raise QueryCancelled("canceling statement due to user request")
         spark = self._backend.spark
@@ -448,7 +418,7 @@ class SparkStatements:
         try:
             spark.addTag(tag)
             timer.start()
-            frame = spark.sql(to_spark(sql, self._backend._types))
+            frame = spark.sql(self._backend.render(statement))
             instants = [type(f.dataType).__name__ == "TimestampType" for f in frame.schema.fields]
             if any(instants):
                 frame = _instants_as_micros(frame, instants)
@@ -474,4 +444,4 @@ class SparkStatements:
             self._held = None
 
 
-__all__ = ["SparkBackend", "is_spark_url", "to_spark"]
+__all__ = ["SparkBackend", "to_spark"]

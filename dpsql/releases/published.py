@@ -15,7 +15,8 @@ from sqlglot.optimizer.annotate_types import annotate_types
 
 from dpsql.analysis.plan import Output
 from dpsql.schema import PrivacySchema
-from dpsql.sql import CheckedQuery, to_sql
+from dpsql.sql import CheckedQuery
+from dpsql.sql.dialect import Statement
 
 TYPE_NAMES = {"BIGINT": "int8", "INT": "int8", "SMALLINT": "int8", "DOUBLE": "float8", "FLOAT": "float8",
               "DECIMAL": "float8", "TEXT": "text", "VARCHAR": "text", "BOOLEAN": "bool", "DATE": "date",
@@ -24,7 +25,7 @@ TYPE_NAMES = {"BIGINT": "int8", "INT": "int8", "SMALLINT": "int8", "DOUBLE": "fl
 
 @dataclass(frozen=True)
 class PublishedQuery:
-    sql: str
+    statement: Statement
     outputs: list[Output]
     tables: tuple[str, ...]  # the released tables it reads
     public: tuple[str, ...] = ()  # the other public tables it reads
@@ -49,7 +50,7 @@ def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery
     typed = annotate_types(query.tree.copy(), schema=schema.sqlglot_schema(), dialect="postgres")
     outputs = [Output(name, exp.column(name), _type_name(e), False)
                for name, e in zip(query.output_names, typed.expressions, strict=True)]
-    return PublishedQuery(to_sql(query.tree), outputs, tuple(sorted({t.name for t in tables if t.released})),
+    return PublishedQuery(Statement(query.tree.copy()), outputs, tuple(sorted({t.name for t in tables if t.released})),
                           tuple(sorted({t.name for t in tables if not t.released})))
 
 

@@ -24,14 +24,25 @@ from dataclasses import dataclass
 from dpsql.analysis import Plan
 from dpsql.rewrite import bounds, direct, histograms, per_unit
 from dpsql.rewrite.bounds import BoundsStatement
+from dpsql.sql.dialect import Statement
 
 
 @dataclass(frozen=True)
 class Rewritten:
-    sql: str  # rows: group keys, one exact sum per measure, distinct units
-    histograms: dict[str, str]  # histogram name -> SQL whose rows are: group keys, cell, count
+    statement: Statement  # rows: group keys, one exact sum per measure, distinct units
+    histogram_statements: dict[str, Statement]  # histogram name -> rows: group keys, cell, count
     bounds: BoundsStatement | None = None  # counts of the units the bounds touch (None: no bound drops data)
     work_mem: str | None = None  # PostgreSQL's work_mem for these statements, where the server's would not do
+
+    @property
+    def sql(self) -> str:
+        """PostgreSQL's text of the statistics' statement."""
+        return self.statement.sql
+
+    @property
+    def histograms(self) -> dict[str, str]:
+        """PostgreSQL's text of each histogram's statement."""
+        return {name: statement.sql for name, statement in self.histogram_statements.items()}
 
 
 def rewrite(plan: Plan, hash_seed: int = 0, in_unit_order: bool = False) -> Rewritten:
@@ -39,16 +50,16 @@ def rewrite(plan: Plan, hash_seed: int = 0, in_unit_order: bool = False) -> Rewr
     order of an index (`per_unit.statistics`)."""
     sql = direct.statistics(plan, hash_seed) if plan.unit is None else \
         per_unit.statistics(plan, hash_seed, in_unit_order)
-    return Rewritten(sql, {h.name: histograms.counts(plan, h, hash_seed) for h in plan.histograms},
-                     bounds.effect(plan, hash_seed))
+    return Rewritten(Statement.parse(sql), {h.name: Statement.parse(histograms.counts(plan, h, hash_seed))
+                                            for h in plan.histograms}, bounds.effect(plan, hash_seed))
 
 
 def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False,
-                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False) -> str:
+                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False) -> Statement:
     """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage), or
     with `totals` the bound on each unit's total of its one sum (and with `rows_caps`, in the same row, the rows
     per unit of the counts beside it)."""
-    return per_unit.contributions(plan, hash_seed, caps, totals, rows_caps, in_unit_order)
+    return Statement.parse(per_unit.contributions(plan, hash_seed, caps, totals, rows_caps, in_unit_order))
 
 
 def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:
@@ -63,4 +74,5 @@ def counts_voters(plan: Plan) -> bool:
     return plan.unit is not None and per_unit.counts_voters(plan)
 
 
-__all__ = ["BoundsStatement", "Rewritten", "answered_by_contributions", "contributions", "counts_voters", "rewrite"]
+__all__ = ["BoundsStatement", "Rewritten", "Statement", "answered_by_contributions", "contributions", "counts_voters",
+           "rewrite"]

@@ -20,11 +20,12 @@ from dpsql.analysis import Plan
 from dpsql.analysis.expressions import CLAMP
 from dpsql.rewrite.fragments import group_by, literal, present, sql, unit_and_keys
 from dpsql.rewrite.truncation import from_where
+from dpsql.sql.dialect import Statement
 
 
 @dataclass(frozen=True)
 class BoundsStatement:
-    sql: str  # one row: one count of units per label
+    statement: Statement  # one row: one count of units per label
     labels: list[str]
 
 
@@ -38,7 +39,7 @@ def effect(plan: Plan, hash_seed: int) -> BoundsStatement | None:
     flags = [f"CASE WHEN {condition} THEN 1 ELSE 0 END AS dpsql_c{i}" for i, condition in enumerate(outside)]
     if plan.unit is None:  # each row is one unit: nothing is truncated
         counts = ["COUNT(*)", *(f"SUM(CASE WHEN {c} THEN 1 ELSE 0 END)" for c in outside)]
-        return BoundsStatement(f"SELECT {', '.join(counts)} {from_where(plan, None, hash_seed)}",
+        return BoundsStatement(Statement.parse(f"SELECT {', '.join(counts)} {from_where(plan, None, hash_seed)}"),
                                ["units (rows) read", *labels])
     keys = [k.name for k in plan.group_keys]
     rows = f"SELECT {', '.join([*unit_and_keys(plan), *flags])} {from_where(plan, present(plan.unit), hash_seed)}"
@@ -56,9 +57,10 @@ def effect(plan: Plan, hash_seed: int) -> BoundsStatement | None:
         counts.append(f"COUNT(*) FILTER (WHERE dpsql_groups > {int(plan.max_groups)})")
         labels.insert(2, f"in more than {int(plan.max_groups)} groups (the others left out)")
     counts += [f"SUM(dpsql_c{i})" for i in range(len(clamps))]
-    return BoundsStatement(f"WITH dpsql_rows AS ({rows}), dpsql_per_group AS ({per_group}), dpsql_per_unit AS "
-                           f"(SELECT dpsql_unit, {', '.join(per_unit)} FROM dpsql_per_group GROUP BY dpsql_unit) "
-                           f"SELECT {', '.join(counts)} FROM dpsql_per_unit", labels)
+    text = (f"WITH dpsql_rows AS ({rows}), dpsql_per_group AS ({per_group}), dpsql_per_unit AS "
+            f"(SELECT dpsql_unit, {', '.join(per_unit)} FROM dpsql_per_group GROUP BY dpsql_unit) "
+            f"SELECT {', '.join(counts)} FROM dpsql_per_unit")
+    return BoundsStatement(Statement.parse(text), labels)
 
 
 def _rows_are_units(plan: Plan) -> bool:

@@ -6,7 +6,7 @@ from sqlglot import exp
 
 from dpsql.analysis import Measure, Plan
 from dpsql.analysis.expressions import number
-from dpsql.sql import to_sql
+from dpsql.sql import dialect, to_sql
 
 UNITS = "dpsql_units"  # the column counting distinct units (or rows) per group
 
@@ -32,13 +32,13 @@ def unit_and_keys(plan: Plan) -> list[str]:
 
 def keyed_hash(columns: list[str], seed: int) -> str:
     """A deterministic, seeded hash of some columns (the unit among them): picks which rows or groups a unit
-    keeps. It hashes the row's text as one string, so its values are independent across units: ranking a unit's
-    groups by hash_record_extended(ROW(unit, g)), which is 31·h(unit) + h(g), gave every unit a rotation of one
-    order of the groups, dropped the same quarters for nearly everyone and invented trends (4 quarters, 5,000
-    units: first for 538, 2,032, 782 and 1,648 units, against about 1,250 each now). A record's text keeps
-    NULL apart from '' and fields apart by position, so distinct tuples hash alike only by a 64-bit collision,
-    after which callers order by the values themselves."""
-    return f"hashtextextended(CAST(ROW({', '.join(columns)}) AS TEXT), {int(seed)})"
+    keeps (`dialect.keyed_hash`). It must hash the tuple as one value, so that its values are independent across
+    units: ranking a unit's groups by PostgreSQL's hash_record_extended(ROW(unit, g)), which is 31·h(unit) + h(g),
+    gave every unit a rotation of one order of the groups, dropped the same quarters for nearly everyone and
+    invented trends (4 quarters, 5,000 units: first for 538, 2,032, 782 and 1,648 units, against about 1,250 each
+    now). Distinct tuples hash alike only by a 64-bit collision, after which callers order by the values
+    themselves."""
+    return f"{dialect.KEYED_HASH}({int(seed)}, {', '.join(columns)})"
 
 
 def within_rows_per_unit(columns: list[str], k: int, seed: int, in_unit_order: bool = False) -> list[str]:

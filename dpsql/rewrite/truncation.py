@@ -9,12 +9,11 @@ the stability counts.
 
 from __future__ import annotations
 
-import sqlglot
 from sqlglot import exp
 
 from dpsql.analysis import Plan
 from dpsql.rewrite.fragments import sql
-from dpsql.sql import DIALECT, to_sql
+from dpsql.sql import dialect
 
 
 def from_where(plan: Plan, extra: exp.Expression | None = None, hash_seed: int = 0) -> str:
@@ -38,28 +37,10 @@ def rows_cte(plan: Plan, items: list[str], extra: exp.Expression, hash_seed: int
 
 
 def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expression:
-    """`node` with every table in `plan.truncate` replaced by that table cut to at most max_frequency rows per value
-    of each join key: a row is dropped when, within the rows sharing one of its keys, a keyed hash of the whole row
-    ranks it past that key's limit. Ties, which only identical rows can have, are broken by the row's text and then
-    its physical identity, so every key's ranking follows one total order and two keys never drop two different
-    copies of a row where one would do. A row is identified by (tableoid, ctid): ctid alone repeats across the
-    partitions of a partitioned table. Only the rows of over-full keys are ranked, so data within its bounds costs
-    one grouping per key."""
+    """`node` with every table in `plan.truncate` read truncated to at most max_frequency rows per value of each
+    join key (`dialect.truncated`, which says how the rows to keep are chosen)."""
     def swap(table: exp.Expression) -> exp.Expression:
         if not isinstance(table, exp.Table) or table.name not in plan.truncate:
             return table
-        name = to_sql(exp.to_identifier(table.name))
-        # the row's text, not hash_record_extended: a table may hold types without a hash function (json)
-        order = f"hashtextextended(dpsql_r::text, {int(hash_seed)}), dpsql_r::text, dpsql_r.tableoid, dpsql_r.ctid"
-        excess = []
-        for column, frequency in plan.truncate[table.name]:
-            key = to_sql(exp.to_identifier(column))
-            excess.append(f"SELECT tableoid, ctid FROM (SELECT dpsql_r.tableoid, dpsql_r.ctid, ROW_NUMBER() OVER "
-                          f"(PARTITION BY dpsql_r.{key} ORDER BY {order}) AS dpsql_rank FROM {name} AS dpsql_r "
-                          f"WHERE dpsql_r.{key} IN "
-                          f"(SELECT {key} FROM {name} GROUP BY {key} HAVING COUNT(*) > {frequency})) AS dpsql_x "
-                          f"WHERE dpsql_rank > {frequency}")
-        select = sqlglot.parse_one(f"SELECT * FROM {name} AS dpsql_t WHERE (dpsql_t.tableoid, dpsql_t.ctid) "
-                                   f"NOT IN ({' UNION ALL '.join(excess)})", dialect=DIALECT)
-        return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
+        return dialect.truncated(table.name, hash_seed, plan.truncate[table.name], table.alias_or_name)
     return node.copy().transform(swap, copy=False)
