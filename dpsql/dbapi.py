@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsql.accounting import describe_budget
+from dpsql.answer import Answer
 from dpsql.config import load_settings
-from dpsql.engine import Answer, Engine
+from dpsql.engine import Engine
 from dpsql.errors import (
     DatabaseError,
     DataError,

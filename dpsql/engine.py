@@ -13,23 +13,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, field, fields, replace
+from dataclasses import astuple, replace
 from typing import Any
 
-from sqlglot import exp
-
 from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
-from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.analysis import Plan, analyze
-from dpsql.analysis.plan import Output
+from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
+from dpsql.cached_answers import answer_key, decode_answer, encode_answer
+from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, lent, plan_race, race_note, raceable
+from dpsql.combining import combine, stand_ins
 from dpsql.config import Settings
 from dpsql.errors import (
     BackendError,
@@ -41,21 +40,18 @@ from dpsql.errors import (
     QueryCancelled,
     UnsupportedQuery,
 )
-from dpsql.estimates import DEBIASED_INTERVALS, LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
+from dpsql.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
-from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect
+from dpsql.noise import add_noise, calibrate, noisy_bounds_effect
 from dpsql.postprocess import (
-    INTERVALS_COVER,
-    Accuracy,
-    Result,
     describe_selection,
     describe_units_over,
     evaluate,
     finish,
-    sort_rows,
     window_inputs,
 )
-from dpsql.released_rows import aggregate_released, outer_columns
+from dpsql.prepared import Prepared
+from dpsql.released_rows import aggregate_released
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contributions, counts_voters, rewrite
 from dpsql.schema import PrivacySchema, load_schema
@@ -67,129 +63,6 @@ from dpsql.sql.compose import SCALAR, Composition, compose
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
 UNINDEXED_WORK_MEM = "64MB"  # hashing a million units fits; the server's 4MB default would spill to disk
-
-
-@dataclass
-class Answer:
-    """Noisy rows with their accuracy, and what they cost."""
-
-    names: list[str]
-    types: list[str]
-    rows: list[tuple]
-    accuracy: list[tuple[Accuracy | None, ...]]
-    epsilon: float  # charged for this answer (0 when it came from the cache)
-    delta: float
-    cached: bool = False
-    budget: Budget | None = None
-    noisy: list[bool] | None = None  # per column: computed from noisy aggregates
-    intervals_cover: str = INTERVALS_COVER  # what the 95% intervals account for, said beside them
-    bounds_effect: dict | None = None  # asked for (dpsql.bounds_epsilon): how many units the bounds cut or clamp
-    notes: list[str] = field(default_factory=list)  # for the analyst, beside the rows (why groups may be missing)
-
-    def cost(self) -> dict[str, Any]:
-        """What this answer cost and what is left, for scripts (JSON output, a DataFrame's attrs)."""
-        cost: dict[str, Any] = {"epsilon_spent": self.epsilon, "delta_spent": self.delta, "cached": self.cached}
-        if self.budget is not None:
-            cost["budget_left"] = {"epsilon": self.budget.epsilon_left, "delta": self.budget.delta_left}
-        if self.bounds_effect is not None:
-            cost["bounds_effect"] = self.bounds_effect
-        return cost
-
-    def with_intervals(self, every_measure: bool = False) -> Answer:
-        """The answer with two more columns after each noisy one: the bounds of its 95% confidence interval
-        (NULL where the value has none, such as a quantile, which reports a rank error instead). With
-        `every_measure`, also `<name>_rank_error` and `<name>_count_gap` after the columns that report them."""
-        noisy = self.noisy or [False] * len(self.names)
-        names, types, picks = [], [], []
-        for i, (name, type_name) in enumerate(zip(self.names, self.types, strict=True)):
-            names.append(name)
-            types.append(type_name)
-            picks.append((i, None))
-            measures = ["ci_low", "ci_high"] if noisy[i] else []
-            if every_measure:  # also a top-n key's count gap
-                measures += [m for m in ("rank_error", "count_gap")
-                             if any(acc[i] is not None and getattr(acc[i], m) is not None for acc in self.accuracy)]
-            names += [f"{name}_{measure}" for measure in measures]
-            types += ["float8"] * len(measures)
-            picks += [(i, measure) for measure in measures]
-        rows = [tuple(row[i] if measure is None else getattr(acc[i], measure, None) if acc[i] else None
-                      for i, measure in picks) for row, acc in zip(self.rows, self.accuracy, strict=True)]
-        accuracy = [tuple(acc[i] if measure is None else None for i, measure in picks) for acc in self.accuracy]
-        return replace(self, names=names, types=types, rows=rows, accuracy=accuracy,
-                       noisy=[measure is None and noisy[i] for i, measure in picks])
-
-
-@dataclass
-class Prepared:
-    """Everything known about a query before it runs: what `dpsql explain` shows."""
-
-    query: CheckedQuery
-    plan: Plan | None  # None for a query answered from locally randomized reports alone
-    rewritten: Rewritten | None
-    calibration: Calibration | None
-    key: str  # the answer cache's key
-    options: Options  # epsilon, mechanism and histogram, resolved
-    group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
-    local: LocalQuery | PublishedQuery | None = None  # estimates, or released data: no central noise needed
-    race: RaceToTheTop | None = None  # rows per unit chosen from the data (R2T) before the answer, at its own ε
-    race_statement: Statement | None = None  # what the race reads: the truncated row counts for each of its caps
-    race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
-    race_answers: bool = False  # the race's values are the answer's exact value at each bound it may choose
-    rows_race: RaceToTheTop | None = None  # beside a totals race: the rows per unit of the counts beside the sum
-    bound_note: str | None = None  # how many units hold more than the bound the race chose (`bounded_by_race`)
-
-    @property
-    def race_sql(self) -> str | None:
-        """PostgreSQL's text of what the race reads."""
-        return self.race_statement.sql if self.race_statement is not None else None
-
-    @property
-    def cost(self) -> Cost:
-        """What answering costs: the answer's mechanisms and, with rows per unit chosen from the data, the race."""
-        cost = self.calibration.cost if self.calibration is not None else NO_COST
-        for race in (self.race, self.rows_race):
-            cost = cost + Cost.pure(race.epsilon) if race is not None else cost
-        return cost
-
-    @property
-    def outputs(self) -> list[Output]:
-        """The answer's columns (name, type, whether noisy) before it runs."""
-        return self.local.outputs if self.local is not None else self.plan.outputs
-
-    @property
-    def free(self) -> bool:
-        """Whether answering costs nothing: local estimates, released data, or a declared domain with no data
-        read."""
-        return self.local is not None or not self.plan.aggregates
-
-
-@dataclass(frozen=True)
-class Statistic:
-    """The exact, bounded rows of one query of a release (group keys, then measures, then distinct units), for
-    the release's own mechanism: they never leave the process unnoised."""
-
-    plan: Plan
-    rows: list[tuple]
-
-    def totals(self, measure: int = 0) -> dict[tuple, float]:
-        """Each group's value of one measure (every key of the declared domain, 0 where no row fell)."""
-        n_keys = len(self.plan.group_keys)
-        found = {tuple(r[:n_keys]): float(r[n_keys + measure] or 0) for r in self.rows}
-        keys = self.plan.domain if self.plan.domain is not None else [()]
-        return {tuple(k): found.get(tuple(k), 0.0) for k in keys}
-
-    @property
-    def sensitivity(self) -> float:
-        """How far one unit moves the first measure over all groups together (L1)."""
-        return self.plan.measures[0].sensitivity
-
-
-@dataclass(frozen=True)
-class Released:
-    output: dict
-    budget: Budget | None
-    cost: Cost
-    cached: bool
 
 
 class Engine:
@@ -236,18 +109,17 @@ class Engine:
         counted = totals is not None and totals.rows_per_unit > 1 and (
             totals.partition_selection or any(m.kind == "count" for m in totals.measures))
         share = RACE_SHARE / 2 if counted else RACE_SHARE
-        race = _race(totals or plan, options, share)
+        race = plan_race(totals or plan, options, share)
         rows_race = RaceToTheTop.calibrate(totals.rows_per_unit, options.epsilon * share, race.steps) \
             if counted and race is not None else None
         epsilon = options.epsilon - sum(r.epsilon for r in (race, rows_race) if r is not None)
         calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,
                                 options.mechanism, options.histogram)
-        key = hashlib.sha256(json.dumps([query.canonical, options.epsilon, options.mechanism, options.histogram,
-                                         self.settings.delta, self.settings.selection_share, plan.max_groups,
-                                         self._schema_digest, *([plan.min_units] if plan.min_units > 1 else []),
-                                         *([options.local_estimate] if plan.local_key else []),
-                                         *(["rows per unit: auto"] if race is not None else [])]
-                                        ).encode()).hexdigest()
+        key = answer_key(query.canonical, options.epsilon, options.mechanism, options.histogram, self.settings.delta,
+                         self.settings.selection_share, plan.max_groups, self._schema_digest,
+                         *([plan.min_units] if plan.min_units > 1 else []),
+                         *([options.local_estimate] if plan.local_key else []),
+                         *(["rows per unit: auto"] if race is not None else []))
         race_statement, race_answers = None, False
         if race is not None:
             rows_caps = rows_race.taus if rows_race is not None else ()
@@ -257,27 +129,9 @@ class Engine:
                                             totals or plan, self._hash_seed, race.taus, totals is not None, rows_caps,
                                             self._in_unit_order(plan))))
             race_answers = answered_by_contributions(totals or plan, totals is not None)
-            chosen = (f"each unit's total of {totals.bounded_sum.label} over all groups: chosen at query time from "
-                      f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
-                      f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
-            read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
-                   "the same pass" if race_answers else ""
-            if _lent(calibration, FALLBACK_SHARE):
-                halves = ", half for each race" if rows_race else ""
-                read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
-                         f"the bound instead (sparse vector{halves}); below the cap, {EFFECT_SHARE:.0%} of it counts "
-                         "the units that hold more than the chosen bound, shown with the answer")
-            beside = "" if rows_race is None else (
-                f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
-                f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
-                f"ε = {rows_race.epsilon:.4g})")
-            if plan.partition_selection and plan.rows_counted_and_summed:  # (`counts_voters` at the chosen bound)
-                read += ("; below the cap, partition selection counts only the rows of the units within the τ the "
-                         "race over rows chose (before its margin), so its threshold pays for τ rows, not the "
-                         "answer's")
-            plan = replace(plan, notes=[*plan.notes, (  # a copy: the plan is cached for every ε and option
-                f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
-                f"query's {options.epsilon:g}){beside}{read}; the plan shown is the declared bound's")])
+            # a copy: the plan is cached for every ε and option
+            plan = replace(plan, notes=[*plan.notes, race_note(plan, totals, race, rows_race, calibration,
+                                                               race_answers, options.epsilon)])
         return Prepared(query, plan, rewritten, calibration, key, options, self.schema.group_size, race=race,
                         race_statement=race_statement, race_totals=totals is not None, race_answers=race_answers,
                         rows_race=rows_race)
@@ -320,7 +174,7 @@ class Engine:
         rewritten = rewrite(plan, self._hash_seed, self._in_unit_order(plan))
         for statement in [rewritten.statement, *rewritten.histogram_statements.values()]:
             self._checked(statement)
-        unit_column = _unit_column(plan)
+        unit_column = plan.unit_column
         if unit_column is not None and self._indexed is not None and unit_column not in self._indexed:
             # no index to read the units in order: PostgreSQL hashes them, in memory rather than on disk
             plan.notes.append(f"no index leads with {unit_column[0]}.{unit_column[1]}, so PostgreSQL hashes every "
@@ -331,7 +185,7 @@ class Engine:
 
     def _in_unit_order(self, plan: Plan) -> bool:
         """Whether PostgreSQL can read `plan`'s units in order: an index leads with the unit's column."""
-        return self._indexed is not None and _unit_column(plan) in self._indexed
+        return self._indexed is not None and plan.unit_column in self._indexed
 
     def prepare_parts(self, sql: str, params: Any = None, epsilon: float | None = None,
                       options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:
@@ -353,7 +207,7 @@ class Engine:
             return composition, [prepared]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
         share = resolved.epsilon / len(composition.parts)
-        return composition, [self.prepare(part, _stand_ins(composition, number), share, options)
+        return composition, [self.prepare(part, stand_ins(composition, number), share, options)
                              for number, part in enumerate(composition.parts)]
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
@@ -411,7 +265,7 @@ class Engine:
                         return self._answer(analyst, prepared, backend)
                     finally:
                         _wait_until(arrived + self.settings.latency_floor_ms / 1000)
-        return _decode(stored, prepared, cached=True, budget=self.ledger.budget(analyst))
+        return decode_answer(stored, prepared, cached=True, budget=self.ledger.budget(analyst))
 
     def _estimate(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
         """Estimates from locally randomized reports in a public table: post-processing, so nothing is charged."""
@@ -450,30 +304,30 @@ class Engine:
         histograms = dict(zip(prepared.rewritten.histogram_statements, read, strict=True))
         try:
             groups = add_noise(prepared.plan, cost, rows, histograms)
-            groups = debias(prepared.plan.local_key, _count_measures(prepared.plan), cost, groups,
+            groups = debias(prepared.plan.local_key, prepared.plan.count_measures, cost, groups,
                             prepared.options.local_estimate == "simplex")
             result = finish(prepared.plan, cost, groups)
             selection = describe_selection(prepared.plan, cost)  # at the bound the answer used, kept with it
             answer = Answer(result.names, result.types, result.rows, result.accuracy, charged.epsilon, charged.delta,
                             notes=[note for note in (selection, prepared.bound_note) if note])
-            encoded = _encode(answer)
+            encoded = encode_answer(answer)
         except Exception as exc:
             raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc
         stored = self.ledger.answers.keep(analyst, prepared.key, encoded)
-        return _decode(stored, prepared, cached=False, budget=budget)
+        return decode_answer(stored, prepared, cached=False, budget=budget)
 
     def _totals_plan(self, query: CheckedQuery, plan: Plan, options: Options) -> Plan | None:
         """With rows per unit chosen from the data, the plan whose race bounds each unit's total of the query's one
-        sum instead of its rows (`_bounds_totals`): analysed with that total unbounded, which shapes an AVG as a
-        plain sum over a count. None where the query is not of that kind."""
+        sum instead of its rows (`chosen_bounds.bounds_totals`): analysed with that total unbounded, which shapes an
+        AVG as a plain sum over a count. None where the query is not of that kind."""
         sums = [a for a in plan.aggregates if a.kind != "count"]  # COUNT(*) and COUNT(x) beside: rows raced too
-        if not _raceable(plan, options) or not sums or not all(
+        if not raceable(plan, options) or not sums or not all(
                 a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in sums):
             return None
         totals = self._remembered(query, ("totals", options.min_frequency), lambda: analyze(
             query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
             self._not_null, None, self._time_zone, math.inf, self._unique_sets))  # the race reads it
-        return totals if _bounds_totals(totals) else None
+        return totals if bounds_totals(totals) else None
 
     def _checked(self, statement: Statement) -> Statement:
         self.backend.check(statement)  # a statement the backend cannot run is refused before any charge
@@ -505,8 +359,8 @@ class Engine:
         truncated, rows_truncated = truncated[:len(race.taus)], truncated[len(race.taus):]
         # beside a race over totals, the counts' race shares the fallback's ε: an AVG's denominator at the
         # declared cap is as noisy as its numerator at the cap
-        fallback = _lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
-        decision = race.decide(truncated, fallback, effect_epsilon=_lent(prepared.calibration, EFFECT_SHARE))
+        fallback = lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
+        decision = race.decide(truncated, fallback, effect_epsilon=lent(prepared.calibration, EFFECT_SHARE))
         rows = None
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
@@ -574,8 +428,8 @@ class Engine:
                     or any(m.kind not in ("count", "sum") for m in plan.measures):
                 raise UnsupportedQuery(f"a release reads counts and sums over declared domains; {sql} is not one",
                                        "declare a domain for its keys")
-        key = hashlib.sha256(json.dumps([kind, [p.query.canonical for p in statistics], astuple(cost),
-                                         self._schema_digest, sorted(parameters.items())]).encode()).hexdigest()
+        key = answer_key(kind, [p.query.canonical for p in statistics], astuple(cost), self._schema_digest,
+                         sorted(parameters.items()))
         text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
         return self._charged_once(analyst, key, text, cost,
                                   [(p.rewritten.statement, p.rewritten.work_mem) for p in statistics],
@@ -594,8 +448,7 @@ class Engine:
             raise InvalidParameter(f"dpsql.bounds_epsilon {epsilon:g} is above the per-query cap of "
                                    f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon")
         self.backend.check(statement.statement)  # as the answer's own statements: refused before any charge
-        key = hashlib.sha256(json.dumps(["bounds", prepared.query.canonical, epsilon,
-                                         self._schema_digest]).encode()).hexdigest()
+        key = answer_key("bounds", prepared.query.canonical, epsilon, self._schema_digest)
         return self._charged_once(analyst, key, f"bounds effect: {prepared.query.canonical}", Cost.pure(epsilon),
                                   [(statement.statement, prepared.rewritten.work_mem)],
                                   lambda rows: noisy_bounds_effect(statement.labels, rows[0][0], epsilon))
@@ -668,153 +521,6 @@ class Engine:
         return resolved
 
 
-RACE_SHARE = 0.2  # of a query's ε, spent choosing its rows per unit when asked to (dpsql.rows_per_unit = auto)
-
-
-def _race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceToTheTop | None:
-    """R2T's race for the rows per unit of `plan`, when the options ask for it and the plan bounds a unit's rows
-    (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
-    declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
-    top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
-    if not _raceable(plan, options) or not (plan.measures or plan.histograms):
-        return None
-    if not plan.grouped and not plan.histograms and all(m.kind == "units" for m in plan.measures):
-        return None  # an ungrouped count of units: each adds at most 1, whatever its rows
-    steps = 2 if plan.neighbouring == "replace" else 1
-    if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
-        cap = math.ceil(plan.bounded_sum.unit_range[1])
-        return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
-                                      margin=TOTALS_MARGIN)
-    if plan.rows_per_unit <= 1:
-        return None
-    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps)
-
-
-def _lent(calibration: Calibration, share: float) -> float:
-    """The ε a pure-ε answer lends the race's choice (the fallback's search, the units over its bound): `share`
-    of its own. One with a δ lends nothing: its bound stays the cap where the race cannot resolve the data, and
-    the units over its bound are not counted."""
-    cost = calibration.cost
-    return share * cost.epsilon if cost.delta == 0 and cost.approx_delta == 0 else 0.0
-
-
-def _raceable(plan: Plan, options: Options) -> bool:
-    """Whether a bound may be chosen from the data: asked for, and a per-unit stage to enforce it (row-level joins
-    and locally randomized keys keep the declared bounds)."""
-    return (options.rows_per_unit == "auto" and plan.unit is not None and plan.stability is None
-            and not plan.local_key)
-
-
-TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ
-
-
-def _bounds_totals(plan: Plan) -> bool:
-    """Whether the race bounds each unit's total of the query's sum rather than its rows: SUMs and AVGs of one
-    non-negative value (one sum measure, beside counts), no top-k or quantile.
-    A unit's total is what moves the sum; its rows bound it only through their number times the largest value,
-    which for a heavy-tailed value is far above what most units hold (a visit's amount is declared up to
-    5,000, a heavy user's year totals a few thousand). The counts beside it (an AVG's, a COUNT(*)) and partition
-    selection (the groups a unit reaches) get the rows per unit of a race of their own in the same pass
-    (`Prepared.rows_race`), enforced on the rows the sum keeps."""
-    sums = [m for m in plan.measures if m.kind == "sum"]
-    return (plan.unit_total is not None and len(sums) == 1 and sums[0].centre == 0 and sums[0].row_range.lo >= 0
-            and all(m.kind == "count" for m in plan.measures if m.kind != "sum")
-            and not plan.histograms and not plan.top_k and sums[0].unit_range[1] >= 1)
-
-
-def _unit_column(plan: Plan) -> tuple[str, str] | None:
-    """The (table, column) the rewrite groups by to bound each unit, when it is a plain column of a table read
-    in FROM or JOIN (not of a subquery)."""
-    if not isinstance(plan.unit, exp.Column):
-        return None
-    tables = {t.alias_or_name: t.name for node in [plan.from_, *plan.joins]
-              for t in node.find_all(exp.Table) if not t.find_ancestor(exp.Subquery)}
-    table = tables.get(plan.unit.table)
-    return None if table is None else (table, plan.unit.name)
-
-
-def _count_measures(plan: Plan) -> list[str]:
-    return [m.name for m in plan.measures if m.kind == "count" and m.expr is None]
-
-
-def _stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
-    """Parameters of part `number` before the answers it takes exist: the scalar subqueries' values as 0, so the
-    query the statement ends with is checked and priced before anything is charged (its bounds hold for any
-    constant)."""
-    if not composition.sequential or number < composition.scalars:
-        return None
-    return {f"{SCALAR}{i}": 0 for i in range(composition.scalars)}
-
-
-def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],
-                                                                                       list[bool]]:
-    """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
-    the first part where it is not a NULL a grouping set put there; noisy where any part's is. After scalar
-    subqueries, the last part's."""
-    if composition is not None and composition.values_present is not None:
-        return [composition.values_present], ["int8"], [True]
-    if composition is not None and composition.outer is not None:
-        inner = parts[0].outputs
-        names, types = outer_columns(composition.outer, [o.name for o in inner], [o.type_name for o in inner])
-        return names, types, [True] * len(names)
-    if composition is not None and composition.sequential:
-        parts = parts[-1:]
-    outputs = [p.outputs for p in parts]
-    names = [o.name for o in outputs[0]]
-    types = [next((part[i].type_name for part in outputs if not isinstance(part[i].expr, exp.Null)),
-                  outputs[0][i].type_name) for i in range(len(names))]
-    noisy = [any(part[i].noisy for part in outputs) for i in range(len(names))]
-    return names, types, noisy
-
-
-def combine(composition: Composition, parts: list[Prepared], answers: list[Answer]) -> Answer:
-    """One answer from its parts' answers: their rows in order (UNION without ALL: each distinct row once), then
-    the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs. A COUNT(DISTINCT c) over a
-    declared domain is counted from its one part's rows."""
-    if composition.values_present is not None:
-        return _values_present(composition.values_present, answers[0])
-    names, types, noisy = columns_of(parts, composition)
-    if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
-        rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
-        return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),
-                       noisy=noisy, notes=[*answers[0].notes, "computed from the released rows of the subquery "
-                                           "(post-processing): no 95% interval reaches through it"])
-    shown = answers[-1:] if composition.sequential else answers
-    rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
-    if composition.distinct:
-        seen: set = set()
-        rows = [r for r in rows if not (repr(r[0]) in seen or seen.add(repr(r[0])))]
-    columns = [column for column, _, _ in composition.order]
-    sort_rows(rows, lambda row, i: row[0][columns[i]], [(d, n) for _, d, n in composition.order])
-    end = None if composition.limit is None else composition.offset + composition.limit
-    rows = rows[composition.offset:end]
-    notes = list(dict.fromkeys(note for answer in shown for note in answer.notes))
-    unknown = composition.computed_from_scalars()  # an interval of the outer step alone would say too little
-    if unknown:
-        rows = [(row, tuple(None if i in unknown else a for i, a in enumerate(accuracy))) for row, accuracy in rows]
-        notes.append(f"no 95% interval for {', '.join(names[i] for i in unknown)}: computed from a scalar "
-                     "subquery's noisy answer, whose noise an interval of the outer query alone would not cover")
-    return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
-                  sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
-                  notes=notes)
-
-
-def _values_present(name: str, counts: Answer) -> Answer:
-    """COUNT(DISTINCT c) over a declared domain, from the noisy count of units per declared value: the values
-    whose 95% interval lies above zero (post-processing). A value held by a few units may be missed; a value held
-    by none is counted with probability about 2.5%."""
-    present = sum(1 for accuracy in counts.accuracy if accuracy[1] is not None and (accuracy[1].ci_low or 0) > 0)
-    note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
-            f"(each count ±{_halfwidth(counts):.3g}); values held by fewer units may be missed, so the count leans low")
-    return replace(counts, names=[name], types=["int8"], rows=[(present,)], accuracy=[(None,)], noisy=[True],
-                   notes=[*counts.notes, note])
-
-
-def _halfwidth(counts: Answer) -> float:
-    accuracy = next((a[1] for a in counts.accuracy if a[1] is not None and a[1].ci_high is not None), None)
-    return 0.0 if accuracy is None else (accuracy.ci_high - accuracy.ci_low) / 2
-
-
 def _internal(exc: Exception, what: str) -> InternalError:
     log.error("internal error in dpsql", exc_info=exc)
     return InternalError(f"internal error in dpsql ({type(exc).__name__}); {what}",
@@ -829,31 +535,4 @@ def _wait_until(deadline: float) -> None:
         time.sleep(delay)
 
 
-# --- answers in the cache (JSON in dpsql.answers) --------------------------------------------------------------
-
-
-ACCURACY_FIELDS = tuple(f.name for f in fields(Accuracy))  # astuple would deep-copy each value (a tenth of a query)
-
-
-def _encode(answer: Answer) -> dict:
-    return {
-        "names": answer.names, "types": answer.types, "epsilon": answer.epsilon, "delta": answer.delta,
-        "notes": answer.notes,
-        "rows": [[encode_value(v) for v in row] for row in answer.rows],
-        "accuracy": [[None if a is None else [encode_value(getattr(a, name)) for name in ACCURACY_FIELDS] for a in row]
-                     for row in answer.accuracy],
-    }
-
-
-def _decode(data: dict, prepared: Prepared, cached: bool, budget: Budget | None) -> Answer:
-    """The stored answer under the names of the query asking: one stored answer serves every spelling."""
-    names = [output.name for output in prepared.plan.outputs]
-    noisy = [output.noisy for output in prepared.plan.outputs]
-    rows = [tuple(decode_value(v) for v in row) for row in data["rows"]]
-    accuracy = [tuple(None if a is None else Accuracy(*map(decode_value, a)) for a in row) for row in data["accuracy"]]
-    return Answer(names, data["types"], rows, accuracy, 0.0 if cached else data["epsilon"],
-                  0.0 if cached else data["delta"], cached, budget, noisy,
-                  DEBIASED_INTERVALS if prepared.plan.local_key else INTERVALS_COVER, notes=data.get("notes", []))
-
-
-__all__ = ["Answer", "Engine", "Prepared", "Result"]
+__all__ = ["Engine"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.accounting import group_guarantee
-from dpsql.engine import Prepared
 from dpsql.estimates import LocalQuery
 from dpsql.mechanisms.histograms import STRUCTURE_PAYS
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
+from dpsql.prepared import Prepared
 from dpsql.releases.published import PublishedQuery
 from dpsql.sql.compose import Composition
 

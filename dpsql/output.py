@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsql.accounting.budget import Budget, Cost, group_guarantee
-from dpsql.engine import Answer
+from dpsql.answer import Answer
 from dpsql.postprocess import Accuracy, describe_bounds_effect, format_value
 
 FORMATS = ("table", "csv", "json")

@@ -35,9 +35,10 @@ from dpsql import errors
 from dpsql.accounting import new_hash_seed
 from dpsql.backends import PostgresBackend
 from dpsql.config import Settings
-from dpsql.engine import Engine, Prepared
+from dpsql.engine import Engine
 from dpsql.mechanisms import rank_scores
 from dpsql.noise import released_key
+from dpsql.prepared import Prepared
 from dpsql.schema import parse_schema
 from dpsql.session import Options
 from dpsql.sql.dialect import Statement

@@ -172,6 +172,22 @@ class Plan:
         return {m.name: m for m in self.measures}
 
     @property
+    def unit_column(self) -> tuple[str, str] | None:
+        """The (table, column) the rewrite groups by to bound each unit, when it is a plain column of a table read
+        in FROM or JOIN (not of a subquery)."""
+        if not isinstance(self.unit, exp.Column):
+            return None
+        tables = {t.alias_or_name: t.name for node in [self.from_, *self.joins]
+                  for t in node.find_all(exp.Table) if not t.find_ancestor(exp.Subquery)}
+        table = tables.get(self.unit.table)
+        return None if table is None else (table, self.unit.name)
+
+    @property
+    def count_measures(self) -> list[str]:
+        """The measures that count rows (COUNT(*))."""
+        return [m.name for m in self.measures if m.kind == "count" and m.expr is None]
+
+    @property
     def bounded_sum(self) -> Measure:
         """The sum whose units' totals are bounded (`unit_total`, or chosen by R2T's race over them): the first."""
         return next(m for m in self.measures if m.kind == "sum")

@@ -17,8 +17,10 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 from dpsql.accounting import describe_budget
+from dpsql.answer import Answer
 from dpsql.backends import Cancellation
-from dpsql.engine import Answer, Engine, columns_of
+from dpsql.combining import columns_of
+from dpsql.engine import Engine
 from dpsql.errors import Error
 from dpsql.postprocess import describe_accuracy, describe_bounds_effect
 from dpsql.server import codec

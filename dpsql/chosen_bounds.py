@@ -1,0 +1,90 @@
+"""Bounds chosen from the data (`dpsql.rows_per_unit = auto`): which of R2T's races a plan gets, at what share of
+the query's ε, and what explain says of it. The engine runs the race and answers at the bound it chooses."""
+
+from __future__ import annotations
+
+import math
+
+from dpsql.analysis import Plan
+from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
+from dpsql.noise import Calibration
+from dpsql.session import Options
+
+RACE_SHARE = 0.2  # of a query's ε, spent choosing its rows per unit when asked to (dpsql.rows_per_unit = auto)
+
+
+def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceToTheTop | None:
+    """R2T's race for the rows per unit of `plan`, when the options ask for it and the plan bounds a unit's rows
+    (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
+    declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
+    top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
+    if not raceable(plan, options) or not (plan.measures or plan.histograms):
+        return None
+    if not plan.grouped and not plan.histograms and all(m.kind == "units" for m in plan.measures):
+        return None  # an ungrouped count of units: each adds at most 1, whatever its rows
+    steps = 2 if plan.neighbouring == "replace" else 1
+    if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
+        cap = math.ceil(plan.bounded_sum.unit_range[1])
+        return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
+                                      margin=TOTALS_MARGIN)
+    if plan.rows_per_unit <= 1:
+        return None
+    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps)
+
+
+def lent(calibration: Calibration, share: float) -> float:
+    """The ε a pure-ε answer lends the race's choice (the fallback's search, the units over its bound): `share`
+    of its own. One with a δ lends nothing: its bound stays the cap where the race cannot resolve the data, and
+    the units over its bound are not counted."""
+    cost = calibration.cost
+    return share * cost.epsilon if cost.delta == 0 and cost.approx_delta == 0 else 0.0
+
+
+def raceable(plan: Plan, options: Options) -> bool:
+    """Whether a bound may be chosen from the data: asked for, and a per-unit stage to enforce it (row-level joins
+    and locally randomized keys keep the declared bounds)."""
+    return (options.rows_per_unit == "auto" and plan.unit is not None and plan.stability is None
+            and not plan.local_key)
+
+
+TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ
+
+
+def bounds_totals(plan: Plan) -> bool:
+    """Whether the race bounds each unit's total of the query's sum rather than its rows: SUMs and AVGs of one
+    non-negative value (one sum measure, beside counts), no top-k or quantile.
+    A unit's total is what moves the sum; its rows bound it only through their number times the largest value,
+    which for a heavy-tailed value is far above what most units hold (a visit's amount is declared up to
+    5,000, a heavy user's year totals a few thousand). The counts beside it (an AVG's, a COUNT(*)) and partition
+    selection (the groups a unit reaches) get the rows per unit of a race of their own in the same pass
+    (`Prepared.rows_race`), enforced on the rows the sum keeps."""
+    sums = [m for m in plan.measures if m.kind == "sum"]
+    return (plan.unit_total is not None and len(sums) == 1 and sums[0].centre == 0 and sums[0].row_range.lo >= 0
+            and all(m.kind == "count" for m in plan.measures if m.kind != "sum")
+            and not plan.histograms and not plan.top_k and sums[0].unit_range[1] >= 1)
+
+
+def race_note(plan: Plan, totals: Plan | None, race: RaceToTheTop, rows_race: RaceToTheTop | None,
+              calibration: Calibration, race_answers: bool, epsilon: float) -> str:
+    """What explain says of a bound chosen from the data: which race, at what ε, and what its fallback and the
+    answer read."""
+    chosen = (f"each unit's total of {totals.bounded_sum.label} over all groups: chosen at query time from "
+              f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
+              f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
+    read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
+           "the same pass" if race_answers else ""
+    if lent(calibration, FALLBACK_SHARE):
+        halves = ", half for each race" if rows_race else ""
+        read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
+                 f"the bound instead (sparse vector{halves}); below the cap, {EFFECT_SHARE:.0%} of it counts "
+                 "the units that hold more than the chosen bound, shown with the answer")
+    beside = "" if rows_race is None else (
+        f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
+        f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
+        f"ε = {rows_race.epsilon:.4g})")
+    if plan.partition_selection and plan.rows_counted_and_summed:  # (`counts_voters` at the chosen bound)
+        read += ("; below the cap, partition selection counts only the rows of the units within the τ the "
+                 "race over rows chose (before its margin), so its threshold pays for τ rows, not the "
+                 "answer's")
+    return (f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
+            f"query's {epsilon:g}){beside}{read}; the plan shown is the declared bound's")

@@ -1,0 +1,94 @@
+"""One answer from the answers of a statement's parts: a UNION's or GROUPING SETS' parts, scalar subqueries
+answered first, an outer query over a subquery's released rows, a COUNT(DISTINCT c) over a declared domain. All of
+it is post-processing of released answers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.answer import Answer
+from dpsql.postprocess import sort_rows
+from dpsql.prepared import Prepared
+from dpsql.released_rows import aggregate_released, outer_columns
+from dpsql.sql.compose import SCALAR, Composition
+
+
+def stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
+    """Parameters of part `number` before the answers it takes exist: the scalar subqueries' values as 0, so the
+    query the statement ends with is checked and priced before anything is charged (its bounds hold for any
+    constant)."""
+    if not composition.sequential or number < composition.scalars:
+        return None
+    return {f"{SCALAR}{i}": 0 for i in range(composition.scalars)}
+
+
+def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],
+                                                                                       list[bool]]:
+    """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
+    the first part where it is not a NULL a grouping set put there; noisy where any part's is. After scalar
+    subqueries, the last part's."""
+    if composition is not None and composition.values_present is not None:
+        return [composition.values_present], ["int8"], [True]
+    if composition is not None and composition.outer is not None:
+        inner = parts[0].outputs
+        names, types = outer_columns(composition.outer, [o.name for o in inner], [o.type_name for o in inner])
+        return names, types, [True] * len(names)
+    if composition is not None and composition.sequential:
+        parts = parts[-1:]
+    outputs = [p.outputs for p in parts]
+    names = [o.name for o in outputs[0]]
+    types = [next((part[i].type_name for part in outputs if not isinstance(part[i].expr, exp.Null)),
+                  outputs[0][i].type_name) for i in range(len(names))]
+    noisy = [any(part[i].noisy for part in outputs) for i in range(len(names))]
+    return names, types, noisy
+
+
+def combine(composition: Composition, parts: list[Prepared], answers: list[Answer]) -> Answer:
+    """One answer from its parts' answers: their rows in order (UNION without ALL: each distinct row once), then
+    the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs. A COUNT(DISTINCT c) over a
+    declared domain is counted from its one part's rows."""
+    if composition.values_present is not None:
+        return _values_present(composition.values_present, answers[0])
+    names, types, noisy = columns_of(parts, composition)
+    if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
+        rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
+        return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),
+                       noisy=noisy, notes=[*answers[0].notes, "computed from the released rows of the subquery "
+                                           "(post-processing): no 95% interval reaches through it"])
+    shown = answers[-1:] if composition.sequential else answers
+    rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
+    if composition.distinct:
+        seen: set = set()
+        rows = [r for r in rows if not (repr(r[0]) in seen or seen.add(repr(r[0])))]
+    columns = [column for column, _, _ in composition.order]
+    sort_rows(rows, lambda row, i: row[0][columns[i]], [(d, n) for _, d, n in composition.order])
+    end = None if composition.limit is None else composition.offset + composition.limit
+    rows = rows[composition.offset:end]
+    notes = list(dict.fromkeys(note for answer in shown for note in answer.notes))
+    unknown = composition.computed_from_scalars()  # an interval of the outer step alone would say too little
+    if unknown:
+        rows = [(row, tuple(None if i in unknown else a for i, a in enumerate(accuracy))) for row, accuracy in rows]
+        notes.append(f"no 95% interval for {', '.join(names[i] for i in unknown)}: computed from a scalar "
+                     "subquery's noisy answer, whose noise an interval of the outer query alone would not cover")
+    return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
+                  sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
+                  notes=notes)
+
+
+def _values_present(name: str, counts: Answer) -> Answer:
+    """COUNT(DISTINCT c) over a declared domain, from the noisy count of units per declared value: the values
+    whose 95% interval lies above zero (post-processing). A value held by a few units may be missed; a value held
+    by none is counted with probability about 2.5%."""
+    present = sum(1 for accuracy in counts.accuracy if accuracy[1] is not None and (accuracy[1].ci_low or 0) > 0)
+    note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
+            f"(each count ±{_halfwidth(counts):.3g}); values held by fewer units may be missed, so the count leans low")
+    return replace(counts, names=[name], types=["int8"], rows=[(present,)], accuracy=[(None,)], noisy=[True],
+                   notes=[*counts.notes, note])
+
+
+def _halfwidth(counts: Answer) -> float:
+    accuracy = next((a[1] for a in counts.accuracy if a[1] is not None and a[1].ci_high is not None), None)
+    return 0.0 if accuracy is None else (accuracy.ci_high - accuracy.ci_low) / 2
