@@ -166,13 +166,13 @@ def test_running_totals_and_partitions_follow_postgresql(engine, analyst):
 
 
 def test_peers_share_a_running_frame(demo_schema):
-    from dpsql.postprocess import _compute_windows  # the frame rule alone, on released values
+    from dpsql.postprocess.windows import compute_windows  # the frame rule alone, on released values
     tree = parse_select("SELECT SUM(n) OVER (ORDER BY k), RANK() OVER (ORDER BY k), ROW_NUMBER() OVER (ORDER BY k), "
                         "COUNT(n) OVER (), AVG(n) OVER (PARTITION BY p), MAX(n) OVER (ORDER BY k DESC) FROM t")
     windows = [(f"w{i}", window) for i, window in enumerate(tree.expressions)]
     envs = [{"k": 1, "n": 10, "p": "a"}, {"k": 2, "n": 5, "p": "b"}, {"k": 1, "n": None, "p": "a"},
             {"k": None, "n": 7, "p": "b"}]
-    _compute_windows(windows, envs, [])
+    compute_windows(windows, envs, [])
     assert [e["w0"] for e in envs] == [10, 15, 10, 22]  # peers (k = 1) share their frame; NULLs sort last
     assert [e["w1"] for e in envs] == [1, 3, 1, 4]
     assert sorted(e["w2"] for e in envs) == [1, 2, 3, 4]

@@ -1,0 +1,161 @@
+"""A small evaluator for post-processing expressions over noisy values (scalars, or numpy arrays of simulated
+draws), and PostgreSQL's ORDER BY over released rows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.errors import UnsupportedQuery
+from dpsql.schema import TEMPORAL_TYPES, temporal_value
+from dpsql.sql import to_sql
+
+
+def typed(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if type_name.endswith("[]"):
+        return [typed(v, type_name[:-2]) for v in value]
+    if isinstance(value, np.generic | np.ndarray):
+        value = value.item()
+    if type_name in TEMPORAL_TYPES and isinstance(value, int | float):  # a quantile of dates, chosen as a number
+        return temporal_value(type_name, value)
+    if type_name == "int8" and isinstance(value, int | float) and math.isfinite(value):
+        return int(round(value))
+    if type_name == "float8" and isinstance(value, int | float):
+        return float(value)
+    return value
+
+
+def truthy(value: Any) -> bool:
+    return value is not None and bool(value)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def sort_rows(rows: list, value_of: Callable[[Any, int], Any], order: Sequence[tuple[bool, bool]]) -> None:
+    """Sort `rows` in place as PostgreSQL's ORDER BY would: by `value_of(row, i)` for each (descending, nulls
+    first) of `order`, the first most significant."""
+    for index in reversed(range(len(order))):
+        descending, nulls_first = order[index]
+        try:
+            rows.sort(key=lambda r, i=index: sort_key(value_of(r, i), descending, nulls_first), reverse=descending)
+        except TypeError:  # a date Python cannot hold came as PostgreSQL's text ('infinity'): order by the text
+            rows.sort(key=lambda r, i=index: sort_key(_text_or_none(value_of(r, i)), descending, nulls_first),
+                      reverse=descending)
+
+
+def sort_key(value: Any, descending: bool, nulls_first: bool) -> tuple:
+    # with reverse=True the tuple order flips, so put NULLs where PostgreSQL would after the flip
+    is_null = value is None
+    null_rank = (0 if is_null else 1) if nulls_first != descending else (1 if is_null else 0)
+    return (null_rank, 0 if is_null else value)
+
+
+_BINARY = {
+    exp.Add: np.add, exp.Sub: np.subtract, exp.Mul: np.multiply,
+    exp.EQ: np.equal, exp.NEQ: np.not_equal, exp.GT: np.greater, exp.GTE: np.greater_equal,
+    exp.LT: np.less, exp.LTE: np.less_equal,
+}
+_UNARY = {exp.Abs: np.abs, exp.Floor: np.floor, exp.Ceil: np.ceil, exp.Neg: np.negative,
+          exp.Sqrt: lambda v: np.sqrt(np.maximum(v, 0))}
+
+
+def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
+    """Value of a post-processing expression; NULL is None and propagates as in SQL."""
+    if isinstance(node, exp.Column):
+        return env[node.name]
+    if isinstance(node, exp.Literal):
+        value = node.to_py()  # a decimal literal is a Decimal, which numpy will not mix with the noisy floats
+        return float(value) if isinstance(value, Decimal) else value
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Boolean):
+        return node.this
+    if isinstance(node, exp.Paren):
+        return evaluate(node.this, env)
+    if isinstance(node, exp.And | exp.Or):
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        if isinstance(node, exp.And):
+            return None if left is None or right is None else np.logical_and(left, right)
+        return None if left is None or right is None else np.logical_or(left, right)
+    if isinstance(node, exp.Not):
+        value = evaluate(node.this, env)
+        return None if value is None else np.logical_not(value)
+    if type(node) in _BINARY:
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        return None if left is None or right is None else _BINARY[type(node)](left, right)
+    if isinstance(node, exp.Div):
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        if left is None or right is None or (np.ndim(right) == 0 and right == 0):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(left, right)
+    if type(node) in _UNARY:
+        value = evaluate(node.this, env)
+        return None if value is None else _UNARY[type(node)](value)
+    if isinstance(node, exp.Array):
+        return [evaluate(e, env) for e in node.expressions]
+    if isinstance(node, exp.Round):
+        decimals = node.args.get("decimals")
+        number = decimals.this if isinstance(decimals, exp.Neg) else decimals
+        if decimals is not None and not (isinstance(number, exp.Literal) and not number.is_string):
+            raise UnsupportedQuery("round()'s number of digits must be a constant",
+                                   "write the digits as a constant: round(AVG(x), 2)")
+        value = evaluate(node.this, env)
+        digits = int(evaluate(decimals, env)) if decimals is not None else 0
+        return None if value is None else np.round(value, digits)
+    if isinstance(node, exp.Greatest | exp.Least):
+        values = [v for v in (evaluate(e, env) for e in [node.this, *node.expressions]) if v is not None]
+        if not values:
+            return None
+        combine = np.maximum if isinstance(node, exp.Greatest) else np.minimum
+        result = values[0]
+        for v in values[1:]:
+            result = combine(result, v)
+        return result
+    if isinstance(node, exp.Nullif):
+        value, other = evaluate(node.this, env), evaluate(node.expression, env)
+        if value is None or other is None or np.ndim(value) != 0:
+            return value
+        return None if value == other else value
+    if isinstance(node, exp.Coalesce):
+        for e in [node.this, *node.expressions]:
+            value = evaluate(e, env)
+            if value is not None:
+                return value
+        return None
+    if isinstance(node, exp.Cast):
+        value = evaluate(node.this, env)
+        if value is None:
+            return None
+        if node.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
+            return np.round(value)
+        if node.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
+            return str(value.item() if isinstance(value, np.generic) else value)
+        scale = node.to.expressions[1:2] if node.to.this == exp.DataType.Type.DECIMAL else []
+        if scale:  # numeric(p, s) rounds half away from zero to s digits, as PostgreSQL does
+            factor = 10.0 ** int(scale[0].this.this)
+            return np.sign(value) * np.floor(np.abs(value) * factor + 0.5) / factor
+        return value
+    if isinstance(node, exp.Case) and node.this is None:
+        for branch in node.args.get("ifs", []):
+            condition = evaluate(branch.this, env)
+            if np.ndim(condition) != 0:
+                raise UnsupportedQuery("CASE over noisy values has no simulated interval",
+                                       "ask for the noisy value itself and apply the CASE to the answer")
+            if truthy(condition):
+                return evaluate(branch.args["true"], env)
+        default = node.args.get("default")
+        return evaluate(default, env) if default is not None else None
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+        return evaluate(node.this, env) is None
+    raise UnsupportedQuery(f"{to_sql(node)} cannot be computed over noisy aggregates",
+                           "use arithmetic, ROUND, ABS, GREATEST/LEAST, COALESCE, CASE or casts")

@@ -1,0 +1,84 @@
+"""Released values and what goes with them, in words for people: intervals, the bounds' effect, a chosen
+bound's loss, why groups may be missing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpsql.analysis import Plan
+from dpsql.mechanisms.race import UnitsOver
+from dpsql.noise import Calibration
+from dpsql.postprocess.accuracy import Accuracy
+
+INTERVALS_COVER = ("the intervals cover the noise only: values clamped to their declared bounds, and rows or groups "
+                   "a unit has beyond them, move the answer outside")
+
+
+def describe_bounds_effect(effect: dict) -> list[str]:
+    """The bounds' effect (`Engine.bounds_effect`) in lines for people: a heading, then each noisy count of
+    units with its 95% interval and its share of the units read."""
+    spent = "no more budget spent (kept from before)" if effect.get("cached") else f"ε = {effect['epsilon']:.4g} spent"
+    lines = [f"bounds' effect (noisy counts of units, {spent}):"]
+    for entry in effect["counts"]:
+        share = "" if entry.get("share") is None else f" ({100 * entry['share']:.2g}% of the units read)"
+        lines.append(f"  {entry['label']}: {entry['units']:.0f} [{entry['low']:.0f}, {entry['high']:.0f}]{share}")
+    return lines
+
+
+UNITS_OVER_WARNING = 0.01  # the share of the units read above which a chosen bound's loss is called out
+
+
+def describe_units_over(over: UnitsOver | None, totals: bool) -> str | None:
+    """What a bound chosen from the data leaves out (`RaceToTheTop.units_over`), for people: the released count of
+    units holding more than it (their rows, or with `totals` their total), its 95% interval and share of the units
+    read; a warning where even the interval's low end is over UNITS_OVER_WARNING of them."""
+    if over is None:
+        return None
+    read = max(over.units_read, 1.0)
+    low, high = max(0.0, over.units - over.halfwidth), max(0.0, over.units + over.halfwidth)
+    what = f"a total of {over.bound:,} per unit" if totals else f"{over.bound:,} rows per unit"
+    text = (f"bounded at {what}, chosen from the data; about {max(0.0, over.units):,.0f} of the {read:,.0f} units "
+            f"read hold more (95%: {low:,.0f} to {high:,.0f}, {100 * low / read:.2g}-{100 * high / read:.2g}%; "
+            f"counted at ε = {over.epsilon:.2g} of the query's)")
+    if low / read > UNITS_OVER_WARNING:
+        beyond = "totals beyond it" if totals else "rows beyond it"
+        text += (f"; at least {100 * low / read:.2g}% of the units lose their {beyond}, so the answer is low by "
+                 "what they hold there: a larger ε lets the race see them and choose a larger bound")
+    return text
+
+
+def describe_selection(plan: Plan, calibration: Calibration | None) -> str | None:
+    """Why groups may be missing from an answer whose keys are private, and how to ask for every group: the
+    threshold is public (it follows from ε, δ and the bounds), how many groups fell below it is not said."""
+    selection = calibration.selection if calibration is not None else None
+    if selection is None:
+        return None
+    counted = "units" if calibration.selected_by else plan.selection_counts
+    text = (f"groups are released only where a noisy count of their {counted} reaches {selection.threshold} (DP "
+            f"partition selection at ε = {calibration.selection_epsilon:.3g}), so groups with fewer may be missing")
+    return f"{text}; to release every group, {plan.every_group}" if plan.every_group else text
+
+
+def describe_accuracy(accuracy: Accuracy | None) -> str:
+    """A value's accuracy for people: its 95% interval, rank error or count gap ("" for exact values)."""
+    if accuracy is None:
+        return ""
+    if accuracy.rank_error is not None:
+        return f"±{accuracy.rank_error:.3g} ranks"
+    if accuracy.count_gap is not None:
+        return f"count within {accuracy.count_gap:.3g} of the top"
+    interval = f"[{format_value(accuracy.ci_low)}, {format_value(accuracy.ci_high)}]"
+    ratio = accuracy.optimality_ratio
+    if ratio is None:
+        return interval
+    return f"{interval} (≥ ±{accuracy.lower_bound:.3g} for any mechanism at this ε, δ: {ratio:.2g}×)"
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):  # as psql shows an array
+        return "{" + ",".join("NULL" if v is None else format_value(v) for v in value) + "}"
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
+    return str(value)

@@ -1,0 +1,106 @@
+"""Window functions over released rows, as PostgreSQL computes them over a query's rows (post-processing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.postprocess.evaluate import evaluate, sort_key
+
+
+def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, Any]],
+                     simulations: list[dict[str, Any]]) -> None:
+    """Each window's value for every released row, as PostgreSQL computes it over a query's rows: partitions and
+    order from the released values; with ORDER BY the frame runs to the current row's last peer. Where intervals
+    are simulated, aggregate windows combine the simulated draws over the same frames."""
+    for name, window in windows:
+        partition_by = window.args.get("partition_by") or []
+        order = window.args["order"].expressions if window.args.get("order") else []
+        partitions: dict[tuple, list[int]] = {}
+        for index, env in enumerate(envs):
+            key = tuple(_hashable(evaluate(e, env)) for e in partition_by)
+            partitions.setdefault(key, []).append(index)
+        for members in partitions.values():
+            peers = _peer_groups(members, order, envs)
+            _window_values(name, window.this, peers, envs)
+            if simulations and not isinstance(window.this, RANKINGS):
+                _window_values(name, window.this, peers, simulations)
+            elif simulations:
+                for index in members:
+                    simulations[index][name] = envs[index][name]
+
+
+RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank)
+
+
+def window_inputs(window: exp.Window) -> list[exp.Expression]:
+    """What a window evaluates on each row: its function's argument, its PARTITION BY and ORDER BY values."""
+    argument = window.this.this if isinstance(window.this.this, exp.Expression) else None
+    order = window.args["order"].expressions if window.args.get("order") else []
+    return [*([argument] if argument is not None and not isinstance(argument, exp.Star) else []),
+            *(window.args.get("partition_by") or []), *(o.this for o in order)]
+
+
+def _hashable(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _peer_groups(members: list[int], order: list[exp.Ordered], envs: list[dict[str, Any]]) -> list[list[int]]:
+    """`members` in the window's order, in runs of peers (rows equal in every ORDER BY value)."""
+    if not order:
+        return [members]
+    keyed = [(index, [evaluate(o.this, envs[index]) for o in order]) for index in members]
+    for position in reversed(range(len(order))):
+        descending = bool(order[position].args.get("desc"))
+        nulls_first = order[position].args.get("nulls_first")
+        nulls_first = descending if nulls_first is None else bool(nulls_first)
+        keyed.sort(key=lambda r, p=position, d=descending, n=nulls_first: sort_key(r[1][p], d, n), reverse=descending)
+    runs: list[list[int]] = []
+    for position, (index, values) in enumerate(keyed):
+        if position and values == keyed[position - 1][1]:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
+def _window_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]]) -> None:
+    """Set envs[i][name] for the rows of one partition, given in runs of peers. Without ORDER BY there is one run,
+    so every frame is the whole partition."""
+    seen = 0
+    frame: list[Any] = []
+    for rank, run in enumerate(peers, start=1):
+        if isinstance(function, exp.RowNumber):
+            for offset, index in enumerate(run):
+                envs[index][name] = seen + offset + 1
+        elif isinstance(function, exp.Rank | exp.DenseRank):
+            for index in run:
+                envs[index][name] = seen + 1 if isinstance(function, exp.Rank) else rank
+        else:
+            argument = function.this
+            frame.extend(None if isinstance(argument, exp.Star) else evaluate(argument, envs[index]) for index in run)
+            value = _aggregate_frame(function, frame, star=isinstance(argument, exp.Star))
+            for index in run:
+                envs[index][name] = value
+        seen += len(run)
+
+
+def _aggregate_frame(function: exp.Expression, frame: list[Any], star: bool) -> Any:
+    """SUM, AVG, MIN, MAX or COUNT of a frame's values, skipping NULLs as SQL does."""
+    values = [v for v in frame if v is not None]
+    if isinstance(function, exp.Count):
+        return len(frame) if star else len(values)
+    if not values:
+        return None
+    if isinstance(function, exp.Min | exp.Max):
+        combine = np.minimum if isinstance(function, exp.Min) else np.maximum
+        result = values[0]
+        for v in values[1:]:
+            result = combine(result, v)
+        return result
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total / len(values) if isinstance(function, exp.Avg) else total
