@@ -234,3 +234,27 @@ def node_pg(tmp_path_factory) -> Path:
         if done.returncode != 0:
             pytest.skip(f"cannot install node-postgres from npm: {done.stderr.strip()[:200]}")
     return folder
+
+
+# --- markers: unit, integration, adversarial (`pytest -m unit` is the fast set) --------------------------------
+
+# fuzzers and red-team regressions: they attack the guarantee, whatever parts they need
+ADVERSARIAL = {"test_fuzz", "test_red_team", "test_adversarial", "test_protocol_fuzz", "test_privacy_round3"}
+# fixtures that start a real PostgreSQL (or Spark, or a server process): a test that uses one is an integration test
+REAL_PARTS = {"server", "node_pg", "served"}
+# modules that start real parts without those fixtures (a subprocess, their own server, a Spark session)
+INTEGRATION = {"test_spark", "test_cli", "test_readme", "test_owner_guide", "test_clients", "test_workers", "test_demo",
+               "test_operations", "test_server"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets one of three markers: adversarial (by module), integration (it uses a real database,
+    server or cluster), else unit."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        if module in ADVERSARIAL:
+            item.add_marker(pytest.mark.adversarial)
+        elif module in INTEGRATION or REAL_PARTS & set(item.fixturenames):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)
