@@ -9,7 +9,8 @@ pairs of the same fuzzer (tests/test_fuzz.py); a violation found here becomes a 
 
 `--backend spark` runs the worlds' rewritten queries on a local Spark session instead: each database is
 exported as Parquet (values Spark cannot hold become NULL, so its neighbours are Spark's own), and every query
-is compared between Spark's base and Spark's neighbours.
+is compared between Spark's base and Spark's neighbours. `--backend duckdb` does the same on DuckDB (each copy
+loaded from its Parquet files into its own in-memory database).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def run_world(server: EmbeddedPostgres, name: str, queries: int, seed: int,
               backend: str = "postgresql") -> tuple[fuzzing.Report, float]:
     base, neighbours = fuzzing.build_world(server.url, lambda db: server.url.replace("/postgres?", f"/{db}?"), name)
     report, started = fuzzing.Report(), time.perf_counter()
-    folder = Path(tempfile.mkdtemp(prefix="dpsql-fuzz-spark-"))
-    world = fuzzing.spark_world(name, base, neighbours, folder) if backend == "spark" \
-        else fuzzing.open_world(name, base, neighbours)
+    folder = Path(tempfile.mkdtemp(prefix=f"dpsql-fuzz-{backend}-"))
+    opened = {"spark": fuzzing.spark_world, "duckdb": fuzzing.duckdb_world}.get(backend)
+    world = opened(name, base, neighbours, folder) if opened else fuzzing.open_world(name, base, neighbours)
     with world as (engine, backends):
         others = {n: b for n, b in backends.items() if n != "base"}
         for batch, first in enumerate(range(0, queries, BATCH)):
@@ -50,7 +51,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=2000, help="queries per world")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--world", choices=[*fuzzing.WORLDS, "all"], default="all")
-    parser.add_argument("--backend", choices=["postgresql", "spark"], default="postgresql")
+    parser.add_argument("--backend", choices=["postgresql", "spark", "duckdb"], default="postgresql")
     args = parser.parse_args()
     server = EmbeddedPostgres()
     server.start()

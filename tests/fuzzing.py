@@ -491,6 +491,26 @@ def spark_world(name: str, base: str, neighbours: dict[str, str], folder: Path):
         engine.close()
 
 
+@contextmanager
+def duckdb_world(name: str, base: str, neighbours: dict[str, str], folder: Path):
+    """An engine on DuckDB per exported copy of world `name` (each loads its copy's Parquet files into its own
+    in-memory database): the base's engine, and each copy's backend to read it."""
+    from dpsql.demo import export_parquet
+
+    world = WORLDS[name]
+    engines = {}
+    try:
+        for copy, url in {"base": base, **neighbours}.items():
+            paths = export_parquet(url, folder / copy, tuple(world.schema["tables"]))
+            raw = {**world.schema, "tables": {t: {**spec, "path": str(paths[t])}
+                                              for t, spec in world.schema["tables"].items()}}
+            engines[copy] = Engine(Settings(database="duckdb:///:memory:", ledger=base), parse_schema(raw))
+        yield engines["base"], {copy: engine.backend for copy, engine in engines.items()}
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
 # --- the check ----------------------------------------------------------------------------------------------
 
 @dataclass

@@ -5,9 +5,7 @@ Runs on a local Spark session (pyspark and Java 17); skipped, saying why, where 
 
 from __future__ import annotations
 
-import math
 import shutil
-import tomllib
 from pathlib import Path
 
 import psycopg
@@ -15,7 +13,8 @@ import pytest
 
 from dpsql.config import Settings
 from dpsql.schema import parse_schema
-from tests.conftest import DEMO_SCHEMA, EXTREME_ID, copy_database
+from tests.conftest import EXTREME_ID, copy_database
+from tests.engines import QUERIES, equal_rows, export, schema_reading
 from tests.test_neighbours import QUERIES as NEIGHBOUR_QUERIES
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
@@ -27,74 +26,13 @@ from dpsql.demo import export_parquet  # noqa: E402
 from dpsql.engine import Engine  # noqa: E402
 from dpsql.sql.dialect import Statement  # noqa: E402
 
-TABLES = ("people", "visits", "prescriptions", "states")  # the demo tables the tests read on Spark
-QUERIES = [
-    "SELECT COUNT(*) FROM people",
-    "SELECT sex, COUNT(*), AVG(income), SUM(age) FROM people GROUP BY sex",
-    "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
-    "SELECT COUNT(DISTINCT person_id) FROM visits",
-    "SELECT age / 10 AS decade, COUNT(*) FROM people WHERE age BETWEEN 20 AND 69 GROUP BY decade",
-    "SELECT s.region, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id JOIN states s "
-    "ON s.code = p.state GROUP BY s.region",
-    "SELECT date_trunc('month', day) AS month, COUNT(*) FROM visits GROUP BY month",
-    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) AS median, MIN(age), MAX(age) FROM people",
-    "SELECT state, COUNT(*) FROM people GROUP BY state",
-    "SELECT COUNT(*) FROM visits WHERE person_id IN (SELECT person_id FROM people WHERE age > 60)",
-]
-
-
-def _spark_schema(paths: dict[str, Path]):
-    raw = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
-    raw["tables"] = {name: {**raw["tables"][name], "path": str(path)} for name, path in paths.items()}
-    return parse_schema(raw)
-
-
-def _export(url: str, directory: Path) -> dict[str, Path]:
-    return export_parquet(url, directory, TABLES)
-
-
-@pytest.fixture(scope="module")
-def within_bounds(server, template) -> str:
-    """The demo data with no unit over its row bounds (10 visits, 20 prescriptions): which rows a bound keeps then
-    cannot differ between the backends' keyed hashes, so their pre-noise answers must be equal."""
-    url = copy_database(server, template, "dpsql_spark_base")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DELETE FROM prescriptions WHERE visit_id IN (SELECT visit_id FROM (SELECT visit_id, "
-                     "ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_id) AS n FROM visits) v WHERE n > 10)")
-        conn.execute("DELETE FROM visits WHERE visit_id IN (SELECT visit_id FROM (SELECT visit_id, "
-                     "ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY visit_id) AS n FROM visits) v WHERE n > 10)")
-        conn.execute("DELETE FROM prescriptions WHERE prescription_id IN (SELECT prescription_id FROM (SELECT "
-                     "prescription_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY prescription_id) AS n "
-                     "FROM prescriptions p JOIN visits v USING (visit_id)) x WHERE n > 20)")
-    return url
-
 
 @pytest.fixture(scope="module")
 def spark_engine(within_bounds, tmp_path_factory):
-    paths = _export(within_bounds, tmp_path_factory.mktemp("spark_base"))
-    engine = Engine(Settings(database="spark://local[2]", ledger=within_bounds), _spark_schema(paths))
+    paths = export(within_bounds, tmp_path_factory.mktemp("spark_base"))
+    engine = Engine(Settings(database="spark://local[2]", ledger=within_bounds), schema_reading(paths))
     yield engine
     engine.close()
-
-
-def _rows(rows: list[tuple]) -> list[tuple]:
-    """Rows in one order, numbers as floats (sums on Spark are decimals, on PostgreSQL numerics)."""
-    def norm(v):
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
-    return sorted((tuple(norm(v) for v in row) for row in rows), key=repr)
-
-
-def _equal(a: list[tuple], b: list[tuple]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(_rows(a), _rows(b), strict=True):
-        for u, v in zip(x, y, strict=True):
-            if isinstance(u, float) and isinstance(v, float):
-                if not (u == v or (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-6)):
-                    return False
-            elif u != v:
-                return False
-    return True
 
 
 REFUSED_ON_SPARK = ("reaches the unit through visits.visit_id",  # a parent link: Spark verifies no key
@@ -124,7 +62,7 @@ def _assert_same_rows(engine, prepared, url: str, sql: str) -> None:
     with engine.backend.session() as session:
         got = [session.run(s) for s in statements]
     for statement, want, have in zip(statements, expected, got, strict=True):
-        assert _equal(want, have), (sql, engine.backend.render(statement), want[:5], have[:5])
+        assert equal_rows(want, have), (sql, engine.backend.render(statement), want[:5], have[:5])
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
@@ -139,7 +77,7 @@ def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine
     with psycopg.connect(within_bounds) as conn:
         expected = conn.execute(prepared.race_sql).fetchall()
     with spark_engine.backend.session() as session:
-        assert _equal(expected, session.run(prepared.race_statement)), sql
+        assert equal_rows(expected, session.run(prepared.race_statement)), sql
     bounded = spark_engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2])
     _assert_same_rows(spark_engine, bounded, within_bounds, sql)
 
@@ -216,8 +154,8 @@ def test_neighbour_moves_spark_s_answers_within_the_sensitivity(spark_engine, ne
     """On Spark, the base data and its neighbour with one extreme unit (thousands of visits in every category,
     out-of-bound and NaN values), for every query class the neighbour tests have: every exact answer moves by at
     most its measure's sensitivity."""
-    base = _export(base_url, tmp_path_factory.mktemp("spark_n_base"))
-    neighbour = _export(neighbour_url, tmp_path_factory.mktemp("spark_n_neighbour"))
+    base = export(base_url, tmp_path_factory.mktemp("spark_n_base"))
+    neighbour = export(neighbour_url, tmp_path_factory.mktemp("spark_n_neighbour"))
     from dpsql.errors import Error
     spark = spark_engine.backend.spark
     for sql in QUERIES + [q for q in NEIGHBOUR_QUERIES if q not in QUERIES]:
@@ -408,7 +346,7 @@ def test_spark_connect_answers_as_the_local_session_does(connect_url, spark_engi
             statements = [p.rewritten.statement, *p.rewritten.histogram_statements.values()]
             with psycopg.connect(within_bounds) as conn, engine.backend.session() as remote:
                 for statement in statements:
-                    assert _equal(conn.execute(statement.sql).fetchall(), remote.run(statement)), sql
+                    assert equal_rows(conn.execute(statement.sql).fetchall(), remote.run(statement)), sql
         engine.ledger.add_analyst("connect", 5.0, 1e-6)
         answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst="connect",
                               epsilon=0.5)

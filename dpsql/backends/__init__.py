@@ -1,4 +1,4 @@
-"""Where the rewritten statements run: PostgreSQL (psycopg 3) or Spark, behind one protocol.
+"""Where the rewritten statements run: PostgreSQL (psycopg 3), Spark or DuckDB, behind one protocol.
 
 The engine sees only `Backend` and `Session`. A statement reaches a backend as a tree (`dpsql.sql.dialect.Statement`)
 that the backend renders in its own SQL, spelling the rewrite's dialect nodes its own way; no backend parses SQL
@@ -60,13 +60,19 @@ def is_spark_url(url: str | None) -> bool:
 
 def open_backend(database: str, schema: PrivacySchema, statement_timeout_ms: int, connect_wait: float,
                  ledger: str | None) -> Backend:
-    """PostgreSQL, or Spark for a spark:// or sc:// URL (whose ledger must live in PostgreSQL)."""
-    if not is_spark_url(database):
+    """PostgreSQL; Spark for a spark:// or sc:// URL and DuckDB for duckdb://, whose ledger must live in
+    PostgreSQL. Spark and DuckDB are extras, imported only when asked for."""
+    if not (is_spark_url(database) or database.startswith("duckdb://")):
         return PostgresBackend(database, statement_timeout_ms, connect_wait=connect_wait)
+    duck = database.startswith("duckdb://")
     if not ledger:
-        raise ConfigError("the Spark backend keeps its ledger in PostgreSQL: no ledger given",
+        raise ConfigError(f"the {'DuckDB' if duck else 'Spark'} backend keeps its ledger in PostgreSQL: none given",
                           "pass --ledger postgresql://... or set DPSQL_LEDGER (dpsql demo --keep starts one)")
-    from dpsql.backends.spark import SparkBackend  # pyspark is an extra, imported only when asked for
+    if duck:
+        from dpsql.backends.duckdb import DuckDBBackend
+
+        return DuckDBBackend(database, schema, statement_timeout_ms)
+    from dpsql.backends.spark import SparkBackend
 
     return SparkBackend(database, schema, statement_timeout_ms)
 

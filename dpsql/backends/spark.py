@@ -55,14 +55,12 @@ starts.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import re
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -70,19 +68,27 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
+from dpsql.backends.transpile import (
+    FAILED,
+    FAILED_HINT,
+    SAFE_DATES,
+    bands,
+    bytewise,
+    plain_numbers,
+    plain_value,
+    strict_bound,
+    wide_decimals,
+)
 from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled, UnsupportedQuery
 from dpsql.schema import PrivacySchema
 from dpsql.sql import dialect
 from dpsql.sql.dialect import Statement
 
 log = logging.getLogger("dpsql.spark")
-FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
 LOCAL = "spark://local"
 # ANSI: integer overflow and bad casts fail (as in PostgreSQL) instead of wrapping or giving NULL; UTC: dates and
 # timestamps mean what the shadow and the ledger say
 SESSION_RULES = {"spark.sql.ansi.enabled": "true", "spark.sql.session.timeZone": "UTC"}
-SPARK_TEMPORAL = ("0001-01-01", "9999-12-31")  # `dialect.earliest()` and `latest()`: none of its functions overflow
-EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _SESSION_USERS: dict[int, int] = {}  # id(session) -> open backends using it
 _SESSIONS_LOCK = threading.Lock()
 INTEGER_TYPES = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT,
@@ -93,8 +99,8 @@ def to_spark(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     """A rewritten statement in Spark SQL: its dialect nodes spelled for Spark, then PostgreSQL's semantics kept
     where Spark's differ, with the rules of this module's docstring."""
     tree = _dialect_nodes(tree.copy(), schema)
-    tree = tree.transform(_decimals).transform(_unhinted).transform(_bytewise).transform(_plain_numbers) \
-        .transform(_finite).transform(_spark_patterns).transform(_bands)
+    tree = tree.transform(wide_decimals).transform(_unhinted).transform(bytewise).transform(plain_numbers) \
+        .transform(_finite).transform(_spark_patterns).transform(bands)
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences)
@@ -122,11 +128,9 @@ def _dialect_nodes(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> e
             spelled = exp.Anonymous(this="xxhash64", expressions=[seed, *fields])
         elif name == dialect.STRICT_BOUND:
             value, bound, _, larger = dialect.bound_parts(node)
-            pick = exp.Greatest if larger else exp.Least
-            spelled = exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())],
-                               default=pick(this=value, expressions=[bound]))
+            spelled = strict_bound(value, bound, larger)
         else:
-            spelled = exp.Literal.string(SPARK_TEMPORAL[0 if name == dialect.EARLIEST else 1])
+            spelled = exp.Literal.string(SAFE_DATES[0 if name == dialect.EARLIEST else 1])
         tree = spelled if node is tree else tree
         node.replace(spelled)
     for table in list(tree.find_all(exp.Table)):
@@ -202,18 +206,6 @@ def _spark_patterns(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _bands(node: exp.Expression) -> exp.Expression:
-    if not (isinstance(node, exp.WidthBucket) and node.args.get("threshold") is not None):
-        return node
-    thresholds = node.args["threshold"]
-    thresholds = thresholds.this if isinstance(thresholds, exp.Cast) else thresholds
-    value = node.this
-    ifs = [exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())]
-    ifs += [exp.If(this=exp.LT(this=value.copy(), expression=t.copy()), true=exp.Literal.number(band))
-            for band, t in enumerate(thresholds.expressions)]
-    return exp.Case(ifs=ifs, default=exp.Literal.number(len(thresholds.expressions)))
-
-
 def _finite(node: exp.Expression) -> exp.Expression:
     # Spark's dates and timestamps have no ±infinity: isfinite(x) is TRUE, or NULL for NULL as in PostgreSQL
     if isinstance(node, exp.Anonymous) and node.name.lower() == "isfinite":
@@ -250,27 +242,6 @@ def _unhinted(node: exp.Expression) -> exp.Expression:
     # each reference itself), and the result is the same either way
     if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
         node.set("materialized", None)
-    return node
-
-
-def _plain_numbers(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.Literal) and not node.is_string and "e" in node.this.lower():
-        value = Decimal(node.this)
-        if value.as_tuple().exponent < 0:  # a point in its text: a decimal literal of that scale
-            return exp.Literal.number(format(value, "f"))
-        return exp.Cast(this=exp.Literal.number(format(value, "f")), to=exp.DataType.build("DECIMAL(38, 0)"))
-    return node
-
-
-def _bytewise(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.Collate) and node.expression.name == "C":
-        return node.this
-    return node
-
-
-def _decimals(node: exp.Expression) -> exp.Expression:
-    if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.DECIMAL and not node.expressions:
-        return exp.DataType.build("DECIMAL(38, 10)")
     return node
 
 
@@ -379,17 +350,6 @@ class SparkBackend:
                 self.spark.stop()
 
 
-def _value(value: Any, instant: bool) -> Any:
-    """A Spark value as psycopg gives PostgreSQL's: decimals as ints or floats, and a TIMESTAMP (an instant, fetched
-    as microseconds since 1970: pyspark's own conversion goes through local time and fails on 0001-01-01) as an
-    aware datetime, as timestamptz is."""
-    if instant and value is not None:
-        return EPOCH + datetime.timedelta(microseconds=value)
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value
-
-
 def _instants_as_micros(frame: Any, instants: list[bool]) -> Any:
     """`frame` with every TIMESTAMP column as its microseconds since 1970 (columns renamed by position, as a
     query's may share names)."""
@@ -430,7 +390,7 @@ class SparkStatements:
             timer.cancel()
             with contextlib.suppress(Exception):
                 spark.removeTag(tag)
-        return [tuple(_value(v, instant) for v, instant in zip(row, instants, strict=True)) for row in rows]
+        return [tuple(plain_value(v, instant) for v, instant in zip(row, instants, strict=True)) for row in rows]
 
     def hold(self, name: str) -> None:
         """Identical queries of this process wait for each other (there is no advisory lock to share across

@@ -1,0 +1,79 @@
+"""PostgreSQL's meaning kept on engines that are not PostgreSQL: the rules Spark and DuckDB share.
+
+The rewrite writes PostgreSQL's SQL (and the dialect nodes of `dpsql.sql.dialect`); sqlglot transpiles the syntax,
+and these rules keep what the syntax alone would change: exponent literals that PostgreSQL reads as numerics, an
+unbounded DECIMAL, the bytewise collation, bands over thresholds, strict clamps, the dates no function overflows
+on, and values handed back as psycopg hands PostgreSQL's.
+"""
+
+from __future__ import annotations
+
+import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlglot import exp
+
+FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
+# `dialect.earliest()` and `latest()` on an engine whose dates run from year 1 to 9999, where none of its date
+# functions overflow (PostgreSQL's own range, 4000 BC to 294276 AD, is not one such an engine can parse)
+SAFE_DATES = ("0001-01-01", "9999-12-31")
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def plain_numbers(node: exp.Expression) -> exp.Expression:
+    """PostgreSQL reads `250e-2` as the numeric 2.50, other engines as a double 2.5 (whose text is '2.5'): written
+    out as decimals (`2.50`; `1e3` and `1.5e1`, whose scale is 0, as DECIMAL(38, 0)s)."""
+    if isinstance(node, exp.Literal) and not node.is_string and "e" in node.this.lower():
+        value = Decimal(node.this)
+        if value.as_tuple().exponent < 0:  # a point in its text: a decimal literal of that scale
+            return exp.Literal.number(format(value, "f"))
+        return exp.Cast(this=exp.Literal.number(format(value, "f")), to=exp.DataType.build("DECIMAL(38, 0)"))
+    return node
+
+
+def bytewise(node: exp.Expression) -> exp.Expression:
+    """`COLLATE "C"` dropped: the engines' strings already compare byte by byte."""
+    if isinstance(node, exp.Collate) and node.expression.name == "C":
+        return node.this
+    return node
+
+
+def wide_decimals(node: exp.Expression) -> exp.Expression:
+    """`CAST(x AS DECIMAL)` is PostgreSQL's unbounded numeric but another engine's DECIMAL(10, 0) or (18, 3), which
+    would round every price: DECIMAL(38, 10) (the rewrite's bounds are within ±1e12)."""
+    if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.DECIMAL and not node.expressions:
+        return exp.DataType.build("DECIMAL(38, 10)")
+    return node
+
+
+def bands(node: exp.Expression) -> exp.Expression:
+    """PostgreSQL's `width_bucket(x, ARRAY[t1, ..., tn])` (how many thresholds are at most x; NULL for NULL) as
+    `CASE WHEN x IS NULL THEN NULL WHEN x < t1 THEN 0 ... ELSE n END`."""
+    if not (isinstance(node, exp.WidthBucket) and node.args.get("threshold") is not None):
+        return node
+    thresholds = node.args["threshold"]
+    thresholds = thresholds.this if isinstance(thresholds, exp.Cast) else thresholds
+    value = node.this
+    ifs = [exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())]
+    ifs += [exp.If(this=exp.LT(this=value.copy(), expression=t.copy()), true=exp.Literal.number(band))
+            for band, t in enumerate(thresholds.expressions)]
+    return exp.Case(ifs=ifs, default=exp.Literal.number(len(thresholds.expressions)))
+
+
+def strict_bound(value: exp.Expression, bound: exp.Expression, larger: bool) -> exp.Expression:
+    """`dialect.strict_bound` where LEAST and GREATEST skip NULLs: `CASE WHEN x IS NULL THEN NULL ELSE
+    GREATEST(x, bound) END` (NaN sorts above every number on these engines as on PostgreSQL)."""
+    pick = exp.Greatest if larger else exp.Least
+    return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())],
+                    default=pick(this=value, expressions=[bound]))
+
+
+def plain_value(value: Any, instant: bool = False) -> Any:
+    """A value as psycopg gives PostgreSQL's: decimals as ints or floats, and an instant fetched as microseconds
+    since 1970 as an aware datetime, as timestamptz is."""
+    if instant and value is not None:
+        return EPOCH + datetime.timedelta(microseconds=value)
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value

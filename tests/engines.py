@@ -1,0 +1,63 @@
+"""What the tests of the engines that are not PostgreSQL (Spark, DuckDB) share: the demo's tables as Parquet, a
+schema that reads them, and rows compared as the engines' numbers allow (the data they read: conftest's
+`within_bounds`)."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+from dpsql.demo import export_parquet
+from dpsql.schema import parse_schema
+from tests.conftest import DEMO_SCHEMA
+
+TABLES = ("people", "visits", "prescriptions", "states")  # the demo tables the Spark tests read
+ALL_TABLES = (*TABLES, "screenings", "survey", "checkins")  # and the DuckDB tests
+QUERIES = [
+    "SELECT COUNT(*) FROM people",
+    "SELECT sex, COUNT(*), AVG(income), SUM(age) FROM people GROUP BY sex",
+    "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
+    "SELECT COUNT(DISTINCT person_id) FROM visits",
+    "SELECT age / 10 AS decade, COUNT(*) FROM people WHERE age BETWEEN 20 AND 69 GROUP BY decade",
+    "SELECT s.region, COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id JOIN states s "
+    "ON s.code = p.state GROUP BY s.region",
+    "SELECT date_trunc('month', day) AS month, COUNT(*) FROM visits GROUP BY month",
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) AS median, MIN(age), MAX(age) FROM people",
+    "SELECT state, COUNT(*) FROM people GROUP BY state",
+    "SELECT COUNT(*) FROM visits WHERE person_id IN (SELECT person_id FROM people WHERE age > 60)",
+]
+
+
+def schema_reading(paths: dict[str, Path | None]):
+    """The demo's schema over the tables of `paths`, each read from its file (or, for None, from the engine's own
+    catalog)."""
+    raw = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
+    raw["tables"] = {name: {**raw["tables"][name], **({"path": str(path)} if path else {})}
+                     for name, path in paths.items()}
+    return parse_schema(raw)
+
+
+def export(url: str, directory: Path, tables: tuple[str, ...] = TABLES) -> dict[str, Path]:
+    return export_parquet(url, directory, tables)
+
+
+
+def rows_in_order(rows: list[tuple]) -> list[tuple]:
+    """Rows in one order, numbers as floats (sums on other engines are decimals or doubles, on PostgreSQL numerics)."""
+    def norm(v):
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+    return sorted((tuple(norm(v) for v in row) for row in rows), key=repr)
+
+
+def equal_rows(a: list[tuple], b: list[tuple]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(rows_in_order(a), rows_in_order(b), strict=True):
+        for u, v in zip(x, y, strict=True):
+            if isinstance(u, float) and isinstance(v, float):
+                if not (u == v or (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-6)):
+                    return False
+            elif u != v:
+                return False
+    return True
