@@ -10,7 +10,7 @@ import struct
 import psycopg
 import pytest
 
-from dpsql.server import codec
+from dpsql.server import codec, values
 from dpsql.server.codec import Column, FrontendDecoder, Notice, ProtocolViolation
 
 # --- what a client sends (built here independently of the codec) ----------------------------------------------
@@ -164,7 +164,7 @@ def test_backend_messages_have_postgresql_bytes():
     assert codec.data_row_message([b"1", None]) == b"D\0\0\0\x0f\0\x02\0\0\0\x011\xff\xff\xff\xff"
     assert codec.empty_query_message() == b"I\0\0\0\x04"
     assert codec.portal_suspended_message() == b"s\0\0\0\x04"
-    row = codec.row_description_message([Column("count", codec.INT8)], [1])
+    row = codec.row_description_message([Column("count", values.INT8)], [1])
     assert row == b"T\0\0\0\x1e\0\x01count\0" + struct.pack("!ihihih", 0, 0, 20, 8, -1, 1)
     error = codec.error_message(Notice("ERROR", "42501", "refused", hint="ask for aggregates"))
     assert error == (b"E\0\0\0\x37SERROR\0VERROR\0C42501\0Mrefused\0Hask for aggregates\0\0")
@@ -172,17 +172,17 @@ def test_backend_messages_have_postgresql_bytes():
 
 
 VALUES = [
-    (codec.INT8, 42), (codec.INT8, -(2**63)), (codec.INT4, 7), (codec.INT2, -3), (codec.FLOAT8, 0.1),
-    (codec.FLOAT8, -1.5e300), (codec.FLOAT8, float("inf")), (codec.FLOAT8, 123456789.125), (codec.BOOL, True),
-    (codec.TEXT, "héllo"), (codec.DATE, datetime.date(2024, 2, 29)), (codec.DATE, datetime.date(1999, 12, 31)),
-    (codec.TIMESTAMP, datetime.datetime(2024, 5, 1, 12, 30, 15, 250)),
-    *[(codec.NUMERIC, decimal.Decimal(t)) for t in ["0", "1", "-1", "12345.678", "0.0001", "100000000",
+    (values.INT8, 42), (values.INT8, -(2**63)), (values.INT4, 7), (values.INT2, -3), (values.FLOAT8, 0.1),
+    (values.FLOAT8, -1.5e300), (values.FLOAT8, float("inf")), (values.FLOAT8, 123456789.125), (values.BOOL, True),
+    (values.TEXT, "héllo"), (values.DATE, datetime.date(2024, 2, 29)), (values.DATE, datetime.date(1999, 12, 31)),
+    (values.TIMESTAMP, datetime.datetime(2024, 5, 1, 12, 30, 15, 250)),
+    *[(values.NUMERIC, decimal.Decimal(t)) for t in ["0", "1", "-1", "12345.678", "0.0001", "100000000",
                                                     "-0.000012", "99999999999999999999.99", "1e-20", "NaN",
                                                     "3.14159265358979323846264338327950288"]],
 ]
-TYPE_NAMES = {codec.INT8: "int8", codec.INT4: "int4", codec.INT2: "int2", codec.FLOAT8: "float8",
-              codec.BOOL: "bool", codec.TEXT: "text", codec.DATE: "date", codec.TIMESTAMP: "timestamp",
-              codec.NUMERIC: "numeric"}
+TYPE_NAMES = {values.INT8: "int8", values.INT4: "int4", values.INT2: "int2", values.FLOAT8: "float8",
+              values.BOOL: "bool", values.TEXT: "text", values.DATE: "date", values.TIMESTAMP: "timestamp",
+              values.NUMERIC: "numeric"}
 
 
 @pytest.mark.parametrize(("type_oid", "value"), VALUES, ids=[f"{TYPE_NAMES[t]}:{v}" for t, v in VALUES])
@@ -190,7 +190,7 @@ def test_values_encode_as_postgresql_does(server, type_oid: int, value):
     """Text and binary forms against PostgreSQL's own output for the same value, and back."""
     with psycopg.connect(server.url) as conn:
         pgconn = conn.pgconn
-        text = codec.encode_value(value, type_oid, binary=False)
+        text = values.encode_value(value, type_oid, binary=False)
         expected = {}
         for fmt in (0, 1):
             result = pgconn.exec_params(f"SELECT $1::{TYPE_NAMES[type_oid]}".encode(), [text], [type_oid],
@@ -198,32 +198,32 @@ def test_values_encode_as_postgresql_does(server, type_oid: int, value):
             assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
             expected[fmt] = result.get_value(0, 0)
     assert text == expected[0]
-    assert codec.encode_value(value, type_oid, binary=True) == expected[1]
-    assert codec.encode_value(expected[0], type_oid, binary=True) == expected[1]  # catalog text to binary
+    assert values.encode_value(value, type_oid, binary=True) == expected[1]
+    assert values.encode_value(expected[0], type_oid, binary=True) == expected[1]  # catalog text to binary
     for fmt, data in expected.items():
-        decoded = codec.decode_value(data, type_oid, binary=fmt == 1)
+        decoded = values.decode_value(data, type_oid, binary=fmt == 1)
         assert decoded == value or (isinstance(value, decimal.Decimal) and value.is_nan() and decoded.is_nan())
 
 
 def test_noisy_floats_in_integer_columns_are_rounded():
-    assert codec.encode_value(41.6, codec.INT8, binary=False) == b"42"
-    assert codec.encode_value(41.6, codec.INT8, binary=True) == struct.pack("!q", 42)
-    assert codec.encode_value(2.5, codec.NUMERIC, binary=False) == b"2.5"
+    assert values.encode_value(41.6, values.INT8, binary=False) == b"42"
+    assert values.encode_value(41.6, values.INT8, binary=True) == struct.pack("!q", 42)
+    assert values.encode_value(2.5, values.NUMERIC, binary=False) == b"2.5"
 
 
 def test_unknown_binary_parameters_pass_through_raw():
-    raw = codec.decode_value(b"\0\0\0\x01", 1028, binary=True)  # an oid[] array
-    assert raw == codec.RawValue(b"\0\0\0\x01", 1028)
+    raw = values.decode_value(b"\0\0\0\x01", 1028, binary=True)  # an oid[] array
+    assert raw == values.RawValue(b"\0\0\0\x01", 1028)
     with pytest.raises(ValueError):
-        codec.decode_value(b"12x", codec.INT4, binary=False)
+        values.decode_value(b"12x", values.INT4, binary=False)
     with pytest.raises(ValueError):
-        codec.encode_value(object(), 600, binary=True)  # a point: binary not supported
+        values.encode_value(object(), 600, binary=True)  # a point: binary not supported
 
 
 def test_infinite_dates_encode_as_postgresql_does():
     """A key at ±infinity reaches the codec as PostgreSQL's text (Python has no such date): text passes through,
     binary is PostgreSQL's own extreme value."""
-    from dpsql.server.codec import DATE, TIMESTAMPTZ, encode_value
+    from dpsql.server.values import DATE, TIMESTAMPTZ, encode_value
 
     assert encode_value("infinity", DATE, binary=False) == b"infinity"
     assert encode_value("infinity", DATE, binary=True) == struct.pack("!i", 2**31 - 1)

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from dpsql.config import Settings
-from dpsql.server import codec
+from dpsql.server import codec, values
 from dpsql.server.protocol import Conversation
 from tests.conftest import DEMO_SCHEMA, PASSWORD, PEOPLE, Running, copy_database
 from tests.test_codec import (
@@ -604,7 +604,7 @@ def test_conversation_extended_protocol(served: Running):
     _login(conversation)
     out = conversation.receive(parse("s1", "SELECT generate_series(1, $1) AS n") + describe("S", "s1") + SYNC)
     reply = backend_messages(out.data)
-    assert _kinds(out.data) == "1tTZ" and reply[1][1] == struct.pack("!hI", 1, codec.INT4)  # type inferred
+    assert _kinds(out.data) == "1tTZ" and reply[1][1] == struct.pack("!hI", 1, values.INT4)  # type inferred
     # a row limit suspends the portal; Flush gets the answer out without a Sync
     out = conversation.receive(bind("p", "s1", [b"5"]) + execute("p", 2) + FLUSH)
     assert _kinds(out.data) == "2DDs"

@@ -211,7 +211,7 @@ class Server:
 
     def _trim_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """Give the memory a closed connection freed back to the system shortly: its prepared statements were
-        malloc blocks (`protocol._PreparedStatements`), which glibc otherwise keeps for reuse (one analyst's
+        malloc blocks (`prepared.PreparedStatements`), which glibc otherwise keeps for reuse (one analyst's
         16,000 statements left 13 MB resident, 5 MB with this). In a pool thread; one trim for a wave of closes."""
         if MALLOC_TRIM is None or self._trim_pending:
             return

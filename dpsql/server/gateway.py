@@ -23,10 +23,10 @@ from dpsql.combining import columns_of
 from dpsql.engine import Engine
 from dpsql.errors import Error
 from dpsql.postprocess import describe_accuracy, describe_bounds_effect
-from dpsql.server import codec
+from dpsql.server import values
 from dpsql.server.codec import Column, Notice
+from dpsql.server.host import Description, Outcome, StatementError
 from dpsql.server.metrics import Metrics
-from dpsql.server.protocol import Description, Outcome, StatementError
 from dpsql.server.routing import Route, catalog_text, route
 from dpsql.server.shadow import REPORTED_PARAMETERS, ShadowConnection, ShadowError, ShadowLost, create_shadow
 from dpsql.server.statements import CACHED_TEXT, Statement
@@ -36,14 +36,14 @@ log = logging.getLogger("dpsql.server")
 DESCRIBED_CACHE_SIZE = 256
 ROUTES_CACHE_SIZE = 1024
 NOTICE_ROWS = 10  # rows whose confidence intervals the NOTICE after an answer lists
-_PLACEHOLDERS = {codec.INT2: 0, codec.INT4: 0, codec.INT8: 0, codec.OID: 0, codec.FLOAT4: 0.0, codec.FLOAT8: 0.0,
-                 codec.NUMERIC: decimal.Decimal(0), codec.BOOL: False, codec.DATE: datetime.date(2000, 1, 1),
-                 codec.TIMESTAMP: datetime.datetime(2000, 1, 1),
-                 codec.TIMESTAMPTZ: datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)}
+_PLACEHOLDERS = {values.INT2: 0, values.INT4: 0, values.INT8: 0, values.OID: 0, values.FLOAT4: 0.0, values.FLOAT8: 0.0,
+                 values.NUMERIC: decimal.Decimal(0), values.BOOL: False, values.DATE: datetime.date(2000, 1, 1),
+                 values.TIMESTAMP: datetime.datetime(2000, 1, 1),
+                 values.TIMESTAMPTZ: datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)}
 
 
 class Gateway:
-    """The `protocol.Host` of `dpsql serve`: analysts' verifiers and one session per login."""
+    """The `host.Host` of `dpsql serve`: analysts' verifiers and one session per login."""
 
     def __init__(self, engine: Engine, shadow_url: str, shadow_role: str | None, max_analyst_connections: int = 0):
         self.engine, self.shadow_url, self.shadow_role = engine, shadow_url, shadow_role
@@ -153,7 +153,7 @@ class ClientSession:
                           "is_superuser": "off", "session_authorization": analyst,
                           "application_name": application_name, "default_transaction_read_only": "on"}
 
-    # --- protocol.HostSession ----------------------------------------------------------------------------
+    # --- host.HostSession -------------------------------------------------------------------------------
 
     def status_parameters(self) -> dict[str, str]:
         return dict(self._reported)
@@ -177,8 +177,8 @@ class ClientSession:
         self._guarded(self._check, statement)
 
     def read_value(self, text: str, type_oid: int) -> Any:
-        data = self._guarded(self.shadow.read_value, text, codec.DATETIME_TYPES[type_oid])
-        return codec.decode_value(data, type_oid, True)
+        data = self._guarded(self.shadow.read_value, text, values.DATETIME_TYPES[type_oid])
+        return values.decode_value(data, type_oid, True)
 
     def discard(self) -> dict[str, str]:
         self.options = Options()
@@ -202,7 +202,7 @@ class ClientSession:
     def _describe(self, statement: Statement, param_types: list[int]) -> Description:
         where = self.gateway.route(statement)
         if where.kind == "option":
-            columns = [Column(f"dpsql.{where.command.name}", codec.TEXT)] if where.command.action == "show" else None
+            columns = [Column(f"dpsql.{where.command.name}", values.TEXT)] if where.command.action == "show" else None
             return Description(param_types, columns)
         if where.kind == "noop":
             return Description(param_types, None)
@@ -283,7 +283,7 @@ class ClientSession:
             value = (describe_budget(engine.budget(self.analyst), options.epsilon, engine.schema.group_size)
                      if command.name == "budget"
                      else show_value(getattr(options, command.name)))
-            return Outcome("SHOW", [Column(f"dpsql.{command.name}", codec.TEXT)], [(value,)])
+            return Outcome("SHOW", [Column(f"dpsql.{command.name}", values.TEXT)], [(value,)])
         self.options = self.options.with_option(command.name, command.value)
         engine.options(self.options)  # refuse now, not at the next query, an ε above the cap
         self._described.clear()  # dpsql.intervals changes the columns of private queries
@@ -335,7 +335,7 @@ class ClientSession:
 
 
 def _columns(answer: Answer) -> list[Column]:
-    return [Column(name, codec.TYPE_OIDS.get(type_name, codec.TEXT))
+    return [Column(name, values.TYPE_OIDS.get(type_name, values.TEXT))
             for name, type_name in zip(answer.names, answer.types, strict=True)]
 
 

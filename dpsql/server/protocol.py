@@ -10,82 +10,22 @@ transaction status that ReadyForQuery reports, and error recovery.
 from __future__ import annotations
 
 import logging
-import pickle
 import secrets
-from collections.abc import Iterator, MutableMapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from dpsql.server import auth, codec, commands
+from dpsql.server import auth, codec, commands, values
 from dpsql.server.codec import Column, Notice, ProtocolViolation
+from dpsql.server.host import FATAL, Host, HostSession, Outcome, StatementError, error
+from dpsql.server.prepared import Portal, Prepared, PreparedStatements
 from dpsql.server.statements import Statement, StatementSyntaxError, single_statement, split_statements
 
 log = logging.getLogger("dpsql.server")
 
-ERROR, FATAL = "ERROR", "FATAL"
 TRANSACTION_KINDS = frozenset({"begin", "commit", "rollback", "rollback_to", "savepoint", "release"})
 LOCAL_KINDS = TRANSACTION_KINDS | {"deallocate", "discard", "fetch", "close"}  # answered by the conversation
 WRAPPING_KINDS = {"declare", "copy"}  # answered by the conversation around a query of their own
-MALLOC_SIZE = 513  # CPython serves larger blocks from malloc, not from its small-object arenas
-
-
-class StatementError(Exception):
-    """A statement failed; the client gets `notice` as an ErrorResponse and the connection stays usable."""
-
-    def __init__(self, notice: Notice):
-        super().__init__(notice.message)
-        self.notice = notice
-
-
-def error(sqlstate: str, message: str, hint: str | None = None) -> StatementError:
-    return StatementError(Notice(ERROR, sqlstate, message, hint))
-
-
-@dataclass
-class Description:
-    param_types: list[int]
-    columns: list[Column] | None  # None: the statement returns no rows
-
-
-@dataclass
-class Outcome:
-    tag: str
-    columns: list[Column] | None = None
-    rows: Sequence[Sequence[Any]] = ()
-    notices: list[Notice] = field(default_factory=list)
-    parameter_changes: dict[str, str] = field(default_factory=dict)
-    copy: list[bytes] | None = None  # COPY … TO STDOUT: the lines sent as CopyData instead of rows
-
-
-class HostSession(Protocol):
-    def status_parameters(self) -> dict[str, str]: ...
-
-    def describe(self, statement: Statement, param_types: list[int]) -> Description: ...
-
-    def execute(self, statement: Statement, params: list[Any], param_types: list[int],
-                binary: bool = False) -> Outcome:
-        """Run `statement`; with `binary`, the client reads every column in binary format (values PostgreSQL
-        sends in that form pass through as codec.RawValue)."""
-
-    def check(self, statement: Statement) -> None:
-        """Raise StatementError if executing `statement` would be refused; run nothing."""
-
-    def read_value(self, text: str, type_oid: int) -> Any:
-        """A text parameter of a date or time type, read as PostgreSQL reads it in this session."""
-
-    def discard(self) -> dict[str, str]: ...
-
-    def cancel(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Host(Protocol):
-    def verifier(self, user: str) -> str | None: ...
-
-    def open_session(self, user: str, database: str, parameters: dict[str, str]) -> HostSession: ...
-
-    def login_failed(self, user: str, sqlstate: str) -> None: ...
 
 
 @dataclass
@@ -94,57 +34,6 @@ class Output:
     start_tls: bool = False
     close: bool = False
     cancel: tuple[int, bytes] | None = None  # (process id, secret) of the connection whose query to cancel
-
-
-@dataclass
-class _Prepared:
-    """A prepared statement: its text, split again when it runs (a connection may hold a thousand, and their tokens
-    would weigh most of them; recent texts are split from the cache), its parameter types and result columns."""
-
-    sql: str
-    param_types: list[int]
-    columns: list[Column] | None
-
-    @property
-    def statement(self) -> Statement:
-        return single_statement(self.sql)
-
-
-class _PreparedStatements(MutableMapping[str, _Prepared]):
-    """A connection's prepared statements by name, each kept as one pickled block of at least MALLOC_SIZE bytes:
-    CPython's small-object allocator never gives back an arena (1 MB) while any block in it lives, so a thousand
-    statements of a few hundred bytes each, kept as objects, left the server's memory above its baseline after
-    the connection closed (benchmarks/results/held_resources.md); blocks this size come from malloc, which returns
-    them. A statement is unpickled when it runs (microseconds against a statement's milliseconds)."""
-
-    def __init__(self) -> None:
-        self._blocks: dict[str, bytes] = {}
-
-    def __getitem__(self, name: str) -> _Prepared:
-        return pickle.loads(self._blocks[name])
-
-    def __setitem__(self, name: str, prepared: _Prepared) -> None:
-        block = pickle.dumps(prepared, pickle.HIGHEST_PROTOCOL)
-        self._blocks[name] = block.ljust(MALLOC_SIZE, b"\0")  # pickle ignores what follows its STOP
-
-    def __delitem__(self, name: str) -> None:
-        del self._blocks[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._blocks)
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-
-@dataclass
-class _Portal:
-    prepared: _Prepared
-    params: list[Any]
-    formats: list[int]
-    outcome: Outcome | None = None
-    position: int = 0
-    hold: bool = False  # a cursor declared WITH HOLD outlives its transaction
 
 
 class Conversation:
@@ -162,8 +51,8 @@ class Conversation:
         self._auth_step: str | None = None
         self._auth_state: Any = None
         self._startup: codec.Startup | None = None
-        self._statements = _PreparedStatements()
-        self._portals: dict[str, _Portal] = {}
+        self._statements = PreparedStatements()
+        self._portals: dict[str, Portal] = {}
         self._savepoints: list[str] = []
         self._skipping = False  # after an extended-protocol error: discard messages until Sync
         self._out: list[bytes] = []
@@ -370,7 +259,7 @@ class Conversation:
             raise error("XX000", f"the answer has {len(rows[0])} columns but {len(columns)} were described",
                         "run the query without preparing it (the simple protocol)")
         try:
-            encoded = [codec.data_row_message([codec.encode_value(v, c.type_oid, f == 1)
+            encoded = [codec.data_row_message([values.encode_value(v, c.type_oid, f == 1)
                                                for v, c, f in zip(row, columns, formats, strict=True)])
                        for row in rows]
         except ValueError as exc:
@@ -470,8 +359,8 @@ class Conversation:
         outcome = self.session.execute(declare.query, [], [])
         if outcome.columns is None:
             raise error("42P11", "cannot open a cursor on a statement that returns no rows")
-        prepared = _Prepared(declare.query.sql, [], outcome.columns)
-        self._portals[declare.name] = _Portal(prepared, [], [0] * len(outcome.columns), outcome, hold=declare.hold)
+        prepared = Prepared(declare.query.sql, [], outcome.columns)
+        self._portals[declare.name] = Portal(prepared, [], [0] * len(outcome.columns), outcome, hold=declare.hold)
         notices, outcome.notices = outcome.notices, []
         return Outcome("DECLARE CURSOR", notices=notices)
 
@@ -500,7 +389,7 @@ class Conversation:
         copy = commands.read_copy(statement)
         outcome = self.session.execute(copy.query, [], [])
         columns = outcome.columns or []
-        texts = [[None if v is None else codec.encode_value(v, c.type_oid, False).decode()
+        texts = [[None if v is None else values.encode_value(v, c.type_oid, False).decode()
                   for v, c in zip(row, columns, strict=True)] for row in outcome.rows]
         lines = commands.copy_lines(copy, [c.name for c in columns], texts)
         return Outcome(f"COPY {len(outcome.rows)}", columns, (), outcome.notices, copy=lines)
@@ -573,12 +462,12 @@ class Conversation:
             except commands.CommandError as exc:
                 raise error(exc.sqlstate, exc.message, exc.hint) from None
             cursor = self._portals.get(name) if name else None
-            prepared = _Prepared(statement.sql, param_types, None if cursor is None else cursor.prepared.columns)
+            prepared = Prepared(statement.sql, param_types, None if cursor is None else cursor.prepared.columns)
         elif statement.empty or statement.kind != "other":
-            prepared = _Prepared(statement.sql, param_types, None)
+            prepared = Prepared(statement.sql, param_types, None)
         else:
             description = self.session.describe(statement, param_types)
-            prepared = _Prepared(statement.sql, description.param_types, description.columns)
+            prepared = Prepared(statement.sql, description.param_types, description.columns)
         self._statements[message.name] = prepared
         self._send(codec.parse_complete_message())
 
@@ -595,17 +484,17 @@ class Conversation:
         params = []
         for data, fmt, type_oid in zip(message.params, formats, prepared.param_types, strict=True):
             try:
-                if data is not None and fmt == 0 and type_oid in codec.DATETIME_TYPES:
+                if data is not None and fmt == 0 and type_oid in values.DATETIME_TYPES:
                     params.append(self.session.read_value(data.decode("utf-8", "replace"), type_oid))
                     continue
-                params.append(None if data is None else codec.decode_value(data, type_oid, fmt == 1))
+                params.append(None if data is None else values.decode_value(data, type_oid, fmt == 1))
             except OverflowError:  # a binary date or timestamp beyond what dpsql can represent
                 raise error("22008", "date/timestamp parameter out of range") from None
             except ValueError as exc:
                 raise error("22P02", f"invalid parameter value: {exc}") from None
         columns = prepared.columns or []
         result_formats = _formats(message.result_formats, len(columns), "result")
-        self._portals[message.portal] = _Portal(prepared, params, result_formats)
+        self._portals[message.portal] = Portal(prepared, params, result_formats)
         self._send(codec.bind_complete_message())
 
     def _describe(self, message: codec.Describe) -> None:

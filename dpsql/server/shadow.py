@@ -25,7 +25,8 @@ from psycopg import pq, sql
 
 from dpsql.errors import ConfigError
 from dpsql.schema import PrivacySchema
-from dpsql.server.codec import Column, Notice, RawValue, encode_value
+from dpsql.server.codec import Column, Notice
+from dpsql.server.values import RawValue, encode_value
 
 log = logging.getLogger("dpsql.server")
 SHADOW_ROLE = "dpsql_shadow"
