@@ -32,7 +32,8 @@ from dataclasses import replace
 from sqlglot import exp
 
 from dpsql.analysis import quantiles
-from dpsql.analysis.expressions import Expressions, Range, clamp_to, number
+from dpsql.analysis.clamps import clamp_to, number
+from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery

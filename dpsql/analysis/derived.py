@@ -17,7 +17,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.analysis import public_joins, relations, semijoins, stability, units
-from dpsql.analysis.expressions import clamp_to
+from dpsql.analysis.clamps import clamp_to
 from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery

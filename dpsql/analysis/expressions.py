@@ -23,9 +23,9 @@ from itertools import product
 
 from sqlglot import exp
 
+from dpsql.analysis.clamps import clamp, constant, number, temporal_guard
 from dpsql.errors import UnsupportedQuery
-from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column, temporal_value
-from dpsql.sql import dialect
+from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES
 from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
@@ -104,11 +104,11 @@ class Expressions:
                 return clamp(node, column)
             return node
         if isinstance(node, exp.Extract):
-            node.set("expression", _temporal_guard(node.expression, keep_infinite=False))
+            node.set("expression", temporal_guard(node.expression, keep_infinite=False))
         elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.TimeToStr):
-            node.set("this", _temporal_guard(node.this, keep_infinite=False))
+            node.set("this", temporal_guard(node.this, keep_infinite=False))
         elif isinstance(node, exp.Cast) and node.to.this in TIMESTAMP_CASTS:
-            node.set("this", _temporal_guard(node.this, keep_infinite=True))
+            node.set("this", temporal_guard(node.this, keep_infinite=True))
         elif isinstance(node, exp.UnixToTime):  # to_timestamp fails on NaN and past the timestamps' range
             low, high = (number(v) for v in EPOCH_TIMESTAMPS)
             inside = exp.Between(this=node.this.copy(), low=low, high=high)
@@ -172,7 +172,7 @@ class Expressions:
 
     def value_range(self, node: exp.Expression) -> Range | None:
         """Interval of the guarded `node`'s values, or None if it is not numeric (text, date, boolean)."""
-        if _constant(node):
+        if constant(node):
             return _constant_range(node)
         handler = getattr(self, f"_range_{type(node).__name__.lower()}", None)
         if handler is not None:
@@ -215,7 +215,7 @@ class Expressions:
     def _require_constant(self, node: exp.Expression, args: tuple[str, ...], what: str) -> None:
         for arg in args:
             value = node.args.get(arg)
-            if value is not None and not _constant(value):
+            if value is not None and not constant(value):
                 raise UnsupportedQuery(f"{what} must be constants, not {to_sql(value)}",
                                        "write the values as constants, e.g. x IN ('a', 'b')")
 
@@ -362,7 +362,7 @@ class Expressions:
                                        "cast to bigint or double precision, or declare tighter bounds")
             return Range(math.floor(inner.lo - 0.5), math.ceil(inner.hi + 0.5), True)
         if target in FLOAT_CASTS:
-            if inner is None and not _constant(node.this):
+            if inner is None and not constant(node.this):
                 raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to a number "
                                        "could fail on some values",
                                        "cast a numeric column, or compare the text as text: WHERE x = '42'")
@@ -377,7 +377,7 @@ class Expressions:
         if target in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return None  # every value has a text form
         if target in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ):
-            if not (_constant(node.this) or self._is_temporal(node.this)):
+            if not (constant(node.this) or self._is_temporal(node.this)):
                 raise UnsupportedQuery(f"{to_sql(node)} could fail on some stored values",
                                        "cast only dates and timestamps (or constants) to date/timestamp")
             return None
@@ -475,20 +475,6 @@ def _cast_limit(to: exp.DataType, source: str) -> float:
     return math.inf
 
 
-def _temporal_guard(node: exp.Expression, keep_infinite: bool) -> exp.Expression:
-    """`node` (a date or timestamp) as NULL outside the engine's safe dates (`dialect.earliest()`, `latest()`),
-    where a cast to timestamp or date_trunc could overflow; ±infinity is kept where the consumer takes it (casts)
-    and NULL where it would yield an infinite number (EXTRACT(year FROM 'infinity') is Infinity, which no integer
-    cast accepts). Constants are left alone: they fail, if at all, on every database."""
-    if _constant(node):
-        return node
-    inside = exp.Between(this=node.copy(), low=dialect.earliest(), high=dialect.latest())
-    if keep_infinite:
-        finite = exp.Anonymous(this="isfinite", expressions=[node.copy()])
-        inside = exp.Or(this=inside, expression=exp.Not(this=finite))
-    return exp.Case(ifs=[exp.If(this=inside, true=node.copy())])
-
-
 def _integer_constant(node: exp.Expression | None) -> int | None:
     """The value of an integer literal (or its negation), else None."""
     value = _constant_range(node) if node is not None else None
@@ -532,70 +518,6 @@ def _check_trunc(node: exp.Expression) -> None:
         shown = to_sql(unit) if unit is not None else "none"
         raise UnsupportedQuery(f"date_trunc unit {shown} is not one PostgreSQL knows",
                                "use one of " + ", ".join(TRUNC_UNITS))
-
-
-CLAMP = "dpsql_clamp"
-
-
-def clamp(node: exp.Expression, column: Column) -> exp.Expression:
-    """`node` limited to the column's declared range, NULL and NaN becoming NULL (NaN sorts above every number).
-    A CASE, not LEAST/GREATEST: those ignore NULL arguments, so a NULL would come out as the lower bound, and a
-    value inside the range costs two comparisons here. The clamp carries (node, lo, hi) in its meta[CLAMP]."""
-    lo, hi = column.lower, column.upper
-    clamped = _clamp(node, column, lo, hi)
-    if not column.is_temporal:  # what was clamped, for the bounds' effect (rewrite/bounds.py), which compares numbers
-        clamped.meta[CLAMP] = (node.copy(), lo, hi)
-    return clamped
-
-
-def _clamp(node: exp.Expression, column: Column, lo: float, hi: float) -> exp.Expression:
-    if column.is_temporal:  # dates and timestamps have no NaN; ±infinity compare as beyond either bound
-        low, high = (temporal_literal(column.type, v) for v in (lo, hi))
-        return exp.Case(ifs=[exp.If(this=exp.LT(this=node.copy(), expression=low), true=low.copy()),
-                             exp.If(this=exp.GT(this=node.copy(), expression=high), true=high.copy())],
-                        default=node.copy())
-    if column.type in INTEGER_TYPES:  # the integers in [lo, hi]: a cast would round a fractional bound outward
-        lo, hi = (math.ceil(lo), math.floor(hi)) if math.ceil(lo) <= math.floor(hi) else (lo, hi)
-    low, high = number(lo), number(hi)
-    below = exp.If(this=exp.LT(this=node.copy(), expression=low), true=low.copy())
-    if column.type in INTEGER_TYPES:
-        above = exp.If(this=exp.GT(this=node.copy(), expression=high), true=high.copy())
-        return exp.Cast(this=exp.Case(ifs=[below, above], default=node.copy()), to=exp.DataType.build("BIGINT"))
-    inside = exp.If(this=exp.LTE(this=node.copy(), expression=high), true=node.copy())
-    nan = exp.Cast(this=exp.Literal.string("NaN"), to=exp.DataType.build(column.type))
-    above = exp.If(this=exp.NEQ(this=node.copy(), expression=nan), true=high.copy())
-    return exp.Case(ifs=[below, inside, above])
-
-
-def clamp_to(node: exp.Expression, lo: float, hi: float, kind: str) -> exp.Expression:
-    """`node`, of SQL kind `kind` (see `Expressions.kind`), limited to [lo, hi]: enforces a range the analysis
-    relies on. The engine's strict larger and smaller (`dialect.strict_bound`) evaluate `node` once and keep NULL
-    NULL (LEAST/GREATEST would turn it into a bound)."""
-    if kind == "integer":
-        if math.ceil(lo) > math.floor(hi):
-            kind = "numeric"
-        else:
-            lo, hi = math.ceil(lo), math.floor(hi)
-    if kind == "numeric":  # a no-op on numeric; a column declared numeric but stored as a float still works
-        node = exp.Cast(this=node, to=exp.DataType.build("DECIMAL"))
-    return dialect.strict_bound(dialect.strict_bound(node, number(lo), kind, larger=True), number(hi), kind,
-                                larger=False)
-
-
-def temporal_literal(type_name: str, number: float) -> exp.Expression:
-    """The date or timestamp `temporal_number` maps to `number`, as a typed SQL literal."""
-    value = temporal_value(type_name, number)
-    return exp.Cast(this=exp.Literal.string(value.isoformat()), to=exp.DataType.build(type_name))
-
-
-def number(value: float) -> exp.Expression:
-    if float(value).is_integer():
-        return exp.Literal.number(str(int(value)))
-    return exp.Literal.number(repr(float(value)))
-
-
-def _constant(node: exp.Expression) -> bool:
-    return not any(isinstance(n, exp.Column) for n in node.walk())
 
 
 def _constant_range(node: exp.Expression) -> Range | None:

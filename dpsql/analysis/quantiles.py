@@ -14,7 +14,8 @@ from typing import Any
 
 from sqlglot import exp
 
-from dpsql.analysis.expressions import Range, clamp, clamp_to, number
+from dpsql.analysis.clamps import clamp, clamp_to, number
+from dpsql.analysis.expressions import Range
 from dpsql.analysis.groups import key_domain, key_type
 from dpsql.analysis.plan import Aggregate, Histogram
 from dpsql.analysis.scope import Scope

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.analysis import Plan
-from dpsql.analysis.expressions import CLAMP
+from dpsql.analysis.clamps import CLAMP
 from dpsql.rewrite.fragments import group_by, literal, present, sql, unit_and_keys
 from dpsql.rewrite.truncation import from_where
 from dpsql.sql.dialect import Statement

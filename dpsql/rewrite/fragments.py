@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.analysis import Measure, Plan
-from dpsql.analysis.expressions import number
+from dpsql.analysis.clamps import number
 from dpsql.sql import dialect, to_sql
 
 UNITS = "dpsql_units"  # the column counting distinct units (or rows) per group
