@@ -1,16 +1,20 @@
-"""Parse one query, bind its parameters, refuse what dpsql does not answer, and qualify it against the schema.
+"""Parse one query, bind its parameters, give each construct one spelling, refuse what dpsql does not answer, and
+qualify it against the schema.
 
-`check_query` is the stage's one public entry. What it returns is a single plain SELECT whose every column
-is qualified with its table and whose simple subqueries and CTEs are merged into it (sqlglot's optimizer
-does both), so the analysis sees one flat query. Anything not on the allowlist is refused here, before
-anything runs on PostgreSQL.
+`check_query` is the stage's one public entry; its rules are the two tuples SPELLINGS and CHECKS, read in order.
+What it returns is a single plain SELECT whose every column is qualified with its table and whose simple
+subqueries and CTEs are merged into it (sqlglot's optimizer does both), so the analysis sees one flat query.
+Anything not on the allowlist is refused here, before anything runs on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
@@ -33,19 +37,58 @@ from dpsql.sql.shape import (
 )
 from dpsql.sql.times import CLOCKS, fold_times
 
+Rule = Callable[[exp.Select, "Context"], exp.Select]
+
+
+@dataclass(frozen=True)
+class Context:
+    schema: PrivacySchema
+    now: datetime.datetime | None  # the clock, read once where the query reads it
+
+
+def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
+    """A rule of the tree alone; one that returns nothing (a refusal, a fix in place) leaves the tree as it is."""
+    def apply(tree: exp.Select, context: Context) -> exp.Select:
+        result = rule(tree)
+        return tree if result is None else result
+    apply.__name__ = rule.__name__
+    return apply
+
+
+# The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
+# is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
+# shape removes (ANY, FILTER, a WITH query read twice, a projection over a grouped subquery, percentile arrays,
+# DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
+SPELLINGS: tuple[Rule, ...] = (
+    _tree_only(any_as_in),
+    lambda tree, context: fold_times(tree, context.now, context.schema),
+    _tree_only(filters_as_case),
+    _tree_only(inline_repeated_ctes),
+    _tree_only(projection_over_aggregates),
+    _tree_only(percentiles_as_arrays),
+    _tree_only(distinct_as_group_by),
+)
+# Then the rules that refuse: the allowlist, names resolved against the schema (declared tables only, simple
+# subqueries merged), nothing left but semijoins, and NOT IN made safe where NULLs meet it.
+CHECKS: tuple[Rule, ...] = (
+    _tree_only(refuse_unsafe),
+    lambda tree, context: qualify_columns(tree, context.schema),
+    _tree_only(require_flat),
+    _tree_only(drop_nulls_under_not_in),
+)
+
 
 def check_query(sql: str, schema: PrivacySchema,
                 params: Sequence[Any] | Mapping[str, Any] | None = None) -> CheckedQuery:
-    """Parse `sql`, bind `params`, refuse unsupported or unsafe constructs, and qualify against `schema`."""
-    tree = any_as_in(bind_parameters(parse_select(sql), params))
+    """Parse `sql`, bind `params`, then SPELLINGS and CHECKS in order."""
+    tree = bind_parameters(parse_select(sql), params)
     timed = tree.find(*CLOCKS) is not None
-    tree = filters_as_case(fold_times(tree, datetime.datetime.now(datetime.UTC) if timed else None, schema))
-    tree = percentiles_as_arrays(projection_over_aggregates(inline_repeated_ctes(tree)))
-    names = tuple(output_name(e) for e in tree.expressions)
-    refuse_unsafe(distinct_as_group_by(tree))
-    tree = qualify_columns(tree, schema)
-    require_flat(tree)
-    drop_nulls_under_not_in(tree)
+    context = Context(schema, datetime.datetime.now(datetime.UTC) if timed else None)
+    for rule in SPELLINGS:
+        tree = rule(tree, context)
+    names = tuple(output_name(e) for e in tree.expressions)  # as the analyst wrote them, before qualifying
+    for rule in CHECKS:
+        tree = rule(tree, context)
     return CheckedQuery(tree, names, canonical_sql(tree), timed)
 
 
