@@ -10,7 +10,7 @@ from typing import Any
 from dpsql.accounting import Budget
 from dpsql.accounting.answers import decode_value, encode_value
 from dpsql.answer import Answer
-from dpsql.estimates import DEBIASED_INTERVALS
+from dpsql.local.estimates import DEBIASED_INTERVALS
 from dpsql.postprocess import INTERVALS_COVER, Accuracy
 from dpsql.prepared import Prepared
 

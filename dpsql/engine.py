@@ -40,7 +40,7 @@ from dpsql.errors import (
     QueryCancelled,
     UnsupportedQuery,
 )
-from dpsql.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
+from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
 from dpsql.noise import add_noise, calibrate, noisy_bounds_effect
 from dpsql.postprocess import (
@@ -145,9 +145,9 @@ class Engine:
                 self._plans.move_to_end(cache_key)
                 return self._plans[cache_key]
         query = check_query(sql, self.schema, params)
-        local = plan_published(query, self.schema) or plan_local(query, self.schema)
+        private = plan_published(query, self.schema) or plan_local(query, self.schema)
         # released data, or reports randomized on the devices, need no noise; anything else is analysed
-        entry = (query, local, None) if local is not None else (query, *self._analysed(query, min_frequency))
+        entry = (query, private, None) if private is not None else (query, *self._analysed(query, min_frequency))
         if query.timed:  # the clock was read: the same text is another query a moment later
             return entry
         with self._plans_lock:
@@ -241,7 +241,7 @@ class Engine:
         """`answer` with the bounds' effect when the query's options ask for it (dpsql.bounds_epsilon)."""
         epsilon = prepared.options.bounds_epsilon
         released = self.bounds_effect(analyst, prepared, epsilon) if epsilon and prepared.plan is not None \
-            and prepared.local is None else None
+            and prepared.already_private is None else None
         if released is None:
             return answer
         return replace(answer, bounds_effect={**released.output, "cached": released.cached},
@@ -249,8 +249,8 @@ class Engine:
 
     def _query(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
         arrived = time.monotonic()
-        if prepared.local is not None:
-            return self._estimate(prepared, analyst, cancel)
+        if prepared.already_private is not None:
+            return self._from_private_data(prepared, analyst, cancel)
         if not prepared.plan.aggregates:  # the declared domain of the keys: no data read, nothing to pay
             result = finish(prepared.plan, prepared.calibration, add_noise(prepared.plan, prepared.calibration, [], {}))
             return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
@@ -267,19 +267,20 @@ class Engine:
                         _wait_until(arrived + self.settings.latency_floor_ms / 1000)
         return decode_answer(stored, prepared, cached=True, budget=self.ledger.budget(analyst))
 
-    def _estimate(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
-        """Estimates from locally randomized reports in a public table: post-processing, so nothing is charged."""
-        local = prepared.local
+    def _from_private_data(self, prepared: Prepared, analyst: str, cancel: Cancellation | None) -> Answer:
+        """An answer from data already private: released tables answered exactly, or estimates from locally
+        randomized reports. Post-processing, so nothing is charged."""
+        query = prepared.already_private
         with self.backend.session(cancel) as backend:
-            rows = backend.run(local.statement)
-        if isinstance(local, PublishedQuery):
-            rows = exact_rows(local, rows)
-            return Answer([o.name for o in local.outputs], [o.type_name for o in local.outputs], rows,
-                          [(None,) * len(local.outputs)] * len(rows), 0.0, 0.0, budget=self.ledger.budget(analyst),
-                          noisy=[False] * len(local.outputs))
-        result = answer_local(local, rows, prepared.options.local_estimate == "simplex")
+            rows = backend.run(query.statement)
+        if isinstance(query, PublishedQuery):
+            rows = exact_rows(query, rows)
+            return Answer([o.name for o in query.outputs], [o.type_name for o in query.outputs], rows,
+                          [(None,) * len(query.outputs)] * len(rows), 0.0, 0.0, budget=self.ledger.budget(analyst),
+                          noisy=[False] * len(query.outputs))
+        result = answer_local(query, rows, prepared.options.local_estimate == "simplex")
         return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
-                      budget=self.ledger.budget(analyst), noisy=[o.noisy for o in local.outputs],
+                      budget=self.ledger.budget(analyst), noisy=[o.noisy for o in query.outputs],
                       intervals_cover=LOCAL_INTERVALS)
 
     def _answer(self, analyst: str, prepared: Prepared, backend: Session) -> Answer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.accounting import group_guarantee
-from dpsql.estimates import LocalQuery
+from dpsql.local.estimates import LocalQuery
 from dpsql.mechanisms.histograms import STRUCTURE_PAYS
 from dpsql.postprocess import INTERVALS_COVER, lower_bounds
 from dpsql.prepared import Prepared
@@ -31,11 +31,12 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
 
 
 def explain_text(prepared: Prepared) -> str:
-    if isinstance(prepared.local, PublishedQuery):
-        return "\n".join(["Plan: released data", *(f"  {n}" for n in prepared.local.notes),
-                           "Cost: ε = 0, δ = 0", "SQL:", f"  {prepared.local.statement.sql}"])
-    if prepared.local is not None:
-        return _explain_local(prepared.local)
+    private = prepared.already_private
+    if isinstance(private, PublishedQuery):
+        return "\n".join(["Plan: released data", *(f"  {n}" for n in private.notes), "Cost: ε = 0, δ = 0", "SQL:",
+                          f"  {private.statement.sql}"])
+    if private is not None:
+        return _explain_local(private)
     plan, cost = prepared.plan, prepared.calibration
     lines = ["Plan:"]
     lines += [f"  {note}" for note in plan.notes]

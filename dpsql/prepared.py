@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from dpsql.accounting import NO_COST, Cost
 from dpsql.analysis import Plan
 from dpsql.analysis.plan import Output
-from dpsql.estimates import LocalQuery
+from dpsql.local.estimates import LocalQuery
 from dpsql.mechanisms.race import RaceToTheTop
 from dpsql.noise import Calibration
 from dpsql.releases.published import PublishedQuery
@@ -27,7 +27,8 @@ class Prepared:
     key: str  # the answer cache's key
     options: Options  # epsilon, mechanism and histogram, resolved
     group_size: int = 1  # the schema's: explain states the guarantee for groups of this many units
-    local: LocalQuery | PublishedQuery | None = None  # estimates, or released data: no central noise needed
+    # data already private: estimates from locally randomized reports, or released tables (no central noise)
+    already_private: LocalQuery | PublishedQuery | None = None
     race: RaceToTheTop | None = None  # rows per unit chosen from the data (R2T) before the answer, at its own ε
     race_statement: Statement | None = None  # what the race reads: the truncated row counts for each of its caps
     race_totals: bool = False  # the race chooses the bound on each unit's total of the query's sum, not its rows
@@ -51,10 +52,10 @@ class Prepared:
     @property
     def outputs(self) -> list[Output]:
         """The answer's columns (name, type, whether noisy) before it runs."""
-        return self.local.outputs if self.local is not None else self.plan.outputs
+        return self.already_private.outputs if self.already_private is not None else self.plan.outputs
 
     @property
     def free(self) -> bool:
         """Whether answering costs nothing: local estimates, released data, or a declared domain with no data
         read."""
-        return self.local is not None or not self.plan.aggregates
+        return self.already_private is not None or not self.plan.aggregates

@@ -1,7 +1,7 @@
 """Pass: locally randomized columns in a query over private tables are only grouped on, and only counted.
 
 A local column holds reports, each randomized on a person's device with a known mechanism. Counts of reports
-per value can be de-biased after their central noise (`dpsql.estimates.debias`), as long as every value of the
+per value can be de-biased after their central noise (`dpsql.local.estimates.debias`), as long as every value of the
 column is released in every group: so the column must be a plain GROUP BY key with a public domain for the
 keys beside it, and every aggregate COUNT(*). A filter on a report, or a sum, average or extreme of reports,
 answers a question about reports rather than about people's values (a biased answer with a misleading

@@ -122,7 +122,7 @@ def _spent(output: dict) -> str:
 
 def ingest(args: argparse.Namespace) -> int:
     from dpsql.demo import progress_bar
-    from dpsql.ingest import ingest
+    from dpsql.local.ingest import ingest
     from dpsql.schema import load_schema
     settings = settings_of(args)
     if not settings.database or not settings.schema:

@@ -2,7 +2,7 @@
 (`public = true` with `released = "..."`, post-processing of a release already charged), are answered exactly and
 at no cost. A query whose every table is public runs as checked (one regenerated SELECT, read-only, with the
 statement timeout), through every door alike (`dpsql serve` reads the same rows from its catalog copy); a public
-table of locally randomized reports is estimated from instead (`dpsql.estimates`); any other query goes through
+table of locally randomized reports is estimated from instead (`dpsql.local.estimates`); any other query goes through
 the analysis as always."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery
     if not tables or any(t is None or not t.public for t in tables):
         return None
     if any(c.local is not None for t in tables for c in t.columns.values()):
-        return None  # locally randomized reports are only estimated from (dpsql.estimates)
+        return None  # locally randomized reports are only estimated from (dpsql.local.estimates)
     typed = annotate_types(query.tree.copy(), schema=schema.sqlglot_schema(), dialect="postgres")
     outputs = [Output(name, exp.column(name), _type_name(e), False)
                for name, e in zip(query.output_names, typed.expressions, strict=True)]

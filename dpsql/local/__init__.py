@@ -1,4 +1,14 @@
-"""Collection under local differential privacy: what runs on a person's device before a value is sent.
+"""Locally private data: columns collected under local differential privacy, in one package.
+
+- this module: what runs on a person's device before a value is sent (`randomize`);
+- `ingest`: loading already-randomized reports into a table (`dpsql ingest`);
+- `estimates`: answering a query over them by post-processing (unbiased estimates with exact variances);
+- the randomizers themselves are mechanisms, pure and free of SQL, with the others in `dpsql.mechanisms.local`.
+
+"Local" in dpsql means local differential privacy only; what a query reads that is already private (these
+reports, or released tables) is `Prepared.already_private`.
+
+Collection, on the device:
 
     >>> from dpsql.local import randomize
     >>> randomize(True, {"mechanism": "rr", "epsilon": 1.0})                      # a boolean, flipped or not
