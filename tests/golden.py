@@ -7,7 +7,12 @@ rewritten SQL and the calibrated mechanisms with their costs, or the error the q
 replays every entry and requires the outputs to stay byte-identical: a refactor of the analysis or the
 rewrite that changes any of them changes behaviour, and must say so by re-recording.
 
-Re-record (after a deliberate change, and review the diff of the file):
+The corpus is text a reviewer can read, like sqlglot's optimizer fixtures: `tests/golden/<construct>.sql`, one
+file per construct (joins, windows, quantiles, refusals, ...), one block per query: the query, then what a
+reviewer looks at (its sensitivities, its rewrite, its error), then the full plan and mechanisms as JSON lines
+that keep the comparison exact. `tests/golden/schemas.json` holds the privacy schemas the entries name.
+
+Re-record (after a deliberate change, and review the diff of the files):
 
     python -m tests.golden            # runs the test suite once to collect the queries, then replays them
     python -m tests.golden --refresh  # answers the stored queries anew (after a deliberate change of outputs)
@@ -19,7 +24,6 @@ file the wrappers append to); nothing is wrapped in ordinary runs.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 import re
@@ -32,7 +36,7 @@ from typing import Any
 from sqlglot import exp
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = Path(__file__).resolve().parent / "golden.json.gz"
+CORPUS = Path(__file__).resolve().parent / "golden"  # <construct>.sql files and schemas.json
 RECORD_ENV = "DPSQL_GOLDEN_RECORD"
 HASH_SEED = 20261123
 EPSILON, DELTA, SELECTION_SHARE = 1.0, 1e-6, 0.5
@@ -235,23 +239,90 @@ def fuzz_queries(records: list[dict], per_world: int = FUZZ_QUERIES) -> list[dic
     return found
 
 
+# --- the corpus as text: one file per construct, one block per query ---------------------------------------------
+
+INPUTS = ("sql", "params", "schema", "unique", "not_null", "max_groups")
+CONSTRUCTS = (  # (file, test): the first that holds names an entry's file
+    ("refused", lambda sql, out: "error" in out),
+    ("windows", lambda sql, out: " OVER (" in sql),
+    ("quantiles", lambda sql, out: any(f in sql for f in ("PERCENTILE", "MIN(", "MAX(", "MODE("))),
+    ("row_level", lambda sql, out: out["plan"]["stability"] is not None),
+    ("joins", lambda sql, out: bool(out["plan"]["joins"])),
+    ("semijoins", lambda sql, out: "(SELECT" in (out["plan"]["where"] or "")),
+    ("derived_tables", lambda sql, out: "(SELECT" in out["plan"]["from_"]),
+    ("dates", lambda sql, out: any(f in sql for f in ("DATE_TRUNC", "EXTRACT", "TO_CHAR", "DATE", "TIMESTAMP"))),
+    ("top_k", lambda sql, out: out["plan"]["top_k"] is not None or out["plan"]["limit"] is not None),
+    ("having", lambda sql, out: out["plan"]["having"] is not None),
+    ("grouped", lambda sql, out: bool(out["plan"]["group_keys"])),
+    ("ungrouped", lambda sql, out: True),
+)
+
+
+def construct(entry: dict) -> str:
+    """The file an entry belongs in, from what its query is made of."""
+    out = entry["expected"]
+    sql = (out.get("canonical") or entry["sql"]).upper()
+    return next(name for name, test in CONSTRUCTS if test(sql, out))
+
+
+def block(entry: dict) -> str:
+    """One entry as text: the query, what a reviewer reads, then the outputs kept exact (JSON, one line each)."""
+    out = entry["expected"]
+    lines = [f"-- {' '.join(entry['sql'].split())}",
+             "input: " + json.dumps({k: entry[k] for k in INPUTS if k in entry}, sort_keys=True)]
+    if "error" in out:
+        lines.append("error: " + json.dumps(out["error"]))
+    if out.get("plan"):
+        lines += [f"sensitivity {m['name']} {m['label']}: L1 {m['sensitivity']}, L2 {m['l2_sensitivity']}, per unit "
+                  f"[{m['unit_range'][0]}, {m['unit_range'][1]}]" for m in out["plan"]["measures"]]
+        lines += [f"sensitivity {h['name']} {h['label']}: {h['sensitivity']}" for h in out["plan"]["histograms"]]
+    if out.get("sql") is not None:
+        lines += ["rewrite:", f"  {out['sql']}"]
+        lines += [f"histogram {name}:\n  {sql}" for name, sql in sorted(out.get("histograms", {}).items())]
+    lines += [f"{key}: {json.dumps(out[key], sort_keys=True)}" for key in sorted(out)
+              if key not in ("error", "sql", "histograms")]
+    return "\n".join(lines)
+
+
 def load() -> dict:
-    with gzip.open(CORPUS, "rt", encoding="utf-8") as handle:
-        return json.load(handle)
+    """The corpus: its schemas, and its entries with their expected outputs read back from the text."""
+    schemas = json.loads((CORPUS / "schemas.json").read_text(encoding="utf-8"))
+    entries = []
+    for path in sorted(CORPUS.glob("*.sql")):
+        for text in path.read_text(encoding="utf-8").strip().split("\n\n"):
+            entries.append({**_inputs(text), "text": text, "file": path.stem})
+    return {"schemas": schemas, "entries": entries}
+
+
+def _inputs(text: str) -> dict:
+    line = next(line for line in text.split("\n") if line.startswith("input: "))
+    return json.loads(line[len("input: "):])
+
+
+def save(schemas: dict, entries: list[dict]) -> None:
+    """Write the corpus as text (entries with their expected outputs), one file per construct, in a stable order."""
+    CORPUS.mkdir(exist_ok=True)
+    for old in CORPUS.glob("*.sql"):
+        old.unlink()
+    (CORPUS / "schemas.json").write_text(json.dumps(schemas, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    files: dict[str, list[str]] = {}
+    for entry in entries:
+        files.setdefault(construct(entry), []).append(block(entry))
+    for name, blocks in files.items():
+        (CORPUS / f"{name}.sql").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
 
 
 def main() -> None:
     if "--refresh" in sys.argv:  # the same inputs, answered anew: after a deliberate change of the outputs only
         corpus = load()
-        by_name, entries = corpus["schemas"], corpus["entries"]
+        by_name, entries = corpus["schemas"], [{k: e[k] for k in INPUTS if k in e} for e in corpus["entries"]]
     else:
         by_name, entries = _collect(record())
     for entry in entries:
         entry["expected"] = replay({**entry, "schema": by_name[entry["schema"]]})
-    text = json.dumps({"schemas": by_name, "entries": entries}, indent=1, sort_keys=True)
-    CORPUS.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))  # same input, same bytes
+    save(by_name, entries)
     errors = sum("error" in e["expected"] for e in entries)
-    print(f"{len(entries)} queries ({errors} refused) over {len(by_name)} schemas -> {CORPUS.relative_to(ROOT)}")
+    print(f"{len(entries)} queries ({errors} refused) over {len(by_name)} schemas -> {CORPUS.relative_to(ROOT)}/")
 
 
 def _collect(inputs: list[dict]) -> tuple[dict[str, Any], list[dict]]:
