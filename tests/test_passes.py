@@ -108,3 +108,14 @@ def test_passes_refuse_what_reads_no_private_data(sql, demo_schema):
     from dpsql.errors import PrivacyRefusal
     with pytest.raises(PrivacyRefusal):
         scope_after(relations.read, sql, demo_schema)
+
+
+def test_every_aggregate_kind_finished_from_sums_has_one_home():
+    """The SQL allowlist names each aggregate's node; every kind that is not a count or chosen from a histogram
+    is one entry of `kinds.KINDS` (its measures and its finish), and nothing else names it."""
+    from dpsql.analysis.kinds import KINDS
+    from dpsql.sql import AGGREGATES
+
+    families = {"count", "min", "max", "percentile"}  # aggregates.py and quantiles.py
+    assert set(AGGREGATES.values()) - families == set(KINDS)
+    assert all(kind.arguments in (1, 2) for kind in KINDS.values())

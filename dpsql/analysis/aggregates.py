@@ -4,23 +4,20 @@ Rules:
 - COUNT is a sum of 1s (COUNT(*)) or of 0/1 (COUNT(expr)); COUNT(DISTINCT unit) counts units, 1 per unit;
   COUNT(DISTINCT expr) is answered only on directly aggregated rows (row-level privacy, or unit-level rows that
   are each a whole unit), where a changed row adds or removes at most one distinct value of its group;
-- SUM(expr) sums a value that the rewrite clamps to its declared range [lo, hi]; AVG is a centred sum over a
-  count, and the variances add a centred sum of squares, each clamped to its own range;
+- SUM(expr) sums a value that the rewrite clamps to its declared range [lo, hi]; the other kinds finished from
+  sums (AVG, the variances, covariances, correlation, regression) ask for theirs in `kinds`, their one home;
 - one unit's total of a measure in one group lies in [k·min(lo, 0), k·max(hi, 0)] (the rewrite clamps it
   there), so its L1 sensitivity is G times the larger magnitude (times 2 under "replace"), and its L2
   sensitivity √G times it; under row-level joins k already counts all groups (`Scope.spread`);
 - a measure whose every row contributes the same constant has sensitivity 0 and is refused: no mechanism is
   calibrated to it, and its value needs no data.
-- covariances, correlations and regression slopes and intercepts of (Y, X) are finished from a count and the
-  centred sums of X, Y, X·Y, X² and Y² over the rows where both are not NULL, each clamped to its range;
 - an aggregate finished from several measures (AVG, the variances, the bivariate ones) needs them over the same
   rows: a unit's k kept rows (`rows_total`), not each total clamped on its own. A heavy unit's count clamped to
   k beside its centred sum clamped to ±k·half described no set of rows: AVG(amount) on the demo data came out
   15% low. Keeping k rows changes no sensitivity where a unit is in one group.
 - where each unit's total of a sum is bounded over all groups (`total_cap`, chosen from the data by R2T's race),
   the sum's sensitivity is that bound, however many groups the unit reaches (the rewrite scales its per-group
-  totals down together), and AVG is that plain sum over its count (the count keeps the rows per unit): centred
-  on the range's midpoint, a sum of small values would move by the half-range at every row.
+  totals down together); AVG is then that plain sum over its count (`kinds`).
 MIN, MAX, percentiles and mode() are chosen from histograms (`quantiles`).
 """
 
@@ -32,12 +29,13 @@ from dataclasses import replace
 from sqlglot import exp
 
 from dpsql.analysis import quantiles
-from dpsql.analysis.clamps import clamp_to, number
+from dpsql.analysis.clamps import clamp_to
 from dpsql.analysis.expressions import Expressions, Range
+from dpsql.analysis.kinds import KINDS, Bounded, Context
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import AGGREGATES, BIVARIATE, to_sql
+from dpsql.sql import AGGREGATES, to_sql
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
 
@@ -175,79 +173,30 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
         raise UnsupportedQuery(f"{sql}: DISTINCT is supported only in COUNT(DISTINCT unit)",
                                "aggregate the column itself (SUM(x), AVG(x)), or count distinct units with "
                                "COUNT(DISTINCT <the unit's column>)")
-    if kind in BIVARIATE:
-        return _bivariate(scope, name, node, sql, measure_of)
-    value_range, value = _bounded(scope, arg, f"{kind.upper()} argument")
-    label = to_sql(arg)
-    if kind == "sum":
-        return Aggregate(name, kind, (measure_of(f"SUM({label})", "sum", value, value_range),), value_range, sql)
-    counted = (measure_of("COUNT(*)", "count", None, ONE) if _never_null(scope, arg)
-               else measure_of(f"COUNT({label})", "count", value, BIT))
-    if kind == "avg" and scope.total_cap is not None:  # a plain sum whose units' totals are bounded, over the count
-        return Aggregate(name, kind, (counted, measure_of(f"SUM({label})", "sum", value, value_range)), value_range,
-                         sql, centred=False)
-    # averages and variances: a count and sums centred on the midpoint of the range
-    mid = (value_range.lo + value_range.hi) / 2
-    half = (value_range.hi - value_range.lo) / 2
-    centred = exp.Sub(this=value.copy(), expression=number(mid))
-    integral = value_range.integer and float(mid).is_integer()
-    # in exact arithmetic the centred sum is SUM(value) - mid·COUNT(value), which shares PostgreSQL's
-    # aggregate states with the other measures; a float sum would round differently, so it is summed centred
-    exact = scope.exprs.kind(arg) != "float"
-    parts = [counted,
-             measure_of(f"SUM({label} - {mid:g})", "sum", value if exact else centred, Range(-half, half, integral),
-                        mid if exact else 0.0)]
-    if kind != "avg":
-        square = exp.Mul(this=exp.Paren(this=centred.copy()), expression=exp.Paren(this=centred.copy()))
-        parts.append(measure_of(f"SUM(({label} - {mid:g})^2)", "sum", square, Range(0, half * half, integral)))
-    return Aggregate(name, kind, tuple(parts), value_range, sql)
+    entry = KINDS[kind]
+    arguments = [node.this, node.expression][:entry.arguments]  # agg(x), or agg(y, x)
+    whats = [f"{kind.upper()} argument"] if len(arguments) == 1 else [f"{kind} first argument",
+                                                                       f"{kind} second argument"]
+    bounded = [_bounded(scope, a, what) for a, what in zip(arguments, whats, strict=True)]
+
+    def count() -> str:  # the rows of the argument, where its measures need them
+        if _never_null(scope, arg):
+            return measure_of("COUNT(*)", "count", None, ONE)
+        return measure_of(f"COUNT({bounded[0].label})", "count", bounded[0].value, BIT)
+
+    context = Context(count, scope.exprs.kind(arg) != "float", scope.total_cap)
+    measures, centred = entry.measures(measure_of, *bounded, context)
+    return Aggregate(name, kind, measures, bounded[0].range, sql, x_range=bounded[1].range if len(bounded) > 1
+                     else None, centred=centred)
 
 
-def _bounded(scope: Scope, arg: exp.Expression, what: str) -> tuple[Range, exp.Expression]:
-    """An aggregate argument's declared range and its guarded value, clamped to that range."""
+def _bounded(scope: Scope, arg: exp.Expression, what: str) -> Bounded:
+    """An aggregate argument's label, declared range and guarded value, clamped to that range."""
     value_range = scope.exprs.numeric(arg, what)
     value = scope.exprs.guard(arg)
     if not isinstance(arg, exp.Column):  # a bare column is already clamped to exactly this range
         value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
-    return value_range, value
-
-
-def _bivariate(scope: Scope, name: str, node: exp.Expression, sql: str, measure_of) -> Aggregate:
-    """covar_pop, covar_samp, corr, regr_slope and regr_intercept of (Y, X), over the rows where both are not
-    NULL (as PostgreSQL counts them): a count, the centred sums of X and Y, and the centred sums of their
-    products, each a measure with its own clamp range."""
-    kind = AGGREGATES[type(node)]
-    (y_range, y), (x_range, x) = (_bounded(scope, node.this, f"{kind} first argument"),
-                                  _bounded(scope, node.expression, f"{kind} second argument"))
-    y_label, x_label = to_sql(node.this), to_sql(node.expression)
-    y_mid, x_mid = (y_range.lo + y_range.hi) / 2, (x_range.lo + x_range.hi) / 2
-    y_half, x_half = (y_range.hi - y_range.lo) / 2, (x_range.hi - x_range.lo) / 2
-    y_c = exp.Paren(this=exp.Sub(this=y.copy(), expression=number(y_mid)))
-    x_c = exp.Paren(this=exp.Sub(this=x.copy(), expression=number(x_mid)))
-    y_whole, x_whole = y_range.integer and y_mid.is_integer(), x_range.integer and x_mid.is_integer()
-
-    def when_both(value: exp.Expression) -> exp.Expression:  # NULL unless X and Y both are not NULL
-        return exp.case().when(exp.and_(exp.Not(this=exp.Is(this=y.copy(), expression=exp.Null())),
-                                        exp.Not(this=exp.Is(this=x.copy(), expression=exp.Null()))), value)
-
-    pair = f"({y_label}, {x_label})"
-    parts = [measure_of(f"COUNT{pair}", "count", when_both(number(1)), BIT),
-             measure_of(f"SUM({x_label} - {x_mid:g}) over {pair}", "sum", when_both(x_c), Range(-x_half, x_half,
-                                                                                                 x_whole)),
-             measure_of(f"SUM({y_label} - {y_mid:g}) over {pair}", "sum", when_both(y_c), Range(-y_half, y_half,
-                                                                                                 y_whole)),
-             measure_of(f"SUM(({y_label} - {y_mid:g})·({x_label} - {x_mid:g}))", "sum",
-                        exp.Mul(this=y_c.copy(), expression=x_c.copy()),
-                        Range(-y_half * x_half, y_half * x_half, y_whole and x_whole))]
-    if kind in ("corr", "regr_slope", "regr_intercept"):
-        parts.append(measure_of(f"SUM(({x_label} - {x_mid:g})^2) over {pair}", "sum",
-                                when_both(exp.Mul(this=x_c.copy(), expression=x_c.copy())),
-                                Range(0, x_half * x_half, x_whole)))
-    if kind == "corr":
-        parts.append(measure_of(f"SUM(({y_label} - {y_mid:g})^2) over {pair}", "sum",
-                                when_both(exp.Mul(this=y_c.copy(), expression=y_c.copy())),
-                                Range(0, y_half * y_half, y_whole)))
-    return Aggregate(name, kind, tuple(parts), y_range, sql, x_range=x_range)
+    return Bounded(to_sql(arg), value_range, value)
 
 
 def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expression | None,

@@ -71,8 +71,7 @@ class Aggregate:
     """An aggregate call of the query, finished from its measures after noise."""
 
     name: str
-    kind: str  # count | count_units | sum | avg | var_pop | var_samp | stddev_pop | stddev_samp | quantile | mode
-    #          | covar_pop | covar_samp | corr | regr_slope | regr_intercept (of Y, X)
+    kind: str  # count | count_units | quantile | mode | a kind finished from sums (`kinds.KINDS`: sum, avg, ...)
     measures: tuple[str, ...]  # measure names; for quantile and mode, the histogram's name
     arg_range: Range | None  # the argument's range (Y's), for clamping finished averages and variances
     sql: str

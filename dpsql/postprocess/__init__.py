@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpsql.analysis import COUNTS, Aggregate, Plan
+from dpsql.analysis.kinds import KINDS
 from dpsql.mechanisms import noise_first
 from dpsql.noise import Calibration, NoisyGroup
 from dpsql.postprocess.accuracy import (
@@ -114,45 +115,7 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     values = [measures[name] for name in agg.measures]
     if agg.kind in COUNTS:
         return np.maximum(values[0], 0)
-    if agg.kind == "sum":
-        return values[0]
-    if agg.x_range is not None:
-        return _finish_bivariate(agg, values)
-    lo, hi = agg.arg_range.lo, agg.arg_range.hi
-    mid, half = ((lo + hi) / 2 if agg.centred else 0.0), (hi - lo) / 2
-    n = np.maximum(values[0], 1)
-    mean_offset = values[1] / n
-    if agg.kind == "avg":
-        return np.clip(mid + mean_offset, lo, hi)
-    var_pop = np.clip(values[2] / n - mean_offset**2, 0, half * half)
-    if agg.kind in ("var_samp", "stddev_samp"):
-        var = np.clip(var_pop * n / np.maximum(n - 1, 1), 0, 2 * half * half)
-    else:
-        var = var_pop
-    return np.sqrt(var) if agg.kind.startswith("stddev") else var
-
-
-def _finish_bivariate(agg: Aggregate, values: list[Any]) -> Any:
-    """covar_pop/_samp, corr, regr_slope and regr_intercept of (Y, X) from the noisy count and centred sums, each
-    kept where it can lie (|cov| within the half-ranges' product, variances ≥ 0, |corr| ≤ 1)."""
-    (y_lo, y_hi), (x_lo, x_hi) = (agg.arg_range.lo, agg.arg_range.hi), (agg.x_range.lo, agg.x_range.hi)
-    y_half, x_half = (y_hi - y_lo) / 2, (x_hi - x_lo) / 2
-    n = np.maximum(values[0], 1)
-    x_mean, y_mean = np.clip(values[1] / n, -x_half, x_half), np.clip(values[2] / n, -y_half, y_half)
-    covariance = np.clip(values[3] / n - x_mean * y_mean, -y_half * x_half, y_half * x_half)
-    if agg.kind == "covar_pop":
-        return covariance
-    if agg.kind == "covar_samp":
-        return covariance * n / np.maximum(n - 1, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):  # a noisy variance of 0 gives ±inf, as a ratio would
-        x_variance = np.clip(values[4] / n - x_mean**2, 0, x_half * x_half)
-        if agg.kind == "corr":
-            y_variance = np.clip(values[5] / n - y_mean**2, 0, y_half * y_half)
-            return np.clip(covariance / np.sqrt(x_variance * y_variance), -1, 1)
-        slope = covariance / x_variance
-        if agg.kind == "regr_slope":
-            return slope
-        return (y_mean + (y_lo + y_hi) / 2) - slope * (x_mean + (x_lo + x_hi) / 2)
+    return KINDS[agg.kind].finish(agg, values)
 
 
 __all__ = ["INTERVALS_COVER", "Accuracy", "Result", "describe_accuracy", "describe_bounds_effect", "describe_selection",

@@ -21,7 +21,7 @@ from dpsql.sql.bind import bind_parameters
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.parse import parse_select
 from dpsql.sql.qualify import qualify_columns
-from dpsql.sql.query import AGGREGATES, BIVARIATE, DIALECT, CheckedQuery, operands, output_name, to_sql
+from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import (
     any_as_in,
@@ -92,5 +92,5 @@ def check_query(sql: str, schema: PrivacySchema,
     return CheckedQuery(tree, names, canonical_sql(tree), timed)
 
 
-__all__ = ["AGGREGATES", "BIVARIATE", "DIALECT", "CheckedQuery", "check_query", "derived_select", "operands",
+__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "operands",
            "semijoin_selects", "to_sql"]

@@ -34,7 +34,6 @@ AGGREGATES: dict[type[exp.Expression], str] = {
     exp.CovarPop: "covar_pop", exp.CovarSamp: "covar_samp", exp.Corr: "corr", exp.RegrSlope: "regr_slope",
     exp.RegrIntercept: "regr_intercept",
 }
-BIVARIATE = frozenset({"covar_pop", "covar_samp", "corr", "regr_slope", "regr_intercept"})  # agg(Y, X)
 
 
 @dataclass(frozen=True)
