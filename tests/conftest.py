@@ -263,11 +263,16 @@ INTEGRATION = {"test_spark", "test_cli", "test_readme", "test_owner_guide", "tes
                "test_operations", "test_server"}
 
 
+BACKENDS = {"test_spark": "spark", "test_duckdb": "duckdb"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets one of three markers: adversarial (by module), integration (it uses a real database,
-    server or cluster), else unit."""
+    server or cluster), else unit; and the suites of the other engines their engine's marker."""
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
+        if module in BACKENDS:  # the suites that run on another engine: `pytest -m spark`, `-m duckdb`
+            item.add_marker(getattr(pytest.mark, BACKENDS[module]))
         if module in ADVERSARIAL:
             item.add_marker(pytest.mark.adversarial)
         elif module in INTEGRATION or REAL_PARTS & set(item.fixturenames):

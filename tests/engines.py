@@ -29,10 +29,10 @@ QUERIES = [
 ]
 
 
-def schema_reading(paths: dict[str, Path | None]):
-    """The demo's schema over the tables of `paths`, each read from its file (or, for None, from the engine's own
-    catalog)."""
-    raw = tomllib.loads(DEMO_SCHEMA.read_text(encoding="utf-8"))
+def schema_reading(paths: dict[str, Path | None], schema_file: Path = DEMO_SCHEMA):
+    """The demo's schema (the tests' declared one, or `schema_file`) over the tables of `paths`, each read from its
+    file (or, for None, from the engine's own catalog)."""
+    raw = tomllib.loads(schema_file.read_text(encoding="utf-8"))
     raw["tables"] = {name: {**raw["tables"][name], **({"path": str(path)} if path else {})}
                      for name, path in paths.items()}
     return parse_schema(raw)

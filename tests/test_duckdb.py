@@ -135,6 +135,36 @@ def test_fuzzed_queries_on_duckdb_move_within_their_claims(world, fuzz_world, tm
     assert report.pairs >= 60, report.summary()
 
 
+@pytest.fixture(scope="module")
+def shipped_on_duckdb(server, tmp_path_factory):
+    """The accuracy suite's data (tests/test_accuracy.py: 20,000 people) in DuckDB, under the shipped schema
+    (bounds chosen from the data), with its PostgreSQL copy for the exact answers and the ledger."""
+    from dpsql.demo import load_demo_data
+    from tests.conftest import SHIPPED_SCHEMA, database_url
+    from tests.test_accuracy import PEOPLE
+
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS dpsql_accuracy_duckdb")
+        conn.execute("CREATE DATABASE dpsql_accuracy_duckdb")
+    url = database_url(server, "dpsql_accuracy_duckdb")
+    load_demo_data(url, people=PEOPLE, seed=3)
+    paths = export(url, tmp_path_factory.mktemp("duckdb_accuracy"))
+    engine = Engine(Settings(database="duckdb:///:memory:", ledger=url), schema_reading(paths, SHIPPED_SCHEMA))
+    yield engine, url
+    engine.close()
+
+
+@pytest.mark.parametrize("label", ["visits by quarter", "visits by category", "SUM(amount) by quarter",
+                                   "AVG(amount)", "AVG(amount) by category"])
+def test_on_duckdb_answers_are_unbiased_and_their_intervals_cover_the_truth(shipped_on_duckdb, label):
+    """The accuracy suite's check on DuckDB: no bias beyond 1% and 95% intervals that cover the exact answer (read
+    on PostgreSQL) at least 93% of the time, with bounds chosen from the data by DuckDB's own race."""
+    from tests.test_accuracy import _assert_unbiased_and_covered
+
+    engine, url = shipped_on_duckdb
+    _assert_unbiased_and_covered(engine, url, label, 1.0)
+
+
 def test_a_noisy_answer_through_duckdb_is_charged_in_the_postgresql_ledger(duck_engine):
     duck_engine.ledger.add_analyst("duck", 5.0, 1e-6)
     answer = duck_engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst="duck",
