@@ -299,58 +299,98 @@ def test_demo_on_spark():
 # --- Spark Connect (sc://): how a cluster is reached -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def connect_url(tmp_path_factory):
-    """A Spark Connect server (pyspark's own, on local[2]) on a free port, for the sc:// door."""
-    import os
+def _free_port() -> int:
     import socket
-    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for(port: int, folder: Path, what: str, seconds: float = 120) -> None:
+    import socket
     import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        with socket.socket() as client:
+            if client.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            logs = "".join(p.read_text(errors="replace")[-2000:] for p in folder.glob("*.out"))
+            pytest.fail(f"{what} did not start in {seconds:.0f} s:\n{logs}")
+        time.sleep(0.5)
+
+
+def _standalone_cluster(home: Path, folder: Path, env: dict) -> tuple[str, list]:
+    """A standalone Spark cluster from pyspark's own launcher: a master and two workers (one core each), each its
+    own JVM, whose executors are JVMs of their own, so a query's shuffles cross processes."""
+    import subprocess
+
+    port = _free_port()
+    launcher = str(home / "bin" / "spark-class")
+    log = (folder / "cluster.out").open("ab")
+    master = subprocess.Popen([launcher, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                               str(port), "--webui-port", str(_free_port())], env=env, stdout=log, stderr=log)
+    _wait_for(port, folder, "the standalone master")
+    workers = [subprocess.Popen([launcher, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+                                 "--cores", "1", "--memory", "1g", "--webui-port", str(_free_port()),
+                                 "--work-dir", str(folder / f"worker{n}")], env=env, stdout=log, stderr=log)
+               for n in range(2)]
+    return f"spark://127.0.0.1:{port}", [master, *workers]
+
+
+@pytest.fixture(scope="module", params=["local[2]", "standalone"])
+def connect_url(request, tmp_path_factory):
+    """A Spark Connect server (pyspark's own) on a free port, for the sc:// door: on local[2], and on a standalone
+    cluster of a master and two workers."""
+    import os
+    import subprocess
 
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio): pip install 'dpsql[spark]'")
     home = Path(pyspark.__file__).parent
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     folder = tmp_path_factory.mktemp("spark_connect")
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(folder), "SPARK_PID_DIR": str(folder),
-           "SPARK_IDENT_STRING": f"dpsql{port}"}
-    subprocess.run(["bash", str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]", "--conf",
-                    f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false"],
-                   env=env, check=True, capture_output=True)
+           "SPARK_IDENT_STRING": f"dpsql{port}", "SPARK_LOCAL_IP": "127.0.0.1"}
+    master, daemons = (request.param, []) if request.param != "standalone" else _standalone_cluster(
+        home, folder, {**env, "SPARK_DAEMON_MEMORY": "256m"})  # the master's and workers' own heaps
+    subprocess.run(["bash", str(home / "sbin" / "start-connect-server.sh"), "--master", master, "--conf",
+                    f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false", "--conf",
+                    "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf",
+                    "spark.sql.shuffle.partitions=4"], env=env, check=True, capture_output=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            with socket.socket() as client:
-                if client.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                logs = "".join(p.read_text(errors="replace")[-2000:] for p in folder.glob("*.out"))
-                pytest.fail(f"the Spark Connect server did not start in 120 s:\n{logs}")
-            time.sleep(0.5)
+        _wait_for(port, folder, "the Spark Connect server")
         yield f"sc://127.0.0.1:{port}"
     finally:
         subprocess.run(["bash", str(home / "sbin" / "stop-connect-server.sh")], env=env, capture_output=True)
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.wait(timeout=30)
 
 
 def test_spark_connect_answers_as_the_local_session_does(connect_url, spark_engine, within_bounds):
-    """Through sc:// (a Spark Connect server), the same schema gives the same pre-noise rows as PostgreSQL (as the
-    local session does), the session keeps the rules the rewrite rests on (ANSI arithmetic, UTC), and an answer
-    is charged in the PostgreSQL ledger."""
+    """Through sc:// (a Spark Connect server, on local[2] and on a standalone cluster whose executors are their own
+    JVMs), the same schema gives the same pre-noise rows as PostgreSQL (as the local session does), the session
+    keeps the rules the rewrite rests on (ANSI arithmetic, UTC), and an answer is charged in the PostgreSQL
+    ledger."""
     engine = Engine(Settings(database=connect_url, ledger=within_bounds), spark_engine.schema)
     try:
         assert engine.backend.spark.conf.get("spark.sql.ansi.enabled") == "true"
         assert engine.backend.spark.conf.get("spark.sql.session.timeZone") == "UTC"
+        master = engine.backend.spark.conf.get("spark.master")
+        assert master == "local[2]" or master.startswith("spark://127.0.0.1:"), master  # the cluster's own master
         for sql in QUERIES[:4] + QUERIES[6:8]:
             p = engine.prepare(sql)
             statements = [p.rewritten.statement, *p.rewritten.histogram_statements.values()]
             with psycopg.connect(within_bounds) as conn, engine.backend.session() as remote:
                 for statement in statements:
                     assert equal_rows(conn.execute(statement.sql).fetchall(), remote.run(statement)), sql
-        engine.ledger.add_analyst("connect", 5.0, 1e-6)
-        answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst="connect",
+        analyst = f"connect{connect_url.rsplit(':', 1)[-1]}"  # one per server: the ledger is the session's
+        engine.ledger.add_analyst(analyst, 5.0, 1e-6)
+        answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst=analyst,
                               epsilon=0.5)
-        assert len(answer.rows) == 8 and engine.budget("connect").epsilon_basic == pytest.approx(0.5)
+        assert len(answer.rows) == 8 and engine.budget(analyst).epsilon_basic == pytest.approx(0.5)
     finally:
         engine.close()
 
