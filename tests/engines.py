@@ -8,6 +8,8 @@ import math
 import tomllib
 from pathlib import Path
 
+import psycopg
+
 from dpsql.demo import export_parquet
 from dpsql.schema import parse_schema
 from tests.conftest import DEMO_SCHEMA
@@ -61,3 +63,29 @@ def equal_rows(a: list[tuple], b: list[tuple]) -> bool:
             elif u != v:
                 return False
     return True
+
+
+def assert_same_rows(engine, prepared, url: str, sql: str) -> None:
+    """The prepared query's statements give the same rows on PostgreSQL (at `url`) and on the engine's backend."""
+    statements = [prepared.rewritten.statement, *prepared.rewritten.histogram_statements.values()]
+    with psycopg.connect(url) as conn:
+        expected = [conn.execute(s.sql).fetchall() for s in statements]
+    with engine.backend.session() as session:
+        got = [session.run(s) for s in statements]
+    for statement, want, have in zip(statements, expected, got, strict=True):
+        assert equal_rows(want, have), (sql, engine.backend.render(statement), want[:5], have[:5])
+
+
+def assert_bounds_chosen_alike(engine, url: str, sql: str) -> None:
+    """With rows per unit (or each unit's total) chosen from the data, what the race reads and the answer at a
+    chosen bound give the same rows on the engine's backend as on PostgreSQL (at `url`)."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race is not None
+    with psycopg.connect(url) as conn:
+        expected = conn.execute(prepared.race_sql).fetchall()
+    with engine.backend.session() as session:
+        assert equal_rows(expected, session.run(prepared.race_statement)), sql
+    assert_same_rows(engine, engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2]), url,
+                     sql)

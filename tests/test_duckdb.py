@@ -20,10 +20,16 @@ from dpsql.backends.duckdb import to_duckdb
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.errors import Error, QueryCancelled, UnsupportedQuery
-from dpsql.session import Options
 from dpsql.sql.dialect import Statement
 from tests.conftest import EXTREME_ID
-from tests.engines import ALL_TABLES, QUERIES, equal_rows, export, schema_reading
+from tests.engines import (
+    ALL_TABLES,
+    QUERIES,
+    assert_bounds_chosen_alike,
+    assert_same_rows,
+    export,
+    schema_reading,
+)
 from tests.test_neighbours import QUERIES as NEIGHBOUR_QUERIES
 
 # a parent link needs a key DuckDB's backend does not trust; people's key is not trusted either
@@ -52,16 +58,6 @@ def duck_engine(within_bounds, tmp_path_factory):
     engine.close()
 
 
-def _same_rows(engine: Engine, prepared, url: str, sql: str) -> None:
-    statements = [prepared.rewritten.statement, *prepared.rewritten.histogram_statements.values()]
-    with psycopg.connect(url) as conn:
-        expected = [conn.execute(s.sql).fetchall() for s in statements]
-    with engine.backend.session() as session:
-        got = [session.run(s) for s in statements]
-    for statement, want, have in zip(statements, expected, got, strict=True):
-        assert equal_rows(want, have), (sql, engine.backend.render(statement), want[:5], have[:5])
-
-
 @pytest.mark.parametrize("sql", QUERIES + [q for q in NEIGHBOUR_QUERIES if q not in QUERIES])
 def test_pre_noise_answers_on_duckdb_equal_postgresql_s(duck_engine, within_bounds, sql):
     """Every query class of the neighbour tests: the rewritten statements give the same rows on DuckDB as on
@@ -71,20 +67,13 @@ def test_pre_noise_answers_on_duckdb_equal_postgresql_s(duck_engine, within_boun
     except Error as exc:
         assert any(reason in str(exc) for reason in REFUSED_ON_DUCKDB), exc
         return
-    _same_rows(duck_engine, prepared, within_bounds, sql)
+    assert_same_rows(duck_engine, prepared, within_bounds, sql)
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
                                  "SELECT category, AVG(amount) FROM visits GROUP BY category"])
 def test_bounds_chosen_from_the_data_read_and_answer_alike_on_duckdb(duck_engine, within_bounds, sql):
-    prepared = duck_engine.prepare(sql, options=Options(rows_per_unit="auto"))
-    assert prepared.race is not None
-    with psycopg.connect(within_bounds) as conn:
-        expected = conn.execute(prepared.race_sql).fetchall()
-    with duck_engine.backend.session() as session:
-        assert equal_rows(expected, session.run(prepared.race_statement)), sql
-    bounded = duck_engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2])
-    _same_rows(duck_engine, bounded, within_bounds, sql)
+    assert_bounds_chosen_alike(duck_engine, within_bounds, sql)
 
 
 def test_neighbour_moves_duckdb_s_answers_within_the_sensitivity(neighbour_url, base_url, within_bounds,

@@ -322,3 +322,19 @@ def test_the_keyed_hash_tells_null_from_position(base_url):
             compared = Statement.parse(f"SELECT {keyed_hash(left, 7)} = {keyed_hash(right, 7)}")
             same = conn.execute(compared.sql).fetchone()[0]
             assert not same, (left, right)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM people WHERE dpsql_strict_bound(age, 0, 'integer', TRUE) > 3",
+    "SELECT dpsql_row_id(people), COUNT(*) FROM people GROUP BY 1",
+    "SELECT COUNT(*) FROM dpsql_truncated(people, 1, person_id, 1) AS p",
+    "SELECT dpsql_keyed_hash(1, age) AS h, COUNT(*) FROM people GROUP BY 1",
+    'SELECT COUNT(*) FROM people WHERE age BETWEEN "dpsql_earliest"() AND dpsql_latest()',
+])
+def test_an_analyst_cannot_write_the_rewrite_s_dialect_nodes(engine, sql):
+    """The rewrite's dialect nodes are calls of reserved names that each backend spells its own way (a row's
+    physical identity, the keyed hash with the stored seed): written by an analyst, they are refused as any
+    function off the allowlist, before anything runs."""
+    from dpsql.errors import UnsupportedQuery
+    with pytest.raises(UnsupportedQuery, match="is not supported by dpsql"):
+        engine.prepare(sql)

@@ -14,7 +14,7 @@ import pytest
 from dpsql.config import Settings
 from dpsql.schema import parse_schema
 from tests.conftest import EXTREME_ID, copy_database
-from tests.engines import QUERIES, equal_rows, export, schema_reading
+from tests.engines import QUERIES, assert_bounds_chosen_alike, assert_same_rows, equal_rows, export, schema_reading
 from tests.test_neighbours import QUERIES as NEIGHBOUR_QUERIES
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
@@ -51,35 +51,13 @@ def test_pre_noise_answers_on_spark_equal_postgresql_s(spark_engine, within_boun
     except Error as exc:
         assert any(reason in str(exc) for reason in REFUSED_ON_SPARK), exc
         return
-    _assert_same_rows(spark_engine, prepared, within_bounds, sql)
-
-
-def _assert_same_rows(engine, prepared, url: str, sql: str) -> None:
-    """The prepared query's statements give the same rows on PostgreSQL (at `url`) and on the engine's Spark."""
-    statements = [prepared.rewritten.statement, *prepared.rewritten.histogram_statements.values()]
-    with psycopg.connect(url) as conn:
-        expected = [conn.execute(s.sql).fetchall() for s in statements]
-    with engine.backend.session() as session:
-        got = [session.run(s) for s in statements]
-    for statement, want, have in zip(statements, expected, got, strict=True):
-        assert equal_rows(want, have), (sql, engine.backend.render(statement), want[:5], have[:5])
+    assert_same_rows(spark_engine, prepared, within_bounds, sql)
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
                                  "SELECT category, AVG(amount) FROM visits GROUP BY category"])
 def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine, within_bounds, sql):
-    """With rows per unit (or each unit's total) chosen from the data, what the race reads and the answer at a
-    chosen bound give the same rows on Spark as on PostgreSQL."""
-    from dpsql.session import Options
-
-    prepared = spark_engine.prepare(sql, options=Options(rows_per_unit="auto"))
-    assert prepared.race is not None
-    with psycopg.connect(within_bounds) as conn:
-        expected = conn.execute(prepared.race_sql).fetchall()
-    with spark_engine.backend.session() as session:
-        assert equal_rows(expected, session.run(prepared.race_statement)), sql
-    bounded = spark_engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2])
-    _assert_same_rows(spark_engine, bounded, within_bounds, sql)
+    assert_bounds_chosen_alike(spark_engine, within_bounds, sql)
 
 
 @pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, COUNT(*) FROM visits GROUP BY 1",
@@ -244,7 +222,7 @@ def test_row_level_answers_on_spark_equal_postgresql_s(row_world_within_bounds):
             prepared = engine.prepare(sql)
         except Error:
             continue
-        _assert_same_rows(engine, prepared, url, sql)
+        assert_same_rows(engine, prepared, url, sql)
         compared += 1
     assert compared >= 15
 

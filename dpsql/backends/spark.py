@@ -16,7 +16,7 @@ What the guarantee rests on must mean the same on Spark; where Spark differs, th
   double it becomes bround (numeric rounds halves away from zero on both).
 - Sums of integers: PostgreSQL's SUM(bigint) is numeric and cannot overflow; Spark's is a bigint. Integer
   arguments of SUM are cast to DECIMAL(38, 0).
-- The keyed hash that picks which rows of an over-bound unit are kept (`dialect.keyed_hash`; PostgreSQL's
+- The keyed hash that picks which rows of an over-bound unit are kept (`dialect.KEYED_HASH`; PostgreSQL's
   `hashtextextended(CAST(ROW(...) AS TEXT), seed)`) is Spark's `xxhash64(seed, ...)` (which mixes each field
   in fully, so its values are independent across units too). Both are deterministic functions of the row and
   the stored seed, so a table is always bounded the same way, but the two backends may keep different rows of a

@@ -32,7 +32,7 @@ def unit_and_keys(plan: Plan) -> list[str]:
 
 def keyed_hash(columns: list[str], seed: int) -> str:
     """A deterministic, seeded hash of some columns (the unit among them): picks which rows or groups a unit
-    keeps (`dialect.keyed_hash`). It must hash the tuple as one value, so that its values are independent across
+    keeps (`dialect.KEYED_HASH`). It must hash the tuple as one value, so that its values are independent across
     units: ranking a unit's groups by PostgreSQL's hash_record_extended(ROW(unit, g)), which is 31·h(unit) + h(g),
     gave every unit a rotation of one order of the groups, dropped the same quarters for nearly everyone and
     invented trends (4 quarters, 5,000 units: first for 538, 2,032, 782 and 1,648 units, against about 1,250 each

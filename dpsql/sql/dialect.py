@@ -5,8 +5,9 @@ reserved names, the dialect nodes below. A statement is a tree (`Statement`); ea
 dialect, spelling each node its own way, and no backend ever parses SQL text. (sqlglot's compiled build allows no
 new expression classes, so a node is a call of a reserved `dpsql_` name, made only by the constructors here.)
 
-- `keyed_hash(seed, fields...)`: a deterministic, seeded 64-bit hash of a tuple, independent across tuples, that
-  ranks which rows or groups a unit keeps (PostgreSQL: `hashtextextended` of the record's text).
+- `dpsql_keyed_hash(seed, fields...)` (written as text by `rewrite.fragments.keyed_hash`): a deterministic, seeded
+  64-bit hash of a tuple, independent across tuples, that ranks which rows or groups a unit keeps (PostgreSQL:
+  `hashtextextended` of the record's text).
 - `truncated(table, seed, key, limit, ...)`, in FROM: the table's rows, at most `limit` rows per value of each
   key, a row dropped when a keyed hash of the whole row ranks it past a key's limit (PostgreSQL: NOT IN over the
   rows' physical identity).
@@ -43,10 +44,6 @@ POSTGRES_BOUNDS = {"integer": ("int8larger", "int8smaller"), "numeric": ("numeri
 
 
 # --- the nodes, as the rewrite and the analysis write them -----------------------------------------------------
-
-
-def keyed_hash(seed: int, fields: list[exp.Expression]) -> exp.Expression:
-    return exp.Anonymous(this=KEYED_HASH, expressions=[exp.Literal.number(int(seed)), *fields])
 
 
 def truncated(table: str, seed: int, limits: list[tuple[str, int]], alias: str) -> exp.Expression:
