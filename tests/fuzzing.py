@@ -563,9 +563,10 @@ def claim_violations(prepared: Prepared, before: Exact, after: Exact) -> list[st
         if l2 > measure.l2_sensitivity * (1 + 1e-9) + 1e-9:
             found.append(f"{measure.label}: L2 move {l2:g} > {measure.l2_sensitivity:g}")
         # a float sum's last bits follow the plan's summation order, also in groups no neighbour touched
-        moved = sum(abs(b - a) > 1e-9 * max(1.0, abs(a), abs(b)) for a, b in pairs)
-        if moved > measure.coordinates:
-            found.append(f"{measure.label}: {moved} groups moved > {measure.coordinates}")
+        shifts = sorted((abs(b - a) for a, b in pairs if abs(b - a) > 1e-9 * max(1.0, abs(a), abs(b))), reverse=True)
+        if len(shifts) > measure.coordinates:
+            found.append(f"{measure.label}: {len(shifts)} groups moved > {measure.coordinates} (by "
+                         f"{', '.join(f'{shift:.3g}' for shift in shifts[:4])})")
         if plan.top_k is not None and plan.top_k.measure == measure.name and moves \
                 and max(moves) > plan.top_k.sensitivity + 1e-9:
             found.append(f"top-k count moved {max(moves):g} > {plan.top_k.sensitivity:g}")
