@@ -27,6 +27,7 @@ from tests.engines import (
     QUERIES,
     assert_bounds_chosen_alike,
     assert_same_rows,
+    equal_rows,
     export,
     schema_reading,
 )
@@ -162,6 +163,25 @@ def test_a_noisy_answer_through_duckdb_is_charged_in_the_postgresql_ledger(duck_
     again = duck_engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category", analyst="duck",
                               epsilon=0.5)
     assert again.cached and again.rows == answer.rows
+
+
+def test_sessions_in_several_threads_each_read_on_their_own_connection(duck_engine, within_bounds):
+    """The engine's sessions run in the server's threads at once: each has its own DuckDB connection, and every
+    thread reads the same rows as PostgreSQL gives."""
+    from tests.conftest import in_threads
+
+    statement = duck_engine.prepare("SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category") \
+        .rewritten.statement
+    with psycopg.connect(within_bounds) as conn:
+        expected = conn.execute(statement.sql).fetchall()
+
+    def read() -> list[tuple]:
+        with duck_engine.backend.session() as session:
+            return session.run(statement)
+
+    results, failures = in_threads(read, 8)
+    assert not failures and len(results) == 8
+    assert all(equal_rows(expected, rows) for rows in results)
 
 
 def test_no_constraint_is_trusted_on_duckdb(duck_engine):

@@ -204,8 +204,10 @@ class DuckDBBackend:
         return statement.render("duckdb", lambda tree: to_duckdb(tree, self._types))
 
     def _connection(self) -> Any:
-        """A connection of its own (DuckDB's cursor) to the shared database, with the session's settings."""
-        cursor = self._conn.cursor()
+        """A connection of its own (DuckDB's cursor) to the shared database, with the session's settings. The
+        shared connection is not thread-safe, so its cursors are made one at a time."""
+        with self._locks_lock:
+            cursor = self._conn.cursor()
         for setting in self._setup:
             cursor.execute(setting)
         return cursor
