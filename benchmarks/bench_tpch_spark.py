@@ -13,6 +13,9 @@ Settings, as in bench_tpch.py:
   equate l_custkey with their order's customer (the same rows), which is how they reach the unit.
 For each query the exact query (transpiled to Spark) and the rewritten one run interleaved, --runs times each;
 the table gives medians, their ratio, and the shuffles (Exchange operators) in each physical plan.
+`--cluster` runs on a standalone cluster instead of local[2]: a master and two one-core workers started from
+pyspark's own launcher, each its own JVM, their executors JVMs of their own (dpsql's URL is the master's,
+spark://HOST:PORT), so every shuffle crosses processes; shuffles are counted in the same physical plans.
 `--bucketed N` also runs (b) on tables laid out by the unit: customer, orders and lineitem saved as tables of N
 buckets by their customer column (the rest as plain tables), read from the session's catalog; a grouping by the
 customer then needs no shuffle, which is what partitioning by the unit does on a cluster.
@@ -44,6 +47,23 @@ SCHEMAS = {"a": ROOT / "benchmarks" / "schemas" / "tpch_rows.toml",
 TABLES = ["region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
 PRIMARY_KEYS = [("region", "r_regionkey"), ("nation", "n_nationkey"), ("part", "p_partkey"),
                 ("supplier", "s_suppkey"), ("customer", "c_custkey"), ("orders", "o_orderkey")]
+
+
+def start_cluster(data_dir: Path) -> tuple[str, list]:
+    """A standalone cluster of two one-core workers (3g each) from pyspark's own launcher: its master's URL and
+    its daemons."""
+    import os
+
+    import pyspark
+
+    sys.path.insert(0, str(ROOT))  # tests.engines starts the tests' clusters too
+    from tests.engines import standalone_cluster
+
+    home = Path(pyspark.__file__).parent
+    folder = data_dir / "cluster"
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m"}
+    return standalone_cluster(home, folder, env, worker_memory="3g")
 
 
 def generate(scale: float, directory: Path) -> None:
@@ -134,12 +154,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tpch_spark.md")
     parser.add_argument("--settings", default="ab", help="which settings to run: a, b or ab")
     parser.add_argument("--bucketed", type=int, metavar="N", help="also run (b) on tables in N buckets by the unit")
+    parser.add_argument("--cluster", action="store_true", help="run on a standalone cluster of two workers")
     args = parser.parse_args()
     directory = args.data_dir / f"sf{args.scale:g}"
     generate(args.scale, directory)
-    lines = [f"# TPC-H on Spark local[2] ({args.memory} of memory), SF{args.scale:g}", "",
-             f"`python benchmarks/bench_tpch_spark.py --scale {args.scale:g} --runs {args.runs}` (medians of "
-             f"{args.runs} interleaved runs)", "",
+    master, daemons = start_cluster(args.data_dir) if args.cluster else ("spark://local[2]", [])
+    where = "a standalone cluster (two one-core workers)" if args.cluster else "Spark local[2]"
+    lines = [f"# TPC-H on {where} ({args.memory} of memory), SF{args.scale:g}", "",
+             f"`python benchmarks/bench_tpch_spark.py --scale {args.scale:g} --runs {args.runs}"
+             f"{' --cluster' if args.cluster else ''}` (medians of {args.runs} interleaved runs)", "",
              "| setting | query | exact (s) | rewritten (s) | ratio | shuffles exact | shuffles rewritten |",
              "|---|---|---|---|---|---|---|"]
     ledger = EmbeddedPostgres()
@@ -154,8 +177,9 @@ def main() -> int:
             schema = spark_schema(setting, source)
             if engine is not None:
                 engine.close()
-            engine = Engine(Settings(database=f"spark://local[2]?spark.driver.memory={args.memory}"
-                                              f"&spark.sql.warehouse.dir={warehouse}", ledger=ledger.url,
+            executors = "&spark.executor.memory=2500m&spark.cores.max=2" if args.cluster else ""
+            engine = Engine(Settings(database=f"{master}?spark.driver.memory={args.memory}"
+                                              f"&spark.sql.warehouse.dir={warehouse}{executors}", ledger=ledger.url,
                                      statement_timeout_ms=3_600_000), schema)
             spark = engine.backend.spark
             if source is None:  # the warehouse a run before left holds tables this session's catalog lacks
@@ -184,6 +208,8 @@ def main() -> int:
         engine.close()
     finally:
         ledger.stop()
+        for daemon in daemons:
+            daemon.terminate()
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -89,3 +89,48 @@ def assert_bounds_chosen_alike(engine, url: str, sql: str) -> None:
         assert equal_rows(expected, session.run(prepared.race_statement)), sql
     assert_same_rows(engine, engine._bounded_at(prepared, prepared.race.taus[len(prepared.race.taus) // 2]), url,
                      sql)
+
+
+# --- a standalone Spark cluster on this machine (the tests' sc:// door, benchmarks/bench_tpch_spark.py --cluster) ---
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(port: int, folder: Path, what: str, seconds: float = 120) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        with socket.socket() as client:
+            if client.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            logs = "".join(p.read_text(errors="replace")[-2000:] for p in folder.glob("*.out"))
+            raise RuntimeError(f"{what} did not start in {seconds:.0f} s:\n{logs}")
+        time.sleep(0.5)
+
+
+def standalone_cluster(home: Path, folder: Path, env: dict, worker_memory: str = "1g") -> tuple[str, list]:
+    """A standalone Spark cluster from pyspark's own launcher: a master and two workers (one core each), each its
+    own JVM, whose executors are JVMs of their own, so a query's shuffles cross processes. Returns the master's
+    URL and the daemons' processes (terminate them when done)."""
+    import subprocess
+
+    port = free_port()
+    launcher = str(home / "bin" / "spark-class")
+    log = (folder / "cluster.out").open("ab")
+    master = subprocess.Popen([launcher, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                               str(port), "--webui-port", str(free_port())], env=env, stdout=log, stderr=log)
+    wait_for(port, folder, "the standalone master")
+    workers = [subprocess.Popen([launcher, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+                                 "--cores", "1", "--memory", worker_memory, "--webui-port", str(free_port()),
+                                 "--work-dir", str(folder / f"worker{n}")], env=env, stdout=log, stderr=log)
+               for n in range(2)]
+    return f"spark://127.0.0.1:{port}", [master, *workers]

@@ -14,7 +14,17 @@ import pytest
 from dpsql.config import Settings
 from dpsql.schema import parse_schema
 from tests.conftest import EXTREME_ID, copy_database
-from tests.engines import QUERIES, assert_bounds_chosen_alike, assert_same_rows, equal_rows, export, schema_reading
+from tests.engines import (
+    QUERIES,
+    assert_bounds_chosen_alike,
+    assert_same_rows,
+    equal_rows,
+    export,
+    free_port,
+    schema_reading,
+    standalone_cluster,
+    wait_for,
+)
 from tests.test_neighbours import QUERIES as NEIGHBOUR_QUERIES
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
@@ -277,47 +287,6 @@ def test_demo_on_spark():
 # --- Spark Connect (sc://): how a cluster is reached -----------------------------------------------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_for(port: int, folder: Path, what: str, seconds: float = 120) -> None:
-    import socket
-    import time
-
-    deadline = time.monotonic() + seconds
-    while True:
-        with socket.socket() as client:
-            if client.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if time.monotonic() > deadline:
-            logs = "".join(p.read_text(errors="replace")[-2000:] for p in folder.glob("*.out"))
-            pytest.fail(f"{what} did not start in {seconds:.0f} s:\n{logs}")
-        time.sleep(0.5)
-
-
-def _standalone_cluster(home: Path, folder: Path, env: dict) -> tuple[str, list]:
-    """A standalone Spark cluster from pyspark's own launcher: a master and two workers (one core each), each its
-    own JVM, whose executors are JVMs of their own, so a query's shuffles cross processes."""
-    import subprocess
-
-    port = _free_port()
-    launcher = str(home / "bin" / "spark-class")
-    log = (folder / "cluster.out").open("ab")
-    master = subprocess.Popen([launcher, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
-                               str(port), "--webui-port", str(_free_port())], env=env, stdout=log, stderr=log)
-    _wait_for(port, folder, "the standalone master")
-    workers = [subprocess.Popen([launcher, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
-                                 "--cores", "1", "--memory", "1g", "--webui-port", str(_free_port()),
-                                 "--work-dir", str(folder / f"worker{n}")], env=env, stdout=log, stderr=log)
-               for n in range(2)]
-    return f"spark://127.0.0.1:{port}", [master, *workers]
-
-
 @pytest.fixture(scope="module", params=["local[2]", "standalone"])
 def connect_url(request, tmp_path_factory):
     """A Spark Connect server (pyspark's own) on a free port, for the sc:// door: on local[2], and on a standalone
@@ -327,18 +296,18 @@ def connect_url(request, tmp_path_factory):
 
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio): pip install 'dpsql[spark]'")
     home = Path(pyspark.__file__).parent
-    port = _free_port()
+    port = free_port()
     folder = tmp_path_factory.mktemp("spark_connect")
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(folder), "SPARK_PID_DIR": str(folder),
            "SPARK_IDENT_STRING": f"dpsql{port}", "SPARK_LOCAL_IP": "127.0.0.1"}
-    master, daemons = (request.param, []) if request.param != "standalone" else _standalone_cluster(
+    master, daemons = (request.param, []) if request.param != "standalone" else standalone_cluster(
         home, folder, {**env, "SPARK_DAEMON_MEMORY": "256m"})  # the master's and workers' own heaps
     subprocess.run(["bash", str(home / "sbin" / "start-connect-server.sh"), "--master", master, "--conf",
                     f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false", "--conf",
                     "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf",
                     "spark.sql.shuffle.partitions=4"], env=env, check=True, capture_output=True)
     try:
-        _wait_for(port, folder, "the Spark Connect server")
+        wait_for(port, folder, "the Spark Connect server")
         yield f"sc://127.0.0.1:{port}"
     finally:
         subprocess.run(["bash", str(home / "sbin" / "stop-connect-server.sh")], env=env, capture_output=True)

@@ -1,6 +1,7 @@
 """Apache Spark as the backend: the rewritten statement's tree rendered in Spark SQL (its dialect nodes spelled
 here, the rest transpiled by sqlglot with PostgreSQL's semantics kept; no SQL text is parsed) and run by a Spark
-session (`spark://local[N]` for one machine and the tests, `sc://host:port` for a cluster through Spark Connect).
+session (`spark://local[N]` for one machine and the tests, `spark://HOST:PORT` for a standalone cluster's master,
+`sc://host:port` for a cluster through Spark Connect).
 The ledger, the answer cache and the shadow catalog stay in PostgreSQL.
 
 What the guarantee rests on must mean the same on Spark; where Spark differs, the rule is here:
@@ -277,7 +278,9 @@ class SparkBackend:
             builder = ConnectSession.builder.remote(url).appName("dpsql")
         else:
             builder = SparkSession.builder.appName("dpsql")
+            # spark://local[N] is a session in this process; spark://HOST:PORT is a standalone cluster's master
             master = url[len("spark://"):] or "local[2]"
+            master = master if master.startswith("local") else url
             builder = (builder.master(master).config("spark.sql.shuffle.partitions", "4")
                        .config("spark.ui.enabled", "false"))
         for key, value in parse_qsl(query):
