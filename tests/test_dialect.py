@@ -72,3 +72,22 @@ def test_no_backend_parses_sql_text():
                 assert not {alias.name for alias in node.names} & parsers, module.name
             if isinstance(node, ast.Attribute) and node.attr in parsers:
                 assert not (isinstance(node.value, ast.Name) and node.value.id in ("sqlglot", "exp")), module.name
+
+
+def test_named_locks_make_identical_queries_wait_and_keep_no_name_once_released():
+    """Spark's and DuckDB's sessions hold a query's name while they answer it (PostgreSQL's sessions use an
+    advisory lock): a second holder of the name waits, and a released name leaves nothing behind."""
+    import threading
+
+    from dpsql.backends import NamedLocks
+
+    locks, order = NamedLocks(), []
+    locks.acquire("q")
+    waiter = threading.Thread(target=lambda: (locks.acquire("q"), order.append("second"), locks.release("q")))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not order  # waits while the first holds the name
+    order.append("first")
+    locks.release("q")
+    waiter.join(5)
+    assert order == ["first", "second"] and not locks._locks

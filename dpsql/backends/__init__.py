@@ -7,6 +7,7 @@ text. A new backend is one module here (its session, its rendering and its catal
 
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -54,6 +55,29 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class NamedLocks:
+    """Locks by name within this process, for engines without PostgreSQL's advisory locks: identical queries wait
+    for each other. A name's lock lives only while a session holds or waits for it, so names do not accumulate."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, list[int]]] = {}  # name -> (lock, [sessions holding or waiting])
+
+    def acquire(self, name: str) -> None:
+        with self._guard:
+            lock, users = self._locks.setdefault(name, (threading.Lock(), [0]))
+            users[0] += 1
+        lock.acquire()
+
+    def release(self, name: str) -> None:
+        with self._guard:
+            lock, users = self._locks[name]
+            lock.release()
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[name]
+
+
 def is_spark_url(url: str | None) -> bool:
     return bool(url) and (url.startswith("spark://") or url.startswith("sc://"))
 
@@ -77,4 +101,4 @@ def open_backend(database: str, schema: PrivacySchema, statement_timeout_ms: int
     return SparkBackend(database, schema, statement_timeout_ms)
 
 
-__all__ = ["Backend", "Cancellation", "PostgresBackend", "Session", "is_spark_url", "open_backend"]
+__all__ = ["Backend", "Cancellation", "NamedLocks", "PostgresBackend", "Session", "is_spark_url", "open_backend"]

@@ -35,15 +35,15 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
+from dpsql.backends import NamedLocks
 from dpsql.backends.transpile import (
     FAILED,
     FAILED_HINT,
-    SAFE_DATES,
+    SHARED_SPELLINGS,
     bands,
     bytewise,
     plain_numbers,
     plain_value,
-    strict_bound,
     wide_decimals,
 )
 from dpsql.errors import BackendError, ConfigError, QueryCancelled, UnsupportedQuery
@@ -58,33 +58,13 @@ INSTANT = "TIMESTAMP WITH TIME ZONE"
 
 def to_duckdb(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     """A rewritten statement in DuckDB's SQL, with the rules of this module's docstring."""
-    tree = _dialect_nodes(tree.copy())
+    tree = dialect.spell(tree.copy(), SPELLINGS)
     tree = tree.transform(wide_decimals).transform(bytewise).transform(plain_numbers).transform(bands) \
         .transform(_width_buckets)
     schema = {table: {**columns, "rowid": "bigint"} for table, columns in schema.items()}  # every table has one
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     return tree.transform(_half_even).transform(_instant_truncs).transform(_exact_doubles).sql(dialect="duckdb")
-
-
-def _dialect_nodes(tree: exp.Expression) -> exp.Expression:
-    for node in list(dialect.nodes(tree, *dialect.NODES)):
-        name = node.name.lower()
-        if name == dialect.TRUNCATED:
-            node.parent.replace(exp.Subquery(this=_truncated(node), alias=node.parent.args["alias"]))
-            continue
-        if name == dialect.KEYED_HASH:
-            spelled = exp.Anonymous(this="hash", expressions=list(node.expressions))
-        elif name == dialect.STRICT_BOUND:
-            value, bound, _, larger = dialect.bound_parts(node)
-            spelled = strict_bound(value, bound, larger)
-        elif name == dialect.ROW_ID:
-            spelled = exp.cast(exp.column("rowid", table=node.expressions[0].name), "text")
-        else:
-            spelled = exp.Literal.string(SAFE_DATES[0 if name == dialect.EARLIEST else 1])
-        tree = spelled if node is tree else tree
-        node.replace(spelled)
-    return tree
 
 
 def _truncated(node: exp.Anonymous) -> exp.Expression:
@@ -112,8 +92,16 @@ def _truncated(node: exp.Anonymous) -> exp.Expression:
     for branch in excess[1:]:
         dropped = exp.union(dropped, branch, distinct=False)
     kept = exp.Not(this=exp.In(this=exp.column("rowid", table="dpsql_t"), query=exp.Subquery(this=dropped)))
-    return exp.select("*").from_(exp.Table(this=name, alias=exp.TableAlias(this=exp.to_identifier("dpsql_t")))) \
-        .where(kept)
+    select = exp.select("*").from_(exp.Table(this=name, alias=exp.TableAlias(this=exp.to_identifier("dpsql_t"))))
+    return exp.Subquery(this=select.where(kept), alias=node.parent.args["alias"])  # the table read, under its alias
+
+
+SPELLINGS: dict[str, dialect.Spelling] = {
+    **SHARED_SPELLINGS,
+    dialect.KEYED_HASH: lambda node: exp.Anonymous(this="hash", expressions=list(node.expressions)),
+    dialect.ROW_ID: lambda node: exp.cast(exp.column("rowid", table=node.expressions[0].name), "text"),
+    dialect.TRUNCATED: _truncated,
+}
 
 
 def _width_buckets(node: exp.Expression) -> exp.Expression:
@@ -197,8 +185,8 @@ class DuckDBBackend:
                 from None
         self._timeout_s = statement_timeout_ms / 1000
         self._types = schema.sqlglot_schema()
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
+        self.locks = NamedLocks()
+        self._cursor_lock = threading.Lock()
 
     def render(self, statement: Statement) -> str:
         return statement.render("duckdb", lambda tree: to_duckdb(tree, self._types))
@@ -206,7 +194,7 @@ class DuckDBBackend:
     def _connection(self) -> Any:
         """A connection of its own (DuckDB's cursor) to the shared database, with the session's settings. The
         shared connection is not thread-safe, so its cursors are made one at a time."""
-        with self._locks_lock:
+        with self._cursor_lock:
             cursor = self._conn.cursor()
         for setting in self._setup:
             cursor.execute(setting)
@@ -244,10 +232,6 @@ class DuckDBBackend:
     def indexed_columns(self) -> None:
         return None
 
-    def lock(self, name: str) -> threading.Lock:
-        with self._locks_lock:
-            return self._locks.setdefault(name, threading.Lock())
-
     def close(self) -> None:
         self._conn.close()
 
@@ -269,7 +253,7 @@ class DuckDBSession:
 
     def __init__(self, backend: DuckDBBackend, cursor: Any, cancel: Any):
         self._backend, self._cursor, self._cancel = backend, cursor, cancel
-        self._held: threading.Lock | None = None
+        self._held: str | None = None
 
     def run(self, statement: Statement, work_mem: str | None = None) -> list[tuple[Any, ...]]:
         """Rows of one statement; `work_mem` is PostgreSQL's and means nothing here."""
@@ -300,12 +284,12 @@ class DuckDBSession:
 
     def hold(self, name: str) -> None:
         """Identical queries of this process wait for each other (the ledger still never charges one twice)."""
-        self._held = self._backend.lock(name)
-        self._held.acquire()
+        self._backend.locks.acquire(name)
+        self._held = name
 
     def release(self) -> None:
         if self._held is not None:
-            self._held.release()
+            self._backend.locks.release(self._held)
             self._held = None
         self._cursor.close()
 

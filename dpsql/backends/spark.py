@@ -69,15 +69,15 @@ from sqlglot import exp
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
+from dpsql.backends import NamedLocks
 from dpsql.backends.transpile import (
     FAILED,
     FAILED_HINT,
-    SAFE_DATES,
+    SHARED_SPELLINGS,
     bands,
     bytewise,
     plain_numbers,
     plain_value,
-    strict_bound,
     wide_decimals,
 )
 from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled, UnsupportedQuery
@@ -112,28 +112,20 @@ def _dialect_nodes(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> e
     """The rewrite's dialect nodes (`dpsql.sql.dialect`) in Spark's spelling; a table whose rows are identified
     becomes a subquery that has `tableoid` and `ctid` (see the docstring)."""
     identified = set()
-    for node in list(dialect.nodes(tree, *dialect.NODES)):
-        name = node.name.lower()
-        if name == dialect.TRUNCATED:
-            table, seed, limits = dialect.truncation_parts(node)
-            node.parent.replace(_ranked_truncation(table, limits, exp.Literal.number(seed),
-                                                   node.parent.alias_or_name, schema[table]))
-            continue
-        if name == dialect.ROW_ID:
-            alias = node.expressions[0].name
-            identified.add(alias)
-            spelled = exp.func("concat", exp.column("tableoid", table=alias), exp.Literal.string(":"),
-                               exp.column("ctid", table=alias))
-        elif name == dialect.KEYED_HASH:
-            seed, *fields = node.expressions
-            spelled = exp.Anonymous(this="xxhash64", expressions=[seed, *fields])
-        elif name == dialect.STRICT_BOUND:
-            value, bound, _, larger = dialect.bound_parts(node)
-            spelled = strict_bound(value, bound, larger)
-        else:
-            spelled = exp.Literal.string(SAFE_DATES[0 if name == dialect.EARLIEST else 1])
-        tree = spelled if node is tree else tree
-        node.replace(spelled)
+
+    def row_id(node: exp.Anonymous) -> exp.Expression:
+        alias = node.expressions[0].name
+        identified.add(alias)
+        return exp.func("concat", exp.column("tableoid", table=alias), exp.Literal.string(":"),
+                        exp.column("ctid", table=alias))
+
+    def truncated(node: exp.Anonymous) -> exp.Expression:
+        table, seed, limits = dialect.truncation_parts(node)
+        return _ranked_truncation(table, limits, exp.Literal.number(seed), node.parent.alias_or_name, schema[table])
+
+    tree = dialect.spell(tree, {
+        **SHARED_SPELLINGS, dialect.ROW_ID: row_id, dialect.TRUNCATED: truncated,
+        dialect.KEYED_HASH: lambda node: exp.Anonymous(this="xxhash64", expressions=list(node.expressions))})
     for table in list(tree.find_all(exp.Table)):
         if table.alias_or_name in identified and table.name in schema and not table.args.get("db"):
             table.replace(_identified(table, schema[table.name]))
@@ -301,8 +293,7 @@ class SparkBackend:
         for table in schema.tables.values():
             if table.path:
                 self.spark.read.parquet(table.path).createOrReplaceTempView(table.name)
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
+        self.locks = NamedLocks()
 
     @contextmanager
     def session(self, cancel: Any = None) -> Iterator[SparkStatements]:
@@ -339,10 +330,6 @@ class SparkBackend:
             raise UnsupportedQuery(f"Spark cannot run this query's rewritten SQL ({reason})",
                                    "rephrase it, or ask it on the PostgreSQL backend") from None
 
-    def lock(self, name: str) -> threading.Lock:
-        with self._locks_lock:
-            return self._locks.setdefault(name, threading.Lock())
-
     def close(self) -> None:
         with _SESSIONS_LOCK:
             users = _SESSION_USERS.pop(id(self.spark), 1) - 1
@@ -367,7 +354,7 @@ class SparkStatements:
 
     def __init__(self, backend: SparkBackend, cancel: Any):
         self._backend, self._cancel = backend, cancel
-        self._held: threading.Lock | None = None
+        self._held: str | None = None
 
     def run(self, statement: Statement, work_mem: str | None = None) -> list[tuple[Any, ...]]:
         """Rows of one statement; `work_mem` is PostgreSQL's and means nothing here."""
@@ -398,12 +385,12 @@ class SparkStatements:
     def hold(self, name: str) -> None:
         """Identical queries of this process wait for each other (there is no advisory lock to share across
         processes on Spark; the ledger still never charges a query twice)."""
-        self._held = self._backend.lock(name)
-        self._held.acquire()
+        self._backend.locks.acquire(name)
+        self._held = name
 
     def release(self) -> None:
         if self._held is not None:
-            self._held.release()
+            self._backend.locks.release(self._held)
             self._held = None
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.sql import dialect
+
 FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
 # `dialect.earliest()` and `latest()` on an engine whose dates run from year 1 to 9999, where none of its date
 # functions overflow (PostgreSQL's own range, 4000 BC to 294276 AD, is not one such an engine can parse)
@@ -77,3 +79,16 @@ def plain_value(value: Any, instant: bool = False) -> Any:
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     return value
+
+
+def _strict_bound_node(node: exp.Anonymous) -> exp.Expression:
+    value, bound, _, larger = dialect.bound_parts(node)
+    return strict_bound(value, bound, larger)
+
+
+# the dialect nodes Spark and DuckDB spell alike (`dialect.spell`); each adds its hash, row id and truncation
+SHARED_SPELLINGS: dict[str, dialect.Spelling] = {
+    dialect.STRICT_BOUND: _strict_bound_node,
+    dialect.EARLIEST: lambda node: exp.Literal.string(SAFE_DATES[0]),
+    dialect.LATEST: lambda node: exp.Literal.string(SAFE_DATES[1]),
+}

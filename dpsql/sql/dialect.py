@@ -124,17 +124,25 @@ class Statement:
 # --- PostgreSQL's spelling -------------------------------------------------------------------------------------
 
 
+Spelling = Callable[[exp.Anonymous], exp.Expression]
+
+
+def spell(tree: exp.Expression, spellings: dict[str, Spelling]) -> exp.Expression:
+    """`tree` (changed in place; returned, as its root may be a node) with each dialect node replaced by an
+    engine's spelling of it (`spellings`, by node name), innermost first so that nested nodes nest. A truncated
+    table's spelling replaces the whole table read, and keeps its alias."""
+    for node in list(nodes(tree, *NODES)):
+        name = node.name.lower()
+        target = node.parent if name == TRUNCATED else node
+        spelled = spellings[name](node)
+        tree = spelled if target is tree else tree
+        target.replace(spelled)
+    return tree
+
+
 def postgres(tree: exp.Expression) -> str:
     """The tree in PostgreSQL's SQL, each dialect node spelled as PostgreSQL's functions and row identity give it."""
-    tree = tree.copy()
-    for node in list(nodes(tree, *NODES)):
-        spelled = _POSTGRES[node.name.lower()](node)
-        if node.name.lower() == TRUNCATED:  # the table read becomes a subquery under the table's alias
-            node.parent.replace(exp.Subquery(this=spelled, alias=node.parent.args["alias"]))
-        else:
-            tree = spelled if node is tree else tree
-            node.replace(spelled)
-    return to_sql(tree)
+    return to_sql(spell(tree.copy(), _POSTGRES))
 
 
 def _keyed_hash(node: exp.Anonymous) -> exp.Expression:
@@ -175,8 +183,9 @@ def _truncated(node: exp.Anonymous) -> exp.Expression:
                       f"WHERE dpsql_r.{key} IN "
                       f"(SELECT {key} FROM {name} GROUP BY {key} HAVING COUNT(*) > {limit})) AS dpsql_x "
                       f"WHERE dpsql_rank > {limit}")
-    return sqlglot.parse_one(f"SELECT * FROM {name} AS dpsql_t WHERE (dpsql_t.tableoid, dpsql_t.ctid) "
+    select = sqlglot.parse_one(f"SELECT * FROM {name} AS dpsql_t WHERE (dpsql_t.tableoid, dpsql_t.ctid) "
                                f"NOT IN ({' UNION ALL '.join(excess)})", dialect=DIALECT)
+    return exp.Subquery(this=select, alias=node.parent.args["alias"])  # the table read, under its alias
 
 
 _POSTGRES: dict[str, Callable[[exp.Anonymous], exp.Expression]] = {
