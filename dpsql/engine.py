@@ -95,6 +95,10 @@ class Engine:
         self.backend.close()
         self.ledger.close()
 
+    def health(self) -> dict[str, str | None]:
+        """For the data's backend and the ledger: None when it answers now, or why it cannot (the server's /health)."""
+        return {"backend": self.backend.health(), "ledger": self.ledger.health()}
+
     def prepare(self, sql: str, params: Any = None, epsilon: float | None = None,
                 options: Options | None = None) -> Prepared:
         """Check, analyse, rewrite and price a query without running or charging anything. `options` are the

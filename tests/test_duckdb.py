@@ -16,7 +16,7 @@ import pytest
 import sqlglot
 
 from dpsql.backends import Cancellation
-from dpsql.backends.duckdb import to_duckdb
+from dpsql.backends.duckdb import DuckDBBackend, to_duckdb
 from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.errors import Error, QueryCancelled, UnsupportedQuery
@@ -182,6 +182,14 @@ def test_sessions_in_several_threads_each_read_on_their_own_connection(duck_engi
     results, failures = in_threads(read, 8)
     assert not failures and len(results) == 8
     assert all(equal_rows(expected, rows) for rows in results)
+
+
+def test_health_is_none_while_duckdb_answers_and_a_reason_once_it_is_closed(duck_engine):
+    assert duck_engine.health() == {"backend": None, "ledger": None}
+    backend = DuckDBBackend("duckdb:///:memory:", duck_engine.schema)
+    assert backend.health() is None
+    backend.close()
+    assert backend.health().startswith("DuckDB does not answer")
 
 
 def test_no_constraint_is_trusted_on_duckdb(duck_engine):

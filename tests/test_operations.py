@@ -384,6 +384,40 @@ def test_metrics_count_connections_logins_statements_and_budgets(deployed: Deplo
     assert "people" not in text  # no query text
 
 
+def _get(port: int, path: str) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        return _read_all(sock).decode()
+
+
+def test_health_says_which_part_cannot_answer_while_postgresql_is_down(deployed: Deployment):
+    from dpsql.server import parse_listen
+
+    server = deployed.another_server(metrics_listen=parse_listen("127.0.0.1:0"))
+    try:
+        healthy = _get(server.metrics_port, "/health")
+        assert healthy.startswith("HTTP/1.0 200 OK") and healthy.endswith("backend: ok\nledger: ok\n")
+        deployed.postgres.halt()
+        try:
+            down = _get(server.metrics_port, "/health")
+        finally:
+            deployed.postgres.start()
+        assert down.startswith("HTTP/1.0 503 Service Unavailable")
+        assert "backend: cannot reach PostgreSQL" in down and "ledger: cannot reach PostgreSQL" in down
+        assert _eventually_healthy(server.metrics_port)
+    finally:
+        deployed.stop(server)
+
+
+def _eventually_healthy(port: int) -> bool:
+    """Whether /health says 200 within a few seconds (the pools replace their dead connections)."""
+    for _ in range(20):
+        if _get(port, "/health").startswith("HTTP/1.0 200"):
+            return True
+        time.sleep(0.25)
+    return False
+
+
 def test_a_charged_query_that_never_delivered_is_answered_without_a_second_charge(deployed: Deployment):
     engine, sql = deployed.engine, "SELECT COUNT(*) FROM visits WHERE amount > 17"
     engine.ledger.add_analyst("died", 10.0, 1e-5)

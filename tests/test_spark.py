@@ -271,6 +271,7 @@ def test_a_noisy_answer_through_spark_is_charged_in_the_postgresql_ledger(spark_
                                 epsilon=0.5)
     assert {r[0] for r in answer.rows} == {"F", "M"} and answer.epsilon == pytest.approx(0.5)
     assert spark_engine.budget("spark_analyst").epsilon_basic == pytest.approx(0.5)
+    assert spark_engine.health() == {"backend": None, "ledger": None}
 
 
 def test_demo_on_spark():

@@ -18,7 +18,7 @@ import psycopg
 
 from dpsql.accounting.answers import AnswerCache
 from dpsql.accounting.budget import Budget, Cost, validate_epsilon
-from dpsql.backends.postgres import CONNECT_WAIT, checked_pool, pooled
+from dpsql.backends.postgres import CONNECT_WAIT, checked_pool, pool_health, pooled
 from dpsql.errors import BudgetExhausted, InvalidParameter, OperationalError, UnknownAnalyst
 
 DDL = """
@@ -132,6 +132,10 @@ class Ledger:
 
     def close(self) -> None:
         self._pool.close()
+
+    def health(self) -> str | None:
+        """None when the ledger answers now; otherwise why not."""
+        return pool_health(self._pool)
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:

@@ -52,6 +52,10 @@ class Backend(Protocol):
     def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
         """(table, column) pairs that lead an index, which lets the engine read a table's units in order."""
 
+    def health(self) -> str | None:
+        """None when a trivial statement runs now; otherwise why not, in words an operator can act on (never a
+        query's text or values). The server's /health answers from it."""
+
     def close(self) -> None: ...
 
 

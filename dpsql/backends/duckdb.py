@@ -232,6 +232,18 @@ class DuckDBBackend:
     def indexed_columns(self) -> None:
         return None
 
+    def health(self) -> str | None:
+        try:
+            cursor = self._connection()
+            try:
+                cursor.execute("SELECT 1").fetchall()
+            finally:
+                cursor.close()
+        except Exception as exc:  # noqa: BLE001 - a closed database: the operator reads the log
+            log.warning("DuckDB health check failed: %s", exc)
+            return f"DuckDB does not answer ({type(exc).__name__})"
+        return None
+
     def close(self) -> None:
         self._conn.close()
 

@@ -103,6 +103,16 @@ def pooled(pool: ConnectionPool) -> Iterator[psycopg.Connection]:
         pool.putconn(conn)
 
 
+def pool_health(pool: ConnectionPool) -> str | None:
+    """None when one of the pool's connections runs a trivial statement now; otherwise why not (a /health line)."""
+    try:
+        with pooled(pool) as conn:
+            conn.execute("SELECT 1")
+    except (BackendUnavailable, psycopg.Error):
+        return "cannot reach PostgreSQL (no working connection)"
+    return None
+
+
 class Cancellation:
     """Lets another thread stop the statement that a query is running (a client's CancelRequest)."""
 
@@ -161,6 +171,9 @@ class PostgresBackend:
         """Rows of one read-only query; any failure becomes a dpsql error without PostgreSQL's text."""
         with self.session(cancel) as session:
             return session.run_text(sql)
+
+    def health(self) -> str | None:
+        return pool_health(self._pool)
 
     def catalog(self) -> Catalog:
         """The tables of the `public` schema as the catalog declares them: columns and types, primary and unique

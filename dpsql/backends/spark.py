@@ -316,6 +316,14 @@ class SparkBackend:
     def indexed_columns(self) -> None:
         return None  # no indexes: Spark groups by shuffling, whatever the table
 
+    def health(self) -> str | None:
+        try:
+            self.spark.sql("SELECT 1").collect()
+        except Exception as exc:  # noqa: BLE001 - a stopped session, a lost cluster: the operator reads the log
+            log.warning("Spark health check failed: %s", exc)
+            return f"Spark does not answer ({type(exc).__name__})"
+        return None
+
     def check(self, statement: Statement) -> None:
         """Refuses, before anything is charged, a rewritten statement Spark cannot analyse (a function or pattern
         it lacks). Spark's analysis reads the tables' types only, never their rows, so its verdict cannot depend

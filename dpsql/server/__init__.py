@@ -81,6 +81,12 @@ def _malloc_trim() -> Any:
 MALLOC_TRIM = _malloc_trim()
 
 
+def _health_text(reasons: dict[str, str | None]) -> tuple[str, str]:
+    """The /health answer: each part's state on its own line, 503 when any part cannot answer."""
+    lines = [f"{part}: {reason or 'ok'}" for part, reason in reasons.items()]
+    return ("503 Service Unavailable" if any(reasons.values()) else "200 OK"), "\n".join(lines) + "\n"
+
+
 class Server:
     """One listening socket; `await start()`, then `await serve_forever()` or `await close()`."""
 
@@ -117,15 +123,21 @@ class Server:
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
 
     async def _scrape(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """GET /metrics (any path): the counters, in Prometheus' text format."""
+        """GET /health: 200 when the data's backend and the ledger answer now, else 503 naming which cannot and
+        why. Any other path: the counters, in Prometheus' text format."""
         try:
-            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            path = (request.split(None, 2)[1:2] or [b"/"])[0]
             loop = asyncio.get_running_loop()
-            text = await loop.run_in_executor(self._login_executor, self.gateway.metrics.render,
-                                              self.gateway.engine.ledger.analysts)
+            if path.startswith(b"/health"):
+                reasons = await loop.run_in_executor(self._login_executor, self.gateway.engine.health)
+                status, text = _health_text(reasons)
+            else:
+                status, text = "200 OK", await loop.run_in_executor(
+                    self._login_executor, self.gateway.metrics.render, self.gateway.engine.ledger.analysts)
             body = text.encode()
-            writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             await writer.drain()
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
