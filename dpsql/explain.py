@@ -52,8 +52,7 @@ def explain_text(prepared: Prepared) -> str:
                          f"scale {mechanism.scale:.6g}, 95% ± {mechanism.ci_halfwidth():.6g}")
     for name, chooser in cost.choosers.items():
         agg = plan.aggregate[name]
-        score = "rank" if agg.kind == "quantile" else "count"
-        lines.append(f"Exponential mechanism for {agg.sql}: {score}-score sensitivity {chooser.sensitivity:g}, "
+        lines.append(f"Exponential mechanism for {agg.sql}: {agg.score}-score sensitivity {chooser.sensitivity:g}, "
                      f"ε {chooser.epsilon:.6g}" + (" (monotone)" if chooser.monotone else ""))
     if cost.top_k is not None:
         lines.append(f"Top-{plan.top_k.k} selection: {plan.top_k.k} rounds of the exponential mechanism, ε "

@@ -102,7 +102,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
     share = (epsilon - selection_epsilon) / parts if parts else 0.0
     monotone = plan.neighbouring == "add-remove"  # counts only grow when a unit is added
     choosers = {a.name: ExponentialMechanism(plan.histogram[a.measures[0]].sensitivity, share,
-                                             monotone=a.kind == "mode" and monotone) for a in chosen}
+                                             monotone=a.score == "count" and monotone) for a in chosen}
     for chooser in choosers.values():
         cost += Cost.pure(chooser.epsilon)
     top_k = None
@@ -227,7 +227,7 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
         choices = {}
         for agg, histogram, chooser in chosen:
             cells = counts[histogram.name].get(key, [0] * histogram.cells)
-            scores = rank_scores(cells, agg.quantile) if agg.kind == "quantile" else cells
+            scores = rank_scores(cells, agg.quantile) if agg.score == "rank" else cells
             choices[agg.name] = histogram.value(chooser.select(scores))
         groups.append(NoisyGroup(key, noisy, choices, key_gap))
     return groups

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dpsql.analysis import aggregates, derived, groups, local_columns, outputs, relations, top_k, units
-from dpsql.analysis.plan import CHOSEN, COUNTS, Aggregate, GroupKey, Histogram, Measure, Output, Plan, TopK
+from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Histogram, Measure, Output, Plan, TopK
 from dpsql.analysis.scope import Scope
 from dpsql.schema import PrivacySchema
 from dpsql.sql import CheckedQuery
@@ -79,5 +79,5 @@ def _plan(scope: Scope) -> Plan:
         windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key)
 
 
-__all__ = ["CHOSEN", "COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",
+__all__ = ["COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",
            "analyze"]

@@ -59,7 +59,7 @@ def measure(scope: Scope) -> None:
                                        "aggregate per unit in a subquery, then outside it: SELECT AVG(n) FROM (SELECT "
                                        "<the unit's column>, COUNT(*) AS n FROM t GROUP BY 1) s")
             name = f"a{len(found)}"
-            if isinstance(node, exp.Min | exp.Max | exp.WithinGroup):
+            if isinstance(node, quantiles.NODES):
                 found[sql] = quantiles.chosen(scope, name, node, sql)
             else:
                 found[sql] = _aggregate(scope, name, node, sql)

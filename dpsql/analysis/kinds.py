@@ -1,8 +1,8 @@
 """One home per aggregate kind finished from sums: what the kind asks the analysis for (its measures: a count and
 sums, each clamped to its own range) and how its value is computed from their noisy values after noise (its
 finish, post-processing). The SQL allowlist names each kind's sqlglot node (`dpsql.sql.query.AGGREGATES`); COUNT
-and the kinds chosen from histograms (MIN, MAX, percentiles, mode) have their own modules (`aggregates`,
-`quantiles`). Adding a kind is its node in the allowlist and its entry here.
+lives in `aggregates` and the kinds chosen from histograms (MIN, MAX, percentiles, mode) in `quantiles`, their
+own homes. Adding a kind is its node in the allowlist and its entry here (or in `quantiles`).
 
 Rules the entries rest on:
 - an average, variance or standard deviation is a count and sums centred on the midpoint of the argument's range,

@@ -102,9 +102,9 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
     if isinstance(expr, exp.Column):
         for agg in aggregates:
             if agg.name == expr.name:
-                if agg.kind == "mode" or agg.arg_type is not None:  # mode, or a quantile of dates
+                if agg.score == "count" or agg.arg_type is not None:  # one of the values (mode), or a date
                     return agg.arg_type
-                integral = agg.kind == "quantile" and agg.arg_range.integer
+                integral = agg.score == "rank" and agg.arg_range.integer
                 return "int8" if agg.kind in COUNTS or integral else "float8"
         for key in keys:
             if key.name == expr.name:

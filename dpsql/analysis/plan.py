@@ -16,7 +16,6 @@ from dpsql.analysis.expressions import Range
 from dpsql.schema.model import LocalRandomizer
 
 COUNTS = ("count", "count_units")
-CHOSEN = ("quantile", "mode")
 
 
 @dataclass(frozen=True)
@@ -71,19 +70,23 @@ class Aggregate:
     """An aggregate call of the query, finished from its measures after noise."""
 
     name: str
-    kind: str  # count | count_units | quantile | mode | a kind finished from sums (`kinds.KINDS`: sum, avg, ...)
-    measures: tuple[str, ...]  # measure names; for quantile and mode, the histogram's name
+    kind: str  # count | count_units | a kind chosen from a histogram (`quantiles`) | one finished from sums (`kinds`)
+    measures: tuple[str, ...]  # measure names; for a chosen kind, the histogram's name
     arg_range: Range | None  # the argument's range (Y's), for clamping finished averages and variances
     sql: str
     quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
     arg_type: str | None = None  # for mode, and quantiles of dates and times: the type of the value returned
     x_range: Range | None = None  # the bivariate aggregates' second argument (X)
     centred: bool = True  # avg: its sum is centred on the range's midpoint (False: a plain sum, `unit_total`)
+    # a kind chosen from a histogram by the exponential mechanism: how a cell is scored. "rank": -distance(q·n,
+    # the ranks the cell spans), a number on the histogram's grid; "count": the cell's count (monotone under
+    # add-remove), a value of the argument's type
+    score: str | None = None
 
     @property
     def chosen(self) -> bool:
         """Whether the exponential mechanism picks this aggregate's value from a histogram."""
-        return self.kind in CHOSEN
+        return self.score is not None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """Rule: MIN, MAX, percentiles and mode() are chosen by the exponential mechanism from histograms.
 
+This is the one home of the kinds chosen from a histogram: a kind is its node in the SQL allowlist
+(`dpsql.sql.AGGREGATES`) and, here, its node in NODES and the function that lays its histogram and sets its
+Aggregate's `score` ("rank" or "count"), which is all the mechanism, the accuracy and the output type read.
+
 A histogram counts a bounded value per cell of a fixed grid over its declared range (one cell per value for
 integer ranges below HISTOGRAM_CELLS), or per value of a declared domain for mode(). The grid depends only
 on the schema, so which cells exist reveals nothing. One unit moves at most k counts of each group's
@@ -24,6 +28,7 @@ from dpsql.schema import Column
 from dpsql.sql import AGGREGATES, to_sql
 
 HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
+NODES = (exp.Min, exp.Max, exp.WithinGroup)  # the allowlist's nodes (`dpsql.sql.AGGREGATES`) answered here
 
 
 def chosen(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggregate:
@@ -73,7 +78,7 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
     histogram = _histogram(scope, label, cell, cells, value_range.lo, width, integer,
                            f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
     return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q,
-                     arg_type=column.type if column is not None and column.is_temporal else None)
+                     arg_type=column.type if column is not None and column.is_temporal else None, score="rank")
 
 
 def _temporal(column: Column, arg: exp.Column, node: exp.Expression, sql: str) -> tuple[exp.Expression, Range]:
@@ -127,7 +132,7 @@ def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate
                              f"{to_sql(arg)} has no declared domain or small integer range",
                              "declare domain = [...] for the column in the privacy schema, or use "
                              "GROUP BY c ORDER BY COUNT(*) DESC LIMIT 1 (keys by partition selection)")
-    return Aggregate(name, "mode", (histogram.name,), None, sql, arg_type=arg_type)
+    return Aggregate(name, "mode", (histogram.name,), None, sql, arg_type=arg_type, score="count")
 
 
 def _histogram(scope: Scope, label: str, cell: exp.Expression, cells: int, lower: float, width: float,

@@ -13,7 +13,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.accounting import zcdp
-from dpsql.analysis import CHOSEN, COUNTS, Aggregate, Plan
+from dpsql.analysis import COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
 from dpsql.mechanisms import GaussianMechanism, LaplaceMechanism, expected_error_lower_bound, halfwidth_lower_bound
 from dpsql.noise import Calibration, NoisyGroup
@@ -64,7 +64,7 @@ def exact_interval(expr: exp.Expression, plan: Plan) -> bool:
     """Whether an output's interval comes straight from one mechanism (a bare count or sum) or is exact."""
     noisy = plan.aggregate
     if isinstance(expr, exp.Column) and expr.name in noisy:
-        return noisy[expr.name].kind in (*COUNTS, "sum", *CHOSEN)
+        return noisy[expr.name].kind in (*COUNTS, "sum") or noisy[expr.name].chosen
     return not any(isinstance(n, exp.Column) and (n.name in noisy or n.name in plan.noisy_windows)
                    for n in expr.walk())
 
@@ -86,8 +86,7 @@ def accuracy_of(expr: exp.Expression, plan: Plan, calibration: Calibration, valu
             return None  # no interval for expressions over chosen values
         agg = noisy[expr.name]
         gap = calibration.choosers[expr.name].utility_gap(plan.histogram[agg.measures[0]].cells)
-        return Accuracy(None, None, None, gap) if agg.kind == "quantile" else Accuracy(None, None, None,
-                                                                                         count_gap=gap)
+        return Accuracy(None, None, None, gap) if agg.score == "rank" else Accuracy(None, None, None, count_gap=gap)
     if isinstance(expr, exp.Column) and not windowed:
         agg = noisy[expr.name]
         if agg.kind in (*COUNTS, "sum"):
