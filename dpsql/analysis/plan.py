@@ -14,6 +14,7 @@ from sqlglot import exp
 
 from dpsql.analysis.expressions import Range
 from dpsql.schema.model import LocalRandomizer
+from dpsql.sql import to_sql
 
 COUNTS = ("count", "count_units")
 
@@ -172,6 +173,13 @@ class Plan:
     def measure(self) -> dict[str, Measure]:
         """Measures by name."""
         return {m.name: m for m in self.measures}
+
+    @cached_property
+    def shared_column(self) -> dict[str, str]:
+        """For each measure of an expression, the first measure of the same expression (an AVG's count and sum):
+        the rewrite computes that expression once a row, in the first one's column."""
+        first: dict[str, str] = {}
+        return {m.name: first.setdefault(to_sql(m.expr), m.name) for m in self.measures if m.expr is not None}
 
     @property
     def unit_column(self) -> tuple[str, str] | None:

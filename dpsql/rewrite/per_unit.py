@@ -95,10 +95,7 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
 def _column(plan: Plan, measure: Measure) -> str | None:
     """The column of `dpsql_rows` that holds `measure`'s value (None: it has none, COUNT(*)). Measures of one
     expression, an AVG's count and sum, share the first one's, so that PostgreSQL computes it once a row."""
-    if measure.expr is None:
-        return None
-    text = sql(measure.expr)
-    return next(m.name for m in plan.measures if m.expr is not None and sql(m.expr) == text)
+    return plan.shared_column.get(measure.name)
 
 
 def _rows_total_form(plan: Plan) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import sqlglot
 from sqlglot import exp
 
-from dpsql.sql.query import DIALECT, to_sql
+from dpsql.sql.query import DIALECT, forget_positions, to_sql
 
 KEYED_HASH, TRUNCATED, STRICT_BOUND, ROW_ID = "dpsql_keyed_hash", "dpsql_truncated", "dpsql_strict_bound", \
     "dpsql_row_id"
@@ -107,7 +107,7 @@ class Statement:
     def parse(cls, text: str) -> Statement:
         """The statement the rewrite wrote as `text` (standard SQL and dialect nodes, PostgreSQL's syntax): the
         rewrite's own text, parsed once where it is written."""
-        return cls(sqlglot.parse_one(text, dialect=DIALECT))
+        return cls(forget_positions(sqlglot.parse_one(text, dialect=DIALECT)))
 
     def render(self, engine: str, spell: Callable[[exp.Expression], str]) -> str:
         text = self._renderings.get(engine)

@@ -9,7 +9,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from dpsql.errors import PrivacyRefusal, QuerySyntaxError, UnsupportedQuery
-from dpsql.sql.query import DIALECT
+from dpsql.sql.query import DIALECT, forget_positions
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its parser warnings would echo the analyst's text
 
@@ -40,7 +40,7 @@ def parse_statement(sql: str) -> exp.Select | exp.SetOperation:
     if len(statements) != 1:
         raise PrivacyRefusal(f"expected exactly one statement, got {len(statements)}",
                              "send one SELECT per query")
-    tree = statements[0]
+    tree = forget_positions(statements[0])
     if isinstance(tree, exp.SetOperation):
         return tree
     if not isinstance(tree, exp.Select):
