@@ -1,6 +1,6 @@
 """What one analyst can make `dpsql serve` hold, and whether it comes back (issue 39).
 
-    python benchmarks/bench_held_resources.py [--statements 1000] [--rounds 3]
+    python benchmarks/bench_held_resources.py [--statements 1000] [--rounds 3] [--warm N] [--out FILE]
 
 Starts `dpsql serve` as its own process on an embedded PostgreSQL with the demo data, then, each round: one
 analyst opens as many connections as `max_analyst_connections` allows and fills each with
@@ -8,7 +8,9 @@ analyst opens as many connections as `max_analyst_connections` allows and fills 
 analyst and one more statement are refused; another analyst logs in and is answered meanwhile; the first closes
 everything. The server's resident memory (VmRSS) is read at the baseline (after a warm-up round of one
 connection and one noisy answer), at the peak and after the close: memory a round held and did not
-give back would show as growth from one round to the next. Results: benchmarks/results/held_resources.md.
+give back would show as growth from one round to the next. With --warm N the warm-up prepares N distinct
+statements first, so that the bounded caches of recent statements are full at the baseline, as on a server that
+has run a while. Results: benchmarks/results/held_resources.md (or --out).
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--statements", type=int, default=Settings.max_prepared_statements)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warm", type=int, default=10, help="statements prepared in the warm-up")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     connections = Settings.max_analyst_connections
     postgres = EmbeddedPostgres(tempfile.mkdtemp(prefix="dpsql-held-"))
@@ -100,7 +104,9 @@ def main() -> None:
     rows = []
     try:
         assert "listening on" in server.stderr.readline()
-        for conn in hold(port, 1, 10, 0):  # warm-up: imports, pools, the shadow session, a noisy answer
+        warm_connections = max(1, args.warm // args.statements)
+        # warm-up: imports, pools, the shadow session, a noisy answer (and, with --warm, full caches)
+        for conn in hold(port, warm_connections, min(args.warm, args.statements), 0):
             conn.execute("SELECT COUNT(*) FROM people")
             conn.close()
         baseline, live = rss_mb(server.pid), gauges(metrics)
@@ -133,7 +139,8 @@ def main() -> None:
         server.wait(30)
         postgres.stop()
     lines = [f"# What one analyst can make `dpsql serve` hold ({datetime.date.today()})", "",
-             f"`python benchmarks/bench_held_resources.py --statements {args.statements} --rounds {args.rounds}`: "
+             f"`python benchmarks/bench_held_resources.py --statements {args.statements} --rounds {args.rounds} "
+             f"--warm {args.warm}`: "
              f"one analyst holds {connections} connections (max_analyst_connections) with {args.statements} named "
              "statements each (max_prepared_statements), then closes them; the server's VmRSS in MB.", "",
              "| round | baseline | peak | after close | live Python blocks after close (vs baseline) | threads after "
@@ -154,8 +161,8 @@ def main() -> None:
               "statements' objects had opened about 12 arenas that a few survivors then held (measured with "
               "`sys._debugmallocstats()`: 58 arenas against 46, with the allocated bytes back at the baseline's), "
               "and up to max_client_connections idle threads stayed."]
-    RESULTS.write_text("\n".join(lines) + "\n")
-    print(f"-> {RESULTS}")
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"-> {args.out}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ DuckDB runs in this process (the `duckdb` extra, installed with the test extra):
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -19,7 +21,7 @@ from dpsql.backends import Cancellation
 from dpsql.backends.duckdb import DuckDBBackend, to_duckdb
 from dpsql.config import Settings
 from dpsql.engine import Engine
-from dpsql.errors import Error, QueryCancelled, UnsupportedQuery
+from dpsql.errors import Error, QueryCancelled, SchemaError, UnsupportedQuery
 from dpsql.sql.dialect import Statement
 from tests.conftest import EXTREME_ID
 from tests.engines import (
@@ -192,11 +194,59 @@ def test_health_is_none_while_duckdb_answers_and_a_reason_once_it_is_closed(duck
     assert backend.health().startswith("DuckDB does not answer")
 
 
-def test_no_constraint_is_trusted_on_duckdb(duck_engine):
-    assert duck_engine.backend.catalog() is None
-    assert "dpsql_unit" in duck_engine.prepare("SELECT COUNT(*) FROM people").rewritten.sql
+def test_a_file_of_plain_tables_has_no_key_to_trust(duck_engine):
+    catalog = duck_engine.backend.catalog()
+    assert not catalog.unique and not catalog.references and not catalog.keys_known
+    assert catalog.columns["visits"]["amount"] == "double" and catalog.columns["people"]["person_id"] == "bigint"
+    assert re.search(r"\bdpsql_unit\b", duck_engine.prepare("SELECT COUNT(*) FROM people").rewritten.sql)
     with pytest.raises(UnsupportedQuery, match="visits.visit_id"):
         duck_engine.prepare("SELECT drug, COUNT(*) FROM prescriptions GROUP BY drug")
+
+
+@pytest.fixture(scope="module")
+def keyed_file(within_bounds, tmp_path_factory) -> Path:
+    """The demo tables in a DuckDB file with the demo's keys (PRIMARY KEY, FOREIGN KEY, NOT NULL)."""
+    from dpsql.demo import DDL
+
+    folder = tmp_path_factory.mktemp("duckdb_keyed")
+    paths = export(within_bounds, folder, ALL_TABLES)
+    path = folder / "keyed.duckdb"
+    with duckdb.connect(str(path)) as conn:
+        for statement in DDL.split(";")[1:]:  # the CREATE statements, after PostgreSQL's DROP
+            if statement.strip():
+                conn.execute(statement)
+        for name in ("states", "people", "visits", "prescriptions", "survey", "checkins", "screenings"):
+            conn.execute(f"INSERT INTO {name} SELECT * FROM read_parquet(?)", [str(paths[name])])
+    return path
+
+
+def test_a_file_s_keys_are_trusted_as_postgresql_s(keyed_file, within_bounds):
+    """A table that reaches its unit through its parent's key is answered as on PostgreSQL, and a primary key
+    bounds the unit's rows without a truncation."""
+    engine = Engine(Settings(database=f"duckdb:///{keyed_file}", ledger=within_bounds),
+                    schema_reading(dict.fromkeys(ALL_TABLES)))
+    try:
+        catalog = engine.backend.catalog()
+        assert catalog.keys_known and ("people", "person_id") in catalog.unique
+        assert catalog.references[("prescriptions", "visit_id")] == ("visits", "visit_id")
+        assert ("visits", "person_id") in catalog.not_null
+        assert not re.search(r"\bdpsql_unit\b", engine.prepare("SELECT COUNT(*) FROM people").rewritten.sql)
+        for sql in ("SELECT drug, COUNT(*) FROM prescriptions GROUP BY drug",
+                    "SELECT COUNT(*), SUM(cost) FROM prescriptions"):
+            assert_same_rows(engine, engine.prepare(sql), within_bounds, sql)
+    finally:
+        engine.close()
+
+
+def test_a_schema_that_does_not_match_the_file_stops_the_engine_at_start(keyed_file, within_bounds):
+    schema = schema_reading(dict.fromkeys(ALL_TABLES))
+    visits = schema.tables["visits"]
+    renamed = {("duration" if name == "amount" else name): replace(column, name="duration" if name == "amount"
+                                                                   else name)
+               for name, column in visits.columns.items()}
+    broken = replace(schema, tables={**schema.tables, "visits": replace(visits, columns=renamed)})
+    with pytest.raises(SchemaError, match=r"column visits.duration: the table has no column duration"):
+        Engine(Settings(database=f"duckdb:///{keyed_file}", ledger=within_bounds), broken)
 
 
 def _duck(sql: str, schema: dict) -> str:
@@ -262,22 +312,21 @@ def test_a_truncated_table_on_duckdb_keeps_each_key_within_its_limit():
     assert sum(1 for r in rows if r[0] is None) <= 3  # NULL k rows count against j = 'a' only
 
 
-def test_the_statement_timeout_and_a_cancel_stop_a_duckdb_statement(within_bounds, tmp_path):
+def test_the_statement_timeout_and_a_cancel_stop_a_duckdb_statement():
     slow = Statement.parse("SELECT COUNT(*) FROM range(100000000000) AS a(x) WHERE x % 7 = 3")
-    engine = Engine(Settings(database="duckdb:///:memory:", ledger=within_bounds, statement_timeout_ms=300),
-                    schema_reading(dict.fromkeys(ALL_TABLES)))
+    backend = DuckDBBackend("duckdb:///:memory:", schema_reading(dict.fromkeys(ALL_TABLES)), statement_timeout_ms=300)
     try:
         started = time.monotonic()
-        with pytest.raises(Error, match="DP008"), engine.backend.session() as session:
+        with pytest.raises(Error, match="DP008"), backend.session() as session:
             session.run(slow)
         assert time.monotonic() - started < 10
         cancel = Cancellation()
         threading.Timer(0.2, cancel.cancel).start()
-        engine.backend._timeout_s = 60
-        with pytest.raises(QueryCancelled), engine.backend.session(cancel) as session:
+        backend._timeout_s = 60
+        with pytest.raises(QueryCancelled), backend.session(cancel) as session:
             session.run(slow)
     finally:
-        engine.close()
+        backend.close()
 
 
 def test_a_duckdb_url_without_a_postgresql_ledger_is_refused_with_how_to_fix_it():

@@ -7,8 +7,11 @@ starts (`duckdb:///:memory:`: those alone). The ledger, the answer cache and the
 Each statement is the rewrite's tree rendered in DuckDB's SQL: the dialect nodes spelled here, the rest transpiled
 by sqlglot with PostgreSQL's meaning kept where DuckDB's differs (`transpile`, and these rules):
 
-- No constraint is trusted (`catalog` is None): every bound is enforced by the rewrite, even one row per person;
-  a table that reaches its unit through another table's key is refused, as on Spark.
+- The attached file's keys (PRIMARY KEY, UNIQUE, FOREIGN KEY, NOT NULL) are trusted as PostgreSQL's are: DuckDB
+  enforces them on every write, has no way to drop one, and no process can write the file while this one has it
+  attached. Tables loaded from Parquet or CSV have none, so every bound on them is enforced by the rewrite. The
+  schema is checked against the catalog at start (tables, columns, types), and its links too where the file
+  declares keys at all (a file of plain tables has none to check them against).
 - The keyed hash is DuckDB's `hash(seed, fields...)`, a deterministic 64-bit hash of the tuple.
 - A row's identity is DuckDB's `rowid` (every table is a base table: the file's, or one loaded from a file). A
   truncation keeps PostgreSQL's form, NOT IN over row ids, ranking each key's rows by the keyed hash of the row's
@@ -48,12 +51,22 @@ from dpsql.backends.transpile import (
 )
 from dpsql.errors import BackendError, ConfigError, QueryCancelled, UnsupportedQuery
 from dpsql.schema import PrivacySchema
+from dpsql.schema.catalog import Catalog
 from dpsql.sql import dialect
 from dpsql.sql.dialect import Statement
 
 log = logging.getLogger("dpsql.duckdb")
 PREFIX = "duckdb://"
 INSTANT = "TIMESTAMP WITH TIME ZONE"
+# DuckDB's types that PostgreSQL names otherwise (the rest, lower-cased, are PostgreSQL's names or their aliases)
+TYPE_NAMES = {"tinyint": "smallint", "utinyint": "smallint", "usmallint": "integer", "uinteger": "bigint",
+              "ubigint": "numeric", "hugeint": "numeric", "uhugeint": "numeric", "float": "real"}
+OURS = "schema_name = 'main' AND database_name IN ('memory', 'dpsql_data')"  # the loaded files, then the file's
+CATALOG_COLUMNS = ("SELECT database_name, table_name, column_name, data_type, NOT is_nullable FROM duckdb_columns() "
+                   f"WHERE {OURS} ORDER BY database_name <> 'memory'")
+CATALOG_KEYS = ("SELECT database_name, table_name, constraint_type, constraint_column_names, referenced_table, "
+                f"referenced_column_names FROM duckdb_constraints() WHERE {OURS} AND constraint_type IN "
+                "('PRIMARY KEY', 'UNIQUE', 'FOREIGN KEY')")
 
 
 def to_duckdb(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
@@ -223,8 +236,42 @@ class DuckDBBackend:
         finally:
             cursor.close()
 
-    def catalog(self) -> None:
-        return None  # no key is trusted: every bound is enforced by the rewrite
+    def _read(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of a catalog query or a probe, on a connection of its own."""
+        cursor = self._connection()
+        try:
+            return cursor.execute(sql).fetchall()
+        finally:
+            cursor.close()
+
+    def catalog(self) -> Catalog:
+        """Tables, types and keys as the catalog declares them, a loaded file's table hiding the attached file's
+        of the same name (as the search path does)."""
+        columns: dict[str, dict[str, str]] = {}
+        home: dict[str, str] = {}  # table -> the database it is read from
+        not_null, enums = set(), set()
+        for database, table, column, type_name, required in self._read(CATALOG_COLUMNS):
+            if home.setdefault(table, database) != database:
+                continue
+            spelled = type_name.lower()
+            if spelled.startswith("enum("):
+                enums.add("enum")  # its values are text to the schema (`Catalog.base_type` drops the list)
+            columns.setdefault(table, {})[column] = TYPE_NAMES.get(spelled, spelled)
+            if required:
+                not_null.add((table, column))
+        unique, unique_sets, references = set(), set(), {}
+        for database, table, kind, names, target, target_names in self._read(CATALOG_KEYS):
+            if home.get(table) != database:
+                continue
+            if kind == "FOREIGN KEY":
+                if len(names) == 1 and home.get(target) == database:
+                    references[(table, names[0])] = (target, target_names[0])
+            elif len(names) == 1:
+                unique.add((table, names[0]))
+            else:
+                unique_sets.add((table, frozenset(names)))
+        return Catalog(columns, frozenset(unique), frozenset(unique_sets), frozenset(not_null), references,
+                       frozenset(enums), keys_known=bool(unique or unique_sets or references))
 
     def time_zone(self) -> None:
         return None  # date_trunc's periods are not computed for DuckDB's timestamps: its keys stay private
@@ -234,11 +281,7 @@ class DuckDBBackend:
 
     def health(self) -> str | None:
         try:
-            cursor = self._connection()
-            try:
-                cursor.execute("SELECT 1").fetchall()
-            finally:
-                cursor.close()
+            self._read("SELECT 1")
         except Exception as exc:  # noqa: BLE001 - a closed database: the operator reads the log
             log.warning("DuckDB health check failed: %s", exc)
             return f"DuckDB does not answer ({type(exc).__name__})"
