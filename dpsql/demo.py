@@ -259,6 +259,24 @@ def _spark_value(column: str, type_name: str, spark_range: dict[str, tuple[str, 
     return column
 
 
+def duckdb_file(url: str, directory: str | Path) -> Path:
+    """The demo tables of a PostgreSQL database in a DuckDB file with the demo's keys (for the DuckDB backend):
+    tables made by the demo's DDL, filled from their Parquet copies (`export_parquet`) parents first."""
+    import duckdb
+
+    directory = Path(directory)
+    paths = export_parquet(url, directory / "parquet", SPARK_TABLES)
+    path = directory / "demo.duckdb"
+    path.unlink(missing_ok=True)
+    with duckdb.connect(str(path)) as conn:
+        for statement in DDL.split(";")[1:]:  # the CREATE statements, after PostgreSQL's DROP of several tables
+            if statement.strip():
+                conn.execute(statement)
+        for table in ("states", "people", "visits", "prescriptions", "survey", "checkins", "screenings"):
+            conn.execute(f"INSERT INTO {table} SELECT * FROM read_parquet(?)", [str(paths[table])])
+    return path
+
+
 def spark_schema_text(schema_text: str, paths: dict[str, Path]) -> str:
     """A privacy schema's text with `path = ...` for each exported table (for the Spark backend)."""
     for table, path in paths.items():

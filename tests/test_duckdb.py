@@ -206,18 +206,9 @@ def test_a_file_of_plain_tables_has_no_key_to_trust(duck_engine):
 @pytest.fixture(scope="module")
 def keyed_file(within_bounds, tmp_path_factory) -> Path:
     """The demo tables in a DuckDB file with the demo's keys (PRIMARY KEY, FOREIGN KEY, NOT NULL)."""
-    from dpsql.demo import DDL
+    from dpsql.demo import duckdb_file
 
-    folder = tmp_path_factory.mktemp("duckdb_keyed")
-    paths = export(within_bounds, folder, ALL_TABLES)
-    path = folder / "keyed.duckdb"
-    with duckdb.connect(str(path)) as conn:
-        for statement in DDL.split(";")[1:]:  # the CREATE statements, after PostgreSQL's DROP
-            if statement.strip():
-                conn.execute(statement)
-        for name in ("states", "people", "visits", "prescriptions", "survey", "checkins", "screenings"):
-            conn.execute(f"INSERT INTO {name} SELECT * FROM read_parquet(?)", [str(paths[name])])
-    return path
+    return duckdb_file(within_bounds, tmp_path_factory.mktemp("duckdb_keyed"))
 
 
 def test_a_file_s_keys_are_trusted_as_postgresql_s(keyed_file, within_bounds):
@@ -247,6 +238,16 @@ def test_a_schema_that_does_not_match_the_file_stops_the_engine_at_start(keyed_f
     broken = replace(schema, tables={**schema.tables, "visits": replace(visits, columns=renamed)})
     with pytest.raises(SchemaError, match=r"column visits.duration: the table has no column duration"):
         Engine(Settings(database=f"duckdb:///{keyed_file}", ledger=within_bounds), broken)
+
+
+def test_demo_on_duckdb():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "dpsql.cli", "demo", "--people", "1000", "--backend", "duckdb"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Smokers among survey respondents" in done.stdout and "(2 rows)" in done.stdout
+    assert "prescriptions" in done.stdout and "not on" not in done.stdout  # the parent path is answered
 
 
 def _duck(sql: str, schema: dict) -> str:

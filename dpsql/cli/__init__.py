@@ -249,8 +249,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--serve", action="store_true", help="then run `dpsql serve` on it until Ctrl-C")
     demo.add_argument("--listen", default="127.0.0.1:6543", help="HOST:PORT for --serve (default 127.0.0.1:6543)")
     demo.add_argument("--stop", metavar="DIR", help="stop the embedded PostgreSQL that `--keep` left running in DIR")
-    demo.add_argument("--backend", choices=("postgresql", "spark"), default="postgresql",
+    demo.add_argument("--backend", choices=("postgresql", "spark", "duckdb"), default="postgresql",
                       help="spark: answer from Parquet copies on a local Spark session (pip install 'dpsql[spark]', "
-                           "Java 17); the ledger stays in the embedded PostgreSQL")
+                           "Java 17); duckdb: from a DuckDB file with the demo's keys (pip install 'dpsql[duckdb]'); "
+                           "the ledger stays in the embedded PostgreSQL")
     demo.set_defaults(run=demos.demo)
     return parser

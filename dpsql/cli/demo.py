@@ -1,4 +1,4 @@
-"""`dpsql demo`: the demo data on an embedded PostgreSQL (or Spark), its queries, and a kept server."""
+"""`dpsql demo`: the demo data on an embedded PostgreSQL (or Spark, or DuckDB), its queries, and a kept server."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def demo(args: argparse.Namespace) -> int:
         settings = load_settings(None, database=url, schema=schema_path)
         if args.backend == "spark":
             settings = _spark_demo_settings(url, schema_path, Path(server.data_dir))
+        elif args.backend == "duckdb":
+            settings = _duckdb_demo_settings(url, schema_path, Path(server.data_dir))
         engine = Engine(settings)
         try:
             with contextlib.suppress(Error):  # the analyst may remain from an earlier run with --keep
@@ -81,6 +83,14 @@ def _spark_demo_settings(url: str, schema_path: str, data_dir: Path) -> Settings
     schema.write_text(spark_schema_text(Path(schema_path).read_text(encoding="utf-8"), paths), encoding="utf-8")
     print("Starting a local Spark session ...", file=sys.stderr)
     return load_settings(None, database="spark://local[2]", ledger=url, schema=str(schema))
+
+
+def _duckdb_demo_settings(url: str, schema_path: str, data_dir: Path) -> Settings:
+    """The demo's tables in a DuckDB file (with their keys) beside the embedded PostgreSQL's files."""
+    from dpsql.demo import duckdb_file
+
+    print("Writing the demo tables to a DuckDB file ...", file=sys.stderr)
+    return load_settings(None, database=f"duckdb:///{duckdb_file(url, data_dir)}", ledger=url, schema=schema_path)
 
 
 def _demo_serve(url: str, schema_path: str, listen: str, keep: bool) -> None:
