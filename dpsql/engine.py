@@ -15,9 +15,7 @@ import contextlib
 import hashlib
 import logging
 import math
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, replace
 from typing import Any
@@ -51,6 +49,7 @@ from dpsql.postprocess import (
     window_inputs,
 )
 from dpsql.prepared import Prepared
+from dpsql.recent import Recent
 from dpsql.released_rows import aggregate_released
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contributions, counts_voters, rewrite
@@ -87,9 +86,8 @@ class Engine:
         self._indexed = self.backend.indexed_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
-        self._plans: OrderedDict[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = OrderedDict()
-        self._variants: OrderedDict[tuple, tuple[CheckedQuery, Any]] = OrderedDict()  # `_remembered`
-        self._plans_lock = threading.Lock()
+        self._plans: Recent[tuple[str, str], tuple[CheckedQuery, Plan, Rewritten]] = Recent(PLAN_CACHE_SIZE)
+        self._variants: Recent[tuple, tuple[CheckedQuery, Any]] = Recent(PLAN_CACHE_SIZE)  # `_remembered`
 
     def close(self) -> None:
         self.backend.close()
@@ -144,20 +142,16 @@ class Engine:
                                                                          PublishedQuery, Rewritten | None]:
         """The ε-independent stages, remembered for recently seen (SQL text, parameters, minimum frequency)."""
         cache_key = (sql, repr(params), min_frequency)
-        with self._plans_lock:
-            if cache_key in self._plans:
-                self._plans.move_to_end(cache_key)
-                return self._plans[cache_key]
+        entry = self._plans.get(cache_key)
+        if entry is not None:
+            return entry
         query = check_query(sql, self.schema, params)
         private = plan_published(query, self.schema) or plan_local(query, self.schema)
         # released data, or reports randomized on the devices, need no noise; anything else is analysed
         entry = (query, private, None) if private is not None else (query, *self._analysed(query, min_frequency))
         if query.timed:  # the clock was read: the same text is another query a moment later
             return entry
-        with self._plans_lock:
-            self._plans[cache_key] = entry
-            if len(self._plans) > PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
+        self._plans.put(cache_key, entry)
         return entry
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
@@ -343,17 +337,12 @@ class Engine:
         plan at the bound it chose, one of a few caps), remembered for the query object that `_plan` keeps per
         SQL text. The entry holds the query itself, so an id reused by another object never matches."""
         key = (id(query), *variant)
-        with self._plans_lock:
-            entry = self._variants.get(key)
-            if entry is not None and entry[0] is query:
-                self._variants.move_to_end(key)
-                return entry[1]
+        entry = self._variants.get(key)
+        if entry is not None and entry[0] is query:
+            return entry[1]
         value = make()
         if not query.timed:  # the clock was read: the same text is another query a moment later
-            with self._plans_lock:
-                self._variants[key] = (query, value)
-                if len(self._variants) > PLAN_CACHE_SIZE:
-                    self._variants.popitem(last=False)
+            self._variants.put(key, (query, value))
         return value
 
     def bounded_by_race(self, prepared: Prepared, truncated: Sequence[float]) -> tuple[Prepared, list[tuple] | None]:

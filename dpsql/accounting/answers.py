@@ -10,14 +10,13 @@ import datetime
 import decimal
 import json
 import math
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from dpsql.backends.postgres import pooled
+from dpsql.recent import Recent
 
 MEMO_SIZE = 4096  # answers kept in memory; the dpsql.answers table stays the record
 
@@ -25,15 +24,13 @@ MEMO_SIZE = 4096  # answers kept in memory; the dpsql.answers table stays the re
 class AnswerCache:
     def __init__(self, pool: ConnectionPool):
         self._pool = pool
-        self._memo: OrderedDict[tuple[str, str], dict] = OrderedDict()  # (analyst, key) -> stored answer
-        self._lock = threading.Lock()
+        self._memo: Recent[tuple[str, str], dict] = Recent(MEMO_SIZE)  # (analyst, key) -> stored answer
 
     def get(self, analyst: str, key: str) -> dict | None:
         """The answer already released to `analyst` for `key`, or None."""
-        with self._lock:
-            if (analyst, key) in self._memo:
-                self._memo.move_to_end((analyst, key))
-                return self._memo[(analyst, key)]
+        remembered = self._memo.get((analyst, key))
+        if remembered is not None:
+            return remembered
         with pooled(self._pool) as conn:
             row = conn.execute("SELECT answer FROM dpsql.answers WHERE analyst = %s AND query_key = %s",
                                (analyst, key)).fetchone()
@@ -50,10 +47,7 @@ class AnswerCache:
         return self._remember(analyst, key, row[0])
 
     def _remember(self, analyst: str, key: str, stored: dict) -> dict:
-        with self._lock:
-            self._memo[(analyst, key)] = stored
-            if len(self._memo) > MEMO_SIZE:
-                self._memo.popitem(last=False)
+        self._memo.put((analyst, key), stored)
         return stored
 
 

@@ -13,7 +13,7 @@ import datetime
 import decimal
 import logging
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any
 
 from dpsql.accounting import describe_budget
@@ -23,6 +23,7 @@ from dpsql.combining import columns_of
 from dpsql.engine import Engine
 from dpsql.errors import Error
 from dpsql.postprocess import describe_accuracy, describe_bounds_effect
+from dpsql.recent import Recent
 from dpsql.server import values
 from dpsql.server.codec import Column, Notice
 from dpsql.server.host import Description, Outcome, StatementError
@@ -52,8 +53,7 @@ class Gateway:
         self._logged_in_lock = threading.Lock()
         self.private = frozenset(name for name, table in engine.schema.tables.items() if not table.public)
         self.metrics = Metrics()
-        self._routes: OrderedDict[str, Route] = OrderedDict()
-        self._routes_lock = threading.Lock()
+        self._routes: Recent[str, Route] = Recent(ROUTES_CACHE_SIZE, second_sighting=True)
         # held open while the gateway lives: another `dpsql serve` starting on this database with another schema
         # drops the shadows no one is connected to, and DROP DATABASE refuses one with a connection
         self._lease = ShadowConnection(shadow_url, shadow_role)
@@ -127,17 +127,11 @@ class Gateway:
 
     def route(self, statement: Statement) -> Route:
         """`routing.route`, remembered for recently seen statements (it depends on the text alone)."""
-        with self._routes_lock:
-            if statement.sql in self._routes:
-                self._routes.move_to_end(statement.sql)
-                return self._routes[statement.sql]
-        where = route(statement, self.private)  # a refusal raises and is not remembered
-        if len(statement.sql) > CACHED_TEXT:
-            return where
-        with self._routes_lock:
-            self._routes[statement.sql] = where
-            if len(self._routes) > ROUTES_CACHE_SIZE:
-                self._routes.popitem(last=False)
+        where = self._routes.get(statement.sql)
+        if where is None:
+            where = route(statement, self.private)  # a refusal raises and is not remembered
+            if len(statement.sql) <= CACHED_TEXT:
+                self._routes.put(statement.sql, where)
         return where
 
 
@@ -148,7 +142,7 @@ class ClientSession:
         self.options = Options()
         self._shadow: ShadowConnection | None = None
         self._running: Cancellation | ShadowConnection | None = None
-        self._described: OrderedDict[tuple, Description] = OrderedDict()
+        self._described: Recent[tuple, Description] = Recent(DESCRIBED_CACHE_SIZE)
         self._reported = {**gateway.server_parameters, "client_encoding": "UTF8", "DateStyle": "ISO, MDY",
                           "is_superuser": "off", "session_authorization": analyst,
                           "application_name": application_name, "default_transaction_read_only": "on"}
@@ -160,12 +154,11 @@ class ClientSession:
 
     def describe(self, statement: Statement, param_types: list[int]) -> Description:
         key = (statement.sql, tuple(param_types), self.options.intervals)
-        if key not in self._described:
-            self._described[key] = self._guarded(self._describe, statement, param_types)
-            if len(self._described) > DESCRIBED_CACHE_SIZE:
-                self._described.popitem(last=False)
-        self._described.move_to_end(key)
-        return self._described[key]
+        described = self._described.get(key)
+        if described is None:
+            described = self._guarded(self._describe, statement, param_types)
+            self._described.put(key, described)
+        return described
 
     def execute(self, statement: Statement, params: list[Any], param_types: list[int],
                 binary: bool = False) -> Outcome:

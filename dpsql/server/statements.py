@@ -6,12 +6,13 @@ the client sent.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
+
+from dpsql.recent import Recent
 
 TRANSACTION_KINDS = {"BEGIN": "begin", "START": "begin", "COMMIT": "commit", "END": "commit",
                      "ROLLBACK": "rollback", "ABORT": "rollback", "SAVEPOINT": "savepoint", "RELEASE": "release"}
@@ -64,12 +65,16 @@ CACHED_TEXT = 8192  # longer strings are split afresh each time rather than kept
 def split_statements(sql: str) -> tuple[Statement, ...]:
     """The statements of a simple-query string, in order; empty ones (`;;`, comments only) are dropped.
     Remembered for recent short strings: clients send the same few queries again and again."""
-    return _split_cached(sql) if len(sql) <= CACHED_TEXT else _split(sql)
+    if len(sql) > CACHED_TEXT:
+        return _split(sql)
+    statements = _SPLITS.get(sql)
+    if statements is None:
+        statements = _split(sql)
+        _SPLITS.put(sql, statements)
+    return statements
 
 
-@functools.lru_cache(maxsize=1024)
-def _split_cached(sql: str) -> tuple[Statement, ...]:
-    return _split(sql)
+_SPLITS: Recent[str, tuple[Statement, ...]] = Recent(1024, second_sighting=True)
 
 
 def _split(sql: str) -> tuple[Statement, ...]:
