@@ -1,6 +1,6 @@
 """What one analyst can make `dpsql serve` hold, and whether it comes back (issue 39).
 
-    python benchmarks/bench_held_resources.py [--statements 1000] [--rounds 3] [--warm N] [--out FILE]
+    python benchmarks/bench_held_resources.py [--statements 1000] [--rounds 3] [--out FILE]
 
 Starts `dpsql serve` as its own process on an embedded PostgreSQL with the demo data, then, each round: one
 analyst opens as many connections as `max_analyst_connections` allows and fills each with
@@ -8,9 +8,8 @@ analyst opens as many connections as `max_analyst_connections` allows and fills 
 analyst and one more statement are refused; another analyst logs in and is answered meanwhile; the first closes
 everything. The server's resident memory (VmRSS) is read at the baseline (after a warm-up round of one
 connection and one noisy answer), at the peak and after the close: memory a round held and did not
-give back would show as growth from one round to the next. With --warm N the warm-up prepares N distinct
-statements first, so that the bounded caches of recent statements are full at the baseline, as on a server that
-has run a while. Results: benchmarks/results/held_resources.md (or --out).
+give back would show as growth from one round to the next. Results: benchmarks/results/held_resources.md
+(or --out).
 """
 
 from __future__ import annotations
@@ -82,7 +81,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--statements", type=int, default=Settings.max_prepared_statements)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warm", type=int, default=10, help="statements prepared in the warm-up")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     connections = Settings.max_analyst_connections
@@ -104,9 +102,7 @@ def main() -> None:
     rows = []
     try:
         assert "listening on" in server.stderr.readline()
-        warm_connections = max(1, args.warm // args.statements)
-        # warm-up: imports, pools, the shadow session, a noisy answer (and, with --warm, full caches)
-        for conn in hold(port, warm_connections, min(args.warm, args.statements), 0):
+        for conn in hold(port, 1, 10, 0):  # warm-up: imports, pools, the shadow session, a noisy answer
             conn.execute("SELECT COUNT(*) FROM people")
             conn.close()
         baseline, live = rss_mb(server.pid), gauges(metrics)
@@ -139,8 +135,7 @@ def main() -> None:
         server.wait(30)
         postgres.stop()
     lines = [f"# What one analyst can make `dpsql serve` hold ({datetime.date.today()})", "",
-             f"`python benchmarks/bench_held_resources.py --statements {args.statements} --rounds {args.rounds} "
-             f"--warm {args.warm}`: "
+             f"`python benchmarks/bench_held_resources.py --statements {args.statements} --rounds {args.rounds}`: "
              f"one analyst holds {connections} connections (max_analyst_connections) with {args.statements} named "
              "statements each (max_prepared_statements), then closes them; the server's VmRSS in MB.", "",
              "| round | baseline | peak | after close | live Python blocks after close (vs baseline) | threads after "
@@ -151,14 +146,16 @@ def main() -> None:
     lines += ["", "After close is read once the pools' idle workers have ended (30 s) and freed memory has been "
               "trimmed. A named statement is kept as one pickled block of at least 513 bytes, which CPython takes "
               "from malloc rather than from its small-object arenas, so the peak is about 1.1 KB a statement; once "
-              "the analyst closes, glibc's malloc_trim gives those blocks back. What stays is not held for the "
-              "analyst: the live Python objects are within 4% of the baseline (the server's own "
-              "`dpsql_python_allocated_blocks`): the bounded caches of recent statements (1,024 split texts, "
-              "1,024 routes, 256 plans: about 1 MB), and a few of CPython's 1 MB arenas that a long-lived block "
-              "keeps (an arena is returned only when every block in it is free). The resident memory stays flat "
-              "from round to round. Before this (statements kept as objects, workers kept for the server's life) "
-              "it stayed 13 MB above the baseline after the first round and grew 0.2-1.5 MB a round: the "
-              "statements' objects had opened about 12 arenas that a few survivors then held (measured with "
+              "the analyst closes, glibc's malloc_trim gives those blocks back. The caches of recent statements "
+              "(split texts, routes) keep a text only when it comes a second time (`dpsql.recent.Recent`), so the "
+              "analyst's one-off statements leave no entries behind: the live Python objects after close are within "
+              "1% of the baseline (the server's own `dpsql_python_allocated_blocks`; 3.7% when the caches kept "
+              "every text). What stays resident are a few of CPython's 1 MB arenas that a long-lived block keeps "
+              "(an arena is returned only when every block in it is free). The resident memory stays flat "
+              "from round to round. Before the first of these changes (statements kept as objects, workers kept "
+              "for the server's life) it stayed 13 MB above the baseline after the first round and grew 0.2-1.5 MB "
+              "a round: the statements' objects had opened about 12 arenas that a few survivors then held "
+              "(measured with "
               "`sys._debugmallocstats()`: 58 arenas against 46, with the allocated bytes back at the baseline's), "
               "and up to max_client_connections idle threads stayed."]
     args.out.write_text("\n".join(lines) + "\n")
