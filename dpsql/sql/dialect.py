@@ -142,7 +142,7 @@ def spell(tree: exp.Expression, spellings: dict[str, Spelling]) -> exp.Expressio
 
 def postgres(tree: exp.Expression) -> str:
     """The tree in PostgreSQL's SQL, each dialect node spelled as PostgreSQL's functions and row identity give it."""
-    return to_sql(spell(tree.copy(), _POSTGRES))
+    return to_sql(spell(tree.copy(), _POSTGRES), disposable=True)
 
 
 def _keyed_hash(node: exp.Anonymous) -> exp.Expression:

@@ -30,8 +30,10 @@ def forget_positions(tree: exp.Expression) -> exp.Expression:
     return tree
 
 
-def to_sql(node: exp.Expression, normalize: bool = False) -> str:
+def to_sql(node: exp.Expression, normalize: bool = False, disposable: bool = False) -> str:
     """PostgreSQL text of a tree (identifiers and keywords lower-cased and comments dropped with `normalize`).
+    sqlglot's generator may change the tree it renders, so it renders a copy unless the tree is `disposable` (a
+    copy the caller made for this rendering alone).
 
     Each thread reuses one generator per option set: sqlglot's compiled Generator (sqlglotc 30) leaks about 56
     bytes per instance, and a query makes dozens, which grew a serving process by megabytes a minute."""
@@ -41,7 +43,7 @@ def to_sql(node: exp.Expression, normalize: bool = False) -> str:
         generator = Dialect.get_or_raise(DIALECT).generator(**options)
         setattr(_generators, "normalize" if normalize else "plain", generator)
     generator._next_name = name_sequence("_t")  # as a fresh generator would name anonymous aliases
-    return generator.generate(node, copy=True)
+    return generator.generate(node, copy=not disposable)
 
 AGGREGATES: dict[type[exp.Expression], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
