@@ -275,7 +275,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, BACKENDS[module]))
         if module in ADVERSARIAL:
             item.add_marker(pytest.mark.adversarial)
-        elif module in INTEGRATION or REAL_PARTS & set(item.fixturenames):
+        elif module in INTEGRATION or REAL_PARTS & set(item.fixturenames) or item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)

@@ -240,6 +240,7 @@ def test_a_schema_that_does_not_match_the_file_stops_the_engine_at_start(keyed_f
         Engine(Settings(database=f"duckdb:///{keyed_file}", ledger=within_bounds), broken)
 
 
+@pytest.mark.integration  # a subprocess with its own embedded PostgreSQL
 def test_demo_on_duckdb():
     import subprocess
     import sys
@@ -313,6 +314,7 @@ def test_a_truncated_table_on_duckdb_keeps_each_key_within_its_limit():
     assert sum(1 for r in rows if r[0] is None) <= 3  # NULL k rows count against j = 'a' only
 
 
+@pytest.mark.integration  # a DuckDB database, if one in memory
 def test_the_statement_timeout_and_a_cancel_stop_a_duckdb_statement():
     slow = Statement.parse("SELECT COUNT(*) FROM range(100000000000) AS a(x) WHERE x % 7 = 3")
     backend = DuckDBBackend("duckdb:///:memory:", schema_reading(dict.fromkeys(ALL_TABLES)), statement_timeout_ms=300)
