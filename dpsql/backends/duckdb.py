@@ -224,17 +224,14 @@ class DuckDBBackend:
     def check(self, statement: Statement) -> None:
         """Refuses, before any charge, a statement DuckDB cannot bind (a function or type it lacks): EXPLAIN binds
         and plans it against the tables' types, never their rows."""
-        cursor = self._connection()
         try:
-            cursor.execute(f"EXPLAIN {self.render(statement)}")
+            self._read(f"EXPLAIN {self.render(statement)}")
         except UnsupportedQuery:
             raise
         except Exception as exc:  # noqa: BLE001 - DuckDB's SQL, not the data's
             log.warning("DuckDB cannot plan a rewritten statement: %s", exc)
             raise UnsupportedQuery(f"DuckDB cannot run this query's rewritten SQL ({type(exc).__name__})",
                                    "rephrase it, or ask it on the PostgreSQL backend") from None
-        finally:
-            cursor.close()
 
     def _read(self, sql: str) -> list[tuple[Any, ...]]:
         """The rows of a catalog query or a probe, on a connection of its own."""
