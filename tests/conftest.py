@@ -266,6 +266,24 @@ INTEGRATION = {"test_spark", "test_cli", "test_readme", "test_owner_guide", "tes
 BACKENDS = {"test_spark": "spark", "test_duckdb": "duckdb"}
 
 
+GOLDEN = "tests/test_golden.py"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The golden replay (pure computation over one process per core) starts now, runs beside the other tests,
+    and its test comes last (see pytest_collection_modifyitems) to wait for it."""
+    if any(item.nodeid.startswith(GOLDEN) for item in session.items):
+        from tests import test_golden
+
+        test_golden.start_replay()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests import test_golden
+
+    test_golden.stop_replay()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets one of three markers: adversarial (by module), integration (it uses a real database,
     server or cluster), else unit; and the suites of the other engines their engine's marker."""
@@ -279,3 +297,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+    items.sort(key=lambda item: item.nodeid.startswith(GOLDEN))  # stable: only the golden test moves, to the end
