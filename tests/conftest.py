@@ -275,7 +275,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.nodeid.startswith(GOLDEN) for item in session.items):
         from tests import test_golden
 
-        test_golden.start_replay()
+        test_golden.start_replay(alone=len(session.items) == 1)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -31,13 +31,14 @@ def _changed(entries: list[dict], schemas: dict) -> list[tuple[dict, str]]:
 _started: dict[str, object] = {}  # the pool, the entries and their shares' futures, once started
 
 
-def start_replay() -> None:
-    """Start replaying the corpus in the background (once); the test below waits for it."""
+def start_replay(alone: bool = True) -> None:
+    """Start replaying the corpus in the background (once); the test below waits for it. Beside other tests it
+    leaves one core to them."""
     if _started:
         return
     corpus = golden.load()
     entries, schemas = corpus["entries"], corpus["schemas"]
-    workers = max(1, min((os.cpu_count() or 1) - 1, 4))  # the other core runs the tests meanwhile
+    workers = max(1, min((os.cpu_count() or 1) - (not alone), 4))
     shares = [entries[i::workers] for i in range(workers)]  # interleaved: each share holds every construct
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     _started.update(pool=pool, entries=entries, futures=[pool.submit(_changed, share, schemas) for share in shares])
