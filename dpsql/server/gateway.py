@@ -142,7 +142,7 @@ class ClientSession:
         self.options = Options()
         self._shadow: ShadowConnection | None = None
         self._running: Cancellation | ShadowConnection | None = None
-        self._described: Recent[tuple, Description] = Recent(DESCRIBED_CACHE_SIZE)
+        self._described: Recent[tuple, Description] = Recent(DESCRIBED_CACHE_SIZE, second_sighting=True)
         self._reported = {**gateway.server_parameters, "client_encoding": "UTF8", "DateStyle": "ISO, MDY",
                           "is_superuser": "off", "session_authorization": analyst,
                           "application_name": application_name, "default_transaction_read_only": "on"}

@@ -30,30 +30,40 @@ class Prepared:
 
 
 class PreparedStatements(MutableMapping[str, Prepared]):
-    """A connection's prepared statements by name, each kept as one pickled block of at least MALLOC_SIZE bytes:
-    CPython's small-object allocator never gives back an arena (1 MB) while any block in it lives, so a thousand
-    statements of a few hundred bytes each, kept as objects, left the server's memory above its baseline after
-    the connection closed (benchmarks/results/held_resources.md); blocks this size come from malloc, which returns
-    them. A statement is unpickled when it runs (microseconds against a statement's milliseconds)."""
+    """A connection's prepared statements by name, each kept as one pickled block of at least MALLOC_SIZE bytes
+    under its name padded to as many: CPython's small-object allocator never gives back an arena (1 MB) while any
+    block in it lives, so a thousand statements kept as objects, or even just their names as small strings, left
+    the server's memory above its baseline after the connection closed (benchmarks/results/held_resources.md);
+    blocks this size come from malloc, which returns them. A statement is unpickled when it runs (microseconds
+    against a statement's milliseconds)."""
 
     def __init__(self) -> None:
-        self._blocks: dict[str, bytes] = {}
+        self._blocks: dict[bytes, bytes] = {}
 
     def __getitem__(self, name: str) -> Prepared:
-        return pickle.loads(self._blocks[name])
+        return pickle.loads(self._blocks[_key(name)])
 
     def __setitem__(self, name: str, prepared: Prepared) -> None:
         block = pickle.dumps(prepared, pickle.HIGHEST_PROTOCOL)
-        self._blocks[name] = block.ljust(MALLOC_SIZE, b"\0")  # pickle ignores what follows its STOP
+        self._blocks[_key(name)] = block.ljust(MALLOC_SIZE, b"\0")  # pickle ignores what follows its STOP
 
     def __delitem__(self, name: str) -> None:
-        del self._blocks[name]
+        del self._blocks[_key(name)]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._blocks)
+        return (key.rstrip(b"\0").decode() for key in self._blocks)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and _key(name) in self._blocks
 
     def __len__(self) -> int:
         return len(self._blocks)
+
+
+def _key(name: str) -> bytes:
+    """The name as a block of at least MALLOC_SIZE bytes, for the same reason as the statement (names are
+    NUL-terminated in the protocol, so the padding cannot be part of one)."""
+    return name.encode().ljust(MALLOC_SIZE, b"\0")
 
 
 @dataclass
