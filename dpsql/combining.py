@@ -67,12 +67,17 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     sort_rows(rows, lambda row, i: row[0][columns[i]], [(d, n) for _, d, n in composition.order])
     end = None if composition.limit is None else composition.offset + composition.limit
     rows = rows[composition.offset:end]
-    notes = list(dict.fromkeys(note for answer in shown for note in answer.notes))
-    unknown = composition.computed_from_scalars()  # an interval of the outer step alone would say too little
-    if unknown:
-        rows = [(row, tuple(None if i in unknown else a for i, a in enumerate(accuracy))) for row, accuracy in rows]
-        notes.append(f"no 95% interval for {', '.join(names[i] for i in unknown)}: computed from a scalar "
-                     "subquery's noisy answer, whose noise an interval of the outer query alone would not cover")
+    notes = list(dict.fromkeys(note for answer in answers for note in answer.notes))  # the scalars' too
+    from_scalars = composition.computed_from_scalars()  # an interval of the outer step alone would say too little
+    if from_scalars:
+        repeated = {i: answers[which].accuracy[0][0] if answers[which].accuracy else None
+                    for i, which in from_scalars.items() if which is not None}
+        rows = [(row, tuple(repeated.get(i, None if i in from_scalars else a)
+                            for i, a in enumerate(accuracy))) for row, accuracy in rows]
+        unknown = [names[i] for i, which in from_scalars.items() if which is None]
+        if unknown:
+            notes.append(f"no 95% interval for {', '.join(unknown)}: computed from a scalar subquery's noisy "
+                         "answer, whose noise an interval of the outer query alone would not cover")
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes)

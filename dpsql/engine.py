@@ -204,9 +204,16 @@ class Engine:
                                        "GROUP BY k) s") from None
             return composition, [prepared]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
-        share = resolved.epsilon / len(composition.parts)
-        return composition, [self.prepare(part, stand_ins(composition, number), share, options)
-                             for number, part in enumerate(composition.parts)]
+        numbered = list(enumerate(composition.parts))
+        parts = [self.prepare(part, stand_ins(composition, n), resolved.epsilon / len(numbered), options)
+                 for n, part in numbered]
+        charged = [n for n, prepared in enumerate(parts) if prepared.cost != NO_COST]
+        if 0 < len(charged) < len(parts):  # a part that reads no private data (the outer step of scalar
+            # subqueries without FROM) costs nothing: the others share the whole ε
+            for n in charged:
+                parts[n] = self.prepare(composition.parts[n], stand_ins(composition, n),
+                                        resolved.epsilon / len(charged), options)
+        return composition, parts
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
               options: Options | None = None, cancel: Cancellation | None = None) -> Answer:

@@ -12,6 +12,7 @@ from dpsql import errors
 from dpsql.sql import check_query
 from dpsql.sql.parse import parse_select
 from dpsql.sql.times import fold_times
+from tests.conftest import PEOPLE
 from tests.test_analysis import plan
 
 
@@ -488,6 +489,24 @@ def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its
     filtered = engine.query("SELECT COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people)",
                             analyst=analyst, epsilon=1.0)
     assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
+
+
+def test_scalar_subqueries_alone_are_answered_without_from(engine, analyst):
+    """`SELECT (SELECT ...) / (SELECT ...)`, a ratio of two answers as analysts write it: each subquery a part
+    with its share of ε, the outer step (which reads no table) exact and free, so it takes no share; a column that
+    repeats one subquery as it is keeps that subquery's interval; a subquery written twice is answered once."""
+    sql = ("SELECT (SELECT COUNT(*) FROM visits)::float / (SELECT COUNT(*) FROM people) AS per_person, "
+           "(SELECT COUNT(*) FROM people) AS people")
+    composition, parts = engine.prepare_parts(sql, epsilon=0.9)
+    assert len(parts) == 3 and parts[-1].cost.epsilon == 0
+    assert [p.options.epsilon for p in parts[:2]] == pytest.approx([0.45] * 2)
+    answer = engine.query(sql, analyst=analyst, epsilon=0.9)
+    (per_person, people), = answer.rows
+    assert answer.epsilon == pytest.approx(0.9) and answer.names == ["per_person", "people"]
+    assert abs(people - PEOPLE) < 100 and 1 < per_person < 10
+    (ratio, counted), = answer.accuracy
+    assert ratio is None and counted.ci_low < people < counted.ci_high
+    assert any("no 95% interval for per_person" in n for n in answer.notes)
 
 
 @pytest.mark.parametrize(("sql", "message"), [

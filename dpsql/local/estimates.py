@@ -85,6 +85,8 @@ def plan_local(query: CheckedQuery, schema: PrivacySchema) -> LocalQuery | None:
     """The local-only plan of a query over public tables that reads a local column, or None for any other
     query (which the central analysis takes)."""
     tree = query.tree
+    if not tree.args.get("from_"):  # values computed from scalar subqueries alone
+        return None
     tables = [tree.args["from_"].this, *(j.this for j in tree.args.get("joins") or [])]
     read = [*tables, *tree.find_all(exp.Table, exp.Subquery)]  # subqueries too: a private one needs noise
     if not all(isinstance(t, exp.Table) and t.name in schema.tables and schema.tables[t.name].public

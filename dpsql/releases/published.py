@@ -41,9 +41,10 @@ class PublishedQuery:
 
 
 def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery | None:
-    """The exact plan of a query over public tables only, else None."""
+    """The exact plan of a query over public tables only (or over none: constants, and the noisy values of
+    scalar subqueries answered before it), else None."""
     tables = [schema.tables.get(t.name) for t in query.tree.find_all(exp.Table)]
-    if not tables or any(t is None or not t.public for t in tables):
+    if any(t is None or not t.public for t in tables):
         return None
     if any(c.local is not None for t in tables for c in t.columns.values()):
         return None  # locally randomized reports are only estimated from (dpsql.local.estimates)

@@ -42,14 +42,22 @@ class Composition:
     def sequential(self) -> bool:
         return self.scalars > 0
 
-    def computed_from_scalars(self) -> list[int]:
-        """The output columns of the last part whose values are computed from a scalar subquery's noisy value
-        (`COUNT(*) / (SELECT COUNT(*) ...)`), rather than filtered by one: their intervals would miss its noise."""
+    def computed_from_scalars(self) -> dict[int, int | None]:
+        """The output columns of the last part whose values come from a scalar subquery's noisy value, rather
+        than being filtered by one: each with the subquery it repeats as it is (`(SELECT COUNT(*) ...) AS n`,
+        whose interval is the subquery's), or None where it is computed from one (`COUNT(*) / (SELECT ...)`,
+        whose interval the outer step's alone would miss)."""
         if not self.sequential:
-            return []
+            return {}
         outputs = parse_statement(self.parts[-1]).expressions
-        return [i for i, e in enumerate(outputs)
-                if any(p.name.startswith(SCALAR) for p in e.find_all(exp.Placeholder))]
+        found = {}
+        for i, output in enumerate(outputs):
+            if any(p.name.startswith(SCALAR) for p in output.find_all(exp.Placeholder)):
+                bare = output.unalias()
+                while isinstance(bare, exp.Cast | exp.Paren):
+                    bare = bare.this
+                found[i] = int(bare.name[len(SCALAR):]) if isinstance(bare, exp.Placeholder) else None
+        return found
 
 
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
@@ -183,7 +191,7 @@ def _sequential(tree: exp.Select) -> Composition:
                                "send some of the subqueries as queries of their own, and their answers as constants")
     inner_tables = set()
     parts = []
-    for index, subquery in enumerate(subqueries):
+    for subquery in subqueries:
         select = subquery.this
         if not isinstance(select, exp.Select) or select.args.get("group") or len(select.expressions) != 1 \
                 or not select.expressions[0].find(*AGGREGATES):
@@ -197,11 +205,14 @@ def _sequential(tree: exp.Select) -> Composition:
             raise UnsupportedQuery(f"the subquery ({to_sql(select)}) refers to the outer query's "
                                    f"{to_sql(outside[0])}", "a scalar subquery must stand on its own (uncorrelated)")
         inner_tables |= own
-        parts.append(to_sql(select))
-        subquery.replace(exp.Placeholder(this=f"{SCALAR}{index}"))
+        text = to_sql(select)
+        if text not in parts:  # the same subquery twice is one answer, used twice
+            parts.append(text)
+        subquery.replace(exp.Placeholder(this=f"{SCALAR}{parts.index(text)}"))
+    scalars = len(parts)
     parts.append(to_sql(outer))
-    return Composition(parts, f"{len(subqueries)} scalar subquer{'y' if len(subqueries) == 1 else 'ies'} answered "
-                       "first, then the query with their noisy values", scalars=len(subqueries))
+    return Composition(parts, f"{scalars} scalar subquer{'y' if scalars == 1 else 'ies'} answered "
+                       "first, then the query with their noisy values", scalars=scalars)
 
 
 GROUPINGS = (exp.Rollup, exp.Cube, exp.GroupingSets)
