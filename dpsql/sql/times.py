@@ -5,6 +5,9 @@
 - A constant date or timestamp ± an interval or a number of days (`DATE '2024-07-01' - INTERVAL '3 months'`,
   `current_date - 7`) becomes one literal, computed as PostgreSQL computes it: a date ± days is a date, a date ±
   an interval a timestamp, months added first with the day clamped to the month's end, then days, then seconds.
+- `to_timestamp(text, format)` and `to_date(text, format)` of constants (how Superset writes its time range) become
+  the literal they read, `to_timestamp(seconds)` the UTC instant: `to_timestamp` is a timestamptz, read as
+  PostgreSQL reads one without an offset, in the session's TimeZone.
 - A comparison of a column ± a fixed-length step with a constant time (`day + 7 > DATE '2024-12-01'`,
   `day + INTERVAL '12 hours' >= ...`) is solved for the column (`day > DATE '2024-11-24'`), which holds exactly for
   steps of whole days, hours, minutes and seconds on dates and timestamps. Months (not invertible: 31 March minus a
@@ -24,6 +27,7 @@ from sqlglot import exp
 from dpsql.schema import PrivacySchema
 
 CLOCKS = (exp.CurrentTimestamp, exp.CurrentDate, exp.Localtimestamp)
+READERS = (exp.StrToTime, exp.StrToDate, exp.UnixToTime)  # to_timestamp(text, format), to_date, to_timestamp(n)
 MAX_STEP = 100_000  # of any unit: further is no date anyone means, and would overflow Python's dates
 COMPARISONS = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ, exp.NEQ)
 UNITS = {"year": ("months", 12), "month": ("months", 1), "mon": ("months", 1), "week": ("days", 7),
@@ -58,11 +62,13 @@ class Step:
 def fold_times(tree: exp.Select, now: datetime.datetime | None, schema: PrivacySchema) -> exp.Select:
     """`tree` with its constant times folded to literals (the clock read as `now`, UTC) and comparisons of a
     column ± a step solved for the column."""
-    if tree.find(exp.Add, exp.Sub, *CLOCKS) is None:  # most queries: nothing to fold
+    if tree.find(exp.Add, exp.Sub, *CLOCKS, *READERS) is None:  # most queries: nothing to fold
         return tree
     timestamptz = _timestamptz_names(tree, schema)
 
     def fold(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, READERS):
+            return _read(node) or node
         if isinstance(node, COMPARISONS):
             node = _solved(node, now, timestamptz)
         if not isinstance(node, (exp.Add, exp.Sub, exp.Cast, exp.Paren, *CLOCKS)) or not _worth_folding(node):
@@ -114,6 +120,28 @@ def _cast_value(node: exp.Cast, now: datetime.datetime | None) -> Time | None:
             return None  # a timestamptz without an offset is read in the session's TimeZone: not folded here
         return value
     return None
+
+
+def _read(node: exp.Expression) -> exp.Expression | None:
+    """The literal that to_timestamp / to_date of constants reads, or None (then PostgreSQL reads it, or says
+    why before anything is charged). sqlglot has turned PostgreSQL's format into strptime's."""
+    text, form = node.this, node.args.get("format")
+    if isinstance(node, exp.UnixToTime):
+        if not (isinstance(text, exp.Literal) and not text.is_string) or node.args.get("scale") is not None:
+            return None
+        try:
+            return literal(datetime.datetime.fromtimestamp(float(text.this), datetime.UTC))
+        except (ValueError, OverflowError, OSError):
+            return None
+    if not (isinstance(text, exp.Literal) and text.is_string and isinstance(form, exp.Literal) and form.is_string):
+        return None
+    try:
+        value = datetime.datetime.strptime(text.this, form.this)
+    except ValueError:
+        return None
+    if isinstance(node, exp.StrToDate):
+        return literal(value.date())
+    return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), "timestamptz")  # in the session's TimeZone
 
 
 def _iso(parse, text: str) -> Time | None:
