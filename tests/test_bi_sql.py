@@ -182,6 +182,46 @@ def test_peers_share_a_running_frame(demo_schema):
     assert [e["w5"] for e in envs] == [10, 7, 10, 7]  # descending: NULL first, then 2, then the peers at 1
 
 
+def test_month_on_month_change_and_running_total_over_a_grouped_subquery(engine, analyst):
+    """What analysts write for a trend: windows over the released monthly counts, with intervals simulated
+    through the difference and the running sum."""
+    monthly = "SELECT date_trunc('month', day) AS month, COUNT(*) AS n FROM visits GROUP BY 1"
+    answer = engine.query(f"SELECT month, n, n - LAG(n) OVER (ORDER BY month) AS change, SUM(n) OVER (ORDER BY "
+                          f"month) AS running FROM ({monthly}) t ORDER BY month", analyst=analyst, epsilon=1.0)
+    assert answer.names == ["month", "n", "change", "running"] and len(answer.rows) == 12
+    counts = [row[1] for row in answer.rows]
+    assert [row[2] for row in answer.rows] == [None] + [b - a for a, b in zip(counts[:-1], counts[1:], strict=True)]
+    assert [row[3] for row in answer.rows] == [sum(counts[:i + 1]) for i in range(12)]
+    second = answer.accuracy[1]
+    assert second[2].ci_low < answer.rows[1][2] < second[2].ci_high and second[3].ci_low < answer.rows[1][3]
+
+
+POSITIONS = ["LAG(n) OVER (ORDER BY k)", "LAG(n, 2, -1) OVER (PARTITION BY p ORDER BY k)",
+             "LEAD(n) OVER (ORDER BY k DESC)", "LEAD(n, 3, 0) OVER (ORDER BY k)", "FIRST_VALUE(n) OVER (ORDER BY k)",
+             "LAST_VALUE(n) OVER (PARTITION BY p ORDER BY k)", "LAST_VALUE(n) OVER ()", "NTILE(3) OVER (ORDER BY k)",
+             "NTILE(4) OVER (PARTITION BY p ORDER BY k)", "PERCENT_RANK() OVER (ORDER BY t)",
+             "CUME_DIST() OVER (PARTITION BY p ORDER BY t)", "PERCENT_RANK() OVER ()"]
+
+
+def test_windows_that_read_a_row_s_place_follow_postgresql(base_url):
+    """LAG, LEAD, FIRST_VALUE, LAST_VALUE, NTILE, PERCENT_RANK and CUME_DIST over released values (the month on
+    month change: n - LAG(n) OVER (ORDER BY month)), as PostgreSQL computes them over the same rows (with ties
+    only where the order among peers cannot change the value)."""
+    from dpsql.postprocess.windows import compute_windows
+    rows = [(1, 10, "a", 1), (2, 5, "b", 1), (3, None, "a", 2), (4, 7, "b", 2), (5, 4, "a", 2), (6, 9, "a", 3),
+            (7, 1, "b", None)]
+    tree = parse_select(f"SELECT {', '.join(POSITIONS)} FROM t")
+    envs = [dict(zip("knpt", row, strict=True)) for row in rows]
+    compute_windows([(f"w{i}", window) for i, window in enumerate(tree.expressions)], envs, [])
+    values = ", ".join(f"({k}, {'NULL' if n is None else n}, '{p}', {'NULL' if t is None else t})"
+                       for k, n, p, t in rows)
+    with psycopg.connect(base_url) as conn:
+        expected = conn.execute(f"SELECT {', '.join(POSITIONS)} FROM (VALUES {values}) v(k, n, p, t) "
+                                "ORDER BY k").fetchall()
+    for env, row in zip(envs, expected, strict=True):
+        assert [env[f"w{i}"] for i in range(len(POSITIONS))] == pytest.approx(list(row)), env
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELECT COUNT(*) FROM visits WHERE ROW_NUMBER() OVER () > 1", "outer SELECT list or ORDER BY"),
     ("SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3",
@@ -190,8 +230,11 @@ def test_peers_share_a_running_frame(demo_schema):
     ("SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category", "must appear in GROUP BY"),
     ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) "
      "FROM visits GROUP BY category", "window frames"),
-    ("SELECT category, LAG(COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category",
+    ("SELECT category, NTH_VALUE(COUNT(*), 2) OVER (ORDER BY category) FROM visits GROUP BY category",
      "not supported as a window function"),
+    ("SELECT category, LAG(COUNT(*), COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category",
+     "needs constants"),
+    ("SELECT category, NTILE(0) OVER (ORDER BY category) FROM visits GROUP BY category", "needs constants"),
     ("SELECT n FROM (SELECT category, COUNT(*) OVER () AS n FROM visits) s", "outer SELECT list or ORDER BY"),
 ])
 def test_windows_that_would_read_rows_are_refused(demo_schema, sql, message):

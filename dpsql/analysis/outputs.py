@@ -93,10 +93,10 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
                  original: exp.Expression, windows: dict[str, exp.Window]) -> str:
     if isinstance(expr, exp.Column) and expr.name in windows:
         function = windows[expr.name].this
-        if isinstance(function, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Count):
+        if isinstance(function, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Count | exp.Ntile):
             return "int8"
-        if isinstance(function, exp.Min | exp.Max | exp.Sum):  # PostgreSQL's SUM of a bigint is numeric; ours
-            # of an integer count stays whole
+        if isinstance(function, exp.Min | exp.Max | exp.Sum | exp.Lag | exp.Lead | exp.FirstValue | exp.LastValue):
+            # another row's value, or a SUM (PostgreSQL's of a bigint is numeric; ours of a count stays whole)
             return _output_type(function.this, aggregates, keys, exprs, function.this, windows)
         return "float8"
     if isinstance(expr, exp.Column):

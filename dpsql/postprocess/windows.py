@@ -32,12 +32,15 @@ def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, 
                     simulations[index][name] = envs[index][name]
 
 
-RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank)
+RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile)  # positions
+NAVIGATION = (exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue)  # another row's value
 
 
 def window_inputs(window: exp.Window) -> list[exp.Expression]:
     """What a window evaluates on each row: its function's argument, its PARTITION BY and ORDER BY values."""
-    argument = window.this.this if isinstance(window.this.this, exp.Expression) else None
+    function = window.this
+    argument = function.this if isinstance(function.this, exp.Expression) and not isinstance(function, exp.Ntile) \
+        else None
     order = window.args["order"].expressions if window.args.get("order") else []
     return [*([argument] if argument is not None and not isinstance(argument, exp.Star) else []),
             *(window.args.get("partition_by") or []), *(o.this for o in order)]
@@ -69,6 +72,9 @@ def _peer_groups(members: list[int], order: list[exp.Ordered], envs: list[dict[s
 def _window_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]]) -> None:
     """Set envs[i][name] for the rows of one partition, given in runs of peers. Without ORDER BY there is one run,
     so every frame is the whole partition."""
+    if isinstance(function, RANKINGS[3:] + NAVIGATION):
+        _position_values(name, function, peers, envs)
+        return
     seen = 0
     frame: list[Any] = []
     for rank, run in enumerate(peers, start=1):
@@ -84,6 +90,41 @@ def _window_values(name: str, function: exp.Expression, peers: list[list[int]], 
             value = _aggregate_frame(function, frame, star=isinstance(argument, exp.Star))
             for index in run:
                 envs[index][name] = value
+        seen += len(run)
+
+
+def _position_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]]) -> None:
+    """The windows that read a row's place in its partition, as PostgreSQL defines them: PERCENT_RANK,
+    CUME_DIST and NTILE from ranks and row numbers; LAG and LEAD from the row so many places before or after
+    (else the default), FIRST_VALUE from the partition's first row, LAST_VALUE from the current row's last peer
+    (the default frame ends there)."""
+    rows = [index for run in peers for index in run]
+    count = len(rows)
+    if isinstance(function, exp.Ntile):
+        buckets = int(evaluate(function.this, envs[rows[0]]))
+        size, larger = divmod(count, buckets)
+        edges = [(b + 1) * size + min(b + 1, larger) for b in range(buckets)]  # the first `larger` get one more
+        for position, index in enumerate(rows):
+            envs[index][name] = next(b for b, edge in enumerate(edges, start=1) if position < edge)
+        return
+    seen = 0
+    for run in peers:
+        for index in run:
+            if isinstance(function, exp.PercentRank):
+                value: Any = seen / (count - 1) if count > 1 else 0.0
+            elif isinstance(function, exp.CumeDist):
+                value = (seen + len(run)) / count
+            elif isinstance(function, exp.FirstValue):
+                value = evaluate(function.this, envs[rows[0]])
+            elif isinstance(function, exp.LastValue):
+                value = evaluate(function.this, envs[run[-1]])
+            else:
+                step = int(evaluate(function.args["offset"], envs[index])) if function.args.get("offset") else 1
+                other = rows.index(index) + (step if isinstance(function, exp.Lead) else -step)
+                default = function.args.get("default")
+                value = evaluate(function.this, envs[rows[other]]) if 0 <= other < count else \
+                    evaluate(default, envs[index]) if default is not None else None
+            envs[index][name] = value
         seen += len(run)
 
 

@@ -46,7 +46,8 @@ INSTEAD = {
 }
 
 # functions a window may compute over the released rows
-WINDOW_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
+WINDOW_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag, exp.Lead,
+                    exp.FirstValue, exp.LastValue, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
 
 
 def refuse_unsafe(tree: exp.Select) -> None:
@@ -84,7 +85,8 @@ def refuse_unsafe(tree: exp.Select) -> None:
 
 def _check_window(window: exp.Window, tree: exp.Select) -> None:
     """A window runs over the released rows (post-processing): only in the outer SELECT list or ORDER BY, with the
-    default frame, and as a ranking or a SUM, AVG, MIN, MAX or COUNT."""
+    default frame, and as a ranking, another row's value (LAG, LEAD, FIRST_VALUE, LAST_VALUE, with constant
+    offsets) or a SUM, AVG, MIN, MAX or COUNT."""
     place = window.parent
     while isinstance(place, exp.Expression) and not isinstance(place, exp.Select | exp.Ordered | exp.Where
                                                                   | exp.Group | exp.Having | exp.Join):
@@ -98,7 +100,19 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
                                "use the default frame: the whole partition, or up to the current row with ORDER BY")
     if not isinstance(window.this, WINDOW_FUNCTIONS):
         raise UnsupportedQuery(f"{_describe(window.this)} is not supported as a window function",
-                               "use ROW_NUMBER, RANK, DENSE_RANK, SUM, AVG, MIN, MAX or COUNT OVER (...)")
+                               "use ROW_NUMBER, RANK, DENSE_RANK, PERCENT_RANK, CUME_DIST, NTILE, LAG, LEAD, "
+                               "FIRST_VALUE, LAST_VALUE, SUM, AVG, MIN, MAX or COUNT OVER (...)")
+    function = window.this
+    offset, default = function.args.get("offset"), function.args.get("default")
+    buckets = function.this if isinstance(function, exp.Ntile) else None
+    if not ((offset is None or _whole(offset)) and (buckets is None or _whole(buckets) and int(buckets.this) > 0)
+            and (default is None or isinstance(default, exp.Literal | exp.Neg | exp.Null))):
+        raise UnsupportedQuery(f"{_describe(function)} needs constants for its offset, default or buckets",
+                               "e.g. LAG(n, 1, 0) OVER (ORDER BY month) or NTILE(4) OVER (ORDER BY n)")
+
+
+def _whole(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit()
 
 
 def _describe(node: exp.Expression) -> str:

@@ -187,11 +187,11 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
     """`SELECT f(c) FROM (SELECT k, COUNT(*) AS c FROM … GROUP BY k) t WHERE g(c) ORDER BY h(c) LIMIT n` (or the
     same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
     GROUP BY k HAVING g(COUNT(*)) ORDER BY h(COUNT(*)) LIMIT n`. A window of the outer query (`rank() OVER (ORDER
-    BY c DESC)`) runs over the released rows after HAVING, as it ran over t's rows after WHERE. Anything else is
-    left as written."""
+    BY c DESC)`, `SUM(c) OVER (ORDER BY k)`) runs over the released rows after HAVING, as it ran over t's rows after
+    WHERE. Anything else is left as written."""
     inner = _source_select(tree)
     if (inner is None or tree.args.get("joins") or tree.args.get("group") or tree.args.get("having")
-            or tree.args.get("distinct") or any(e.find(*AGGREGATES) for e in tree.expressions)
+            or tree.args.get("distinct") or any(_aggregates_rows(e) for e in tree.expressions)
             or not any(e.find(*AGGREGATES) for e in inner.expressions) or inner.find(exp.Window)
             or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct", "with_"))):
         return tree
@@ -220,6 +220,11 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
         if tree.args.get(key):
             merged.set(key, tree.args[key].transform(inlined))
     return merged
+
+
+def _aggregates_rows(node: exp.Expression) -> bool:
+    """Whether `node` aggregates rows: an aggregate outside any window (`SUM(c) OVER (...)` runs over rows)."""
+    return any(found.find_ancestor(exp.Window) is None for found in node.find_all(*AGGREGATES))
 
 
 def semijoin_selects(tree: exp.Select) -> list[exp.Select]:

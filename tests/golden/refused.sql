@@ -388,10 +388,6 @@ error: "PrivacyRefusal: column \"visits.amount\" must appear in GROUP BY or be u
 canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\", COUNT(*) AS \"_col_1\", SUM(\"dpsql_t0\".\"amount\") OVER () AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" GROUP BY \"dpsql_t0\".\"category\""
 output_names: ["category", "count", "sum"]
 
--- SELECT category, LAG(COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT category, LAG(COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category", "unique": []}
-error: "UnsupportedQuery: function lag() is not supported as a window function [DP002]\nHint: use ROW_NUMBER, RANK, DENSE_RANK, SUM, AVG, MIN, MAX or COUNT OVER (...)"
-
 -- SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM visits GROUP BY category
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM visits GROUP BY category", "unique": []}
 error: "UnsupportedQuery: window frames (ROWS/RANGE BETWEEN ...) are not supported [DP002]\nHint: use the default frame: the whole partition, or up to the current row with ORDER BY"
