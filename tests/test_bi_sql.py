@@ -534,6 +534,18 @@ def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its
     assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
 
 
+def test_a_count_of_a_subquery_s_distinct_rows_is_count_distinct(demo_schema):
+    """How many people had a dental visit, as analysts often write it: the same canonical query (and cache entry)
+    as COUNT(DISTINCT person_id)."""
+    nested = check_query("SELECT COUNT(*) AS n FROM (SELECT DISTINCT person_id FROM visits "
+                         "WHERE category = 'dental') t", demo_schema)
+    direct = check_query("SELECT COUNT(DISTINCT person_id) AS n FROM visits WHERE category = 'dental'", demo_schema)
+    assert nested.canonical == direct.canonical and list(nested.output_names) == ["n"]
+    with pytest.raises(errors.UnsupportedQuery, match="SELECT DISTINCT"):  # left as written (and refused) when
+        check_query("SELECT COUNT(*) FROM (SELECT DISTINCT category, sex FROM visits JOIN people USING (person_id)) t",
+                    demo_schema)  # it is not one DISTINCT column
+
+
 def test_scalar_subqueries_alone_are_answered_without_from(engine, analyst):
     """`SELECT (SELECT ...) / (SELECT ...)`, a ratio of two answers as analysts write it: each subquery a part
     with its share of ε, the outer step (which reads no table) exact and free, so it takes no share; a column that

@@ -90,6 +90,29 @@ def distinct_as_group_by(tree: exp.Select) -> exp.Select:
                          copy=False)
 
 
+def count_of_distinct_rows(tree: exp.Select) -> exp.Select:
+    """`SELECT COUNT(*) FROM (SELECT DISTINCT c FROM … WHERE …) t` is answered as `SELECT COUNT(DISTINCT c) FROM …
+    WHERE …`: the same number except that the subquery would return a NULL as one more row, which COUNT(DISTINCT)
+    skips (at most 1 apart, and never for a key such as the unit's column). Anything else is left as written."""
+    inner = _source_select(tree)
+    outputs = tree.expressions
+    if (inner is None or tree.args.get("with_") or len(outputs) != 1
+            or not isinstance(outputs[0].unalias(), exp.Count) or not isinstance(outputs[0].unalias().this, exp.Star)
+            or any(tree.args.get(k) for k in ("joins", "where", "group", "having", "order", "limit", "offset"))):
+        return tree
+    distinct = inner.args.get("distinct")
+    if (distinct is None or distinct.args.get("on") or len(inner.expressions) != 1
+            or any(inner.args.get(k) for k in ("group", "having", "order", "limit", "offset", "with_"))
+            or inner.expressions[0].find(*AGGREGATES, exp.Window)):
+        return tree
+    value = inner.expressions[0].unalias()
+    counted = inner.copy()
+    counted.set("distinct", None)
+    counted.set("expressions", [exp.alias_(exp.Count(this=exp.Distinct(expressions=[value.copy()])),
+                                           output_name(outputs[0]))])
+    return counted
+
+
 def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
     return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
 
