@@ -256,7 +256,8 @@ class Engine:
         arrived = time.monotonic()
         if prepared.already_private is not None:
             return self._from_private_data(prepared, analyst, cancel)
-        if not prepared.plan.aggregates:  # the declared domain of the keys: no data read, nothing to pay
+        if not prepared.plan.aggregates and not prepared.plan.partition_selection:  # the declared domain of the
+            # keys: no data read, nothing to pay
             result = finish(prepared.plan, prepared.calibration, add_noise(prepared.plan, prepared.calibration, [], {}))
             return Answer(result.names, result.types, result.rows, result.accuracy, 0.0, 0.0,
                           budget=self.ledger.budget(analyst), noisy=[False] * len(result.names))

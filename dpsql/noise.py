@@ -86,7 +86,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
     if plan.partition_selection:
         if selection_share is None:
             released = len(plan.measures) + sum(a.chosen for a in plan.aggregates) + (plan.top_k is not None)
-            selection_share = min(0.5, max(0.25, 1 / (released + 1)))
+            selection_share = min(0.5, max(0.25, 1 / (released + 1))) if released else 1.0  # keys alone: all of it
         selection_epsilon = epsilon * selection_share
         selection_delta = delta / 2 if gaussian else delta
         # under "replace" a neighbour is a removal plus an addition: group privacy over two steps

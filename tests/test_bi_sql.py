@@ -371,13 +371,27 @@ def test_distinct_of_a_declared_domain_is_the_domain_at_no_cost(engine, analyst,
     ("SELECT DISTINCT category FROM visits WHERE amount > 100", errors.PrivacyRefusal, "under WHERE or a join"),
     ("SELECT DISTINCT v.category FROM visits v JOIN people p ON p.person_id = v.person_id", errors.PrivacyRefusal,
      "under WHERE or a join"),
-    ("SELECT DISTINCT state FROM people", errors.PrivacyRefusal, "no aggregate"),
     ("SELECT DISTINCT COUNT(*) FROM visits GROUP BY category", errors.UnsupportedQuery, "SELECT DISTINCT"),
     ("SELECT DISTINCT ON (sex) sex FROM people", errors.UnsupportedQuery, "SELECT DISTINCT"),
 ])
 def test_distinct_of_values_the_data_decides_is_refused(demo_schema, sql, error, message):
     with pytest.raises(error, match=message):
         plan(sql, demo_schema)
+
+
+def test_keys_without_a_domain_or_an_aggregate_are_released_by_partition_selection(engine, analyst, base_url):
+    """`SELECT DISTINCT state FROM people`, as a BI tool fills a filter's list: the keys whose noisy count of units
+    passes the threshold, with the whole ε for the selection (nothing else is released); GROUP BY without an
+    aggregate is the same query."""
+    answer = engine.query("SELECT DISTINCT state FROM people", analyst=analyst, epsilon=1.0)
+    prepared = engine.prepare("SELECT DISTINCT state FROM people", epsilon=1.0)
+    assert prepared.calibration.selection_epsilon == pytest.approx(1.0) and answer.epsilon == pytest.approx(1.0)
+    with psycopg.connect(base_url) as conn:
+        counts = dict(conn.execute("SELECT state, COUNT(*) FROM people GROUP BY state").fetchall())
+    released = {row[0] for row in answer.rows}
+    assert released <= counts.keys() and {s for s, n in counts.items() if n > 100} <= released
+    assert answer.names == ["state"] and any("partition selection" in n for n in answer.notes)
+    assert engine.query("SELECT state FROM people GROUP BY state", analyst=analyst, epsilon=1.0).cached
 
 
 # --- UNION [ALL] and GROUPING SETS / ROLLUP / CUBE: several answers, charged as their sum (issue 17) -------------

@@ -116,6 +116,10 @@ QUERIES = [
     "ON r.visit_id = visits.visit_id GROUP BY visits.person_id) t WHERE n > 2",
     "SELECT width_bucket(top, 0, 1000, 10) AS b, COUNT(*) FROM (SELECT person_id, MAX(amount) AS top "
     "FROM visits GROUP BY person_id) t GROUP BY b",
+    # keys alone, without an aggregate (a BI tool's filter list): released by partition selection on the units
+    "SELECT DISTINCT day FROM visits",
+    "SELECT state FROM people GROUP BY state",
+    "SELECT DISTINCT p.state FROM visits v JOIN people p USING (person_id) WHERE v.category = 'lab'",
 ]
 
 ROW_LEVEL = {

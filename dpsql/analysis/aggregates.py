@@ -65,6 +65,9 @@ def measure(scope: Scope) -> None:
                 found[sql] = _aggregate(scope, name, node, sql)
     if not found and _lists_a_domain(scope):
         scope.notes.append("no aggregate: the rows are the declared domain of the keys, whatever the data holds")
+    elif not found and scope.group_keys:
+        scope.notes.append("no aggregate: the keys are released where a noisy count of their units passes the "
+                           "threshold (partition selection), as for any key without a declared domain")
     elif not found:
         raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
                              "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "

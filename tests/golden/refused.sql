@@ -306,12 +306,6 @@ error: "PrivacyRefusal: without an aggregate, the keys present under WHERE or a 
 canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"amount\" > 100 GROUP BY \"dpsql_t0\".\"category\""
 output_names: ["category"]
 
--- SELECT DISTINCT state FROM people
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT DISTINCT state FROM people", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "PrivacyRefusal: the query has no aggregate, so it would release raw rows [DP003]\nHint: dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. SELECT sex, COUNT(*) FROM people GROUP BY sex"
-canonical: "SELECT \"dpsql_t0\".\"state\" AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\" GROUP BY \"dpsql_t0\".\"state\""
-output_names: ["state"]
-
 -- SELECT DISTINCT v.category FROM visits v JOIN people p ON p.person_id = v.person_id
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT DISTINCT v.category FROM visits v JOIN people p ON p.person_id = v.person_id", "unique": [["people", "person_id"], ["states", "code"]]}
 error: "PrivacyRefusal: without an aggregate, the keys present under WHERE or a join would be raw data [DP003]\nHint: list the declared values with SELECT DISTINCT c FROM t (no WHERE), or count them: SELECT c, COUNT(*) FROM ... GROUP BY c"
