@@ -29,12 +29,13 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
 
 
 # what to write instead of functions BI tools send
+LIST_VALUES = "list the values instead: SELECT DISTINCT c FROM t (its declared domain, or the values many units hold)"
 INSTEAD = {
     exp.LogicalOr: "count the rows instead: COUNT(*) FILTER (WHERE condition) > 0 is noisy but answered",
     exp.LogicalAnd: "count the rows that fail it: COUNT(*) FILTER (WHERE NOT condition) = 0",
     exp.ApproxDistinct: "count distinct people with COUNT(DISTINCT <the privacy unit's column>)",
-    exp.GroupConcat: "list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c",
-    exp.ArrayAgg: "list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c",
+    exp.GroupConcat: LIST_VALUES,
+    exp.ArrayAgg: LIST_VALUES,
     exp.Interval: "constant date arithmetic is answered (day >= DATE '2024-07-01' - INTERVAL '30 days'), and so is a "
                   "column plus or minus days, hours or seconds compared with a constant (day + INTERVAL '7 days' > "
                   "DATE '2024-12-01'); elsewhere move the interval to the constant's side",

@@ -484,7 +484,7 @@ output_names: ["smoker", "count"]
 
 -- SELECT string_agg(state, ',') FROM people
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT string_agg(state, ',') FROM people", "unique": []}
-error: "UnsupportedQuery: function string_agg() is not supported by dpsql [DP002]\nHint: list the groups instead: SELECT DISTINCT c over a declared domain, or GROUP BY c"
+error: "UnsupportedQuery: function string_agg() is not supported by dpsql [DP002]\nHint: list the values instead: SELECT DISTINCT c FROM t (its declared domain, or the values many units hold)"
 
 -- SELECT sum(income * $1) FROM people
 input: {"max_groups": null, "not_null": [["checkins", "checkin_id"], ["checkins", "hour"], ["people", "person_id"], ["prescriptions", "drug"], ["prescriptions", "prescription_id"], ["prescriptions", "visit_id"], ["screenings", "person_id"], ["states", "code"], ["states", "name"], ["states", "region"], ["survey", "region"], ["survey", "respondent_id"], ["visits", "category"], ["visits", "day"], ["visits", "person_id"], ["visits", "visit_id"]], "params": {"$list": [0.0]}, "schema": "s0", "sql": "SELECT sum(income * $1) FROM people", "unique": [["checkins", "checkin_id"], ["people", "person_id"], ["prescriptions", "prescription_id"], ["screenings", "person_id"], ["states", "code"], ["survey", "respondent_id"], ["visits", "visit_id"]]}
