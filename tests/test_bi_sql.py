@@ -11,6 +11,7 @@ import pytest
 from dpsql import errors
 from dpsql.sql import check_query
 from dpsql.sql.parse import parse_select
+from dpsql.sql.query import to_sql
 from dpsql.sql.times import fold_times
 from tests.conftest import PEOPLE
 from tests.test_analysis import plan
@@ -546,6 +547,17 @@ def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its
     filtered = engine.query("SELECT COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people)",
                             analyst=analyst, epsilon=1.0)
     assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
+
+
+def test_concat_is_spelled_with_pipes_as_postgresql_computes_it(base_url, demo_schema):
+    """concat() reads NULL as empty text, where || gives NULL: the spelling keeps that, and the column's name."""
+    from dpsql.sql.shape import concat_as_pipes
+    written = "SELECT concat(NULL::text, '-', 5, NULL, 'x', 2.5, DATE '2024-07-01')"
+    spelled = to_sql(concat_as_pipes(parse_select(written)))
+    with psycopg.connect(base_url) as conn:
+        assert conn.execute(spelled).fetchone() == conn.execute(written).fetchone() == ("-5x2.52024-07-01",)
+    assert list(check_query("SELECT concat(sex, '-', state), COUNT(*) FROM people GROUP BY 1",
+                            demo_schema).output_names) == ["concat", "count"]
 
 
 def test_a_count_of_a_subquery_s_distinct_rows_is_count_distinct(demo_schema):
