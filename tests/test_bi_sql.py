@@ -549,6 +549,25 @@ def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its
     assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
 
 
+def test_cohorts_are_units_picked_by_their_own_rows(engine, analyst, demo_schema):
+    """People with more than 5 visits, as IN (… GROUP BY person_id HAVING …) or as a join to that subquery: the
+    condition reads each unit's own rows (neighbour tests in tests/test_neighbours.py). A subquery grouped by a
+    column that is not tied to the outer row's unit would read everyone's rows, and is refused."""
+    cohort = "SELECT person_id FROM visits GROUP BY person_id HAVING COUNT(*) > 5"
+    by_in = check_query(f"SELECT COUNT(*) FROM people WHERE person_id IN ({cohort})", demo_schema)
+    by_join = check_query(f"SELECT COUNT(*) FROM people p JOIN ({cohort}) c ON c.person_id = p.person_id",
+                          demo_schema)
+    assert "IN (SELECT" in by_join.canonical.upper().replace("\n", " ")
+    answer = engine.query(f"SELECT COUNT(*) FROM people WHERE person_id IN ({cohort})", analyst=analyst, epsilon=1.0)
+    assert answer.accuracy[0][0].ci_low is not None and 0 < answer.rows[0][0] < PEOPLE
+    with pytest.raises(errors.UnsupportedQuery, match="without tying it to the outer row's unit"):
+        plan("SELECT COUNT(*) FROM people WHERE state IN (SELECT p2.state FROM people p2 GROUP BY p2.state "
+             "HAVING COUNT(*) > 100)", demo_schema)
+    with pytest.raises(errors.UnsupportedQuery, match="may not aggregate, group, order or limit"):
+        check_query(f"SELECT COUNT(*) FROM people WHERE person_id IN ({cohort} ORDER BY 1 LIMIT 10)", demo_schema)
+    assert by_in.canonical == by_join.canonical  # one query, one cache entry
+
+
 def test_concat_is_spelled_with_pipes_as_postgresql_computes_it(base_url, demo_schema):
     """concat() reads NULL as empty text, where || gives NULL: the spelling keeps that, and the column's name."""
     from dpsql.sql.shape import concat_as_pipes

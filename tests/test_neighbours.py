@@ -116,6 +116,15 @@ QUERIES = [
     "ON r.visit_id = visits.visit_id GROUP BY visits.person_id) t WHERE n > 2",
     "SELECT width_bucket(top, 0, 1000, 10) AS b, COUNT(*) FROM (SELECT person_id, MAX(amount) AS top "
     "FROM visits GROUP BY person_id) t GROUP BY b",
+    # cohorts: units picked by their own rows (the subquery groups by the column tied to the outer row's unit)
+    "SELECT AVG(age), COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits GROUP BY person_id "
+    "HAVING COUNT(*) > 5)",
+    "SELECT category, SUM(amount) FROM visits WHERE visit_id IN (SELECT r.visit_id FROM prescriptions r "
+    "GROUP BY r.visit_id HAVING SUM(r.cost) > 100) GROUP BY category",
+    "SELECT sex, COUNT(*) FROM people WHERE person_id NOT IN (SELECT v.person_id FROM visits v "
+    "GROUP BY v.person_id HAVING MAX(v.amount) > 500) GROUP BY sex",
+    "SELECT p.state, SUM(p.income) FROM people p JOIN (SELECT person_id FROM visits GROUP BY person_id "
+    "HAVING SUM(amount) > 1000) big ON big.person_id = p.person_id GROUP BY p.state",
     # keys alone, without an aggregate (a BI tool's filter list): released by partition selection on the units
     "SELECT DISTINCT day FROM visits",
     "SELECT state FROM people GROUP BY state",

@@ -90,6 +90,27 @@ def distinct_as_group_by(tree: exp.Select) -> exp.Select:
                          copy=False)
 
 
+def cohort_joins_as_in(tree: exp.Select) -> exp.Select:
+    """`… JOIN (SELECT c FROM … GROUP BY c HAVING …) s ON s.c = t.x` with nothing else read from s is
+    `… WHERE t.x IN (SELECT c FROM … GROUP BY c HAVING …)`: grouped by c, s holds each value once, so the join
+    keeps rows as the semijoin does (and the semijoin rule then judges it)."""
+    for join in list(tree.args.get("joins") or []):
+        source, on = join.this, join.args.get("on")
+        if not (isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select) and _cohort_shape(source.this)
+                and isinstance(on, exp.EQ) and not join.side and not join.kind and not join.args.get("using")):
+            continue
+        alias = source.alias_or_name
+        ours = [side for side in (on.this, on.expression) if isinstance(side, exp.Column) and side.table == alias]
+        others = [side for side in (on.this, on.expression) if side not in ours]
+        returned = output_name(source.this.expressions[0])
+        read = [c for c in tree.find_all(exp.Column) if c.table == alias and c.find_ancestor(exp.Join) is not join]
+        if len(ours) != 1 or ours[0].name != returned or len(others) != 1 or read or others[0].find(exp.Column) is None:
+            continue
+        join.pop()
+        tree.where(exp.In(this=others[0].copy(), query=exp.Subquery(this=source.this.copy())), copy=False)
+    return tree
+
+
 def concat_as_pipes(tree: exp.Select) -> exp.Select:
     """`concat(a, '-', b)` is `COALESCE(a::text, '') || '-' || COALESCE(b::text, '')` in PostgreSQL (concat reads
     NULL as empty text, where || would give NULL): one spelling, which the allowlist and the analysis know."""
@@ -158,10 +179,33 @@ def require_flat(tree: exp.Select) -> None:
                                    "write the query as one SELECT over joined tables, or as EXISTS / IN "
                                    "(SELECT ...) in WHERE")
     for select in semijoins:
+        if _cohort(select):
+            continue
         if any(select.args.get(k) for k in ("group", "having", "order", "limit", "offset", "with_")) \
                 or select.find(*AGGREGATES):
-            raise UnsupportedQuery("an EXISTS or IN subquery may not aggregate, group, order or limit",
-                                   "filter its rows with WHERE only")
+            raise UnsupportedQuery("an EXISTS or IN subquery may not aggregate, group, order or limit, except "
+                                   "to pick units by their own rows",
+                                   "filter its rows with WHERE, or group by the column it returns: person_id IN "
+                                   "(SELECT person_id FROM t GROUP BY person_id HAVING COUNT(*) > 5)")
+
+
+def _cohort(select: exp.Select) -> bool:
+    """`x IN (SELECT c FROM … GROUP BY c HAVING …)`: the c whose own rows pass HAVING. Each group is the rows
+    of one value of c, and the semijoin rule (analysis/semijoins) ties c to the outer row's unit, so the
+    condition still reads that unit's rows alone."""
+    return isinstance(select.parent, exp.Subquery) and isinstance(select.parent.parent, exp.In) \
+        and _cohort_shape(select)
+
+
+def _cohort_shape(select: exp.Select) -> bool:
+    """SELECT c FROM … GROUP BY c [HAVING …], with nothing that reads other groups."""
+    group = select.args.get("group")
+    if group is None:
+        return False
+    returned = [e.unalias() for e in select.expressions]
+    return (len(returned) == 1 and len(group.expressions) == 1 and returned[0] == group.expressions[0]
+            and not returned[0].find(*AGGREGATES) and not select.find(exp.Window)
+            and not any(select.args.get(k) for k in ("order", "limit", "offset", "with_", "distinct")))
 
 
 def drop_nulls_under_not_in(tree: exp.Select) -> None:

@@ -188,7 +188,7 @@ output_names: ["count"]
 
 -- SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits v2 WHERE v2.person_id = visits.person_id GROUP BY v2.person_id)
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits v2 WHERE v2.person_id = visits.person_id GROUP BY v2.person_id)", "unique": []}
-error: "UnsupportedQuery: an EXISTS or IN subquery may not aggregate, group, order or limit [DP002]\nHint: filter its rows with WHERE only"
+error: "UnsupportedQuery: an EXISTS or IN subquery may not aggregate, group, order or limit, except to pick units by their own rows [DP002]\nHint: filter its rows with WHERE, or group by the column it returns: person_id IN (SELECT person_id FROM t GROUP BY person_id HAVING COUNT(*) > 5)"
 
 -- SELECT COUNT(*) FROM visits WHERE EXTRACT(julian FROM day) > 0
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits WHERE EXTRACT(julian FROM day) > 0", "unique": [["people", "person_id"], ["states", "code"]]}
