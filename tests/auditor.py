@@ -362,6 +362,8 @@ QUERY_CLASSES = [
     QueryClass("float sum on its grid", query("SELECT SUM(score) FROM people"), 0),
     QueryClass("declared domain", query("SELECT state, COUNT(*) FROM people GROUP BY state"), 1, fast=True),
     QueryClass("partition selection", query("SELECT visits, COUNT(*) FROM people GROUP BY visits"), 1, delta=DELTA),
+    QueryClass("keys alone by partition selection (a filter's list)", query("SELECT DISTINCT visits FROM people"), 1,
+               delta=DELTA),
     QueryClass("numeric key spelled by one row", query("SELECT balance, COUNT(*) FROM people GROUP BY balance"), 1,
                delta=DELTA, fast=True),
     QueryClass("-0 key", query("SELECT round(score * 10) / 10 AS s, COUNT(*) FROM people GROUP BY 1"), 1,
