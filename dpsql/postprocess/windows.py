@@ -32,7 +32,8 @@ def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, 
                     simulations[index][name] = envs[index][name]
 
 
-RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile)  # positions
+PLACES = (exp.PercentRank, exp.CumeDist, exp.Ntile)  # a row's place, read from ranks and row numbers
+RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank, *PLACES)  # positions, which noise does not widen
 NAVIGATION = (exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue)  # another row's value
 
 
@@ -72,7 +73,7 @@ def _peer_groups(members: list[int], order: list[exp.Ordered], envs: list[dict[s
 def _window_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]]) -> None:
     """Set envs[i][name] for the rows of one partition, given in runs of peers. Without ORDER BY there is one run,
     so every frame is the whole partition."""
-    if isinstance(function, RANKINGS[3:] + NAVIGATION):
+    if isinstance(function, PLACES + NAVIGATION):
         _position_values(name, function, peers, envs)
         return
     seen = 0
@@ -107,6 +108,7 @@ def _position_values(name: str, function: exp.Expression, peers: list[list[int]]
         for position, index in enumerate(rows):
             envs[index][name] = next(b for b, edge in enumerate(edges, start=1) if position < edge)
         return
+    place = {index: position for position, index in enumerate(rows)}
     seen = 0
     for run in peers:
         for index in run:
@@ -120,7 +122,7 @@ def _position_values(name: str, function: exp.Expression, peers: list[list[int]]
                 value = evaluate(function.this, envs[run[-1]])
             else:
                 step = int(evaluate(function.args["offset"], envs[index])) if function.args.get("offset") else 1
-                other = rows.index(index) + (step if isinstance(function, exp.Lead) else -step)
+                other = place[index] + (step if isinstance(function, exp.Lead) else -step)
                 default = function.args.get("default")
                 value = evaluate(function.this, envs[rows[other]]) if 0 <= other < count else \
                     evaluate(default, envs[index]) if default is not None else None

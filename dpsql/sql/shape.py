@@ -97,7 +97,8 @@ def cohort_joins_as_in(tree: exp.Select) -> exp.Select:
     for join in list(tree.args.get("joins") or []):
         source, on = join.this, join.args.get("on")
         if not (isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select) and _cohort_shape(source.this)
-                and isinstance(on, exp.EQ) and not join.side and not join.kind and not join.args.get("using")):
+                and isinstance(on, exp.EQ) and not join.side and join.kind in ("", "INNER")
+                and not join.args.get("using")):
             continue
         alias = source.alias_or_name
         ours = [side for side in (on.this, on.expression) if isinstance(side, exp.Column) and side.table == alias]
