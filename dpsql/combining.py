@@ -12,7 +12,7 @@ from sqlglot import exp
 from dpsql.answer import Answer
 from dpsql.postprocess import sort_rows
 from dpsql.prepared import Prepared
-from dpsql.released_rows import aggregate_released, outer_columns
+from dpsql.released_rows import aggregate_released, outer_columns, pick_released
 from dpsql.sql.compose import SCALAR, Composition
 
 
@@ -53,6 +53,9 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     if composition.values_present is not None:
         return _values_present(composition.values_present, answers[0])
     names, types, noisy = columns_of(parts, composition)
+    if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
+        rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy)
+        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy)
     if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
         rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),

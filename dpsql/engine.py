@@ -196,7 +196,8 @@ class Engine:
             prepared = self.prepare(composition.parts[0], None, epsilon, options)
             names = [o.name for o in prepared.outputs]
             try:
-                aggregate_released(composition.outer, names, [(1,) * len(names)])
+                if not composition.picks:  # picking rows by a key's value, which compose wrote, cannot fail
+                    aggregate_released(composition.outer, names, [(1,) * len(names)])
             except Exception as exc:  # noqa: BLE001 - any failure here would come after the charge
                 raise UnsupportedQuery(f"the outer query over the subquery's rows cannot be computed after noise "
                                        f"({type(exc).__name__})", "aggregate the subquery's columns with COUNT, SUM, "

@@ -63,6 +63,21 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     return [row for row, _ in found][offset:None if limit is None else offset + limit]
 
 
+def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
+                  accuracy: Sequence[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """The rows that the outer query's WHERE keeps, with the columns it names (bare inner columns), each with
+    its accuracy: picking released rows changes no value, so their intervals stand. Where no row is kept (no
+    report has the value), one row of zero counts, as COUNT(*) over no rows."""
+    tree = parse_select(outer_sql)
+    where = tree.args["where"].this if tree.args.get("where") else None
+    columns = [list(names).index(item.unalias().name) for item in tree.expressions]
+    kept = [(row, acc) for row, acc in zip(rows, accuracy, strict=True)
+            if where is None or evaluate(where, dict(zip(names, row, strict=True)))]
+    if not kept:
+        return [(0,) * len(columns)], [(None,) * len(columns)]
+    return [tuple(row[i] for i in columns) for row, _ in kept], [tuple(acc[i] for i in columns) for _, acc in kept]
+
+
 def _aggregates(tree: exp.Select, members: list[dict]) -> dict[str, Any]:
     """Each aggregate of the outer query over one group's rows, under the name `_named` gives it."""
     values = {}
@@ -95,4 +110,4 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-__all__ = ["aggregate_released", "outer_columns"]
+__all__ = ["aggregate_released", "outer_columns", "pick_released"]

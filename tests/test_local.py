@@ -332,8 +332,29 @@ def test_a_query_over_private_tables_gets_central_noise_and_is_de_biased(engine,
     assert accuracy[True].ci_high - accuracy[True].ci_low > 10 * laplace_only
 
 
+@pytest.mark.parametrize("where,value,rest", [
+    ("positive", True, ""), ("NOT positive", False, ""), ("positive = false", False, ""),
+    ("(s.positive IS TRUE) AND s.person_id > 9", True, "WHERE person_id > 9")])
+def test_a_count_of_one_reported_value_is_picked_from_the_counts_per_value(engine, analyst, where, value, rest):
+    """COUNT(*) WHERE a locally randomized column has one value: the de-biased count of that value, with its
+    interval, from the counts per value (a filter on the reports themselves would count reports)."""
+    answer = engine.query(f"SELECT COUNT(*) AS n FROM screenings s WHERE {where}", analyst=analyst, epsilon=1.0)
+    assert answer.names == ["n"] and answer.types == ["int8"] and len(answer.rows) == 1
+    assert answer.epsilon == pytest.approx(1.0)
+    grouped = engine.query(f"SELECT positive, COUNT(*) FROM screenings {rest} GROUP BY positive", analyst=analyst,
+                           epsilon=1.0)
+    assert grouped.epsilon == 0  # the same released counts, kept for this analyst
+    picked = {row[0]: (row[1], acc[1]) for row, acc in zip(grouped.rows, grouped.accuracy, strict=True)}[value]
+    assert (answer.rows[0][0], answer.accuracy[0][0]) == picked
+
+
+def test_a_count_of_a_value_no_report_has_is_zero(engine, analyst):
+    answer = engine.query("SELECT COUNT(*) FROM survey WHERE diet = 'carnivore'", analyst=analyst)
+    assert answer.rows == [(0,)] and answer.epsilon == 0
+
+
 @pytest.mark.parametrize("sql,error,message", [
-    ("SELECT COUNT(*) FROM screenings WHERE positive", UnsupportedQuery, "only count them per value"),
+    ("SELECT COUNT(*) FROM screenings WHERE positive OR person_id > 5", UnsupportedQuery, "only count them"),
     ("SELECT p.state, s.positive, COUNT(*) FROM screenings s JOIN people p ON p.person_id = s.person_id "
      "GROUP BY p.state, s.positive", UnsupportedQuery, "every value of it released"),
     ("SELECT s.positive, AVG(p.income) FROM screenings s JOIN people p ON p.person_id = s.person_id "

@@ -37,6 +37,7 @@ class Composition:
     values_present: str | None = None  # COUNT(DISTINCT c) of a declared domain, as this output's name: the one
     # part counts units per declared value, and the answer is how many values are surely present
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
+    picks: bool = False  # the outer query only picks released rows and columns: their intervals stand
 
     @property
     def sequential(self) -> bool:
@@ -65,7 +66,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement, or of a COUNT(DISTINCT c) over a
     declared domain; None for any other statement (which the ordinary stages check, and refuse if they must)."""
     distinct = schema is not None and "DISTINCT" in sql.upper()
-    if not (_may_compose(sql) or distinct):  # most statements: spare a second parse
+    if not (_may_compose(sql) or distinct or _may_read_reports(sql, schema)):  # most statements: spare a parse
         return None
     try:
         tree = parse_statement(sql)
@@ -83,7 +84,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     if isinstance(tree, exp.Select) and _scalar_subqueries(tree):
         return _sequential(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
-        return _over_released(bind_parameters(tree, params), schema)
+        bound = bind_parameters(tree, params)
+        return _over_released(bound, schema) or _count_of_reported_value(bound, schema)
     return None
 
 
@@ -109,6 +111,59 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
             or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
         return None
     return Composition([to_sql(inner)], "an aggregate of the released rows of a grouped query", outer=to_sql(outer))
+
+
+def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`SELECT COUNT(*) FROM t WHERE positive [AND ...]`, positive a locally randomized column: the count of
+    people whose value is the one asked is read from the de-biased counts per reported value (`SELECT positive,
+    COUNT(*) ... GROUP BY positive`, which the analysis answers), the one asked picked with its interval. A
+    filter on the reports themselves would count reports, not people (`analysis.local_columns`)."""
+    table = tree.args["from_"].this if tree.args.get("from_") else None
+    where = tree.args.get("where")
+    if (not isinstance(table, exp.Table) or where is None or any(
+            tree.args.get(k) for k in ("group", "having", "joins", "with_", "distinct", "order", "limit", "offset"))
+            or not all(_counts_rows(e.unalias()) for e in tree.expressions)):
+        return None
+    declared = schema.tables.get(table.name)
+    local = {name for name, column in declared.columns.items() if column.local is not None} if declared else set()
+    conditions = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
+    asked = [(i, _value_asked(c, local)) for i, c in enumerate(conditions)
+             if any(column.name in local for column in c.find_all(exp.Column))]
+    if len(asked) != 1 or asked[0][1] is None:
+        return None
+    at, (column, value) = asked[0]
+    rest = [c for i, c in enumerate(conditions) if i != at]
+    names = [output_name(e) for e in tree.expressions]
+    inner = exp.select(exp.column(column), *(exp.alias_(exp.Count(this=exp.Star()), n) for n in names))
+    inner = inner.from_(table.copy()).group_by(exp.column(column))
+    if rest:
+        inner = inner.where(exp.and_(*(c.copy() for c in rest)))
+    outer = exp.select(*(exp.column(n) for n in names)).where(exp.EQ(this=exp.column(column), expression=value))
+    return Composition([to_sql(inner)], f"the count of one value of {table.name}.{column}, read from the "
+                       "de-biased counts per reported value", outer=to_sql(outer), picks=True)
+
+
+def _counts_rows(value: exp.Expression) -> bool:
+    return isinstance(value, exp.Count) and isinstance(value.this, exp.Star) and not value.args.get("filter")
+
+
+def _value_asked(condition: exp.Expression, local: set[str]) -> tuple[str, exp.Expression] | None:
+    """(column, value) where `condition` asks a local column for one value: `c`, `NOT c`, `c IS TRUE`,
+    `c = v` or `v = c` with v a literal."""
+    if isinstance(condition, exp.Paren):
+        return _value_asked(condition.this, local)
+    if isinstance(condition, exp.Column) and condition.name in local:
+        return condition.name, exp.true()
+    if isinstance(condition, exp.Not) and isinstance(condition.this, exp.Column) and condition.this.name in local:
+        return condition.this.name, exp.false()
+    if isinstance(condition, exp.Is) and isinstance(condition.this, exp.Column) and isinstance(
+            condition.expression, exp.Boolean) and condition.this.name in local:
+        return condition.this.name, condition.expression.copy()
+    if isinstance(condition, exp.EQ):
+        for column, value in ((condition.this, condition.expression), (condition.expression, condition.this)):
+            if isinstance(column, exp.Column) and column.name in local and isinstance(value, exp.Literal | exp.Boolean):
+                return column.name, value.copy()
+    return None
 
 
 SCALAR = "dpsql_scalar_"
@@ -216,6 +271,12 @@ def _sequential(tree: exp.Select) -> Composition:
 
 
 GROUPINGS = (exp.Rollup, exp.Cube, exp.GroupingSets)
+
+
+def _may_read_reports(sql: str, schema: PrivacySchema | None) -> bool:
+    """Whether the text names a locally randomized column (a cheap test; the parse decides)."""
+    return schema is not None and any(name in sql for table in schema.tables.values()
+                                      for name, column in table.columns.items() if column.local is not None)
 
 
 def _may_compose(sql: str) -> bool:
