@@ -38,6 +38,11 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
         return names, types, [True] * len(names)
     if composition is not None and composition.sequential:
         parts = parts[-1:]
+    if composition is not None and composition.booleans:
+        names = [o.name for o in parts[0].outputs]
+        decided = {i for i, _ in composition.booleans}
+        return names, ["bool" if i in decided else o.type_name for i, o in enumerate(parts[0].outputs)], \
+            [o.noisy for o in parts[0].outputs]
     outputs = [p.outputs for p in parts]
     names = [o.name for o in outputs[0]]
     types = [next((part[i].type_name for part in outputs if not isinstance(part[i].expr, exp.Null)),
@@ -53,6 +58,8 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     if composition.values_present is not None:
         return _values_present(composition.values_present, answers[0])
     names, types, noisy = columns_of(parts, composition)
+    if composition.booleans:
+        return _decided(composition.booleans, replace(answers[0], names=names, types=types, noisy=noisy))
     if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
         rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy)
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy)
@@ -84,6 +91,28 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes)
+
+
+def _decided(booleans: tuple[tuple[int, bool], ...], counts: Answer) -> Answer:
+    """bool_or(x) from the noisy count of the rows that hold x: true where its 95% interval lies above zero, false
+    where it lies below one, NULL where the noise cannot tell; bool_and(x) and every(x) likewise from the count
+    of the rows that fail x (post-processing)."""
+    rows, accuracy = [], []
+    for row, intervals in zip(counts.rows, counts.accuracy, strict=True):
+        row, intervals = list(row), list(intervals)
+        for i, every in booleans:
+            interval = intervals[i]
+            low, high = (row[i], row[i]) if interval is None or interval.ci_low is None else (
+                interval.ci_low, interval.ci_high)  # exact where it has no interval (public tables)
+            some = True if low is not None and low > 0 else False if high is not None and high < 1 else None
+            row[i], intervals[i] = (None if some is None else not some) if every else some, None
+        rows.append(tuple(row))
+        accuracy.append(tuple(intervals))
+    spelled = ", ".join(counts.names[i] for i, _ in booleans)
+    note = (f"{spelled}: read off a noisy count of the rows that hold the condition (bool_or) or fail it (bool_and, "
+            "every): decided where its 95% interval lies above zero (or below one), NULL where the noise cannot "
+            "tell a few rows from none")
+    return replace(counts, rows=rows, accuracy=accuracy, notes=[*counts.notes, note])
 
 
 def _values_present(name: str, counts: Answer) -> Answer:

@@ -4,12 +4,17 @@ message that names what the user wrote. Neighbour tests of the answered ones are
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 
 from dpsql import errors
+from dpsql.answer import Answer
+from dpsql.combining import combine
+from dpsql.postprocess.accuracy import Accuracy
 from dpsql.sql import check_query
+from dpsql.sql.compose import Composition
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import to_sql
 from dpsql.sql.times import fold_times
@@ -35,7 +40,6 @@ def test_a_filtered_count_is_answered(engine, analyst):
 
 @pytest.mark.parametrize(("sql", "named"), [
     ("SELECT to_number(state, '99'), COUNT(*) FROM people GROUP BY 1", "function to_number()"),
-    ("SELECT approx_count_distinct(person_id) FROM visits", "function approx_count_distinct()"),
     ("SELECT bool_or(age > 30) FROM people", "function bool_or()"),
     ("SELECT string_agg(state, ',') FROM people", "function string_agg()"),
 ])
@@ -44,6 +48,13 @@ def test_refusals_name_the_function_the_user_wrote(demo_schema, sql, named):
         check_query(sql, demo_schema)
     if named != "function to_number()":  # what to write instead, for the aggregates BI tools send
         assert "README" not in caught.value.hint
+
+
+def test_approx_count_distinct_is_count_distinct(demo_schema):
+    approx = check_query("SELECT category, approx_count_distinct(person_id) FROM visits GROUP BY 1", demo_schema)
+    exact = check_query("SELECT category, COUNT(DISTINCT person_id) AS approx_count_distinct FROM visits GROUP BY 1",
+                        demo_schema)
+    assert approx.canonical == exact.canonical
 
 
 def test_a_limit_that_cannot_cut_is_a_row_limit_not_a_top_k(demo_schema, engine, analyst):
@@ -607,6 +618,43 @@ def test_scalar_subqueries_alone_are_answered_without_from(engine, analyst):
     (ratio, counted), = answer.accuracy
     assert ratio is None and counted.ci_low < people < counted.ci_high
     assert any("no 95% interval for per_person" in n for n in answer.notes)
+
+
+def test_bool_or_and_bool_and_are_read_off_noisy_counts(engine, analyst):
+    """bool_or(x) is true where the noisy count of rows holding x is surely above zero; bool_and(x) and every(x)
+    false where that of the rows failing x is; NULL where the noise cannot tell. One charge for the query."""
+    sql = ("SELECT sex, bool_or(age > 30) AS older, bool_and(age > 30), every(age >= 0), bool_or(age > 500) "
+           "FROM people GROUP BY sex")
+    composition, parts = engine.prepare_parts(sql, epsilon=1.0)
+    assert composition.booleans == ((1, False), (2, True), (3, True), (4, False))
+    assert "COUNT(*) FILTER(WHERE NOT (age > 30)) AS bool_and" in composition.parts[0]
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.epsilon == pytest.approx(1.0)
+    assert answer.names == ["sex", "older", "bool_and", "every", "bool_or"]
+    assert answer.types[1:] == ["bool"] * 4
+    for _, older, all_older, _, _ in answer.rows:
+        assert (older, all_older) == (True, False)  # a thousand rows on each side of 30
+    assert all(a[1:] == (None,) * 4 for a in answer.accuracy)
+    assert any("NULL where the noise cannot tell" in n for n in answer.notes)
+
+
+def test_booleans_are_decided_by_the_counts_intervals():
+    """Post-processing alone: sure above zero, sure below one, or NULL (a count of none is read as some in 2.5%
+    of answers, as its 95% interval allows)."""
+    composition = Composition(["SELECT ..."], "", booleans=((0, False), (1, True)))
+    counts = Answer(["bool_or", "bool_and"], ["int8", "int8"], [(5, 5), (1, 1), (0, 0), (3, 0)],
+                    [(Accuracy(None, 2.0, 8.0), Accuracy(None, 2.0, 8.0)), (Accuracy(None, -2.0, 4.0),) * 2,
+                     (Accuracy(None, -0.5, 0.5),) * 2, (None, None)], 1.0, 0.0)
+    prepared = SimpleNamespace(outputs=[SimpleNamespace(name=n, type_name="int8", noisy=True)
+                                        for n in counts.names])
+    answer = combine(composition, [prepared], [counts])
+    assert answer.rows == [(True, False), (None, None), (False, True), (True, True)]  # the last exact (public)
+    assert answer.types == ["bool", "bool"] and answer.accuracy == [(None, None)] * 4
+
+
+def test_bool_or_elsewhere_than_an_output_column_stays_refused(engine):
+    with pytest.raises(errors.UnsupportedQuery, match=r"function bool_or\(\)"):
+        engine.prepare_parts("SELECT sex, COUNT(*) FROM people GROUP BY sex HAVING bool_or(age > 90)")
 
 
 @pytest.mark.parametrize(("sql", "message"), [

@@ -487,6 +487,19 @@ def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, 
     assert sum(p.calibration.epsilon for p in parts) == pytest.approx(engine.options(Options()).epsilon)
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT category, bool_or(amount > 4000), bool_and(amount > 100), every(amount < 10) FROM visits GROUP BY 1",
+    "SELECT COUNT(*) FROM screenings WHERE NOT positive AND person_id > 5",
+])
+def test_the_one_part_of_a_post_processed_statement_moves_within_its_sensitivity(engine, base_url, neighbour_url,
+                                                                                  sql):
+    """bool_or and bool_and read off counts, and the count of one reported value picked from the counts per
+    value: the part that runs is an ordinary query, and what follows is post-processing."""
+    composition, parts = engine.prepare_parts(sql)
+    assert composition is not None and len(parts) == 1
+    _assert_within_sensitivity(engine, composition.parts[0], base_url, neighbour_url)
+
+
 # --- a key of several columns (issue 36): a public table joined on all of them matches one row ------------------
 
 TARIFFS = """

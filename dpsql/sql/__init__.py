@@ -25,6 +25,7 @@ from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, operands, output_
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import (
     any_as_in,
+    approx_distinct_as_count,
     cohort_joins_as_in,
     concat_as_pipes,
     count_of_distinct_rows,
@@ -60,14 +61,15 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
-# shape removes (ANY, FILTER, concat(), a WITH query read twice, a join to a cohort, a count of a subquery's
-# distinct rows, a projection over a grouped subquery, percentile arrays, DISTINCT); each shape only rewrites into
-# constructs the allowlist and the analysis then judge, never past them.
+# shape removes (ANY, FILTER, concat(), approx_count_distinct(), a WITH query read twice, a join to a cohort, a
+# count of a subquery's distinct rows, a projection over a grouped subquery, percentile arrays, DISTINCT); each
+# shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),
     _tree_only(filters_as_case),
     _tree_only(concat_as_pipes),
+    _tree_only(approx_distinct_as_count),
     _tree_only(inline_repeated_ctes),
     _tree_only(cohort_joins_as_in),
     _tree_only(count_of_distinct_rows),

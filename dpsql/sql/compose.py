@@ -38,6 +38,8 @@ class Composition:
     # part counts units per declared value, and the answer is how many values are surely present
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
     picks: bool = False  # the outer query only picks released rows and columns: their intervals stand
+    booleans: tuple[tuple[int, bool], ...] = ()  # (column, every): bool_or / bool_and read off the one part's
+    # noisy count of the rows that hold (bool_or) or fail (bool_and, every) the condition (`combining`)
 
     @property
     def sequential(self) -> bool:
@@ -83,6 +85,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _grouping_sets(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and _scalar_subqueries(tree):
         return _sequential(bind_parameters(tree, params))
+    if isinstance(tree, exp.Select) and any(_boolean_of(e.unalias()) for e in tree.expressions):
+        return _booleans(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
         bound = bind_parameters(tree, params)
         return _over_released(bound, schema) or _count_of_reported_value(bound, schema)
@@ -111,6 +115,36 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
             or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
         return None
     return Composition([to_sql(inner)], "an aggregate of the released rows of a grouped query", outer=to_sql(outer))
+
+
+def _booleans(tree: exp.Select) -> Composition | None:
+    """`bool_or(x)`, `bool_and(x)` and `every(x)` as whole output columns: each is answered from a noisy count,
+    `COUNT(*) FILTER (WHERE x)` for bool_or and `COUNT(*) FILTER (WHERE NOT (x))` for the others, as
+    post-processing (`combining`). Elsewhere in the query (WHERE, HAVING, ORDER BY) they stay refused."""
+    found = [(i, _boolean_of(item.unalias())) for i, item in enumerate(tree.expressions)]
+    found = [(i, boolean) for i, boolean in found if boolean is not None]
+    outputs = {id(tree.expressions[i].unalias()) for i, _ in found}
+    if any(_boolean_of(node) is not None and id(node) not in outputs for node in tree.walk()):
+        return None
+    inner = tree.copy()
+    for i, (condition, every, name) in found:
+        item = inner.expressions[i]
+        kept = exp.Not(this=exp.Paren(this=condition.copy())) if every else condition.copy()
+        count = exp.Filter(this=exp.Count(this=exp.Star()), expression=exp.Where(this=kept))
+        item.replace(exp.alias_(count, item.alias if isinstance(item, exp.Alias) else name))
+    spelled = ", ".join(to_sql(tree.expressions[i].unalias()) for i, _ in found)
+    return Composition([to_sql(inner)], f"{spelled} read off noisy counts of the rows that hold or fail each "
+                       "condition", booleans=tuple((i, every) for i, (_, every, _) in found))
+
+
+def _boolean_of(node: exp.Expression) -> tuple[exp.Expression, bool, str] | None:
+    """(condition, whether every row must hold it, PostgreSQL's column name) of bool_or, bool_and or every."""
+    if isinstance(node, exp.LogicalOr | exp.LogicalAnd):
+        return node.this, isinstance(node, exp.LogicalAnd), "bool_and" if isinstance(node, exp.LogicalAnd) else \
+            "bool_or"
+    if isinstance(node, exp.Anonymous) and node.name.lower() == "every" and len(node.expressions) == 1:
+        return node.expressions[0], True, "every"
+    return None
 
 
 def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
@@ -282,7 +316,8 @@ def _may_read_reports(sql: str, schema: PrivacySchema | None) -> bool:
 def _may_compose(sql: str) -> bool:
     """Whether the text could hold a composition at all (a cheap test; the parse decides)."""
     text = sql.upper()
-    return any(word in text for word in ("UNION", "INTERSECT", "EXCEPT", "GROUPING", "ROLLUP", "CUBE")) \
+    return any(word in text for word in ("UNION", "INTERSECT", "EXCEPT", "GROUPING", "ROLLUP", "CUBE", "BOOL_",
+                                         "EVERY")) \
         or text.count("SELECT") > 1
 
 

@@ -31,8 +31,10 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
 # what to write instead of functions BI tools send
 LIST_VALUES = "list the values instead: SELECT DISTINCT c FROM t (its declared domain, or the values many units hold)"
 INSTEAD = {
-    exp.LogicalOr: "count the rows instead: COUNT(*) FILTER (WHERE condition) > 0 is noisy but answered",
-    exp.LogicalAnd: "count the rows that fail it: COUNT(*) FILTER (WHERE NOT condition) = 0",
+    exp.LogicalOr: "bool_or(x) is answered as an output column (SELECT k, bool_or(x) FROM t GROUP BY k); elsewhere "
+                   "count the rows instead: HAVING COUNT(*) FILTER (WHERE x) > 0",
+    exp.LogicalAnd: "bool_and(x) is answered as an output column (SELECT k, bool_and(x) FROM t GROUP BY k); "
+                    "elsewhere count the rows that fail it: HAVING COUNT(*) FILTER (WHERE NOT x) = 0",
     exp.ApproxDistinct: "count distinct people with COUNT(DISTINCT <the privacy unit's column>)",
     exp.GroupConcat: LIST_VALUES,
     exp.ArrayAgg: LIST_VALUES,

@@ -133,6 +133,19 @@ def concat_as_pipes(tree: exp.Select) -> exp.Select:
     return tree.transform(spelled, copy=False)
 
 
+def approx_distinct_as_count(tree: exp.Select) -> exp.Select:
+    """`approx_count_distinct(c)` (Spark's, BigQuery's, Snowflake's spelling, which BI tools send) is
+    `COUNT(DISTINCT c)`: a noisy answer is approximate already, and an exact distinct count costs nothing more.
+    The column keeps the function's name."""
+    if not tree.find(exp.ApproxDistinct):
+        return tree
+    for output in tree.expressions:
+        if isinstance(output, exp.ApproxDistinct):
+            output.replace(exp.alias_(output.copy(), "approx_count_distinct"))
+    return tree.transform(lambda node: exp.Count(this=exp.Distinct(expressions=[node.this.copy()]))
+                          if isinstance(node, exp.ApproxDistinct) else node, copy=False)
+
+
 def count_of_distinct_rows(tree: exp.Select) -> exp.Select:
     """`SELECT COUNT(*) FROM (SELECT DISTINCT c FROM … WHERE …) t` is answered as `SELECT COUNT(DISTINCT c) FROM …
     WHERE …`: the same number except that the subquery would return a NULL as one more row, which COUNT(DISTINCT)

@@ -364,13 +364,9 @@ error: "PrivacyRefusal: the query has no aggregate, so it would release raw rows
 canonical: "SELECT \"dpsql_t0\".\"age\" AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\""
 output_names: ["age"]
 
--- SELECT approx_count_distinct(person_id) FROM visits
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT approx_count_distinct(person_id) FROM visits", "unique": []}
-error: "UnsupportedQuery: function approx_count_distinct() is not supported by dpsql [DP002]\nHint: count distinct people with COUNT(DISTINCT <the privacy unit's column>)"
-
 -- SELECT bool_or(age > 30) FROM people
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT bool_or(age > 30) FROM people", "unique": []}
-error: "UnsupportedQuery: function bool_or() is not supported by dpsql [DP002]\nHint: count the rows instead: COUNT(*) FILTER (WHERE condition) > 0 is noisy but answered"
+error: "UnsupportedQuery: function bool_or() is not supported by dpsql [DP002]\nHint: bool_or(x) is answered as an output column (SELECT k, bool_or(x) FROM t GROUP BY k); elsewhere count the rows instead: HAVING COUNT(*) FILTER (WHERE x) > 0"
 
 -- SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3", "unique": []}
