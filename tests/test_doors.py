@@ -215,6 +215,8 @@ DOOR_STATEMENTS = [
     "SELECT s.region, COUNT(*) AS n FROM states s GROUP BY s.region ORDER BY s.region",
     "SELECT sex, COUNT(*) AS n FROM people GROUP BY sex ORDER BY sex",  # noisy: the first door's, kept for the rest
     "SELECT age FROM people",  # refused alike
+    "SELECT sex, bool_or(age > 30) AS older FROM people GROUP BY sex ORDER BY sex",  # read off a noisy count
+    "SELECT COUNT(*) AS n FROM screenings WHERE positive",  # picked from the counts per reported value
 ]
 
 
