@@ -50,6 +50,29 @@ def test_refusals_name_the_function_the_user_wrote(demo_schema, sql, named):
         assert "README" not in caught.value.hint
 
 
+@pytest.mark.parametrize(("correlated", "cohort"), [
+    ("(SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id) > 5",
+     "p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id HAVING COUNT(*) > 5)"),
+    ("5 <= (SELECT SUM(amount) FROM visits v WHERE p.person_id = v.person_id AND v.category = 'lab')",
+     "p.person_id IN (SELECT v.person_id FROM visits v WHERE v.category = 'lab' GROUP BY v.person_id "
+     "HAVING SUM(amount) >= 5)"),
+    ("(SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id) < 3",  # also those with no visits
+     "NOT p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id HAVING COUNT(*) >= 3)"),
+    ("EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id GROUP BY v.person_id HAVING MAX(amount) > 9)",
+     "p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id HAVING MAX(amount) > 9)"),
+])
+def test_a_correlated_cohort_is_the_in_cohort(demo_schema, correlated, cohort):
+    sql = "SELECT COUNT(*), AVG(age) FROM people p WHERE {}"
+    assert check_query(sql.format(correlated), demo_schema).canonical == check_query(sql.format(cohort),
+                                                                                     demo_schema).canonical
+
+
+def test_a_correlated_subquery_that_is_not_a_cohort_stays_refused(demo_schema):
+    with pytest.raises(errors.UnsupportedQuery, match="subquery"):
+        check_query("SELECT COUNT(*) FROM people p WHERE (SELECT COUNT(*) FROM visits v WHERE v.person_id = "
+                    "p.person_id AND v.amount > p.income) > 5", demo_schema)
+
+
 def test_approx_count_distinct_is_count_distinct(demo_schema):
     approx = check_query("SELECT category, approx_count_distinct(person_id) FROM visits GROUP BY 1", demo_schema)
     exact = check_query("SELECT category, COUNT(DISTINCT person_id) AS approx_count_distinct FROM visits GROUP BY 1",

@@ -125,6 +125,12 @@ QUERIES = [
     "GROUP BY v.person_id HAVING MAX(v.amount) > 500) GROUP BY sex",
     "SELECT p.state, SUM(p.income) FROM people p JOIN (SELECT person_id FROM visits GROUP BY person_id "
     "HAVING SUM(amount) > 1000) big ON big.person_id = p.person_id GROUP BY p.state",
+    "SELECT COUNT(*), AVG(age) FROM people p WHERE (SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id "
+    "AND v.category = 'lab') < 2",  # holds for no rows: the complement of those with 2 or more
+    "SELECT category, COUNT(*) FROM visits w WHERE 1000 < (SELECT SUM(amount) FROM visits v "
+    "WHERE v.person_id = w.person_id) GROUP BY category",
+    "SELECT COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
+    "GROUP BY v.person_id HAVING COUNT(*) > 5)",
     # keys alone, without an aggregate (a BI tool's filter list): released by partition selection on the units
     "SELECT DISTINCT day FROM visits",
     "SELECT state FROM people GROUP BY state",

@@ -18,6 +18,7 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
+from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.query import AGGREGATES, output_name, to_sql
 
@@ -83,7 +84,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     group = tree.args.get("group")
     if isinstance(tree, exp.Select) and group and any(isinstance(e, GROUPINGS) for e in group.expressions):
         return _grouping_sets(bind_parameters(tree, params))
-    if isinstance(tree, exp.Select) and _scalar_subqueries(tree):
+    if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
         return _sequential(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and any(_boolean_of(e.unalias()) for e in tree.expressions):
         return _booleans(bind_parameters(tree, params))

@@ -186,10 +186,6 @@ error: "UnsupportedQuery: positive holds locally randomized reports: a query ove
 canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"screenings\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"positive\""
 output_names: ["count"]
 
--- SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits v2 WHERE v2.person_id = visits.person_id GROUP BY v2.person_id)
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits v2 WHERE v2.person_id = visits.person_id GROUP BY v2.person_id)", "unique": []}
-error: "UnsupportedQuery: an EXISTS or IN subquery may not aggregate, group, order or limit, except to pick units by their own rows [DP002]\nHint: filter its rows with WHERE, or group by the column it returns: person_id IN (SELECT person_id FROM t GROUP BY person_id HAVING COUNT(*) > 5)"
-
 -- SELECT COUNT(*) FROM visits WHERE EXTRACT(julian FROM day) > 0
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits WHERE EXTRACT(julian FROM day) > 0", "unique": [["people", "person_id"], ["states", "code"]]}
 error: "UnsupportedQuery: EXTRACT(JULIAN ...) is not supported [DP002]\nHint: supported fields: YEAR, MONTH, DAY, DOW, ISODOW, DOY, WEEK, QUARTER, HOUR, MINUTE, EPOCH"
