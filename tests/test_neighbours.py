@@ -135,6 +135,7 @@ QUERIES = [
     "SELECT DISTINCT day FROM visits",
     "SELECT state FROM people GROUP BY state",
     "SELECT DISTINCT p.state FROM visits v JOIN people p USING (person_id) WHERE v.category = 'lab'",
+    "SELECT DISTINCT category FROM visits WHERE amount > 100",  # declared values, but which are present is data
 ]
 
 ROW_LEVEL = {

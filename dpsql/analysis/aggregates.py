@@ -66,8 +66,8 @@ def measure(scope: Scope) -> None:
     if not found and _lists_a_domain(scope):
         scope.notes.append("no aggregate: the rows are the declared domain of the keys, whatever the data holds")
     elif not found and scope.group_keys:
-        scope.notes.append("no aggregate: the keys are released where a noisy count of their units passes the "
-                           "threshold (partition selection), as for any key without a declared domain")
+        scope.notes.append("no aggregate: the keys present are released where a noisy count of their units passes "
+                           "the threshold (partition selection), as for any key without a declared domain")
     elif not found:
         raise PrivacyRefusal("the query has no aggregate, so it would release raw rows",
                              "dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. "
@@ -83,15 +83,10 @@ def measure(scope: Scope) -> None:
 
 def _lists_a_domain(scope: Scope) -> bool:
     """`SELECT DISTINCT c FROM t` (or `GROUP BY c` without aggregates) where every key has a declared domain,
-    as BI tools send to fill a filter's list: answered with the domain itself, which no data can change.
-    Under WHERE or a join only some values would be present, which depends on the data: refused."""
-    if scope.domain is None or not scope.group_keys:
-        return False
-    if scope.tree.args.get("where") or scope.joins:
-        raise PrivacyRefusal("without an aggregate, the keys present under WHERE or a join would be raw data",
-                             "list the declared values with SELECT DISTINCT c FROM t (no WHERE), or count them: "
-                             "SELECT c, COUNT(*) FROM ... GROUP BY c")
-    return True
+    as BI tools send to fill a filter's list: answered with the domain itself, which no data can change. Under
+    WHERE or a join the keys are private (`groups`), and under a minimum frequency only the values that enough
+    units hold are released: both by partition selection."""
+    return scope.domain is not None and bool(scope.group_keys) and scope.min_units == 1
 
 
 NULL_PRESERVING = (exp.Column, exp.Identifier, exp.Literal, exp.Paren, exp.Round, exp.Floor, exp.Ceil, exp.Abs,

@@ -9,7 +9,8 @@ Rules:
   query and the schema, both public). When every key
   is public (and the product of their domains is at most MAX_DOMAIN), every key combination is released,
   empty ones too, so which groups exist reveals nothing; otherwise the keys are private and the groups are
-  released by DP partition selection;
+  released by DP partition selection. Keys selected alone (no aggregate) under WHERE or a join are private
+  even with a domain: which values are present then depends on the data;
 - G = 1 when every key is a function of the unit's own row (its unit-determined tables, no outer join): each
   unit is in one group. Otherwise G = min(max_groups_per_unit, k), enforced by the rewrite unless each
   joined row is a whole unit (then k = 1 and G = 1 hold without it);
@@ -45,6 +46,9 @@ def bound_groups(scope: Scope) -> None:
     of key combinations (None: partition selection)."""
     keys = _group_keys(scope)
     k = scope.rows_per_unit
+    public = _domain(keys)
+    if public is not None and _keys_alone(scope) and (scope.tree.args.get("where") or scope.joins):
+        public = None  # the values present under WHERE or a join depend on the data: private keys
     if keys and scope.stability is not None:  # the changed joined rows may each fall in another group
         groups, cap = k, False
         scope.notes.append(f"the {k} changed joined row(s) may fall in as many groups")
@@ -55,13 +59,13 @@ def bound_groups(scope: Scope) -> None:
             groups, cap = 1, False
             scope.notes.append("group keys depend only on the unit: each unit is in one group")
         elif scope.unit is not None:
-            groups, cap = _bound_rows_over_groups(scope, k, _domain(keys))
+            groups, cap = _bound_rows_over_groups(scope, k, public)
         else:
             groups, cap = max(1, min(scope.max_groups_setting, k)), not scope.direct
             scope.notes.append(f"each unit counts in at most {groups} group(s) (enforced by the rewrite)")
     else:
         groups, cap = 1, False
-    domain = _domain(keys)
+    domain = public
     if keys and domain is not None and scope.min_units > 1:
         scope.notes.append(f"group keys come from a public domain; with min_frequency = {scope.min_units} each "
                            "still goes through DP partition selection")
@@ -71,6 +75,13 @@ def bound_groups(scope: Scope) -> None:
     if keys and domain is None:
         scope.every_group = _every_group(scope, keys)
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
+
+
+def _keys_alone(scope: Scope) -> bool:
+    """Whether the query selects its keys without an aggregate (SELECT DISTINCT c, GROUP BY c alone)."""
+    tree = scope.tree
+    places = [*tree.expressions, tree.args.get("having"), tree.args.get("order")]
+    return not any(node.find(*AGGREGATES) for node in places if node is not None)
 
 
 CAP_FACTOR = 4  # cap a unit's groups at max_groups_per_unit only when it could reach more than this many times as many
@@ -313,6 +324,9 @@ def _every_group(scope: Scope, keys: list[GroupKey]) -> str:
         else:
             ways.append(f"a column with a declared domain instead of {key.sql} (the data owner may declare one "
                         "in the privacy schema)")
+    if not ways:  # declared keys selected alone under WHERE or a join: counted, every declared value is released
+        spelled = ", ".join(key.sql for key in keys)
+        return f"count them: SELECT {spelled}, COUNT(*) ... GROUP BY {spelled} releases every declared value"
     return "group by " + "; ".join(ways)
 
 

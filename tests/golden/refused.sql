@@ -296,18 +296,6 @@ error: "UnsupportedQuery: SELECT DISTINCT releases raw values and is not support
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT DISTINCT ON (sex) sex FROM people", "unique": []}
 error: "UnsupportedQuery: SELECT DISTINCT releases raw values and is not supported [DP002]\nHint: use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c"
 
--- SELECT DISTINCT category FROM visits WHERE amount > 100
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT DISTINCT category FROM visits WHERE amount > 100", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "PrivacyRefusal: without an aggregate, the keys present under WHERE or a join would be raw data [DP003]\nHint: list the declared values with SELECT DISTINCT c FROM t (no WHERE), or count them: SELECT c, COUNT(*) FROM ... GROUP BY c"
-canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"amount\" > 100 GROUP BY \"dpsql_t0\".\"category\""
-output_names: ["category"]
-
--- SELECT DISTINCT v.category FROM visits v JOIN people p ON p.person_id = v.person_id
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT DISTINCT v.category FROM visits v JOIN people p ON p.person_id = v.person_id", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "PrivacyRefusal: without an aggregate, the keys present under WHERE or a join would be raw data [DP003]\nHint: list the declared values with SELECT DISTINCT c FROM t (no WHERE), or count them: SELECT c, COUNT(*) FROM ... GROUP BY c"
-canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" JOIN \"people\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" GROUP BY \"dpsql_t0\".\"category\""
-output_names: ["category"]
-
 -- SELECT MAX(person_id) FROM people
 input: {"max_groups": null, "not_null": [["checkins", "checkin_id"], ["checkins", "hour"], ["people", "person_id"], ["prescriptions", "drug"], ["prescriptions", "prescription_id"], ["prescriptions", "visit_id"], ["screenings", "person_id"], ["states", "code"], ["states", "name"], ["states", "region"], ["survey", "region"], ["survey", "respondent_id"], ["visits", "category"], ["visits", "day"], ["visits", "person_id"], ["visits", "visit_id"]], "params": null, "schema": "s0", "sql": "SELECT MAX(person_id) FROM people", "unique": [["checkins", "checkin_id"], ["people", "person_id"], ["prescriptions", "prescription_id"], ["screenings", "person_id"], ["states", "code"], ["survey", "respondent_id"], ["visits", "visit_id"]]}
 error: "UnsupportedQuery: people.person_id has no declared bounds, so its MAX argument has unbounded sensitivity [DP002]\nHint: declare lower and upper for the column in the privacy schema"
