@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_engine import _analyst as bench_analyst  # noqa: E402 - benchmarks/ is on sys.path as a script
+
 import dpsql  # noqa: E402
-from dpsql.accounting import Ledger  # noqa: E402
 from dpsql.demo import load_demo_data  # noqa: E402
 from dpsql.embedded import EmbeddedPostgres  # noqa: E402
 
@@ -159,20 +160,17 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10)"),
     ("answer", "SELECT bool_or(amount > 4000) FROM visits"),
     ("answer", "SELECT array_agg(category) FROM visits"),
+    ("answer", "SELECT COUNT(*) FROM people p WHERE (SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id) "
+               ">= 10"),
+    ("answer", "SELECT DISTINCT category FROM visits WHERE day >= '2024-06-01'"),
+    ("answer", "SELECT approx_count_distinct(person_id) FROM visits"),
+    ("answer", "SELECT category, bool_and(amount > 10), every(amount < 5000) FROM visits GROUP BY category"),
+    ("answer", "SELECT COUNT(*) FROM survey WHERE smoker"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),
     ("bad", "SELECT COUNT(*) FROM visits WHERE day >= '2024-13-01'"),
 ]
-
-
-def _analyst(url: str) -> str:
-    ledger = Ledger(url)
-    try:
-        ledger.add_analyst("newcomer", 1e6, 0.5)
-    finally:
-        ledger.close()
-    return "newcomer"
 
 
 def run(people: int) -> list[tuple[str, str, str, str]]:
@@ -181,7 +179,7 @@ def run(people: int) -> list[tuple[str, str, str, str]]:
     url = server.start()
     try:
         load_demo_data(url, people=people, seed=7)
-        conn = dpsql.connect(database=url, schema=str(SCHEMA), analyst=_analyst(url))
+        conn = dpsql.connect(database=url, schema=str(SCHEMA), analyst=bench_analyst(url))
         outcomes = []
         for expected, sql in STATEMENTS:
             cursor = conn.cursor()
