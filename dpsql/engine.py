@@ -363,11 +363,15 @@ class Engine:
         # beside a race over totals, the counts' race shares the fallback's ε: an AVG's denominator at the
         # declared cap is as noisy as its numerator at the cap
         fallback = lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
-        decision = race.decide(truncated, fallback, effect_epsilon=lent(prepared.calibration, EFFECT_SHARE))
+        plan = prepared.plan  # the cells the answer has, where known before the data
+        cells = 1 if not plan.grouped else len(plan.domain) if plan.domain is not None else None
+        decision = race.decide(truncated, fallback, effect_epsilon=lent(prepared.calibration, EFFECT_SHARE),
+                               cells=cells)
         rows = None
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
-        rows_decision = rows_race.decide(rows_truncated, fallback) if rows_race is not None else None
+        rows_decision = rows_race.decide(rows_truncated, fallback, cells=cells) \
+            if rows_race is not None else None
         rows_bound = rows_decision.bound if rows_decision is not None else None
         # partition selection counts the rows of the units within the τ the race over rows chose (no margin)
         over_rows = rows_decision or (None if prepared.race_totals else decision)

@@ -414,7 +414,7 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
     """Few units for the race's ε: instead of the cap, the first τ that few units exceed (counted fractionally
     from the race's own values), times the fallback's margin, at the ε lent; where the race resolves, nothing is
     lent."""
-    from dpsql.mechanisms.race import FALLBACK_MARGIN, FALLBACK_THRESHOLD, RaceToTheTop
+    from dpsql.mechanisms.race import FALLBACK_MARGIN, FALLBACK_THRESHOLD, FEW_CELLS, RaceToTheTop
     from dpsql.mechanisms.sparse import FirstBelowThreshold
 
     race = RaceToTheTop.calibrate(1024, 0.02)
@@ -430,6 +430,10 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
         assert bound == (1024 if index is None else min(FALLBACK_MARGIN * race.taus[index], 1024))
         assert tau == (None if index is None else race.taus[index])  # the τ itself, before the margin
         assert over is None  # no ε lent to count the units over the bound
+        for cells in (1, FEW_CELLS, FEW_CELLS + 1, None):  # the same draws; few cells keep twice the margin
+            chosen = race.decide(few, 0.05, random.Random(seed), cells=cells)
+            margin = 2 * FALLBACK_MARGIN if cells is not None and cells <= FEW_CELLS else FALLBACK_MARGIN
+            assert chosen.tau == tau and chosen.bound == (1024 if tau is None else min(margin * tau, 1024))
         assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0, None, None)  # nothing lent: the cap
     many = [100_000 * v / 100 for v in few]  # 100,000 units: the race resolves and lends nothing
     assert all(race.decide(many, 0.05, random.Random(seed))[1] == 0.0 for seed in range(5))

@@ -4,6 +4,10 @@ PostgreSQL returns them), and scalar subqueries (`WHERE income > (SELECT AVG(inc
 subquery is answered first, and its noisy value is a constant of the outer query). Each part is an ordinary
 query, analysed, noised and charged on its own; the statement costs the sum of its parts. ORDER BY, LIMIT and
 OFFSET of the whole statement, and UNION's removal of duplicate rows, act on the released rows only.
+
+Some statements are one ordinary query and post-processing of its answer: an aggregate over a grouped
+subquery's released rows, COUNT(DISTINCT c) of a declared domain, bool_or / bool_and read off noisy counts, and
+the count of one value of a locally randomized column picked from the counts per value.
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ class Composition:
 
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
             schema: PrivacySchema | None = None) -> Composition | None:
-    """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement, or of a COUNT(DISTINCT c) over a
-    declared domain; None for any other statement (which the ordinary stages check, and refuse if they must)."""
+    """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement or of scalar subqueries, or the one
+    query behind a post-processed statement (the module's docstring); None for any other statement (which the
+    ordinary stages check, and refuse if they must)."""
     distinct = schema is not None and "DISTINCT" in sql.upper()
     if not (_may_compose(sql) or distinct or _may_read_reports(sql, schema)):  # most statements: spare a parse
         return None
