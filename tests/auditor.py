@@ -364,6 +364,8 @@ QUERY_CLASSES = [
     QueryClass("partition selection", query("SELECT visits, COUNT(*) FROM people GROUP BY visits"), 1, delta=DELTA),
     QueryClass("keys alone by partition selection (a filter's list)", query("SELECT DISTINCT visits FROM people"), 1,
                delta=DELTA),
+    QueryClass("bool_or and bool_and read off noisy counts",
+               query("SELECT bool_or(fare > 50), bool_and(fare <= 50) FROM trips"), 0),
     QueryClass("numeric key spelled by one row", query("SELECT balance, COUNT(*) FROM people GROUP BY balance"), 1,
                delta=DELTA, fast=True),
     QueryClass("-0 key", query("SELECT round(score * 10) / 10 AS s, COUNT(*) FROM people GROUP BY 1"), 1,
