@@ -19,8 +19,9 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
         return explain_text(parts[0])
     epsilon = sum(p.cost.epsilon for p in parts if p.calibration is not None)
     delta = sum(p.cost.delta for p in parts if p.calibration is not None)
-    lines = [f"Statement: {composition.description}, answered part by part, each with 1/{len(parts)} of ε; the "
-             f"statement costs the sum of its parts: ε = {epsilon:.6g}, δ = {delta:.3g}"
+    split = (f"answered part by part, each with 1/{len(parts)} of ε; the statement costs the sum of its parts"
+             if len(parts) > 1 else "one query, then post-processing of its answer (no further cost)")
+    lines = [f"Statement: {composition.description}, {split}: ε = {epsilon:.6g}, δ = {delta:.3g}"
              + ("; rows released twice are returned once" if composition.distinct else "")
              + ("; ORDER BY / LIMIT act on the released rows" if composition.order or composition.limit is not None
                 else "")]

@@ -12,6 +12,7 @@ import pytest
 from dpsql import errors
 from dpsql.answer import Answer
 from dpsql.combining import combine
+from dpsql.explain import explain_statement
 from dpsql.postprocess.accuracy import Accuracy
 from dpsql.sql import check_query
 from dpsql.sql.compose import Composition
@@ -663,6 +664,7 @@ def test_bool_or_and_bool_and_are_read_off_noisy_counts(engine, analyst):
     composition, parts = engine.prepare_parts(sql, epsilon=1.0)
     assert composition.booleans == ((1, False), (2, True), (3, True), (4, False))
     assert "COUNT(*) FILTER(WHERE NOT (age > 30)) AS bool_and" in composition.parts[0]
+    assert "one query, then post-processing of its answer" in explain_statement(composition, parts)
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
     assert answer.epsilon == pytest.approx(1.0)
     assert answer.names == ["sex", "older", "bool_and", "every", "bool_or"]
