@@ -81,6 +81,12 @@ def test_approx_count_distinct_is_count_distinct(demo_schema):
     assert approx.canonical == exact.canonical
 
 
+def test_approx_count_distinct_of_a_declared_column_counts_the_values_present(engine):
+    approx, _ = engine.prepare_parts("SELECT approx_count_distinct(category) FROM visits WHERE amount > 100")
+    exact, _ = engine.prepare_parts("SELECT COUNT(DISTINCT category) FROM visits WHERE amount > 100")
+    assert approx.parts == exact.parts and approx.values_present == "approx_count_distinct"
+
+
 def test_a_limit_that_cannot_cut_is_a_row_limit_not_a_top_k(demo_schema, engine, analyst):
     superset = ("SELECT category AS category, COUNT(*) AS count FROM public.visits GROUP BY category "
                 "ORDER BY count DESC LIMIT 10000")

@@ -222,6 +222,8 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
         return None
     count = tree.expressions[0].unalias()
     distinct = count.this if isinstance(count, exp.Count) else None
+    if isinstance(count, exp.ApproxDistinct):  # approx_count_distinct(c), as BI tools send it, is the same
+        distinct = exp.Distinct(expressions=[count.this])
     table = tree.args["from_"].this if tree.args.get("from_") else None
     if not (isinstance(distinct, exp.Distinct) and len(distinct.expressions) == 1
             and isinstance(distinct.expressions[0], exp.Column) and isinstance(table, exp.Table)):
@@ -248,7 +250,8 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
         inner.set("where", where)
     inner.set("group", exp.Group(expressions=[exp.column(column.name, table=own)]))
     return Composition([to_sql(inner)], f"the declared values of {table.name}.{column.name} present: counted from "
-                       "a noisy count of units per value", values_present=output_name(tree.expressions[0]))
+                       "a noisy count of units per value", values_present="approx_count_distinct"
+                       if isinstance(tree.expressions[0], exp.ApproxDistinct) else output_name(tree.expressions[0]))
 
 
 def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.Column, list[exp.Join]] | None:
