@@ -363,8 +363,7 @@ class Engine:
         # beside a race over totals, the counts' race shares the fallback's ε: an AVG's denominator at the
         # declared cap is as noisy as its numerator at the cap
         fallback = lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
-        plan = prepared.plan  # the cells the answer has, where known before the data
-        cells = 1 if not plan.grouped else len(plan.domain) if plan.domain is not None else None
+        cells = prepared.plan.cells
         decision = race.decide(truncated, fallback, effect_epsilon=lent(prepared.calibration, EFFECT_SHARE),
                                cells=cells)
         rows = None

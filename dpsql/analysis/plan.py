@@ -212,6 +212,12 @@ class Plan:
         return bool(self.group_keys)
 
     @property
+    def cells(self) -> int | None:
+        """How many cells the answer has, known before the data: 1 without GROUP BY, the declared domain's size,
+        or None where the keys are private."""
+        return 1 if not self.grouped else len(self.domain) if self.domain is not None else None
+
+    @property
     def partition_selection(self) -> bool:
         return self.grouped and (self.domain is None or self.min_units > 1)
 
