@@ -217,6 +217,10 @@ DOOR_STATEMENTS = [
     "SELECT age FROM people",  # refused alike
     "SELECT sex, bool_or(age > 30) AS older FROM people GROUP BY sex ORDER BY sex",  # read off a noisy count
     "SELECT COUNT(*) AS n FROM screenings WHERE positive",  # picked from the counts per reported value
+    "SELECT * FROM states ORDER BY code LIMIT 3",
+    "SELECT region, COUNT(*) AS n FROM survey GROUP BY region ORDER BY region",
+    "SELECT smoker, COUNT(*) AS n FROM survey GROUP BY smoker ORDER BY smoker",
+    "SELECT COUNT(*) FROM checkins WHERE hour BETWEEN 9 AND 17",
 ]
 
 

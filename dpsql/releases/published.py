@@ -46,7 +46,8 @@ def plan_published(query: CheckedQuery, schema: PrivacySchema) -> PublishedQuery
     tables = [schema.tables.get(t.name) for t in query.tree.find_all(exp.Table)]
     if any(t is None or not t.public for t in tables):
         return None
-    if any(c.local is not None for t in tables for c in t.columns.values()):
+    local = {name for t in tables for name, c in t.columns.items() if c.local is not None}
+    if any(c.name in local for c in query.tree.find_all(exp.Column)):
         return None  # locally randomized reports are only estimated from (dpsql.local.estimates)
     typed = annotate_types(query.tree.copy(), schema=schema.sqlglot_schema(), dialect="postgres")
     outputs = [Output(name, exp.column(name), _type_name(e), False)

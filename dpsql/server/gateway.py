@@ -51,7 +51,10 @@ class Gateway:
         self.max_analyst_connections = max_analyst_connections  # 0: no cap
         self._logged_in: Counter[str] = Counter()  # open sessions per analyst
         self._logged_in_lock = threading.Lock()
-        self.private = frozenset(name for name, table in engine.schema.tables.items() if not table.public)
+        # the tables the engine answers for: private ones, and public ones holding locally randomized reports (their
+        # counts are estimated from the reports, not counted as they are)
+        self.private = frozenset(name for name, table in engine.schema.tables.items()
+                                 if not table.public or any(c.local is not None for c in table.columns.values()))
         self.metrics = Metrics()
         self._routes: Recent[str, Route] = Recent(ROUTES_CACHE_SIZE, second_sighting=True)
         # held open while the gateway lives: another `dpsql serve` starting on this database with another schema

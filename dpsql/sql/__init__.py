@@ -100,6 +100,8 @@ def check_query(sql: str, schema: PrivacySchema,
     names = tuple(output_name(e) for e in tree.expressions)  # as the analyst wrote them, before qualifying
     for rule in CHECKS:
         tree = rule(tree, context)
+    if len(names) != len(tree.expressions):  # a * expanded to the table's columns, named as they are
+        names = tuple(output_name(e) for e in tree.expressions)
     return CheckedQuery(tree, names, canonical_sql(tree), timed)
 
 
