@@ -226,11 +226,22 @@ def test_per_unit_subqueries_earn_the_sensitivity_of_one_row_per_unit(demo_schem
     assert [m.sensitivity for m in p.measures] == [10 * 1000]
 
 
+def test_a_having_inside_a_per_unit_subquery_is_its_filter_outside(demo_schema):
+    """The groups HAVING keeps are the rows of the per-unit table a WHERE outside keeps: the same plan, the HAVING's
+    aggregates selected under names of dpsql's own (or the output already computing them)."""
+    having = plan("SELECT AVG(s) FROM (SELECT person_id, SUM(amount) AS s FROM visits GROUP BY person_id "
+                  "HAVING COUNT(*) > 5 AND SUM(amount) > 100) t", demo_schema)
+    where = plan("SELECT AVG(s) FROM (SELECT person_id, SUM(amount) AS s, COUNT(*) AS dpsql_having_1 FROM visits "
+                 "GROUP BY person_id) t WHERE t.dpsql_having_1 > 5 AND t.s > 100", demo_schema)
+    assert rewrite(having).sql == rewrite(where).sql
+    assert [m.sensitivity for m in having.measures] == [m.sensitivity for m in where.measures]
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELECT n, COUNT(*) FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t GROUP BY n",
      "must GROUP BY the privacy unit alone"),
-    ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id HAVING COUNT(*) > 1) t",
-     "may not have HAVING"),
+    ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id ORDER BY n DESC LIMIT 9) t",
+     "may not have HAVING, ORDER BY or LIMIT"),
     ("SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
      "JOIN people p ON p.person_id = t.person_id", "cannot be joined"),
     ("SELECT AVG(v) FROM (SELECT person_id, VARIANCE(amount) AS v FROM visits GROUP BY person_id) t",

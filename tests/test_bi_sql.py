@@ -167,6 +167,28 @@ def test_a_window_over_an_aggregated_subquery_ranks_its_released_rows(engine, an
     assert [row[2] for row in nested.rows] == sorted(row[2] for row in nested.rows)
 
 
+@pytest.mark.parametrize(("nested", "flat"), [
+    # Metabase's question on a saved question: the saved one's ORDER BY orders the rows, its LIMIT goes outside
+    ('SELECT "source"."category" AS "category", "source"."count" AS "count" FROM (SELECT "public"."visits"."category" '
+     'AS "category", count(*) AS "count" FROM "public"."visits" GROUP BY "public"."visits"."category" ORDER BY '
+     '"public"."visits"."category" ASC) "source" LIMIT 1048575',
+     "SELECT category, COUNT(*) AS count FROM visits GROUP BY category ORDER BY category ASC LIMIT 1048575"),
+    ("SELECT category, n FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY 2 DESC "
+     "LIMIT 3) t LIMIT 2", "SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY 2 DESC LIMIT 2"),
+    ("SELECT category, n FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n) t "
+     "ORDER BY category", "SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY category"),
+])
+def test_the_order_and_limit_of_an_aggregated_subquery_carry_outside(demo_schema, nested, flat):
+    assert check_query(nested, demo_schema).canonical == check_query(flat, demo_schema).canonical
+
+
+def test_a_limit_inside_with_a_filter_outside_stays_refused(demo_schema):
+    """The outer WHERE would filter the rows the inner LIMIT kept, which one SELECT cannot say."""
+    with pytest.raises(errors.UnsupportedQuery, match="may not have HAVING, ORDER BY or LIMIT"):
+        plan("SELECT category, n FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n DESC "
+             "LIMIT 3) t WHERE n > 10", demo_schema)
+
+
 def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_rows(engine, analyst, served):
     """The average, spread and number of category counts: the inner query's noisy answer (charged once), then
     the outer query over its released rows, as PostgreSQL would compute it over those rows."""

@@ -109,6 +109,8 @@ QUERIES = [
     "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t GROUP BY n",
     "WITH per AS (SELECT v.person_id, SUM(amount) AS total FROM visits v GROUP BY 1) "
     "SELECT AVG(total), COUNT(*), SUM(total) FROM per",
+    "SELECT COUNT(*), AVG(s) FROM (SELECT person_id, SUM(amount) AS s FROM visits GROUP BY person_id "
+    "HAVING COUNT(DISTINCT category) >= 2 AND MAX(amount) > 100) t",  # HAVING inside: a filter of the units' rows
     "SELECT c_count, COUNT(*) AS custdist FROM (SELECT p.person_id, COUNT(v.visit_id) AS c_count FROM people p "
     "LEFT JOIN visits v ON v.person_id = p.person_id AND v.category <> 'lab' GROUP BY p.person_id) AS c "
     "GROUP BY c_count ORDER BY custdist DESC",

@@ -34,6 +34,7 @@ from dpsql.sql.shape import (
     distinct_as_group_by,
     drop_nulls_under_not_in,
     filters_as_case,
+    having_of_source_as_where,
     inline_repeated_ctes,
     percentiles_as_arrays,
     projection_over_aggregates,
@@ -76,6 +77,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(cohort_joins_as_in),
     _tree_only(count_of_distinct_rows),
     _tree_only(projection_over_aggregates),
+    _tree_only(having_of_source_as_where),
     _tree_only(percentiles_as_arrays),
     _tree_only(distinct_as_group_by),
 )

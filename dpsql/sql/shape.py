@@ -169,6 +169,43 @@ def count_of_distinct_rows(tree: exp.Select) -> exp.Select:
     return counted
 
 
+def having_of_source_as_where(tree: exp.Select) -> exp.Select:
+    """`SELECT AVG(n) FROM (SELECT u, COUNT(*) AS n FROM t GROUP BY u HAVING SUM(x) > 100) s` is `SELECT AVG(n) FROM
+    (SELECT u, COUNT(*) AS n, SUM(x) AS dpsql_having_1 FROM t GROUP BY u) s WHERE s.dpsql_having_1 > 100`: the same
+    groups, kept by a filter outside, where the analysis reads a grouped subquery as a table of one row per group.
+    Only under an outer query that aggregates (one that does not is post-processing of released rows:
+    `projection_over_aggregates`). Anything else is left as written."""
+    inner = _source_select(tree)
+    if (inner is None or inner.args.get("having") is None or not inner.args.get("group")
+            or not any(_aggregates_rows(e) for e in tree.expressions) or inner.find(exp.Window)
+            or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct"))):
+        return tree
+    written, tree = tree, tree.copy()
+    inner = _source_select(tree)
+    alias = tree.args["from_"].this.alias_or_name
+    named = {output.unalias().sql(): output_name(output) for output in inner.expressions}
+    keys = {key.sql() for key in inner.args["group"].expressions}
+    taken = set(named.values())
+
+    def outside(node: exp.Expression) -> exp.Expression:
+        is_key = isinstance(node, exp.Column) and node.sql() in keys and node.find_ancestor(*AGGREGATES) is None
+        if not (isinstance(node, tuple(AGGREGATES)) or is_key):
+            return node
+        name = named.get(node.sql())
+        if name is None:
+            name = next(f"dpsql_having_{i}" for i in range(1, len(taken) + 2) if f"dpsql_having_{i}" not in taken)
+            taken.add(name)
+            named[node.sql()] = name
+            inner.append("expressions", exp.alias_(node.copy(), name))
+        return exp.column(name, table=alias)
+
+    condition = inner.args["having"].this.transform(outside)
+    if any(c.table != alias for c in condition.find_all(exp.Column)):
+        return written  # a column neither grouped by nor aggregated: PostgreSQL refuses it
+    inner.set("having", None)
+    return tree.where(condition, copy=False)
+
+
 def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
     return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
 
@@ -290,15 +327,21 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
     same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
     GROUP BY k HAVING g(COUNT(*)) ORDER BY h(COUNT(*)) LIMIT n`. A window of the outer query (`rank() OVER (ORDER
     BY c DESC)`, `SUM(c) OVER (ORDER BY k)`) runs over the released rows after HAVING, as it ran over t's rows after
-    WHERE. Anything else is left as written."""
+    WHERE. The inner query's ORDER BY orders the rows where the outer query does not (Metabase reads a saved
+    question as `SELECT … FROM (… ORDER BY k) source LIMIT 1048575`, relying on PostgreSQL keeping that order); its
+    LIMIT and OFFSET are kept where nothing outside comes between them and the rows (no WHERE, ORDER BY, OFFSET or
+    window outside). Anything else is left as written."""
     inner = _source_select(tree)
     if (inner is None or tree.args.get("joins") or tree.args.get("group") or tree.args.get("having")
             or tree.args.get("distinct") or any(_aggregates_rows(e) for e in tree.expressions)
             or not any(e.find(*AGGREGATES) for e in inner.expressions) or inner.find(exp.Window)
-            or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct", "with_"))):
+            or any(inner.args.get(k) for k in ("distinct", "with_"))
+            or (inner.args.get("limit") or inner.args.get("offset"))
+            and any(tree.args.get(k) for k in ("where", "order", "offset")) or tree.find(exp.Window)):
         return tree
     alias = tree.args["from_"].this.alias_or_name
     defined = {output_name(e): (e.this if isinstance(e, exp.Alias) else e) for e in inner.expressions}
+    inner_order = _order_as_expressions(inner, defined)
 
     def inlined(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column) and node.name in defined and node.table in ("", alias):
@@ -314,14 +357,47 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
                    for e in tree.expressions]
     merged = inner.copy()
     merged.set("expressions", outputs)
+    merged.set("order", inner_order)
     if tree.args.get("where"):
         condition = tree.args["where"].this.transform(inlined)
         having = merged.args.get("having")
         merged.set("having", exp.Having(this=exp.and_(having.this, condition) if having else condition))
-    for key in ("order", "limit", "offset"):
+    for key in ("order", "offset"):
         if tree.args.get(key):
             merged.set(key, tree.args[key].transform(inlined))
+    if tree.args.get("limit"):
+        merged.set("limit", _tighter_limit(merged.args.get("limit"), tree.args["limit"].transform(inlined)))
     return merged
+
+
+def _order_as_expressions(select: exp.Select, defined: dict[str, exp.Expression]) -> exp.Order | None:
+    """`select`'s ORDER BY with its positions (ORDER BY 2) and output names written out as the expressions they
+    stand for, so that it means the same under another SELECT list."""
+    order = select.args.get("order")
+    if order is None:
+        return None
+    values = list(defined.values())
+
+    def written_out(ordered: exp.Ordered) -> exp.Ordered:
+        key = ordered.this
+        if isinstance(key, exp.Literal) and not key.is_string and key.this.isdigit() \
+                and 1 <= int(key.this) <= len(values):
+            key = values[int(key.this) - 1]
+        elif isinstance(key, exp.Column) and not key.table and key.name in defined:
+            key = defined[key.name]
+        return ordered.__class__(**{**ordered.args, "this": key.copy()})
+    return exp.Order(expressions=[written_out(o) for o in order.expressions])
+
+
+def _tighter_limit(inner: exp.Limit | None, outer: exp.Limit) -> exp.Limit:
+    """The LIMIT of a query under another LIMIT: the smaller of two constants, else the outer one (an inner
+    LIMIT with anything but a constant is refused later, as it is written)."""
+    def count(limit: exp.Limit) -> int | None:
+        value = limit.expression
+        return int(value.this) if isinstance(value, exp.Literal) and value.this.isdigit() else None
+    if inner is None or count(inner) is None:
+        return outer
+    return inner if count(outer) is None or count(inner) <= count(outer) else outer
 
 
 def _aggregates_rows(node: exp.Expression) -> bool:

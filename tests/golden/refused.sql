@@ -18,19 +18,19 @@ error: "QuerySyntaxError: syntax error at or near \"SELEC\" [DP001]"
 input: {"max_groups": null, "not_null": [["checkins", "checkin_id"], ["checkins", "hour"], ["people", "person_id"], ["prescriptions", "drug"], ["prescriptions", "prescription_id"], ["prescriptions", "visit_id"], ["screenings", "person_id"], ["states", "code"], ["states", "name"], ["states", "region"], ["survey", "region"], ["survey", "respondent_id"], ["visits", "category"], ["visits", "day"], ["visits", "person_id"], ["visits", "visit_id"]], "params": null, "schema": "s0", "sql": "SELECT * FROM people", "unique": [["checkins", "checkin_id"], ["people", "person_id"], ["prescriptions", "prescription_id"], ["screenings", "person_id"], ["states", "code"], ["survey", "respondent_id"], ["visits", "visit_id"]]}
 error: "PrivacyRefusal: the query has no aggregate, so it would release raw rows [DP003]\nHint: dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. SELECT sex, COUNT(*) FROM people GROUP BY sex"
 canonical: "SELECT \"dpsql_t0\".\"person_id\" AS \"_col_0\", \"dpsql_t0\".\"age\" AS \"_col_1\", \"dpsql_t0\".\"sex\" AS \"_col_2\", \"dpsql_t0\".\"state\" AS \"_col_3\", \"dpsql_t0\".\"income\" AS \"_col_4\" FROM \"people\" AS \"dpsql_t0\""
-output_names: ["?column?"]
+output_names: ["person_id", "age", "sex", "state", "income"]
 
 -- SELECT * FROM people LIMIT 200
 input: {"max_groups": null, "not_null": [["checkins", "checkin_id"], ["checkins", "hour"], ["people", "person_id"], ["prescriptions", "drug"], ["prescriptions", "prescription_id"], ["prescriptions", "visit_id"], ["screenings", "person_id"], ["states", "code"], ["states", "name"], ["states", "region"], ["survey", "region"], ["survey", "respondent_id"], ["visits", "category"], ["visits", "day"], ["visits", "person_id"], ["visits", "visit_id"]], "params": null, "schema": "s0", "sql": "SELECT * FROM people LIMIT 200", "unique": [["checkins", "checkin_id"], ["people", "person_id"], ["prescriptions", "prescription_id"], ["screenings", "person_id"], ["states", "code"], ["survey", "respondent_id"], ["visits", "visit_id"]]}
 error: "PrivacyRefusal: the query has no aggregate, so it would release raw rows [DP003]\nHint: dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. SELECT sex, COUNT(*) FROM people GROUP BY sex"
 canonical: "SELECT \"dpsql_t0\".\"person_id\" AS \"_col_0\", \"dpsql_t0\".\"age\" AS \"_col_1\", \"dpsql_t0\".\"sex\" AS \"_col_2\", \"dpsql_t0\".\"state\" AS \"_col_3\", \"dpsql_t0\".\"income\" AS \"_col_4\" FROM \"people\" AS \"dpsql_t0\" LIMIT 200"
-output_names: ["?column?"]
+output_names: ["person_id", "age", "sex", "state", "income"]
 
 -- SELECT * FROM visits
 input: {"max_groups": null, "not_null": [["checkins", "checkin_id"], ["checkins", "hour"], ["people", "person_id"], ["prescriptions", "drug"], ["prescriptions", "prescription_id"], ["prescriptions", "visit_id"], ["screenings", "person_id"], ["states", "code"], ["states", "name"], ["states", "region"], ["survey", "region"], ["survey", "respondent_id"], ["visits", "category"], ["visits", "day"], ["visits", "person_id"], ["visits", "visit_id"]], "params": null, "schema": "s0", "sql": "SELECT * FROM visits", "unique": [["checkins", "checkin_id"], ["people", "person_id"], ["prescriptions", "prescription_id"], ["screenings", "person_id"], ["states", "code"], ["survey", "respondent_id"], ["visits", "visit_id"]]}
 error: "PrivacyRefusal: the query has no aggregate, so it would release raw rows [DP003]\nHint: dpsql answers aggregates: COUNT, SUM, AVG, VARIANCE, STDDEV, e.g. SELECT sex, COUNT(*) FROM people GROUP BY sex"
 canonical: "SELECT \"dpsql_t0\".\"visit_id\" AS \"_col_0\", \"dpsql_t0\".\"person_id\" AS \"_col_1\", \"dpsql_t0\".\"day\" AS \"_col_2\", \"dpsql_t0\".\"category\" AS \"_col_3\", \"dpsql_t0\".\"amount\" AS \"_col_4\" FROM \"visits\" AS \"dpsql_t0\""
-output_names: ["?column?"]
+output_names: ["visit_id", "person_id", "day", "category", "amount"]
 
 -- SELECT AVG(v) FROM (SELECT person_id, VARIANCE(amount) AS v FROM visits GROUP BY person_id) t
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT AVG(v) FROM (SELECT person_id, VARIANCE(amount) AS v FROM visits GROUP BY person_id) t", "unique": [["people", "person_id"], ["states", "code"]]}
@@ -43,12 +43,6 @@ input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT CORR(
 error: "UnsupportedQuery: visits.visit_id has no declared bounds, so its corr second argument has unbounded sensitivity [DP002]\nHint: declare lower and upper for the column in the privacy schema"
 canonical: "SELECT CORR(\"dpsql_t0\".\"amount\", \"dpsql_t0\".\"visit_id\") AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\""
 output_names: ["corr"]
-
--- SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id HAVING COUNT(*) > 1) t
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id HAVING COUNT(*) > 1) t", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: subquery t may not have HAVING, ORDER BY or LIMIT [DP002]\nHint: filter and order in the outer query"
-canonical: "SELECT COUNT(*) AS \"_col_0\" FROM (SELECT \"dpsql_t1\".\"person_id\" AS \"person_id\", COUNT(*) AS \"n\" FROM \"visits\" AS \"dpsql_t1\" GROUP BY \"dpsql_t1\".\"person_id\" HAVING COUNT(*) > 1) AS \"dpsql_t0\""
-output_names: ["count"]
 
 -- SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t JOIN people p ON p.person_id = t.person_id
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t JOIN people p ON p.person_id = t.person_id", "unique": [["people", "person_id"], ["states", "code"]]}
