@@ -43,8 +43,8 @@ def lent(calibration: Calibration, share: float) -> float:
 def raceable(plan: Plan, options: Options) -> bool:
     """Whether a bound may be chosen from the data: asked for, and a per-unit stage to enforce it (row-level joins
     and locally randomized keys keep the declared bounds)."""
-    return (options.rows_per_unit == "auto" and plan.unit is not None and plan.stability is None
-            and not plan.local_key)
+    return (options.rows_per_unit == "auto" and (plan.unit is not None or plan.reads_units_table)
+            and plan.stability is None and not plan.local_key)
 
 
 TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ

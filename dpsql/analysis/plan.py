@@ -193,6 +193,12 @@ class Plan:
         return None if table is None else (table, self.unit.name)
 
     @property
+    def reads_units_table(self) -> bool:
+        """Whether FROM is a per-unit subquery (one row per unit, `analysis.derived`): its rows need no per-unit
+        stage, but a bound on its units' totals does (R2T's race over them)."""
+        return isinstance(self.from_.this, exp.Subquery)
+
+    @property
     def count_measures(self) -> list[str]:
         """The measures that count rows (COUNT(*))."""
         return [m.name for m in self.measures if m.kind == "count" and m.expr is None]

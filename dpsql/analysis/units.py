@@ -47,7 +47,10 @@ def bound_rows(scope: Scope) -> None:
             scope.notes.append(f"rows per unit: {scope.rows_cap}, chosen from the data (R2T) below the declared {k}")
             k = scope.rows_cap
         outer = any(j.side for j in scope.joins)
-        fast = not outer and k == 1 and verified and all(scope.row_is_unit(a) for a in scope.private)
+        # a per-unit table's row is its unit's, but a bound on its units' totals (R2T's race) is enforced per unit
+        totals_of_units_table = scope.total_cap is not None and scope.from_ is not None
+        fast = (not outer and k == 1 and verified and all(scope.row_is_unit(a) for a in scope.private)
+                and not totals_of_units_table)
         if not fast and unit is None:  # each row is its own unit
             unit = dialect.row_id(scope.private[0])
         scope.notes.append(f"rows per unit in the joined relation: at most {k}"
