@@ -31,6 +31,8 @@ QUESTIONS = {
     "SUM(amount)": "SELECT SUM(amount) FROM visits",
     "lab and dental": "SELECT category, COUNT(*) FROM visits WHERE category IN ('lab', 'dental') GROUP BY category",
     "people by state": "SELECT state, COUNT(*) FROM people GROUP BY state",
+    "spend per person": "SELECT AVG(spent) FROM (SELECT person_id, SUM(amount) AS spent FROM visits "
+                        "GROUP BY person_id) t",
 }
 SMALL = 500  # cells with fewer exact rows are left out of the worst cell (their noise dominates)
 _analysts = itertools.count()
