@@ -328,6 +328,51 @@ def test_correlation_and_regression_are_finished_from_noisy_sums(engine, analyst
                for value, acc in zip(noisy, answer.accuracy[0], strict=True))
 
 
+def test_the_other_regression_aggregates_are_written_with_the_finished_ones(engine, analyst, base_url):
+    """regr_count, regr_avgx/y, regr_sxx/syy/sxy and regr_r2 over the rows where both arguments are not NULL,
+    named as PostgreSQL names them; at a large ε close to PostgreSQL's exact values."""
+    import psycopg
+    sql = ("SELECT regr_count(income, age), regr_avgx(income, age), regr_avgy(income, age), regr_sxx(income, age), "
+           "regr_syy(income, age), regr_sxy(income, age), regr_r2(income, age) FROM people")
+    answer = engine.query(sql, analyst=analyst, epsilon=10.0)
+    with psycopg.connect(base_url) as conn:
+        exact = [float(v) for v in conn.execute(sql).fetchone()]
+    assert answer.names == ["regr_count", "regr_avgx", "regr_avgy", "regr_sxx", "regr_syy", "regr_sxy", "regr_r2"]
+    noisy = answer.rows[0]
+    assert noisy[0] == pytest.approx(exact[0], abs=10) and noisy[1] == pytest.approx(exact[1], rel=0.02)
+    assert noisy[2] == pytest.approx(exact[2], rel=0.02) and noisy[3] == pytest.approx(exact[3], rel=0.05)
+    assert 0 <= noisy[6] <= 1 and noisy[6] == pytest.approx(exact[6], abs=0.05)
+
+
+@pytest.mark.parametrize(("written", "spelled"), [
+    ("SELECT COUNT(*) FROM people WHERE state IS DISTINCT FROM 'CA'", None),
+    ("SELECT AVG((sex = 'F')::int), SUM(CAST(age > 30 AS integer)) FROM people", None),
+    ("SELECT category, SUM(amount) FROM visits GROUP BY category ORDER BY 2 DESC FETCH FIRST 3 ROWS ONLY",
+     "SELECT category, SUM(amount) FROM visits GROUP BY category ORDER BY 2 DESC LIMIT 3"),
+    ("SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC OFFSET 1 ROWS FETCH NEXT ROW ONLY",
+     "SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC LIMIT 1 OFFSET 1"),
+    ("SELECT COUNT(*) FROM visits WHERE day >= date_trunc('week', now()) - INTERVAL '7 days'", None),
+    ("SELECT COUNT(*) FROM visits WHERE day < date_trunc('month', DATE '2024-03-15') - INTERVAL '1 day'", None),
+])
+def test_constructs_analysts_write_are_answered(demo_schema, written, spelled):
+    """Null-safe comparison, a condition counted as an integer, the standard's FETCH FIRST, and a constant time
+    with an interval that the clock's folding leaves to PostgreSQL (a truncation in the session's time zone)."""
+    plan(written, demo_schema)
+    if spelled is not None:
+        assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT (age > 3)::bigint, COUNT(*) FROM people GROUP BY 1", "cannot cast type boolean to bigint"),
+    ("SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 2 ROWS WITH TIES",
+     "FETCH ... WITH TIES"),
+    ("SELECT date_trunc('month', day) - INTERVAL '1 day', COUNT(*) FROM visits GROUP BY 1", "INTERVAL '1 DAY'"),
+])
+def test_the_rest_of_those_constructs_is_refused_as_postgresql_or_the_noise_requires(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery, match=message.replace("(", r"\(").replace(".", r"\.")):
+        plan(sql, demo_schema)
+
+
 def test_bivariate_aggregates_need_bounded_arguments(demo_schema):
     with pytest.raises(errors.UnsupportedQuery, match="corr second argument"):
         plan("SELECT CORR(amount, visit_id) FROM visits", demo_schema)

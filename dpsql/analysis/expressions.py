@@ -29,7 +29,8 @@ from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES
 from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
-PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is)
+PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is, exp.NullSafeEQ,
+              exp.NullSafeNEQ)
 EXTRACT_RANGES = {
     "YEAR": (-4713, 5874897), "MONTH": (1, 12), "DAY": (1, 31), "DOW": (0, 6), "ISODOW": (1, 7),
     "DOY": (1, 366), "WEEK": (1, 53), "QUARTER": (1, 4), "HOUR": (0, 23), "MINUTE": (0, 59),
@@ -352,6 +353,11 @@ class Expressions:
     def _range_cast(self, node: exp.Cast) -> Range | None:
         target = node.to.this
         inner = self.value_range(node.this)
+        if self._is_boolean(node.this) and target in (*INT_CAST_LIMITS, *FLOAT_CASTS):
+            if target != exp.DataType.Type.INT:
+                raise UnsupportedQuery(f"cannot cast type boolean to {to_sql(node.to).lower()}",
+                                       f"cast it to integer: {to_sql(node.this)}::int")
+            return Range(0, 1, True)  # true is 1, false 0
         if target in INT_CAST_LIMITS:
             if inner is None:
                 raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to an integer "
@@ -392,6 +398,14 @@ class Expressions:
             return node.to.this in TIMESTAMP_CASTS
         column = self.column(node) if isinstance(node, exp.Column) else None
         return column is not None and column.type in ("timestamp", "timestamptz")
+
+    def _is_boolean(self, node: exp.Expression) -> bool:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Column):
+            column = self.column(node)
+            return column is not None and column.type == "boolean"
+        return isinstance(node, (*PREDICATES, exp.Like, exp.ILike, exp.And, exp.Or, exp.Not, exp.Boolean))
 
     def _is_temporal(self, node: exp.Expression) -> bool:
         if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):

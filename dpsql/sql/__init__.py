@@ -33,11 +33,13 @@ from dpsql.sql.shape import (
     derived_select,
     distinct_as_group_by,
     drop_nulls_under_not_in,
+    fetch_as_limit,
     filters_as_case,
     having_of_source_as_where,
     inline_repeated_ctes,
     percentiles_as_arrays,
     projection_over_aggregates,
+    regressions_as_moments,
     require_flat,
     semijoin_selects,
 )
@@ -67,11 +69,13 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # cohort, a count of a subquery's distinct rows, a projection over a grouped subquery, percentile arrays,
 # DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
+    _tree_only(fetch_as_limit),
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),
     _tree_only(filters_as_case),
     _tree_only(concat_as_pipes),
     _tree_only(approx_distinct_as_count),
+    _tree_only(regressions_as_moments),
     _tree_only(inline_repeated_ctes),
     _tree_only(correlated_cohorts_as_in),
     _tree_only(cohort_joins_as_in),

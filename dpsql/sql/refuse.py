@@ -19,6 +19,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Null, exp.Boolean, exp.Paren, exp.With, exp.CTE, exp.Subquery, exp.Distinct, exp.DataType, exp.Var,
     exp.DataTypeParam,
     exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In, exp.Between,
+    exp.NullSafeEQ, exp.NullSafeNEQ,
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
     exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
     exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
@@ -44,6 +45,8 @@ INSTEAD = {
     exp.Array: "list the values instead: x IN ('a', 'b'); several percentiles at once are answered as "
                "percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY x)",
     exp.Any: "list the values instead: x IN ('a', 'b')",
+    exp.Fetch: "write FETCH FIRST n ROWS ONLY, or LIMIT n: WITH TIES is not answered (which noisy values tie is "
+               "noise)",
     exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
                      "adds error to the noise",
 }
@@ -78,6 +81,8 @@ def refuse_unsafe(tree: exp.Select) -> None:
             _check_window(node, tree)
             continue
         if isinstance(node.parent, exp.Window) and node is node.parent.this and isinstance(node, WINDOW_FUNCTIONS):
+            continue
+        if isinstance(node, exp.Interval) and _in_constant_time(node):
             continue
         if not isinstance(node, ALLOWED_NODES) and not is_percentile_array(node):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
@@ -114,6 +119,17 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
                                "e.g. LAG(n, 1, 0) OVER (ORDER BY month) or NTILE(4) OVER (ORDER BY n)")
 
 
+def _in_constant_time(interval: exp.Interval) -> bool:
+    """Whether `interval` is added to or subtracted from a constant time that `sql.times` could not fold
+    (`date_trunc('month', now()) - INTERVAL '1 day'`: the truncation is in the session's time zone): the whole
+    expression reads no column, so PostgreSQL computes it once, and a constant it cannot read fails whatever the
+    data (refused before anything is charged)."""
+    top: exp.Expression = interval
+    while isinstance(top.parent, exp.Add | exp.Sub | exp.Paren | exp.Cast | exp.TimestampTrunc | exp.DateTrunc):
+        top = top.parent
+    return top is not interval and not any(isinstance(n, (exp.Column, exp.Select, *AGGREGATES)) for n in top.walk())
+
+
 def _whole(node: exp.Expression) -> bool:
     return isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit()
 
@@ -124,6 +140,8 @@ def _describe(node: exp.Expression) -> str:
         return f"function {node.name}()"
     if isinstance(node, exp.ApproxDistinct):  # PostgreSQL has none; sqlglot names it approx_distinct
         return "function approx_count_distinct()"
+    if isinstance(node, exp.Fetch):  # the one kind left after `shape.fetch_as_limit`
+        return "FETCH ... WITH TIES"
     if isinstance(node, exp.Interval | exp.Array | exp.TableSample):  # as written, to say which one
         return to_sql(node)
     if isinstance(node, exp.Func):

@@ -32,6 +32,19 @@ def filters_as_case(tree: exp.Select) -> exp.Select:
     return tree.transform(rewrite, copy=False)
 
 
+def fetch_as_limit(tree: exp.Select) -> exp.Select:
+    """`FETCH FIRST n ROWS ONLY` (the standard's spelling, which Tableau and DBeaver send) is `LIMIT n`; with no n it
+    is one row. WITH TIES, whose rows depend on ties among released values, is left as written (refused)."""
+    for select in tree.find_all(exp.Select):
+        fetch = select.args.get("limit")
+        if not isinstance(fetch, exp.Fetch) or (fetch.args.get("limit_options") or exp.LimitOptions()).args.get(
+                "with_ties"):
+            continue
+        count = fetch.args.get("count") or exp.Literal.number(1)
+        select.set("limit", exp.Limit(expression=count.copy()))
+    return tree
+
+
 def any_as_in(tree: exp.Select) -> exp.Select:
     """`x = ANY(ARRAY[a, b])` (or a list parameter: `x = ANY(%s)`) as `x IN (a, b)`, and `x <> ALL(...)` as
     `x NOT IN (...)`: PostgreSQL's meaning, NULLs included, in the form the analysis reads (a filter on a key
@@ -144,6 +157,41 @@ def approx_distinct_as_count(tree: exp.Select) -> exp.Select:
             output.replace(exp.alias_(output.copy(), "approx_count_distinct"))
     return tree.transform(lambda node: exp.Count(this=exp.Distinct(expressions=[node.this.copy()]))
                           if isinstance(node, exp.ApproxDistinct) else node, copy=False)
+
+
+REGRESSIONS = {exp.RegrCount: "regr_count", exp.RegrAvgx: "regr_avgx", exp.RegrAvgy: "regr_avgy",
+               exp.RegrSxx: "regr_sxx", exp.RegrSyy: "regr_syy", exp.RegrSxy: "regr_sxy", exp.RegrR2: "regr_r2"}
+
+
+def regressions_as_moments(tree: exp.Select) -> exp.Select:
+    """PostgreSQL's other regression aggregates of (y, x), over the rows where both are not NULL, written with the
+    aggregates the analysis finishes from noisy sums: regr_count is that COUNT, regr_avgx and regr_avgy the AVGs,
+    regr_sxx and regr_syy var_pop times the count, regr_sxy covar_pop times the count, regr_r2 corr squared. The
+    column keeps the function's name."""
+    if not tree.find(*REGRESSIONS):
+        return tree
+    for output in tree.expressions:
+        if type(output) in REGRESSIONS:
+            output.replace(exp.alias_(output.copy(), REGRESSIONS[type(output)]))
+
+    def written(node: exp.Expression) -> exp.Expression:
+        if type(node) not in REGRESSIONS:
+            return node
+        y, x = node.this, node.expression
+        both = exp.and_(exp.Not(this=exp.Is(this=y.copy(), expression=exp.Null())),
+                        exp.Not(this=exp.Is(this=x.copy(), expression=exp.Null())))
+        count = exp.Count(this=_when(both, exp.Literal.number(1)))
+        if isinstance(node, exp.RegrCount):
+            return count
+        if isinstance(node, exp.RegrAvgx | exp.RegrAvgy):
+            return exp.Avg(this=_when(both, (x if isinstance(node, exp.RegrAvgx) else y).copy()))
+        if isinstance(node, exp.RegrR2):
+            return exp.Paren(this=exp.Mul(this=exp.Corr(this=y.copy(), expression=x.copy()),
+                                          expression=exp.Corr(this=y.copy(), expression=x.copy())))
+        spread = exp.CovarPop(this=y.copy(), expression=x.copy()) if isinstance(node, exp.RegrSxy) else \
+            exp.VariancePop(this=_when(both, (x if isinstance(node, exp.RegrSxx) else y).copy()))
+        return exp.Paren(this=exp.Mul(this=spread, expression=count))
+    return tree.transform(written, copy=False)
 
 
 def count_of_distinct_rows(tree: exp.Select) -> exp.Select:
