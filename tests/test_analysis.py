@@ -196,7 +196,7 @@ def test_parent_declarations_are_checked(tables, problem):
     ("SELECT COUNT(*) FROM visits WHERE EXISTS (SELECT 1 FROM visits v2 WHERE v2.person_id = visits.person_id "
      "GROUP BY v2.category)", "may not aggregate, group"),
     ("SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM visits v WHERE v.amount > 3)",
-     "used both outside a subquery and inside it"),
+     "without tying it to the outer row's unit"),  # inside, v is the subquery's own
     ("SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM prescriptions r LEFT JOIN people p "
      "ON p.person_id = v.person_id WHERE r.visit_id = v.visit_id)", "inner joins only"),
 ])

@@ -362,6 +362,15 @@ def test_constructs_analysts_write_are_answered(demo_schema, written, spelled):
         assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
 
 
+def test_a_subquery_reading_the_outer_query_s_table_under_its_name_reads_its_own(demo_schema):
+    """Inside the subquery, `visits` is the subquery's table, as PostgreSQL scopes it: renamed, qualified or not."""
+    written = ("SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT person_id FROM visits "
+               "WHERE visits.category = 'dental')")
+    own = ("SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT d.person_id FROM visits d "
+           "WHERE d.category = 'dental')")
+    assert check_query(written, demo_schema).canonical == check_query(own, demo_schema).canonical
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELECT (age > 3)::bigint, COUNT(*) FROM people GROUP BY 1", "cannot cast type boolean to bigint"),
     ("SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 2 ROWS WITH TIES",

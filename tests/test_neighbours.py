@@ -105,6 +105,8 @@ QUERIES = [
     "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits w JOIN prescriptions r ON r.visit_id = w.visit_id "
     "WHERE w.person_id = p.person_id) GROUP BY sex",
     "SELECT COUNT(*), SUM(income) FROM people p WHERE p.state IN (SELECT code FROM states WHERE region = 'West')",
+    "SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT person_id FROM visits "
+    "WHERE category = 'dental')",  # the subquery's visits is its own table (renamed)
     # aggregates of per-unit aggregates: each subquery row is one whole unit, its values clamped to k rows' worth
     "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t GROUP BY n",
     "WITH per AS (SELECT v.person_id, SUM(amount) AS total FROM visits v GROUP BY 1) "

@@ -42,6 +42,7 @@ from dpsql.sql.shape import (
     regressions_as_moments,
     require_flat,
     semijoin_selects,
+    shadowing_names_renamed,
 )
 from dpsql.sql.times import CLOCKS, fold_times
 
@@ -77,6 +78,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(approx_distinct_as_count),
     _tree_only(regressions_as_moments),
     _tree_only(inline_repeated_ctes),
+    _tree_only(shadowing_names_renamed),
     _tree_only(correlated_cohorts_as_in),
     _tree_only(cohort_joins_as_in),
     _tree_only(count_of_distinct_rows),

@@ -254,6 +254,41 @@ def having_of_source_as_where(tree: exp.Select) -> exp.Select:
     return tree.where(condition, copy=False)
 
 
+def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
+    """A subquery in WHERE that reads a table under a name the outer query uses too (`FROM visits WHERE person_id IN
+    (SELECT person_id FROM visits WHERE ...)`) reads it under a name of its own: inside the subquery that name means
+    the subquery's table (PostgreSQL's scoping), and the analysis reads one table per name."""
+    outer = {source.alias_or_name for source in _sources(tree)}
+    taken = {t.alias_or_name for t in tree.find_all(exp.Table)}
+    for select in semijoin_selects(tree):
+        for source in _sources(select):
+            old = source.alias_or_name
+            if old not in outer:
+                continue
+            new = next(f"{source.name}_{i}" for i in range(2, len(taken) + 3) if f"{source.name}_{i}" not in taken)
+            taken.add(new)
+            for column in list(select.find_all(exp.Column)):
+                if column.table == old and _binding_select(column, old) is select:
+                    column.set("table", exp.to_identifier(new))
+            source.set("alias", exp.TableAlias(this=exp.to_identifier(new)))
+    return tree
+
+
+def _sources(select: exp.Select) -> list[exp.Table]:
+    """The tables `select` reads in FROM and JOIN (not its subqueries')."""
+    sources = [select.args["from_"].this] if select.args.get("from_") else []
+    sources += [join.this for join in select.args.get("joins") or []]
+    return [s for s in sources if isinstance(s, exp.Table)]
+
+
+def _binding_select(column: exp.Column, name: str) -> exp.Select | None:
+    """The innermost SELECT around `column` that reads a table named `name`: the one it refers to."""
+    select = column.find_ancestor(exp.Select)
+    while select is not None and not any(s.alias_or_name == name for s in _sources(select)):
+        select = select.find_ancestor(exp.Select)
+    return select
+
+
 def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
     return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
 

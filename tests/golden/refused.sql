@@ -230,8 +230,8 @@ error: "UnsupportedQuery: this subquery cannot be merged into the outer query (a
 
 -- SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM visits v WHERE v.amount > 3)
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits v WHERE EXISTS (SELECT 1 FROM visits v WHERE v.amount > 3)", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: the name \"v\" is used both outside a subquery and inside it [DP002]\nHint: give the subquery's tables aliases of their own, e.g. EXISTS (SELECT 1 FROM visits v2 WHERE ...)"
-canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" WHERE EXISTS(SELECT 1 AS \"1\" FROM \"visits\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"amount\" > 3)"
+error: "UnsupportedQuery: the subquery reads visits (visits_2) without tying it to the outer row's unit, so one person's rows could change the condition for everyone [DP002]\nHint: join it on visits_2.person_id to a table of the outer query inside the subquery's WHERE"
+canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" WHERE EXISTS(SELECT 1 AS \"1\" FROM \"visits\" AS \"dpsql_t1\" WHERE \"dpsql_t1\".\"amount\" > 3)"
 output_names: ["count"]
 
 -- SELECT COUNT(*) FROM visits v WHERE NOT EXISTS (SELECT 1 FROM prescriptions WHERE drug = 'undeclared')
