@@ -182,11 +182,12 @@ def test_the_order_and_limit_of_an_aggregated_subquery_carry_outside(demo_schema
     assert check_query(nested, demo_schema).canonical == check_query(flat, demo_schema).canonical
 
 
-def test_a_limit_inside_with_a_filter_outside_stays_refused(demo_schema):
-    """The outer WHERE would filter the rows the inner LIMIT kept, which one SELECT cannot say."""
+@pytest.mark.parametrize("outside", ["category, n FROM {} WHERE n > 10", "category, rank() OVER (ORDER BY n) FROM {}"])
+def test_a_limit_inside_with_a_filter_or_window_outside_stays_refused(demo_schema, outside):
+    """The outer WHERE or window would read only the rows the inner LIMIT kept, which one SELECT cannot say."""
+    inner = "(SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n DESC LIMIT 3) t"
     with pytest.raises(errors.UnsupportedQuery, match="may not have HAVING, ORDER BY or LIMIT"):
-        plan("SELECT category, n FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n DESC "
-             "LIMIT 3) t WHERE n > 10", demo_schema)
+        plan("SELECT " + outside.format(inner), demo_schema)
 
 
 def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_rows(engine, analyst, served):
@@ -286,14 +287,58 @@ def test_windows_that_read_a_row_s_place_follow_postgresql(base_url):
         assert [env[f"w{i}"] for i in range(len(POSITIONS))] == pytest.approx(list(row)), env
 
 
+FRAMES = ["AVG(n) OVER (ORDER BY k ROWS BETWEEN 2 PRECEDING AND CURRENT ROW)",
+          "SUM(n) OVER (PARTITION BY p ORDER BY t ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING)",
+          "COUNT(n) OVER (ORDER BY k ROWS 3 PRECEDING)", "COUNT(*) OVER (ORDER BY k ROWS BETWEEN 2 FOLLOWING AND 1 "
+          "FOLLOWING)", "MAX(n) OVER (ORDER BY t RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)",
+          "MIN(n) OVER (ORDER BY k ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)",
+          "SUM(n) OVER (ORDER BY t RANGE BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)",
+          "LAST_VALUE(n) OVER (ORDER BY k ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)",
+          "FIRST_VALUE(n) OVER (ORDER BY k ROWS BETWEEN 1 FOLLOWING AND 3 FOLLOWING)",
+          "LAST_VALUE(n) OVER (ORDER BY k DESC ROWS BETWEEN 2 PRECEDING AND 1 PRECEDING)",
+          "ROW_NUMBER() OVER (ORDER BY k ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)"]
+
+
+def test_window_frames_follow_postgresql(base_url):
+    """A moving average (ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) and the other frames over released values, as
+    PostgreSQL computes them over the same rows (ROWS frames ordered by a unique key; RANGE frames by peers)."""
+    from dpsql.postprocess.windows import compute_windows
+    rows = [(1, 10, "a", 1), (2, 5, "b", 1), (3, None, "a", 2), (4, 7, "b", 2), (5, 4, "a", 2), (6, 9, "a", 3),
+            (7, 1, "b", None)]
+    tree = parse_select(f"SELECT {', '.join(FRAMES)} FROM t")
+    envs = [dict(zip("knpt", row, strict=True)) for row in rows]
+    compute_windows([(f"w{i}", window) for i, window in enumerate(tree.expressions)], envs, [])
+    values = ", ".join(f"({k}, {'NULL' if n is None else n}, '{p}', {'NULL' if t is None else t})"
+                       for k, n, p, t in rows)
+    with psycopg.connect(base_url) as conn:
+        expected = conn.execute(f"SELECT {', '.join(FRAMES)} FROM (VALUES {values}) v(k, n, p, t) "
+                                "ORDER BY k").fetchall()
+    for env, row in zip(envs, expected, strict=True):
+        assert [env[f"w{i}"] for i in range(len(FRAMES))] == pytest.approx([None if v is None else float(v)
+                                                                             for v in row]), env
+
+
+def test_a_moving_average_over_released_months_is_answered_with_intervals(engine, analyst):
+    monthly = "SELECT date_trunc('month', day) AS m, SUM(amount) AS s FROM visits GROUP BY 1"
+    answer = engine.query(f"WITH monthly AS ({monthly}) SELECT m, s, AVG(s) OVER (ORDER BY m ROWS BETWEEN 2 "
+                          "PRECEDING AND CURRENT ROW) AS moving FROM monthly ORDER BY m", analyst=analyst, epsilon=1.0)
+    sums = [row[1] for row in answer.rows]
+    assert [row[2] for row in answer.rows] == pytest.approx([sum(sums[max(0, i - 2):i + 1]) / len(sums[max(0, i - 2):
+                                                             i + 1]) for i in range(len(sums))])
+    third = answer.accuracy[2][2]
+    assert third.ci_low < answer.rows[2][2] < third.ci_high  # simulated through the three noisy sums
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELECT COUNT(*) FROM visits WHERE ROW_NUMBER() OVER () > 1", "outer SELECT list or ORDER BY"),
     ("SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3",
      "outer SELECT list or ORDER BY"),
     ("SELECT SUM(amount) OVER () FROM visits", "no aggregate"),
     ("SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category", "must appear in GROUP BY"),
-    ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) "
-     "FROM visits GROUP BY category", "window frames"),
+    ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category GROUPS BETWEEN 1 PRECEDING AND CURRENT ROW) "
+     "FROM visits GROUP BY category", "window frames in GROUPS mode"),
+    ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) "
+     "FROM visits GROUP BY category", "frame bound 1 PRECEDING"),
     ("SELECT category, NTH_VALUE(COUNT(*), 2) OVER (ORDER BY category) FROM visits GROUP BY category",
      "not supported as a window function"),
     ("SELECT category, LAG(COUNT(*), COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category",

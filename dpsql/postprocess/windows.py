@@ -8,14 +8,17 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.postprocess.evaluate import evaluate, sort_key
+from dpsql.sql.refuse import DEFAULT_FRAME, Frame, window_frame
 
 
 def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, Any]],
                      simulations: list[dict[str, Any]]) -> None:
     """Each window's value for every released row, as PostgreSQL computes it over a query's rows: partitions and
-    order from the released values; with ORDER BY the frame runs to the current row's last peer. Where intervals
-    are simulated, aggregate windows combine the simulated draws over the same frames."""
+    order from the released values; the frame is the window's own (`refuse.window_frame`), by default from the
+    partition's start to the current row's last peer. Where intervals are simulated, aggregate windows combine the
+    simulated draws over the same frames."""
     for name, window in windows:
+        frame = window_frame(window)
         partition_by = window.args.get("partition_by") or []
         order = window.args["order"].expressions if window.args.get("order") else []
         partitions: dict[tuple, list[int]] = {}
@@ -24,9 +27,9 @@ def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, 
             partitions.setdefault(key, []).append(index)
         for members in partitions.values():
             peers = _peer_groups(members, order, envs)
-            _window_values(name, window.this, peers, envs)
+            _window_values(name, window.this, peers, envs, frame)
             if simulations and not isinstance(window.this, RANKINGS):
-                _window_values(name, window.this, peers, simulations)
+                _window_values(name, window.this, peers, simulations, frame)
             elif simulations:
                 for index in members:
                     simulations[index][name] = envs[index][name]
@@ -70,11 +73,15 @@ def _peer_groups(members: list[int], order: list[exp.Ordered], envs: list[dict[s
     return runs
 
 
-def _window_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]]) -> None:
+def _window_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]],
+                   frame: Frame) -> None:
     """Set envs[i][name] for the rows of one partition, given in runs of peers. Without ORDER BY there is one run,
-    so every frame is the whole partition."""
+    so the default frame is the whole partition."""
     if isinstance(function, PLACES + NAVIGATION):
-        _position_values(name, function, peers, envs)
+        _position_values(name, function, peers, envs, frame)
+        return
+    if frame != DEFAULT_FRAME and not isinstance(function, RANKINGS):  # rankings ignore the frame, as in SQL
+        _framed_values(name, function, peers, envs, frame)
         return
     seen = 0
     frame: list[Any] = []
@@ -94,11 +101,45 @@ def _window_values(name: str, function: exp.Expression, peers: list[list[int]], 
         seen += len(run)
 
 
-def _position_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]]) -> None:
+def _framed_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]],
+                   frame: Frame) -> None:
+    """An aggregate window over each row's own frame (a moving average: ROWS BETWEEN 2 PRECEDING AND CURRENT
+    ROW)."""
+    rows = [index for run in peers for index in run]
+    argument = function.this
+    star = isinstance(argument, exp.Star)
+    for position, (index, first, last) in enumerate(_with_peers(peers)):
+        low, high = _frame_span(frame, position, first, last, len(rows))
+        values = [None if star else evaluate(argument, envs[rows[p]]) for p in range(low, high + 1)]
+        envs[index][name] = _aggregate_frame(function, values, star)
+
+
+def _with_peers(peers: list[list[int]]) -> list[tuple[int, int, int]]:
+    """Each row of a partition in order, with the positions of its first and last peer."""
+    found, seen = [], 0
+    for run in peers:
+        found += [(index, seen, seen + len(run) - 1) for index in run]
+        seen += len(run)
+    return found
+
+
+def _frame_span(frame: Frame, position: int, first_peer: int, last_peer: int, count: int) -> tuple[int, int]:
+    """The first and last positions of a row's frame (empty when the first is after the last)."""
+    if frame.rows:
+        low = 0 if frame.start is None else max(0, position + frame.start)
+        high = count - 1 if frame.end is None else min(count - 1, position + frame.end)
+    else:
+        low = 0 if frame.start is None else first_peer
+        high = count - 1 if frame.end is None else last_peer
+    return low, high
+
+
+def _position_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]],
+                     frame: Frame) -> None:
     """The windows that read a row's place in its partition, as PostgreSQL defines them: PERCENT_RANK,
     CUME_DIST and NTILE from ranks and row numbers; LAG and LEAD from the row so many places before or after
-    (else the default), FIRST_VALUE from the partition's first row, LAST_VALUE from the current row's last peer
-    (the default frame ends there)."""
+    (else the default), FIRST_VALUE and LAST_VALUE from the first and last row of the row's frame (by default the
+    partition's first row and the current row's last peer)."""
     rows = [index for run in peers for index in run]
     count = len(rows)
     if isinstance(function, exp.Ntile):
@@ -116,10 +157,10 @@ def _position_values(name: str, function: exp.Expression, peers: list[list[int]]
                 value: Any = seen / (count - 1) if count > 1 else 0.0
             elif isinstance(function, exp.CumeDist):
                 value = (seen + len(run)) / count
-            elif isinstance(function, exp.FirstValue):
-                value = evaluate(function.this, envs[rows[0]])
-            elif isinstance(function, exp.LastValue):
-                value = evaluate(function.this, envs[run[-1]])
+            elif isinstance(function, exp.FirstValue | exp.LastValue):
+                low, high = _frame_span(frame, place[index], seen, seen + len(run) - 1, count)
+                at = low if isinstance(function, exp.FirstValue) else high
+                value = evaluate(function.this, envs[rows[at]]) if low <= high else None
             else:
                 step = int(evaluate(function.args["offset"], envs[index])) if function.args.get("offset") else 1
                 other = place[index] + (step if isinstance(function, exp.Lead) else -step)

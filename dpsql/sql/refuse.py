@@ -5,6 +5,9 @@ released rows (the outer SELECT list and ORDER BY)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from sqlglot import exp
 
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
@@ -17,7 +20,7 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered, exp.Limit,
     exp.Offset, exp.Table, exp.TableAlias, exp.Alias, exp.Column, exp.Identifier, exp.Star, exp.Literal,
     exp.Null, exp.Boolean, exp.Paren, exp.With, exp.CTE, exp.Subquery, exp.Distinct, exp.DataType, exp.Var,
-    exp.DataTypeParam,
+    exp.DataTypeParam, exp.WindowSpec,
     exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In, exp.Between,
     exp.NullSafeEQ, exp.NullSafeNEQ,
     exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round, exp.Floor,
@@ -92,9 +95,9 @@ def refuse_unsafe(tree: exp.Select) -> None:
 
 
 def _check_window(window: exp.Window, tree: exp.Select) -> None:
-    """A window runs over the released rows (post-processing): only in the outer SELECT list or ORDER BY, with the
-    default frame, and as a ranking, another row's value (LAG, LEAD, FIRST_VALUE, LAST_VALUE, with constant
-    offsets) or a SUM, AVG, MIN, MAX or COUNT."""
+    """A window runs over the released rows (post-processing): only in the outer SELECT list or ORDER BY, with a
+    frame dpsql computes (`window_frame`), and as a ranking, another row's value (LAG, LEAD, FIRST_VALUE,
+    LAST_VALUE, with constant offsets) or a SUM, AVG, MIN, MAX or COUNT."""
     place = window.parent
     while isinstance(place, exp.Expression) and not isinstance(place, exp.Select | exp.Ordered | exp.Where
                                                                   | exp.Group | exp.Having | exp.Join):
@@ -103,9 +106,7 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
     if not (place is tree or in_order) or window.find_ancestor(exp.Window, *AGGREGATES):
         raise UnsupportedQuery("a window function may appear only in the outer SELECT list or ORDER BY",
                                "dpsql computes windows over the released rows, after noise")
-    if window.args.get("spec") is not None:
-        raise UnsupportedQuery("window frames (ROWS/RANGE BETWEEN ...) are not supported",
-                               "use the default frame: the whole partition, or up to the current row with ORDER BY")
+    window_frame(window)  # a frame dpsql computes, or refused
     if not isinstance(window.this, WINDOW_FUNCTIONS):
         raise UnsupportedQuery(f"{_describe(window.this)} is not supported as a window function",
                                "use ROW_NUMBER, RANK, DENSE_RANK, PERCENT_RANK, CUME_DIST, NTILE, LAG, LEAD, "
@@ -128,6 +129,51 @@ def _in_constant_time(interval: exp.Interval) -> bool:
     while isinstance(top.parent, exp.Add | exp.Sub | exp.Paren | exp.Cast | exp.TimestampTrunc | exp.DateTrunc):
         top = top.parent
     return top is not interval and not any(isinstance(n, (exp.Column, exp.Select, *AGGREGATES)) for n in top.walk())
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A window's frame around the current row: ROWS counts rows (start and end are offsets from the current row,
+    negative before it), RANGE counts peers (0 is the current row's peers); None is the partition's end."""
+
+    rows: bool
+    start: int | None
+    end: int | None
+
+
+DEFAULT_FRAME = Frame(False, None, 0)  # RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+
+
+def window_frame(window: exp.Window) -> Frame:
+    """The frame a window's ROWS or RANGE clause gives (without one, PostgreSQL's default). ROWS takes whole-number
+    offsets; RANGE only UNBOUNDED and CURRENT ROW (an offset in RANGE is a distance between released values);
+    GROUPS and EXCLUDE are refused."""
+    spec = window.args.get("spec")
+    if spec is None:
+        return DEFAULT_FRAME
+    kind = (spec.args.get("kind") or "").upper()
+    if kind not in ("ROWS", "RANGE") or spec.args.get("exclude"):
+        raise UnsupportedQuery(f"window frames in {kind or 'this'} mode are not supported" if not spec.args.get(
+            "exclude") else "EXCLUDE in a window frame is not supported",
+                               "use ROWS BETWEEN n PRECEDING AND CURRENT ROW, or RANGE BETWEEN UNBOUNDED PRECEDING AND "
+                               "CURRENT ROW")
+
+    def bound(value: Any, side: str | None, unbounded: int | None) -> int | None:
+        if value is None or (isinstance(value, str) and value.upper() == "CURRENT ROW"):
+            return 0
+        if isinstance(value, str) and value.upper() == "UNBOUNDED":
+            return unbounded
+        if kind == "ROWS" and _whole(value):
+            return -int(value.this) if (side or "").upper() == "PRECEDING" else int(value.this)
+        raise UnsupportedQuery(f"the window frame bound {to_sql(value) if isinstance(value, exp.Expression) else value}"
+                               f" {side or ''} is not supported".replace("  ", " "),
+                               "use whole-number offsets in ROWS mode: ROWS BETWEEN 2 PRECEDING AND CURRENT ROW")
+    start = bound(spec.args.get("start"), spec.args.get("start_side"), None)
+    if isinstance(spec.args.get("start"), str) and spec.args["start"].upper() == "UNBOUNDED" and (
+            spec.args.get("start_side") or "").upper() == "FOLLOWING":
+        raise UnsupportedQuery("a window frame cannot start at UNBOUNDED FOLLOWING", "start it before the current row")
+    end = bound(spec.args.get("end"), spec.args.get("end_side"), None)
+    return Frame(kind == "ROWS", start, end)
 
 
 def _whole(node: exp.Expression) -> bool:

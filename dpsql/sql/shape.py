@@ -420,7 +420,7 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
             or not any(e.find(*AGGREGATES) for e in inner.expressions) or inner.find(exp.Window)
             or any(inner.args.get(k) for k in ("distinct", "with_"))
             or (inner.args.get("limit") or inner.args.get("offset"))
-            and any(tree.args.get(k) for k in ("where", "order", "offset")) or tree.find(exp.Window)):
+            and (any(tree.args.get(k) for k in ("where", "order", "offset")) or tree.find(exp.Window))):
         return tree
     alias = tree.args["from_"].this.alias_or_name
     defined = {output_name(e): (e.this if isinstance(e, exp.Alias) else e) for e in inner.expressions}

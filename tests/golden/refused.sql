@@ -356,10 +356,6 @@ error: "PrivacyRefusal: column \"visits.amount\" must appear in GROUP BY or be u
 canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\", COUNT(*) AS \"_col_1\", SUM(\"dpsql_t0\".\"amount\") OVER () AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" GROUP BY \"dpsql_t0\".\"category\""
 output_names: ["category", "count", "sum"]
 
--- SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM visits GROUP BY category
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM visits GROUP BY category", "unique": []}
-error: "UnsupportedQuery: window frames (ROWS/RANGE BETWEEN ...) are not supported [DP002]\nHint: use the default frame: the whole partition, or up to the current row with ORDER BY"
-
 -- SELECT count(*) FROM people; SELECT * FROM people
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT count(*) FROM people; SELECT * FROM people", "unique": []}
 error: "PrivacyRefusal: expected exactly one statement, got 2 [DP003]\nHint: send one SELECT per query"
