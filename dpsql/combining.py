@@ -22,7 +22,17 @@ def stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
     constant)."""
     if not composition.sequential or number < composition.scalars:
         return None
-    return {f"{SCALAR}{i}": 0 for i in range(composition.scalars)}
+    lists = dict(composition.key_lists)
+    return {f"{SCALAR}{i}": [None] if i in lists else 0 for i in range(composition.scalars)}
+
+
+def scalar_values(composition: Composition, answers: list[Answer]) -> dict[str, Any]:
+    """The parameters the last part of a sequential statement takes from the answers before it: each scalar
+    subquery's one value (None for no row), or the list of a column's released values (a list holding only
+    None where nothing was released: `k = ANY(NULL list)` keeps no row, as the join would)."""
+    lists = dict(composition.key_lists)
+    return {f"{SCALAR}{i}": ([row[lists[i]] for row in answer.rows] or [None]) if i in lists else
+            (answer.rows[0][0] if answer.rows else None) for i, answer in enumerate(answers)}
 
 
 def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],

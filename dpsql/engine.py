@@ -26,7 +26,7 @@ from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
 from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, lent, plan_race, race_note, raceable
-from dpsql.combining import combine, stand_ins
+from dpsql.combining import combine, scalar_values, stand_ins
 from dpsql.config import Settings
 from dpsql.errors import (
     BackendError,
@@ -57,7 +57,7 @@ from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
-from dpsql.sql.compose import SCALAR, Composition, compose
+from dpsql.sql.compose import Composition, compose
 
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
@@ -239,8 +239,8 @@ class Engine:
         if not composition.sequential:
             return combine(composition, parts, [self._query(p, analyst, cancel) for p in parts])
         scalars = [self._query(p, analyst, cancel) for p in parts[:-1]]
-        values = {f"{SCALAR}{i}": a.rows[0][0] if a.rows else None for i, a in enumerate(scalars)}
-        last = self.prepare(composition.parts[-1], values, parts[-1].options.epsilon, parts[-1].options)
+        last = self.prepare(composition.parts[-1], scalar_values(composition, scalars), parts[-1].options.epsilon,
+                            parts[-1].options)
         return combine(composition, parts, [*scalars, self._query(last, analyst, cancel)])
 
     def _with_bounds_effect(self, answer: Answer, prepared: Prepared, analyst: str) -> Answer:

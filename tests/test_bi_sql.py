@@ -658,6 +658,40 @@ def test_a_scalar_subquery_is_a_first_answer_the_query_takes_as_a_constant(engin
     assert engine.query(sql, analyst=analyst, epsilon=0.8).cached
 
 
+SERIES_LIMIT = ("SELECT DATE_TRUNC('month', day) AS __timestamp, category AS category, COUNT(*) AS count FROM "
+                "public.visits JOIN (SELECT category AS category__, COUNT(*) AS mme_inner__ FROM public.visits "
+                "GROUP BY category ORDER BY mme_inner__ DESC LIMIT 3) AS series_limit ON category = category__ "
+                "GROUP BY DATE_TRUNC('month', day), category LIMIT 10000")
+
+
+def test_superset_s_series_limit_is_the_released_top_keys_then_the_query_kept_to_them(engine, analyst):
+    """Superset's time series with a series limit joins the query to its top keys: the keys are answered first
+    (a top-n selection, half the ε), then the query with `category = ANY(those keys)`: only their rows come back."""
+    composition, parts = engine.prepare_parts(SERIES_LIMIT, epsilon=1.0)
+    assert composition.scalars == 1 and composition.key_lists == ((0, 0),) and len(parts) == 2
+    assert composition.parts[-1].endswith("WHERE category = ANY(%(dpsql_scalar_0)s) GROUP BY DATE_TRUNC('MONTH', "
+                                          "day), category LIMIT 10000")
+    answer = engine.query(SERIES_LIMIT, analyst=analyst, epsilon=1.0)
+    top = engine.query(composition.parts[0], analyst=analyst, epsilon=0.5)
+    assert top.cached and len(top.rows) == 3 and answer.epsilon == pytest.approx(1.0)
+    assert {row[1] for row in answer.rows} == {row[0] for row in top.rows}
+    assert answer.names == ["__timestamp", "category", "count"] and len(answer.rows) == 36
+
+
+@pytest.mark.parametrize("sql", [
+    # the subquery's count read outside, an outer join, two keys: left to the ordinary stages (refused)
+    "SELECT category, mme FROM visits JOIN (SELECT category AS c, COUNT(*) AS mme FROM visits GROUP BY category) s "
+    "ON category = c",
+    "SELECT category, COUNT(*) FROM visits LEFT JOIN (SELECT category AS c FROM visits GROUP BY category LIMIT 2) s "
+    "ON category = c GROUP BY category",
+    "SELECT category, COUNT(*) FROM visits v JOIN (SELECT category AS c, day AS d FROM visits GROUP BY 1, 2 LIMIT 2) "
+    "s ON v.category = s.c AND v.day = s.d GROUP BY category",
+])
+def test_other_joins_to_a_grouped_subquery_are_not_a_series_limit(engine, sql):
+    with pytest.raises(errors.Error):
+        engine.prepare_parts(sql, epsilon=1.0)
+
+
 def test_any_and_all_of_an_array_are_in_and_not_in(engine, analyst):
     """`= ANY(ARRAY[...])`, a list parameter bound to `= ANY(%s)` (drivers send Python lists so), and `<> ALL(...)`
     are PostgreSQL's IN and NOT IN: one canonical query with them, so a declared domain narrows alike."""

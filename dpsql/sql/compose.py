@@ -1,7 +1,9 @@
 """Compose: statements that are several DP answers in one — `UNION [ALL]` of SELECTs, `GROUP BY` with
 `GROUPING SETS`, `ROLLUP` or `CUBE` (one grouped SELECT per grouping set, the keys a set leaves out as NULL, as
 PostgreSQL returns them), and scalar subqueries (`WHERE income > (SELECT AVG(income) FROM people)`: the
-subquery is answered first, and its noisy value is a constant of the outer query). Each part is an ordinary
+subquery is answered first, and its noisy value is a constant of the outer query), and a join to a grouped
+subquery's keys (Superset's series limit: the subquery's released keys first, then the query kept to them). Each
+part is an ordinary
 query, analysed, noised and charged on its own; the statement costs the sum of its parts. ORDER BY, LIMIT and
 OFFSET of the whole statement, and UNION's removal of duplicate rows, act on the released rows only.
 
@@ -39,6 +41,8 @@ class Composition:
     offset: int = 0
     scalars: int = 0  # the first `scalars` parts are scalar subqueries whose values the last part takes as
     # parameters %(dpsql_scalar_<i>)s; the statement's rows are the last part's
+    key_lists: tuple[tuple[int, int], ...] = ()  # (scalar part, column): that part's parameter is the list of
+    # the column's released values, not its one value (`_joined_to_released_keys`)
     values_present: str | None = None  # COUNT(DISTINCT c) of a declared domain, as this output's name: the one
     # part counts units per declared value, and the answer is how many values are surely present
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
@@ -91,6 +95,10 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _grouping_sets(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
         return _sequential(bind_parameters(tree, params))
+    if isinstance(tree, exp.Select) and schema is not None and tree.args.get("joins"):
+        found = _joined_to_released_keys(bind_parameters(tree, params), schema)
+        if found is not None:
+            return found
     if isinstance(tree, exp.Select) and any(_boolean_of(e.unalias()) for e in tree.expressions):
         return _booleans(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
@@ -269,6 +277,44 @@ def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.
                                                                                                   table=alias))))
         table, alias = schema.tables[link.table], parent
     return exp.column(table.unit_column, table=alias), joins
+
+
+def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`… JOIN (SELECT k AS k__, COUNT(*) AS m FROM t GROUP BY k ORDER BY m DESC LIMIT 5) AS series_limit ON k = k__`
+    (Superset's series limit): the subquery is answered first, and the query is asked with `k = ANY(its released
+    keys)` in place of the join. Each is an ordinary answer (the second's bounds hold for any list of keys), so
+    this is sequential composition. One key, an inner join, and the subquery's columns read nowhere else."""
+    joined = [(i, j) for i, j in enumerate(tree.args["joins"]) if isinstance(j.this, exp.Subquery)
+              and isinstance(j.this.this, exp.Select) and j.this.this.args.get("group")]
+    if len(joined) != 1 or (joined[0][1].side or "") != "" or (joined[0][1].kind or "INNER").upper() != "INNER":
+        return None
+    at, join = joined[0]
+    inner, alias = join.this.this, join.this.alias_or_name
+    names = [output_name(e) for e in inner.expressions]
+    condition = join.args["on"].unnest() if join.args.get("on") is not None else None
+    if not isinstance(condition, exp.EQ):
+        return None
+    outer_columns = {c for t in tree.find_all(exp.Table) if t.name in schema.tables
+                     for c in schema.tables[t.name].columns if t.find_ancestor(exp.Subquery) is None}
+
+    def of_subquery(column: exp.Expression) -> bool:
+        return isinstance(column, exp.Column) and column.name in names and (
+            column.table == alias or not column.table and column.name not in outer_columns)
+    key, outer_key = next(((a, b) for a, b in ((condition.this, condition.expression),
+                                               (condition.expression, condition.this))
+                           if of_subquery(a) and isinstance(b, exp.Column) and not of_subquery(b)), (None, None))
+    if key is None:
+        return None
+    rest = tree.copy()
+    rest.args["joins"].pop(at)
+    if not rest.args["joins"]:
+        rest.set("joins", None)
+    if any(of_subquery(c) for c in rest.find_all(exp.Column)):
+        return None
+    keys = exp.Any(this=exp.Paren(this=exp.Placeholder(this=f"{SCALAR}0")))
+    rest.where(exp.EQ(this=outer_key.copy(), expression=keys), copy=False)
+    return Composition([to_sql(inner), to_sql(rest)], "the joined subquery's released keys answered first, then "
+                       "the query kept to them", scalars=1, key_lists=((0, names.index(key.name)),))
 
 
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
