@@ -104,8 +104,10 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             if agg.name == expr.name:
                 if agg.score == "count" or agg.arg_type is not None:  # one of the values (mode), or a date
                     return agg.arg_type
-                integral = agg.score == "rank" and agg.arg_range.integer
-                return "int8" if agg.kind in COUNTS or integral else "float8"
+                # a quantile of integers is one of them; PostgreSQL's SUM of integers is a whole number (bigint,
+                # or numeric for bigint), which a noisy sum rounded to the nearest is too (post-processing)
+                integral = agg.score == "rank" or agg.kind == "sum"
+                return "int8" if agg.kind in COUNTS or integral and agg.arg_range.integer else "float8"
         for key in keys:
             if key.name == expr.name:
                 return key_type(original, exprs)
