@@ -140,3 +140,5 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
     loud = describe_units_over(UnitsOver(64, 400.0, 60.0, 10_000.0, 0.04), totals=True)
     assert "at least 3.4% of the units lose their totals beyond it" in loud
     assert describe_units_over(None, totals=False) is None
+    few = describe_units_over(UnitsOver(4, 41.0, 60.0, 12.0, 0.04), totals=False)  # noisy counts of few units
+    assert "about 12 of the 12 units read hold more (95%: 0 to 12, 0-100%" in few

@@ -35,16 +35,24 @@ def describe_units_over(over: UnitsOver | None, totals: bool) -> str | None:
     if over is None:
         return None
     read = max(over.units_read, 1.0)
-    low, high = max(0.0, over.units - over.halfwidth), max(0.0, over.units + over.halfwidth)
+
+    def among_read(count: float) -> float:  # both counts are noisy: no more hold more than were read
+        return min(max(0.0, count), read)
+    low, high = among_read(over.units - over.halfwidth), among_read(over.units + over.halfwidth)
     what = f"a total of {over.bound:,} per unit" if totals else f"{over.bound:,} rows per unit"
-    text = (f"bounded at {what}, chosen from the data; about {max(0.0, over.units):,.0f} of the {read:,.0f} units "
-            f"read hold more (95%: {low:,.0f} to {high:,.0f}, {100 * low / read:.2g}-{100 * high / read:.2g}%; "
+    text = (f"bounded at {what}, chosen from the data; about {among_read(over.units):,.0f} of the {read:,.0f} units "
+            f"read hold more (95%: {low:,.0f} to {high:,.0f}, {_percent(low / read)}-{_percent(high / read)}%; "
             f"counted at ε = {over.epsilon:.2g} of the query's)")
     if low / read > UNITS_OVER_WARNING:
         beyond = "totals beyond it" if totals else "rows beyond it"
         text += (f"; at least {100 * low / read:.2g}% of the units lose their {beyond}, so the answer is low by "
                  "what they hold there: a larger ε lets the race see them and choose a larger bound")
     return text
+
+
+def _percent(share: float) -> str:
+    """A share as a percentage to two figures (100, not 1e+02)."""
+    return f"{100 * share:.3g}" if share >= 0.995 else f"{100 * share:.2g}"
 
 
 def describe_selection(plan: Plan, calibration: Calibration | None) -> str | None:
