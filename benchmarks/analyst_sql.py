@@ -166,6 +166,25 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT approx_count_distinct(person_id) FROM visits"),
     ("answer", "SELECT category, bool_and(amount > 10), every(amount < 5000) FROM visits GROUP BY category"),
     ("answer", "SELECT COUNT(*) FROM survey WHERE smoker"),
+    ("answer", 'SELECT "source"."category" AS "category", "source"."count" AS "count" FROM (SELECT '
+               '"public"."visits"."category" AS "category", count(*) AS "count" FROM "public"."visits" GROUP BY '
+               '"public"."visits"."category" ORDER BY "public"."visits"."category" ASC) "source" LIMIT 1048575'),
+    ("answer", "SELECT DATE_TRUNC('month', day) AS __timestamp, category AS category, COUNT(*) AS count FROM "
+               "public.visits JOIN (SELECT category AS category__, COUNT(*) AS mme_inner__ FROM public.visits GROUP BY "
+               "category ORDER BY mme_inner__ DESC LIMIT 5) AS series_limit ON category = category__ GROUP BY "
+               "DATE_TRUNC('month', day), category LIMIT 10000"),
+    ("answer", "SELECT COUNT(*) FROM (SELECT person_id FROM visits GROUP BY person_id HAVING COUNT(*) >= 3) t"),
+    ("answer", "SELECT AVG(spent) FROM (SELECT person_id, SUM(amount) AS spent FROM visits GROUP BY person_id) t"),
+    ("answer", f"WITH m AS ({MONTHLY}) SELECT month, n, AVG(n) OVER (ORDER BY month ROWS BETWEEN 2 PRECEDING AND "
+               "CURRENT ROW) AS moving FROM m ORDER BY month"),
+    ("answer", "SELECT COUNT(*) FROM visits WHERE day >= date_trunc('month', DATE '2024-07-15') - INTERVAL '1 month'"),
+    ("answer", "SELECT COUNT(*) FROM people WHERE state IS DISTINCT FROM 'CA'"),
+    ("answer", "SELECT AVG((sex = 'F')::int) FROM people"),
+    ("answer", "SELECT category, SUM(amount) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 3 ROWS ONLY"),
+    ("answer", "SELECT regr_r2(income, age), regr_count(income, age) FROM people"),
+    ("answer", "SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT person_id FROM visits "
+               "WHERE category = 'dental')"),
+    ("answer", "SELECT region, COUNT(*) FROM survey GROUP BY region"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

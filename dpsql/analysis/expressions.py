@@ -174,6 +174,7 @@ class Expressions:
     def value_range(self, node: exp.Expression) -> Range | None:
         """Interval of the guarded `node`'s values, or None if it is not numeric (text, date, boolean)."""
         if constant(node):
+            _check_constant(node)
             return _constant_range(node)
         handler = getattr(self, f"_range_{type(node).__name__.lower()}", None)
         if handler is not None:
@@ -532,6 +533,20 @@ def _check_trunc(node: exp.Expression) -> None:
         shown = to_sql(unit) if unit is not None else "none"
         raise UnsupportedQuery(f"date_trunc unit {shown} is not one PostgreSQL knows",
                                "use one of " + ", ".join(TRUNC_UNITS))
+
+
+def _check_constant(node: exp.Expression) -> None:
+    """The partial functions of a constant expression, checked as those of a column's are: PostgreSQL folds an
+    immutable constant when it plans the query (a failure then is refused unpaid, whatever the data), but computes
+    a stable one (date_trunc of now(), a timestamptz) only where a row reaches it, so its failure would tell
+    whether any row does."""
+    for inner in node.walk():
+        if isinstance(inner, exp.TimestampTrunc | exp.DateTrunc):
+            _check_trunc(inner)
+        elif isinstance(inner, exp.Substring):
+            _check_substring(inner)
+        elif isinstance(inner, exp.Like | exp.ILike):
+            _check_like_pattern(inner)
 
 
 def _constant_range(node: exp.Expression) -> Range | None:

@@ -13,6 +13,7 @@ from sqlglot import exp
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.sql.query import AGGREGATES, to_sql
 from dpsql.sql.shape import is_percentile_array
+from dpsql.sql.times import interval_step
 
 # Node types a query may contain. Functions that can fail on some value are made total by the rewrite
 # (division, modulo, sqrt, ln) or have their arguments checked by the analysis (casts, substring, ...).
@@ -123,8 +124,11 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
 def _in_constant_time(interval: exp.Interval) -> bool:
     """Whether `interval` is added to or subtracted from a constant time that `sql.times` could not fold
     (`date_trunc('month', now()) - INTERVAL '1 day'`: the truncation is in the session's time zone): the whole
-    expression reads no column, so PostgreSQL computes it once, and a constant it cannot read fails whatever the
-    data (refused before anything is charged)."""
+    expression reads no column. PostgreSQL computes it where a row reaches it (the arithmetic is STABLE, not
+    folded when planned), so it must not fail on any: the interval is one `sql.times` reads, of less than MAX_STEP
+    of each unit, which keeps any time dpsql accepts within PostgreSQL's range."""
+    if interval_step(interval) is None:  # far steps could overflow the time, an error only rows would reach
+        return False
     top: exp.Expression = interval
     while isinstance(top.parent, exp.Add | exp.Sub | exp.Paren | exp.Cast | exp.TimestampTrunc | exp.DateTrunc):
         top = top.parent

@@ -93,7 +93,7 @@ def time_value(node: exp.Expression, now: datetime.datetime | None) -> Time | No
     if isinstance(node, exp.Cast):
         return _cast_value(node, now)
     if isinstance(node, exp.Add | exp.Sub):
-        value, step = time_value(node.this, now), _step(node.expression)
+        value, step = time_value(node.this, now), interval_step(node.expression)
         if value is None or step is None:
             return None
         step = step if isinstance(node, exp.Add) else step.negated()
@@ -151,8 +151,9 @@ def _iso(parse, text: str) -> Time | None:
         return None  # PostgreSQL reads it, or says why (22007, 22008) before anything is charged
 
 
-def _step(node: exp.Expression) -> Step | None:
-    """`INTERVAL 'n unit ...'`, or an integer (days, added to a date)."""
+def interval_step(node: exp.Expression) -> Step | None:
+    """`INTERVAL 'n unit ...'`, or an integer (days, added to a date); None for anything else, or a step of
+    MAX_STEP or more of any unit."""
     if isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit() and int(node.this) < MAX_STEP:
         return Step(days=int(node.this))
     if not isinstance(node, exp.Interval) or not isinstance(node.this, exp.Literal):
@@ -178,7 +179,7 @@ def _solved(node: exp.Expression, now: datetime.datetime | None, timestamptz: se
         moving, constant = node.args[side], node.args[other]
         if not (isinstance(moving, exp.Add | exp.Sub) and isinstance(moving.this, exp.Column)):
             continue
-        step, value = _step(moving.expression), time_value(constant, now)
+        step, value = interval_step(moving.expression), time_value(constant, now)
         if step is None or value is None or step.months or (step.days and moving.this.name in timestamptz):
             continue
         if isinstance(moving.expression, exp.Literal) and type(value) is not datetime.date:
