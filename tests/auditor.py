@@ -395,6 +395,9 @@ QUERY_CLASSES = [
     QueryClass("bounds chosen from the data (a race for the sum's totals, one for the counts' rows)",
                query("SELECT kind, COUNT(*), AVG(fare) FROM trips GROUP BY kind", rows_per_unit="auto"), 1,
                fast=True),
+    QueryClass("a per-unit table's sums bounded by a race over the units' values (spend per person)",
+               query("SELECT AVG(spent) FROM (SELECT person_id, SUM(fare) AS spent FROM trips GROUP BY person_id "
+                     "HAVING COUNT(*) > 1) t", rows_per_unit="auto"), 0),
     QueryClass("partition selection over the rows of the units within the race's τ",
                query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
     QueryClass("the same beside an average (the weighed answer: each set of units aggregated apart)",
