@@ -696,6 +696,14 @@ def test_other_joins_to_a_grouped_subquery_are_not_a_series_limit(engine, sql):
         engine.prepare_parts(sql, epsilon=1.0)
 
 
+def test_a_join_to_a_cohort_of_units_is_not_a_series_limit(engine):
+    """A subquery grouped by the unit is a cohort (the analysis reads the join as IN), not keys to release first."""
+    composition, parts = engine.prepare_parts("SELECT COUNT(*) FROM people p JOIN (SELECT person_id FROM visits "
+                                              "GROUP BY person_id HAVING SUM(amount) > 1000) big ON big.person_id = "
+                                              "p.person_id", epsilon=1.0)
+    assert composition is None and len(parts) == 1
+
+
 def test_any_and_all_of_an_array_are_in_and_not_in(engine, analyst):
     """`= ANY(ARRAY[...])`, a list parameter bound to `= ANY(%s)` (drivers send Python lists so), and `<> ALL(...)`
     are PostgreSQL's IN and NOT IN: one canonical query with them, so a declared domain narrows alike."""

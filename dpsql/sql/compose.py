@@ -118,8 +118,7 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
             or tree.args.get("with_") or not any(e.find(*AGGREGATES) for e in tree.expressions)
             or tree.find(exp.Window) or any(e.find(exp.Subquery) for e in tree.expressions)):
         return None
-    units = {t.unit_column for t in schema.tables.values() if t.unit_column} | {schema.unit_column}
-    if any(isinstance(k, exp.Column) and k.name in units for k in inner.args["group"].expressions):
+    if _groups_by_unit(inner, schema):
         return None  # per unit: the analysis bounds it
     names = [output_name(e) for e in inner.expressions]
     outer = tree.copy()
@@ -279,6 +278,12 @@ def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.
     return exp.column(table.unit_column, table=alias), joins
 
 
+def _groups_by_unit(select: exp.Select, schema: PrivacySchema) -> bool:
+    """Whether `select` groups by a unit column: a per-unit table or a cohort, which the analysis bounds."""
+    units = {t.unit_column for t in schema.tables.values() if t.unit_column} | {schema.unit_column}
+    return any(isinstance(k, exp.Column) and k.name in units for k in select.args["group"].expressions)
+
+
 def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
     """`… JOIN (SELECT k AS k__, COUNT(*) AS m FROM t GROUP BY k ORDER BY m DESC LIMIT 5) AS series_limit ON k = k__`
     (Superset's series limit): the subquery is answered first, and the query is asked with `k = ANY(its released
@@ -290,6 +295,8 @@ def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composi
         return None
     at, join = joined[0]
     inner, alias = join.this.this, join.this.alias_or_name
+    if _groups_by_unit(inner, schema):
+        return None  # a cohort of units (`JOIN (SELECT person_id ... HAVING ...)`): the analysis reads it as IN
     names = [output_name(e) for e in inner.expressions]
     condition = join.args["on"].unnest() if join.args.get("on") is not None else None
     if not isinstance(condition, exp.EQ):
