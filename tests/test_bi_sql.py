@@ -339,6 +339,10 @@ def test_a_moving_average_over_released_months_is_answered_with_intervals(engine
      "FROM visits GROUP BY category", "window frames in GROUPS mode"),
     ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) "
      "FROM visits GROUP BY category", "frame bound 1 PRECEDING"),
+    ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS BETWEEN CURRENT ROW AND 1 PRECEDING) "
+     "FROM visits GROUP BY category", "ends before it starts"),
+    ("SELECT category, SUM(COUNT(*)) OVER (ORDER BY category ROWS 2 FOLLOWING) FROM visits GROUP BY category",
+     "ends before it starts"),
     ("SELECT category, NTH_VALUE(COUNT(*), 2) OVER (ORDER BY category) FROM visits GROUP BY category",
      "not supported as a window function"),
     ("SELECT category, LAG(COUNT(*), COUNT(*)) OVER (ORDER BY category) FROM visits GROUP BY category",

@@ -84,7 +84,7 @@ def _window_values(name: str, function: exp.Expression, peers: list[list[int]], 
         _framed_values(name, function, peers, envs, frame)
         return
     seen = 0
-    frame: list[Any] = []
+    so_far: list[Any] = []  # the default frame: the partition up to the current row's last peer
     for rank, run in enumerate(peers, start=1):
         if isinstance(function, exp.RowNumber):
             for offset, index in enumerate(run):
@@ -94,8 +94,8 @@ def _window_values(name: str, function: exp.Expression, peers: list[list[int]], 
                 envs[index][name] = seen + 1 if isinstance(function, exp.Rank) else rank
         else:
             argument = function.this
-            frame.extend(None if isinstance(argument, exp.Star) else evaluate(argument, envs[index]) for index in run)
-            value = _aggregate_frame(function, frame, star=isinstance(argument, exp.Star))
+            so_far.extend(None if isinstance(argument, exp.Star) else evaluate(argument, envs[index]) for index in run)
+            value = _aggregate_frame(function, so_far, star=isinstance(argument, exp.Star))
             for index in run:
                 envs[index][name] = value
         seen += len(run)

@@ -3,9 +3,9 @@
 PostgreSQL returns them), and scalar subqueries (`WHERE income > (SELECT AVG(income) FROM people)`: the
 subquery is answered first, and its noisy value is a constant of the outer query), and a join to a grouped
 subquery's keys (Superset's series limit: the subquery's released keys first, then the query kept to them). Each
-part is an ordinary
-query, analysed, noised and charged on its own; the statement costs the sum of its parts. ORDER BY, LIMIT and
-OFFSET of the whole statement, and UNION's removal of duplicate rows, act on the released rows only.
+part is an ordinary query, analysed, noised and charged on its own; the statement costs the sum of its parts.
+ORDER BY, LIMIT and OFFSET of the whole statement, and UNION's removal of duplicate rows, act on the released rows
+only.
 
 Some statements are one ordinary query and post-processing of its answer: an aggregate over a grouped
 subquery's released rows, COUNT(DISTINCT c) of a declared domain, bool_or / bool_and read off noisy counts, and

@@ -151,33 +151,37 @@ DEFAULT_FRAME = Frame(False, None, 0)  # RANGE BETWEEN UNBOUNDED PRECEDING AND C
 def window_frame(window: exp.Window) -> Frame:
     """The frame a window's ROWS or RANGE clause gives (without one, PostgreSQL's default). ROWS takes whole-number
     offsets; RANGE only UNBOUNDED and CURRENT ROW (an offset in RANGE is a distance between released values);
-    GROUPS and EXCLUDE are refused."""
+    GROUPS and EXCLUDE are refused, and so is a frame PostgreSQL refuses (one ending before it starts)."""
     spec = window.args.get("spec")
     if spec is None:
         return DEFAULT_FRAME
     kind = (spec.args.get("kind") or "").upper()
     if kind not in ("ROWS", "RANGE") or spec.args.get("exclude"):
-        raise UnsupportedQuery(f"window frames in {kind or 'this'} mode are not supported" if not spec.args.get(
-            "exclude") else "EXCLUDE in a window frame is not supported",
+        what = "EXCLUDE in a window frame is" if spec.args.get("exclude") else f"window frames in {kind} mode are"
+        raise UnsupportedQuery(f"{what} not supported",
                                "use ROWS BETWEEN n PRECEDING AND CURRENT ROW, or RANGE BETWEEN UNBOUNDED PRECEDING AND "
                                "CURRENT ROW")
+    start = _frame_bound(kind, spec.args.get("start"), spec.args.get("start_side"))
+    end = _frame_bound(kind, spec.args.get("end") or "CURRENT ROW", spec.args.get("end_side"))
+    if start[0] > end[0] or start[0] == 4 or end[0] == 0:
+        raise UnsupportedQuery("this window frame ends before it starts", "write the frame's start first: ROWS "
+                               "BETWEEN 2 PRECEDING AND CURRENT ROW")
+    return Frame(kind == "ROWS", start[1], end[1])
 
-    def bound(value: Any, side: str | None, unbounded: int | None) -> int | None:
-        if value is None or (isinstance(value, str) and value.upper() == "CURRENT ROW"):
-            return 0
-        if isinstance(value, str) and value.upper() == "UNBOUNDED":
-            return unbounded
-        if kind == "ROWS" and _whole(value):
-            return -int(value.this) if (side or "").upper() == "PRECEDING" else int(value.this)
-        raise UnsupportedQuery(f"the window frame bound {to_sql(value) if isinstance(value, exp.Expression) else value}"
-                               f" {side or ''} is not supported".replace("  ", " "),
-                               "use whole-number offsets in ROWS mode: ROWS BETWEEN 2 PRECEDING AND CURRENT ROW")
-    start = bound(spec.args.get("start"), spec.args.get("start_side"), None)
-    if isinstance(spec.args.get("start"), str) and spec.args["start"].upper() == "UNBOUNDED" and (
-            spec.args.get("start_side") or "").upper() == "FOLLOWING":
-        raise UnsupportedQuery("a window frame cannot start at UNBOUNDED FOLLOWING", "start it before the current row")
-    end = bound(spec.args.get("end"), spec.args.get("end_side"), None)
-    return Frame(kind == "ROWS", start, end)
+
+def _frame_bound(kind: str, value: Any, side: str | None) -> tuple[int, int | None]:
+    """A frame bound as (its place in PostgreSQL's order: UNBOUNDED PRECEDING, n PRECEDING, CURRENT ROW,
+    n FOLLOWING, UNBOUNDED FOLLOWING; its offset from the current row, None where unbounded)."""
+    side = (side or "").upper()
+    if isinstance(value, str) and value.upper() == "CURRENT ROW":
+        return 2, 0
+    if isinstance(value, str) and value.upper() == "UNBOUNDED":
+        return (0 if side == "PRECEDING" else 4), None
+    if kind == "ROWS" and isinstance(value, exp.Expression) and _whole(value):
+        return (1, -int(value.this)) if side == "PRECEDING" else (3, int(value.this))
+    shown = to_sql(value) if isinstance(value, exp.Expression) else str(value)
+    raise UnsupportedQuery(f"the window frame bound {shown} {side} is not supported",
+                           "use whole-number offsets in ROWS mode: ROWS BETWEEN 2 PRECEDING AND CURRENT ROW")
 
 
 def _whole(node: exp.Expression) -> bool:

@@ -449,7 +449,10 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
         if tree.args.get(key):
             merged.set(key, tree.args[key].transform(inlined))
     if tree.args.get("limit"):
-        merged.set("limit", _tighter_limit(merged.args.get("limit"), tree.args["limit"].transform(inlined)))
+        limit = _tighter_limit(merged.args.get("limit"), tree.args["limit"].transform(inlined))
+        if limit is None:
+            return tree  # LIMITs that are not both constants: left as written
+        merged.set("limit", limit)
     return merged
 
 
@@ -472,15 +475,17 @@ def _order_as_expressions(select: exp.Select, defined: dict[str, exp.Expression]
     return exp.Order(expressions=[written_out(o) for o in order.expressions])
 
 
-def _tighter_limit(inner: exp.Limit | None, outer: exp.Limit) -> exp.Limit:
-    """The LIMIT of a query under another LIMIT: the smaller of two constants, else the outer one (an inner
-    LIMIT with anything but a constant is refused later, as it is written)."""
+def _tighter_limit(inner: exp.Limit | None, outer: exp.Limit) -> exp.Limit | None:
+    """The LIMIT of a query under another LIMIT: the outer one alone, or the smaller of two constants; None for
+    two that are not both constants."""
     def count(limit: exp.Limit) -> int | None:
         value = limit.expression
         return int(value.this) if isinstance(value, exp.Literal) and value.this.isdigit() else None
-    if inner is None or count(inner) is None:
+    if inner is None:
         return outer
-    return inner if count(outer) is None or count(inner) <= count(outer) else outer
+    if count(inner) is None or count(outer) is None:
+        return None
+    return inner if count(inner) <= count(outer) else outer
 
 
 def _aggregates_rows(node: exp.Expression) -> bool:
