@@ -61,6 +61,10 @@ def test_refusals_name_the_function_the_user_wrote(demo_schema, sql, named):
      "NOT p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id HAVING COUNT(*) >= 3)"),
     ("EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id GROUP BY v.person_id HAVING MAX(amount) > 9)",
      "p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id HAVING MAX(amount) > 9)"),
+    # the tie's bare column is the subquery's own (the nearest scope)
+    ("(SELECT COUNT(*) FROM visits WHERE person_id = p.person_id AND category = 'lab') > 2",
+     "p.person_id IN (SELECT v.person_id FROM visits v WHERE v.category = 'lab' GROUP BY v.person_id "
+     "HAVING COUNT(*) > 2)"),
 ])
 def test_a_correlated_cohort_is_the_in_cohort(demo_schema, correlated, cohort):
     sql = "SELECT COUNT(*), AVG(age) FROM people p WHERE {}"

@@ -83,8 +83,10 @@ def _correlation(select: exp.Select) -> tuple[exp.Column, exp.Column, list[exp.E
                                      *(j.this for j in select.args.get("joins") or [])] if isinstance(t, exp.Table)}
     if not own or select.find(exp.Subquery):
         return None
-    outside = [c for c in select.find_all(exp.Column) if c.table and c.table not in own]
     conditions = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
+    if len(own) == 1:
+        _qualify_inner_side(conditions, next(iter(own)))
+    outside = [c for c in select.find_all(exp.Column) if c.table and c.table not in own]
     ties = [c for c in conditions if isinstance(c, exp.EQ) and all(isinstance(s, exp.Column) and s.table
                                                                    for s in (c.this, c.expression))
             and (c.this.table in own) != (c.expression.table in own)]
@@ -93,6 +95,18 @@ def _correlation(select: exp.Select) -> tuple[exp.Column, exp.Column, list[exp.E
     tie = ties[0]
     inner, outer = (tie.this, tie.expression) if tie.this.table in own else (tie.expression, tie.this)
     return inner, outer, [c for c in conditions if c is not tie]
+
+
+def _qualify_inner_side(conditions: list[exp.Expression], own: str) -> None:
+    """`person_id = p.person_id` inside a subquery over one table: the bare column is the subquery's own (a name
+    resolves in the nearest scope first), so it is qualified with that table's name."""
+    for condition in conditions:
+        if not isinstance(condition, exp.EQ):
+            continue
+        for bare, other in ((condition.this, condition.expression), (condition.expression, condition.this)):
+            if isinstance(bare, exp.Column) and not bare.table and isinstance(other, exp.Column) and other.table \
+                    and other.table != own:
+                bare.set("table", exp.to_identifier(own))
 
 
 def _cohort(select: exp.Select, inner: exp.Column, rest: list[exp.Expression],
