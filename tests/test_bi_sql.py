@@ -276,19 +276,7 @@ def test_windows_that_read_a_row_s_place_follow_postgresql(base_url):
     """LAG, LEAD, FIRST_VALUE, LAST_VALUE, NTILE, PERCENT_RANK and CUME_DIST over released values (the month on
     month change: n - LAG(n) OVER (ORDER BY month)), as PostgreSQL computes them over the same rows (with ties
     only where the order among peers cannot change the value)."""
-    from dpsql.postprocess.windows import compute_windows
-    rows = [(1, 10, "a", 1), (2, 5, "b", 1), (3, None, "a", 2), (4, 7, "b", 2), (5, 4, "a", 2), (6, 9, "a", 3),
-            (7, 1, "b", None)]
-    tree = parse_select(f"SELECT {', '.join(POSITIONS)} FROM t")
-    envs = [dict(zip("knpt", row, strict=True)) for row in rows]
-    compute_windows([(f"w{i}", window) for i, window in enumerate(tree.expressions)], envs, [])
-    values = ", ".join(f"({k}, {'NULL' if n is None else n}, '{p}', {'NULL' if t is None else t})"
-                       for k, n, p, t in rows)
-    with psycopg.connect(base_url) as conn:
-        expected = conn.execute(f"SELECT {', '.join(POSITIONS)} FROM (VALUES {values}) v(k, n, p, t) "
-                                "ORDER BY k").fetchall()
-    for env, row in zip(envs, expected, strict=True):
-        assert [env[f"w{i}"] for i in range(len(POSITIONS))] == pytest.approx(list(row)), env
+    _assert_windows_as_postgresql(base_url, POSITIONS)
 
 
 FRAMES = ["AVG(n) OVER (ORDER BY k ROWS BETWEEN 2 PRECEDING AND CURRENT ROW)",
@@ -306,20 +294,26 @@ FRAMES = ["AVG(n) OVER (ORDER BY k ROWS BETWEEN 2 PRECEDING AND CURRENT ROW)",
 def test_window_frames_follow_postgresql(base_url):
     """A moving average (ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) and the other frames over released values, as
     PostgreSQL computes them over the same rows (ROWS frames ordered by a unique key; RANGE frames by peers)."""
+    _assert_windows_as_postgresql(base_url, FRAMES)
+
+
+def _assert_windows_as_postgresql(base_url: str, windows: list[str]) -> None:
+    """`compute_windows` over a few rows (a key k, a value n with a NULL, a partition p, peers in t) gives each of
+    `windows` as PostgreSQL computes it over the same rows."""
     from dpsql.postprocess.windows import compute_windows
     rows = [(1, 10, "a", 1), (2, 5, "b", 1), (3, None, "a", 2), (4, 7, "b", 2), (5, 4, "a", 2), (6, 9, "a", 3),
             (7, 1, "b", None)]
-    tree = parse_select(f"SELECT {', '.join(FRAMES)} FROM t")
+    tree = parse_select(f"SELECT {', '.join(windows)} FROM t")
     envs = [dict(zip("knpt", row, strict=True)) for row in rows]
     compute_windows([(f"w{i}", window) for i, window in enumerate(tree.expressions)], envs, [])
     values = ", ".join(f"({k}, {'NULL' if n is None else n}, '{p}', {'NULL' if t is None else t})"
                        for k, n, p, t in rows)
     with psycopg.connect(base_url) as conn:
-        expected = conn.execute(f"SELECT {', '.join(FRAMES)} FROM (VALUES {values}) v(k, n, p, t) "
+        expected = conn.execute(f"SELECT {', '.join(windows)} FROM (VALUES {values}) v(k, n, p, t) "
                                 "ORDER BY k").fetchall()
     for env, row in zip(envs, expected, strict=True):
-        assert [env[f"w{i}"] for i in range(len(FRAMES))] == pytest.approx([None if v is None else float(v)
-                                                                             for v in row]), env
+        assert [env[f"w{i}"] for i in range(len(windows))] == pytest.approx(
+            [None if v is None else float(v) for v in row]), env
 
 
 def test_a_moving_average_over_released_months_is_answered_with_intervals(engine, analyst):
