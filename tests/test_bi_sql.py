@@ -391,6 +391,16 @@ def test_the_other_regression_aggregates_are_written_with_the_finished_ones(engi
     assert 0 <= noisy[6] <= 1 and noisy[6] == pytest.approx(exact[6], abs=0.05)
 
 
+def test_a_constant_cast_to_a_number_keeps_its_value(demo_schema):
+    """Tableau counts rows as SUM(CAST(1 AS BIGINT)); a fraction cast to an integer may round either way (a half:
+    numeric away from zero, float to even), so its range holds both."""
+    (count,) = plan('SELECT SUM(CAST(1 AS BIGINT)) AS "cnt:visits:ok" FROM "public"."visits" "visits"',
+                    demo_schema).measures
+    assert (count.row_range.lo, count.row_range.hi, count.row_range.integer) == (1, 1, True)
+    (rounded,) = plan("SELECT SUM(CAST(2.5 AS INTEGER)) FROM people", demo_schema).measures
+    assert (rounded.row_range.lo, rounded.row_range.hi) == (2, 3)
+
+
 @pytest.mark.parametrize(("written", "spelled"), [
     ("SELECT COUNT(*) FROM people WHERE state IS DISTINCT FROM 'CA'", None),
     ("SELECT AVG((sex = 'F')::int), SUM(CAST(age > 30 AS integer)) FROM people", None),

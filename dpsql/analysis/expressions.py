@@ -550,6 +550,17 @@ def _check_constant(node: exp.Expression) -> None:
 
 
 def _constant_range(node: exp.Expression) -> Range | None:
+    if isinstance(node, exp.Paren):
+        return _constant_range(node.this)
+    if isinstance(node, exp.Cast) and (node.to.this in INT_CAST_LIMITS or node.to.this in FLOAT_CASTS
+                                       and not node.to.expressions):
+        inner = _constant_range(node.this)  # a number cast to a number (Tableau counts rows as SUM(CAST(1 AS
+        if inner is None or inner.lo != inner.hi:  # BIGINT))); to an integer it rounds, as PostgreSQL does
+            return None
+        if node.to.this in INT_CAST_LIMITS:  # a fraction rounds up or down (a half: numeric away from zero,
+            low, high = math.floor(inner.lo), math.ceil(inner.lo)  # a float to even)
+            return Range(low, high, True) if max(abs(low), abs(high)) <= INT_CAST_LIMITS[node.to.this] else None
+        return Range(inner.lo, inner.hi, False)
     if isinstance(node, exp.Literal) and not node.is_string:
         value = float(node.to_py())
         return Range(value, value, float(value).is_integer() and "." not in node.this)
