@@ -43,6 +43,7 @@ def test_a_filtered_count_is_answered(engine, analyst):
     ("SELECT to_number(state, '99'), COUNT(*) FROM people GROUP BY 1", "function to_number()"),
     ("SELECT bool_or(age > 30) FROM people", "function bool_or()"),
     ("SELECT string_agg(state, ',') FROM people", "function string_agg()"),
+    ("SELECT category, MEDIAN(amount) FROM visits GROUP BY category", "function median()"),
 ])
 def test_refusals_name_the_function_the_user_wrote(demo_schema, sql, named):
     with pytest.raises(errors.UnsupportedQuery, match=named.replace("(", r"\(").replace(")", r"\)")) as caught:

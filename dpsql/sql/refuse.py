@@ -49,6 +49,7 @@ INSTEAD = {
     exp.Array: "list the values instead: x IN ('a', 'b'); several percentiles at once are answered as "
                "percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY x)",
     exp.Any: "list the values instead: x IN ('a', 'b')",
+    exp.Median: "PostgreSQL has no median(x): write percentile_cont(0.5) WITHIN GROUP (ORDER BY x)",
     exp.Fetch: "write FETCH FIRST n ROWS ONLY, or LIMIT n: WITH TIES is not answered (which noisy values tie is "
                "noise)",
     exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
@@ -194,6 +195,8 @@ def _describe(node: exp.Expression) -> str:
         return f"function {node.name}()"
     if isinstance(node, exp.ApproxDistinct):  # PostgreSQL has none; sqlglot names it approx_distinct
         return "function approx_count_distinct()"
+    if isinstance(node, exp.Median):  # sqlglot writes it as PostgreSQL's percentile_cont
+        return "function median()"
     if isinstance(node, exp.Fetch):  # the one kind left after `shape.fetch_as_limit`
         return "FETCH ... WITH TIES"
     if isinstance(node, exp.Interval | exp.Array | exp.TableSample):  # as written, to say which one
