@@ -185,6 +185,8 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT person_id FROM visits "
                "WHERE category = 'dental')"),
     ("answer", "SELECT region, COUNT(*) FROM survey GROUP BY region"),
+    ("answer", 'SELECT SUM(CAST(1 AS BIGINT)) AS "cnt:visits:ok" FROM "public"."visits" "visits"'),
+    ("answer", "SELECT COUNT(*) FROM people p WHERE (SELECT COUNT(*) FROM visits WHERE person_id = p.person_id) > 5"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),
