@@ -18,6 +18,7 @@ import operator
 from sqlglot import exp
 
 from dpsql.sql.query import AGGREGATES
+from dpsql.sql.shape import tables_read
 
 COMPARISONS = {exp.GT: operator.gt, exp.GTE: operator.ge, exp.LT: operator.lt, exp.LTE: operator.le,
                exp.EQ: operator.eq, exp.NEQ: operator.ne}
@@ -79,8 +80,7 @@ def _correlation(select: exp.Select) -> tuple[exp.Column, exp.Column, list[exp.E
     where = select.args.get("where")
     if where is None:
         return None
-    own = {t.alias_or_name for t in [select.args["from_"].this if select.args.get("from_") else None,
-                                     *(j.this for j in select.args.get("joins") or [])] if isinstance(t, exp.Table)}
+    own = {t.alias_or_name for t in tables_read(select)}
     if not own or select.find(exp.Subquery):
         return None
     conditions = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]

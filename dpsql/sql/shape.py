@@ -258,10 +258,10 @@ def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
     """A subquery in WHERE that reads a table under a name the outer query uses too (`FROM visits WHERE person_id IN
     (SELECT person_id FROM visits WHERE ...)`) reads it under a name of its own: inside the subquery that name means
     the subquery's table (PostgreSQL's scoping), and the analysis reads one table per name."""
-    outer = {source.alias_or_name for source in _sources(tree)}
+    outer = {source.alias_or_name for source in tables_read(tree)}
     taken = {t.alias_or_name for t in tree.find_all(exp.Table)}
     for select in semijoin_selects(tree):
-        for source in _sources(select):
+        for source in tables_read(select):
             old = source.alias_or_name
             if old not in outer:
                 continue
@@ -274,7 +274,7 @@ def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
     return tree
 
 
-def _sources(select: exp.Select) -> list[exp.Table]:
+def tables_read(select: exp.Select) -> list[exp.Table]:
     """The tables `select` reads in FROM and JOIN (not its subqueries')."""
     sources = [select.args["from_"].this] if select.args.get("from_") else []
     sources += [join.this for join in select.args.get("joins") or []]
@@ -284,7 +284,7 @@ def _sources(select: exp.Select) -> list[exp.Table]:
 def _binding_select(column: exp.Column, name: str) -> exp.Select | None:
     """The innermost SELECT around `column` that reads a table named `name`: the one it refers to."""
     select = column.find_ancestor(exp.Select)
-    while select is not None and not any(s.alias_or_name == name for s in _sources(select)):
+    while select is not None and not any(s.alias_or_name == name for s in tables_read(select)):
         select = select.find_ancestor(exp.Select)
     return select
 
