@@ -33,6 +33,7 @@ QUESTIONS = {
     "people by state": "SELECT state, COUNT(*) FROM people GROUP BY state",
     "spend per person": "SELECT AVG(spent) FROM (SELECT person_id, SUM(amount) AS spent FROM visits "
                         "GROUP BY person_id) t",
+    "visits per drug": "SELECT drug, COUNT(DISTINCT visit_id) FROM prescriptions GROUP BY drug",
 }
 SMALL = 500  # cells with fewer exact rows are left out of the worst cell (their noise dominates)
 _analysts = itertools.count()

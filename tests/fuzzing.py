@@ -327,6 +327,7 @@ def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
     unit = next((UNIT_OF[a] for a in aliases if a in UNIT_OF), None)
     choices: list[str | None] = [
         "COUNT(*)", text and f"COUNT({text})", unit and f"COUNT(DISTINCT {unit})",
+        text and f"COUNT(DISTINCT {text})", date and f"COUNT(DISTINCT {date})",
         number and f"{rng.choice(['SUM', 'AVG', 'VAR_POP', 'STDDEV'])}({number})",
         number and f"SUM({number} * 2 + 1)", number and f"AVG(COALESCE({number}, 0))",
         number and f"SUM(GREATEST({number} - 100, 0))", number and f"SUM(sqrt({number}))",

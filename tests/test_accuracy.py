@@ -28,7 +28,8 @@ MIN_COVERAGE = 0.93
 RUNS = 60
 PEOPLE = 20_000
 CLASSES = ["visits by quarter", "visits by month", "visits by category", "SUM(amount) by quarter", "lab and dental",
-           "AVG(amount)", "AVG(amount) by category", "SUM(amount)", "spend per person"]
+           "AVG(amount)", "AVG(amount) by category", "SUM(amount)", "spend per person",
+           "visits per drug"]
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ REFUSALS = [
     ("SELECT SUM(person_id) FROM people", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people WHERE income * income * income > 0", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people WHERE CAST(state AS integer) = 1", errors.UnsupportedQuery, "0A000"),
-    ("SELECT COUNT(DISTINCT visit_id) FROM prescriptions", errors.UnsupportedQuery, "0A000"),
+    ("SELECT COUNT(DISTINCT visit_id, drug) FROM prescriptions", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people p JOIN visits v ON p.age = v.amount", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people CROSS JOIN visits", errors.UnsupportedQuery, "0A000"),
     ("SELECT COUNT(*) FROM people INTERSECT SELECT COUNT(*) FROM visits", errors.UnsupportedQuery, "0A000"),

@@ -48,6 +48,13 @@ QUERIES = [
     "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
     "SELECT category, COUNT(DISTINCT person_id) FROM visits GROUP BY category",  # k groups, not k rows
     "SELECT date_trunc('month', day) AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
+    # distinct values of the k rows a unit keeps over all groups: k in all
+    "SELECT COUNT(DISTINCT day), COUNT(*), AVG(amount) FROM visits",
+    "SELECT category, COUNT(DISTINCT day), COUNT(DISTINCT amount) FROM visits GROUP BY category",
+    "SELECT drug, COUNT(DISTINCT visit_id) FROM prescriptions GROUP BY drug",
+    "SELECT p.state, COUNT(DISTINCT v.category) FROM visits v JOIN people p USING (person_id) GROUP BY 1",
+    "SELECT day, COUNT(DISTINCT category) FROM visits GROUP BY day",  # private keys beyond 4·G: not capped
+    "SELECT category, COUNT(DISTINCT visit_id) FROM visits GROUP BY category",  # a unique column: COUNT(visit_id)
     "SELECT category, VAR_SAMP(amount), STDDEV_POP(amount) FROM visits GROUP BY 1",
     "SELECT sex, CORR(income, age), COVAR_SAMP(income, age), REGR_SLOPE(income, age), REGR_INTERCEPT(income, age) "
     "FROM people GROUP BY sex",

@@ -2,8 +2,11 @@
 
 Rules:
 - COUNT is a sum of 1s (COUNT(*)) or of 0/1 (COUNT(expr)); COUNT(DISTINCT unit) counts units, 1 per unit;
-  COUNT(DISTINCT expr) is answered only on directly aggregated rows (row-level privacy, or unit-level rows that
-  are each a whole unit), where a changed row adds or removes at most one distinct value of its group;
+  COUNT(DISTINCT expr) counts the distinct values of the rows: on directly aggregated rows (row-level privacy,
+  or unit-level rows that are each a whole unit) a changed row adds or removes at most one distinct value of
+  its group; through a per-unit stage the rewrite keeps k rows per unit over all groups (`rows_total`, never a
+  cap per group) and counts the distinct values of the kept rows, which one unit moves by at most k in all.
+  (Of a column the catalog guarantees unique on the query's one table, it is COUNT(expr).)
 - SUM(expr) sums a value that the rewrite clamps to its declared range [lo, hi]; the other kinds finished from
   sums (AVG, the variances, covariances, correlation, regression) ask for theirs in `kinds`, their one home;
 - one unit's total of a measure in one group lies in [k·min(lo, 0), k·max(hi, 0)] (the rewrite clamps it
@@ -106,6 +109,16 @@ def _never_null(scope: Scope, arg: exp.Expression) -> bool:
 NAN_TYPES = ("double precision", "real", "numeric")
 
 
+def _one_row_per_value(scope: Scope, arg: exp.Expression) -> bool:
+    """Whether `arg` is a column the catalog guarantees unique, of the query's one table (no join of the query's
+    own, no subquery in FROM; the joins dpsql adds to reach the unit follow unique parent keys, so they repeat no
+    row): each value is on one row, and COUNT(DISTINCT c) is COUNT(c)."""
+    if not isinstance(arg, exp.Column) or arg.table not in scope.aliases or scope.from_ is not None:
+        return False
+    return (len(scope.outer) == 1 and not scope.tree.args.get("joins")
+            and (scope.aliases[arg.table].name, arg.name) in scope.unique)
+
+
 def _not_null_of(arg: exp.Expression, exprs: Expressions) -> exp.Expression | None:
     """For COUNT(f(x, …)) where f is NULL exactly when one of its columns is (rounding, absolute value, sums and
     products): `CASE WHEN x IS NOT NULL AND … THEN 1 END`, which counts the same rows without computing f, so an
@@ -143,17 +156,26 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
             value = arg.expressions[0] if len(arg.expressions) == 1 else None
             if isinstance(value, exp.Column) and scope.is_unit(value):
                 return Aggregate(name, "count_units", (measure_of("distinct units", "units", None, ONE),), None, sql)
-            if value is not None and scope.direct:
+            if value is not None and _one_row_per_value(scope, value):
+                arg = value  # its distinct values are its rows: COUNT(c), one measure with COUNT(*) where never NULL
+            elif value is not None and (scope.direct or not scope.cap_groups):
                 # each changed row (under unit-level privacy, a direct aggregate's row is a whole unit) adds or
-                # removes at most one distinct value of its group
+                # removes at most one distinct value of its group; through a per-unit stage, the rewrite counts
+                # the distinct values of the k rows a unit keeps over all groups, so the unit moves the counts
+                # by at most k in all
                 scope.exprs.check(value)
+                scope.rows_total = scope.rows_total or not scope.direct
                 label = f"COUNT(DISTINCT {to_sql(value)})"
                 return Aggregate(name, "count", (measure_of(label, "distinct", scope.exprs.guard(value), BIT),),
                                  None, sql)
-            raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered only for the privacy unit "
-                                   f"({scope.schema.describe_unit()}), or for one expression over rows that are "
-                                   "each a whole unit (or under row-level privacy)",
-                                   "count distinct units, or count rows with COUNT(*)")
+            elif value is None:  # PostgreSQL has no count of two arguments
+                raise UnsupportedQuery("COUNT(DISTINCT a, b) takes one expression, as in PostgreSQL",
+                                       "count distinct rows of values: COUNT(DISTINCT (a, b))")
+            else:
+                raise UnsupportedQuery(f"{sql}: COUNT(DISTINCT ...) is answered for the privacy unit "
+                                       f"({scope.schema.describe_unit()}), or where each unit keeps k rows over "
+                                       "all its groups, which this query's groups per unit do not",
+                                       "count distinct units, or count rows with COUNT(*)")
         if arg is None or isinstance(arg, exp.Star):
             return Aggregate(name, "count", (measure_of("COUNT(*)", "count", None, ONE),), None, sql)
         label = f"COUNT({to_sql(arg)})"

@@ -84,6 +84,13 @@ def _keys_alone(scope: Scope) -> bool:
     return not any(node.find(*AGGREGATES) for node in places if node is not None)
 
 
+def counts_distinct_values(scope: Scope) -> bool:
+    """Whether the query counts distinct values of anything but the unit (`COUNT(DISTINCT day)`)."""
+    return any(isinstance(node.this, exp.Distinct) and not (
+        len(node.this.expressions) == 1 and isinstance(node.this.expressions[0], exp.Column)
+        and scope.is_unit(node.this.expressions[0])) for node in scope.tree.find_all(exp.Count))
+
+
 CAP_FACTOR = 4  # cap a unit's groups at max_groups_per_unit only when it could reach more than this many times as many
 
 
@@ -100,8 +107,10 @@ def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) ->
     other = (f"; a COUNT moves by at most {k} in all, against {scope.max_groups_setting * k} had each of "
              f"max_groups_per_unit = {scope.max_groups_setting} groups kept {k} rows")
     if domain is None and scope.max_groups_setting < reach and (reach <= CAP_FACTOR * scope.max_groups_setting
-                                                                  or scope.rows_cap is not None):
-        # (a bound chosen from the data is where most units' rows end: capping the groups would drop them again)
+                                                                  or scope.rows_cap is not None
+                                                                  or counts_distinct_values(scope)):
+        # (a bound chosen from the data is where most units' rows end: capping the groups would drop them again;
+        # a count of distinct values is taken over the kept rows themselves, which a cap per group would not keep)
         scope.notes.append(f"each unit keeps at most {k} row(s) over all groups (enforced by the rewrite), so it "
                            f"reaches at most {reach} group(s): partition selection pays for {reach} rather than "
                            f"capping at max_groups_per_unit = {scope.max_groups_setting}, which would drop the "
