@@ -378,7 +378,7 @@ class Engine:
         spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
         bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound,
                                    over_rows.tau if over_rows is not None else None, resolved)
-        note = describe_units_over(decision.over, prepared.race_totals)
+        note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,

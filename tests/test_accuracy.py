@@ -143,3 +143,37 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
     assert describe_units_over(None, totals=False) is None
     few = describe_units_over(UnitsOver(4, 41.0, 60.0, 12.0, 0.04), totals=False)  # noisy counts of few units
     assert "about 12 of the 12 units read hold more (95%: 0 to 12, 0-100%" in few
+
+
+def test_a_median_by_category_lands_within_its_rank_error_of_the_asked_rank(shipped, people_url):
+    """A percentile is chosen from a histogram whose rank error is proportional to the rows each unit keeps: the
+    race's τ itself, not four times it (`chosen_bounds.CHOSEN_MARGIN`). At four times τ the demo's median amount by
+    category was 7.1% off (median of 30 answers; 38% at the 90th percentile), at τ 1.5% (8.7%). Each answer's
+    rank in the exact data is within its reported rank error of the asked rank (the rows the bound leaves out
+    move it little: the demo's heavy people spend as others do) in at least 93% of the cells, and the median error
+    is a few percent."""
+    import bisect
+
+    sql = "SELECT category, percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits GROUP BY category"
+    with psycopg.connect(people_url) as conn:
+        values: dict[str, list[float]] = {}
+        for category, amount in conn.execute("SELECT category, amount FROM visits WHERE amount IS NOT NULL"):
+            values.setdefault(category, []).append(float(amount))
+        truth = dict(conn.execute(sql).fetchall())
+    for found in values.values():
+        found.sort()
+    covered, errors = [], []
+    for run in range(20):
+        analyst = f"median_{run}"
+        shipped.ledger.add_analyst(analyst, 100.0, 1e-3)
+        answer = shipped.query(sql, analyst=analyst, epsilon=1.0)
+        for (category, value), (_, accuracy) in zip(answer.rows, answer.accuracy, strict=True):
+            found = values[category]
+            below, upto = bisect.bisect_left(found, value), bisect.bisect_right(found, value)
+            asked = 0.5 * len(found)
+            covered.append(max(0.0, below - asked, asked - upto) <= accuracy.rank_error)
+            errors.append(abs(value - truth[category]) / truth[category])
+    coverage = sum(covered) / len(covered)
+    median_error = sorted(errors)[len(errors) // 2]
+    print(f"median by category: rank coverage {coverage:.3f} of {len(covered)}, median error {median_error:.4f}")
+    assert coverage >= MIN_COVERAGE and median_error < 0.05, (coverage, median_error)

@@ -28,10 +28,12 @@ def describe_bounds_effect(effect: dict) -> list[str]:
 UNITS_OVER_WARNING = 0.01  # the share of the units read above which a chosen bound's loss is called out
 
 
-def describe_units_over(over: UnitsOver | None, totals: bool) -> str | None:
+def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool = False) -> str | None:
     """What a bound chosen from the data leaves out (`RaceToTheTop.units_over`), for people: the released count of
     units holding more than it (their rows, or with `totals` their total), its 95% interval and share of the units
-    read; a warning where even the interval's low end is over UNITS_OVER_WARNING of them."""
+    read; a warning where even the interval's low end is over UNITS_OVER_WARNING of them. `chosen_only`: the
+    answer is values chosen from histograms (percentiles, MIN, MAX, mode()), which the rows left out move only
+    where they differ from the rows kept, rather than counts and sums, which they make low."""
     if over is None:
         return None
     read = max(over.units_read, 1.0)
@@ -43,7 +45,11 @@ def describe_units_over(over: UnitsOver | None, totals: bool) -> str | None:
     text = (f"bounded at {what}, chosen from the data; about {among_read(over.units):,.0f} of the {read:,.0f} units "
             f"read hold more (95%: {low:,.0f} to {high:,.0f}, {_percent(low / read)}-{_percent(high / read)}%; "
             f"counted at ε = {over.epsilon:.2g} of the query's)")
-    if low / read > UNITS_OVER_WARNING:
+    if low / read > UNITS_OVER_WARNING and chosen_only:
+        text += (f"; at least {100 * low / read:.2g}% of the units have rows beyond it left out, which moves the "
+                 "values chosen only where those rows differ from the rows kept: a larger ε lets the race see them "
+                 "and choose a larger bound")
+    elif low / read > UNITS_OVER_WARNING:
         beyond = "totals beyond it" if totals else "rows beyond it"
         text += (f"; at least {100 * low / read:.2g}% of the units lose their {beyond}, so the answer is low by "
                  "what they hold there: a larger ε lets the race see them and choose a larger bound")
