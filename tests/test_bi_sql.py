@@ -956,3 +956,19 @@ def test_count_of_rounded_unbounded_values_counts_their_rows():
     assert [m.sensitivity for m in p.measures] == [1, 1]
     with pytest.raises(errors.UnsupportedQuery):  # round(text) fails in PostgreSQL on every database
         plan("SELECT COUNT(ROUND(state)) FROM people", parse_schema(UNIT_SCHEMA))
+
+
+def test_grafanas_epoch_of_a_declared_date_keeps_the_dates_bounds(demo_schema, engine, analyst):
+    """`extract(epoch from day) * 1000` (Grafana's time axis in milliseconds) was refused: its range was every
+    timestamp PostgreSQL holds (to 9.2e15 ms). Of a date with declared bounds it is those bounds' seconds, which
+    the rewrite enforces by clamping the date; a Grafana day bucket is then a public key (every day released)."""
+    plain = plan("SELECT AVG(EXTRACT(EPOCH FROM day) * 1000) FROM visits", demo_schema)
+    (average,) = plain.aggregates
+    assert (average.arg_range.lo, average.arg_range.hi) == (1_704_067_200_000, 1_735_603_200_000)  # 2024-01-01, 12-31
+    assert "CASE WHEN visits.day < CAST('2024-01-01' AS DATE)" in to_sql(plain.measures[0].expr)
+    days = plan("SELECT floor(extract(epoch from day) / 86400) * 86400 AS time, COUNT(*) FROM visits GROUP BY 1",
+                demo_schema)
+    assert days.domain is not None and len(days.domain) == 366
+    answer = engine.query("SELECT extract(epoch from day) * 1000 AS t, SUM(amount) FROM visits GROUP BY 1",
+                          analyst=analyst, epsilon=1.0)
+    assert answer.names == ["t", "sum"]

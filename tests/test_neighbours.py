@@ -48,6 +48,9 @@ QUERIES = [
     "SELECT category, COUNT(*), SUM(amount) FROM visits GROUP BY category",
     "SELECT category, COUNT(DISTINCT person_id) FROM visits GROUP BY category",  # k groups, not k rows
     "SELECT date_trunc('month', day) AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
+    # seconds since 1970 of a declared date, clamped to its bounds (Grafana's time axis in milliseconds)
+    "SELECT EXTRACT(EPOCH FROM day) * 1000 AS t, SUM(amount) FROM visits GROUP BY 1",
+    "SELECT AVG(EXTRACT(EPOCH FROM day)), SUM(EXTRACT(EPOCH FROM day) / 86400) FROM visits",
     # distinct values of the k rows a unit keeps over all groups: k in all
     "SELECT COUNT(DISTINCT day), COUNT(*), AVG(amount) FROM visits",
     "SELECT category, COUNT(DISTINCT day), COUNT(DISTINCT amount) FROM visits GROUP BY category",

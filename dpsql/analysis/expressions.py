@@ -25,7 +25,7 @@ from sqlglot import exp
 
 from dpsql.analysis.clamps import clamp, constant, number, temporal_guard
 from dpsql.errors import UnsupportedQuery
-from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES
+from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
 from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
@@ -105,7 +105,9 @@ class Expressions:
                 return clamp(node, column)
             return node
         if isinstance(node, exp.Extract):
-            node.set("expression", temporal_guard(node.expression, keep_infinite=False))
+            declared = self._declared_epoch(node)
+            node.set("expression", clamp(node.expression, declared) if declared is not None
+                     else temporal_guard(node.expression, keep_infinite=False))
         elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.TimeToStr):
             node.set("this", temporal_guard(node.this, keep_infinite=False))
         elif isinstance(node, exp.Cast) and node.to.this in TIMESTAMP_CASTS:
@@ -471,8 +473,23 @@ class Expressions:
                                    f"{to_sql(node.expression)} may be a date",
                                    f"cast it: EXTRACT({field} FROM CAST(x AS timestamp))")
         self.value_range(node.expression)
+        declared = self._declared_epoch(node)
+        if declared is not None:  # the guard clamps the column to its declared bounds
+            per_unit = 86_400 if declared.type == "date" else 1  # the bounds of a date are kept in days
+            return Range(declared.lower * per_unit, declared.upper * per_unit, declared.type == "date")
         lo, hi = EXTRACT_RANGES[field]
         return Range(lo, hi, field != "EPOCH")  # seconds since 1970 have fractions
+
+    def _declared_epoch(self, node: exp.Extract) -> Column | None:
+        """For EXTRACT(EPOCH FROM c) of a date or timestamp column with declared bounds (Grafana's time axis,
+        `extract(epoch from day) * 1000`), the column: its seconds since 1970 lie within its bounds', which the
+        guard enforces by clamping it. (A date's epoch is its midnight, a timestamp's its nominal or absolute
+        seconds, as the bounds are kept: `temporal_number`.) None for other fields and operands."""
+        operand = node.expression
+        if node.this.name.upper() != "EPOCH" or not isinstance(operand, exp.Column):
+            return None
+        column = self.column(operand)
+        return column if column is not None and column.is_temporal and column.bounded else None
 
     def _range_length(self, node: exp.Length) -> Range:
         self.value_range(node.this)
