@@ -188,6 +188,8 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", 'SELECT SUM(CAST(1 AS BIGINT)) AS "cnt:visits:ok" FROM "public"."visits" "visits"'),
     ("answer", "SELECT COUNT(*) FROM people p WHERE (SELECT COUNT(*) FROM visits WHERE person_id = p.person_id) > 5"),
     ("answer", "SELECT drug, COUNT(DISTINCT visit_id) FROM prescriptions GROUP BY drug"),
+    ("answer", "SELECT category, COUNT(*) FROM visits WHERE category ~* '^(lab|dent)' GROUP BY 1"),
+    ("answer", "SELECT COUNT(*) FROM people WHERE state SIMILAR TO '(C|N)%'"),
     ("answer", 'SELECT extract(epoch from day) * 1000 AS "time", SUM(amount) AS "spent" FROM visits GROUP BY 1 '
                'ORDER BY 1'),
     ("answer", "SELECT date_trunc('month', day) AS month, COUNT(DISTINCT day) AS days_open FROM visits GROUP BY 1"),

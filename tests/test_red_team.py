@@ -59,8 +59,9 @@ REFUSED = [
     ("SELECT COUNT(*) FROM visits WHERE EXTRACT(HOUR FROM day) = 1", "needs a timestamp"),
     ("SELECT COUNT(*) FROM people WHERE width_bucket(score, 0, 10, 2147483647) = 1", "bucket count"),
     ("SELECT SUM(round(income, 100000)) FROM people", "number of digits"),
-    ("SELECT COUNT(*) FROM people WHERE state ~ 'a'", "not supported"),
-    ("SELECT COUNT(*) FROM people WHERE state SIMILAR TO 'a'", "not supported"),
+    ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state ~ '(a'", "has an unmatched"),
+    ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state SIMILAR TO '(a%'", "has an unmatched"),
+    ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state ~* '[[:alpha:]]'", "POSIX classes"),
 ]
 
 
@@ -77,6 +78,7 @@ TOTAL = [
     "SELECT born, seen, COUNT(*) FROM people GROUP BY born, seen",
     "SELECT COUNT(*) FROM visits WHERE CAST(day AS timestamp) > '2024-01-01'",
     "SELECT COUNT(*) FROM visits WHERE date_trunc('millennium', day) IS NULL",
+    "SELECT COUNT(*) FROM people WHERE state ~* '^z' OR state SIMILAR TO '(Z|C)%' OR state !~ '\\w{2}'",
     "SELECT SUM(CAST(EXTRACT(YEAR FROM day) AS integer) - 2000) FROM visits",
     "SELECT COUNT(*) FROM people WHERE width_bucket(score, 0, 10, 5) = 1",  # NaN and ±Infinity scores
     "SELECT width_bucket(balance, 0, 1000, 4), COUNT(*) FROM people GROUP BY 1",

@@ -26,6 +26,7 @@ from sqlglot import exp
 from dpsql.analysis.clamps import clamp, constant, number, temporal_guard
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
+from dpsql.sql.patterns import check_regex
 from dpsql.sql.query import to_sql
 
 LIMIT = 1e15
@@ -190,6 +191,8 @@ class Expressions:
             _check_substring(node)
         elif isinstance(node, exp.Like | exp.ILike):
             _check_like_pattern(node)
+        elif isinstance(node, exp.RegexpLike):
+            self._check_regex(node)
         elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
             _check_trunc(node)
         elif isinstance(node, exp.TimeToStr):
@@ -408,7 +411,22 @@ class Expressions:
         if isinstance(node, exp.Column):
             column = self.column(node)
             return column is not None and column.type == "boolean"
-        return isinstance(node, (*PREDICATES, exp.Like, exp.ILike, exp.And, exp.Or, exp.Not, exp.Boolean))
+        return isinstance(node, (*PREDICATES, exp.Like, exp.ILike, exp.RegexpLike, exp.And, exp.Or, exp.Not,
+                                 exp.Boolean))
+
+    def _check_regex(self, node: exp.RegexpLike) -> None:
+        """`x ~ 'pattern'`: a constant pattern every backend compiles alike (`patterns.check_regex`: PostgreSQL
+        compiles it only when a row reaches it), matched against text."""
+        pattern = node.expression
+        if not isinstance(pattern, exp.Null):
+            if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+                raise UnsupportedQuery(f"patterns must be string constants, not {to_sql(pattern)}",
+                                       "write the pattern as a string constant: x ~ '^ab'")
+            check_regex(pattern.this)
+        operand = node.this
+        if self.value_range(operand) is not None or self._is_temporal(operand) or self._is_boolean(operand):
+            raise UnsupportedQuery(f"{to_sql(operand)} ~ … matches text, and {to_sql(operand)} is not text",
+                                   f"cast it: CAST({to_sql(operand)} AS text) ~ '…'")
 
     def _is_temporal(self, node: exp.Expression) -> bool:
         if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
@@ -564,6 +582,8 @@ def _check_constant(node: exp.Expression) -> None:
             _check_substring(inner)
         elif isinstance(inner, exp.Like | exp.ILike):
             _check_like_pattern(inner)
+        elif isinstance(inner, exp.RegexpLike) and isinstance(inner.expression, exp.Literal):
+            check_regex(inner.expression.this)
 
 
 def _constant_range(node: exp.Expression) -> Range | None:

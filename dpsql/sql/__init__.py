@@ -21,6 +21,7 @@ from dpsql.sql.bind import bind_parameters
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_select
+from dpsql.sql.patterns import patterns_as_regex
 from dpsql.sql.qualify import qualify_columns
 from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
@@ -66,15 +67,17 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
-# shape removes (ANY, FILTER, concat(), approx_count_distinct(), a WITH query read twice, a correlated or joined
-# cohort, a count of a subquery's distinct rows, a projection over a grouped subquery, percentile arrays,
-# DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
+# shape removes (ANY, FILTER, concat(), ~* and SIMILAR TO, approx_count_distinct(), a WITH query read twice, a
+# correlated or joined cohort, a count of a subquery's distinct rows, a projection over a grouped subquery,
+# percentile arrays, DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then
+# judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),
     _tree_only(filters_as_case),
     _tree_only(concat_as_pipes),
+    _tree_only(patterns_as_regex),
     _tree_only(approx_distinct_as_count),
     _tree_only(regressions_as_moments),
     _tree_only(inline_repeated_ctes),
