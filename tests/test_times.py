@@ -30,6 +30,8 @@ CONSTANTS = [
     "to_timestamp('2024-06-30 23:59:59', 'YYYY-MM-DD HH24:MI:SS')",
     "to_date('2024-07-01', 'YYYY-MM-DD')",
     "to_timestamp(1700000000)",
+    "make_date(2024, 2, 29)",
+    "make_timestamp(2024, 6, 30, 23, 59, 59)",
 ]
 
 
@@ -40,7 +42,8 @@ def _folded(sql: str, schema) -> exp.Expression:
 @pytest.mark.parametrize("constant", CONSTANTS)
 def test_constant_time_arithmetic_folds_to_what_postgresql_computes(base_url, demo_schema, constant):
     folded = _folded(f"SELECT COUNT(*) FROM visits WHERE day >= {constant}", demo_schema)
-    assert not folded.find(exp.Interval, exp.Add, exp.Sub, exp.StrToTime, exp.StrToDate, exp.UnixToTime), \
+    assert not folded.find(exp.Interval, exp.Add, exp.Sub, exp.StrToTime, exp.StrToDate, exp.UnixToTime,
+                           exp.Anonymous, exp.TimestampFromParts), \
         to_sql(folded)
     with psycopg.connect(base_url) as conn:
         expected, ours = conn.execute(f"SELECT {constant}, {to_sql(folded)}").fetchone()
@@ -83,3 +86,9 @@ def test_a_query_with_date_arithmetic_is_answered_and_charged_as_its_folded_form
     same = engine.query("SELECT COUNT(*) FROM visits WHERE day >= TIMESTAMP '2024-04-01 00:00:00' "
                         "AND day < DATE '2024-12-25'", analyst=analyst, epsilon=1.0)
     assert same.cached and same.rows == answer.rows  # one canonical query: the second asking is free
+
+
+def test_a_date_no_calendar_has_fails_as_postgresql_fails_before_anything_runs(demo_schema):
+    with pytest.raises(errors.InvalidConstant, match="date field value out of range: 2024-2-30") as failed:
+        check_query("SELECT COUNT(*) FROM visits WHERE day >= make_date(2024, 2, 30)", demo_schema)
+    assert failed.value.sqlstate == "22008"  # PostgreSQL's own

@@ -5,8 +5,9 @@
 - A constant date or timestamp ± an interval or a number of days (`DATE '2024-07-01' - INTERVAL '3 months'`,
   `current_date - 7`) becomes one literal, computed as PostgreSQL computes it: a date ± days is a date, a date ±
   an interval a timestamp, months added first with the day clamped to the month's end, then days, then seconds.
-- `to_timestamp(text, format)` and `to_date(text, format)` of constants (how Superset writes its time range) become
-  the literal they read, `to_timestamp(seconds)` the UTC instant: `to_timestamp` is a timestamptz, read as
+- `make_date(y, m, d)` and `make_timestamp(y, m, d, h, min, s)` of constants become the date or timestamp they
+  make; `to_timestamp(text, format)` and `to_date(text, format)` of constants (how Superset writes its time
+  range) become the literal they read, `to_timestamp(seconds)` the UTC instant: `to_timestamp` is a timestamptz, read as
   PostgreSQL reads one without an offset, in the session's TimeZone.
 - A comparison of a column ± a fixed-length step with a constant time (`day + 7 > DATE '2024-12-01'`,
   `day + INTERVAL '12 hours' >= ...`) is solved for the column (`day > DATE '2024-11-24'`), which holds exactly for
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from dpsql.errors import InvalidConstant
 from dpsql.schema import PrivacySchema
 
 CLOCKS = (exp.CurrentTimestamp, exp.CurrentDate, exp.Localtimestamp)
@@ -62,13 +64,15 @@ class Step:
 def fold_times(tree: exp.Select, now: datetime.datetime | None, schema: PrivacySchema) -> exp.Select:
     """`tree` with its constant times folded to literals (the clock read as `now`, UTC) and comparisons of a
     column ± a step solved for the column."""
-    if tree.find(exp.Add, exp.Sub, *CLOCKS, *READERS) is None:  # most queries: nothing to fold
-        return tree
+    if tree.find(exp.Add, exp.Sub, exp.Anonymous, exp.TimestampFromParts, *CLOCKS, *READERS) is None:
+        return tree  # most queries: nothing to fold
     timestamptz = _timestamptz_names(tree, schema)
 
     def fold(node: exp.Expression) -> exp.Expression:
         if isinstance(node, READERS):
             return _read(node) or node
+        if isinstance(node, exp.Anonymous | exp.TimestampFromParts):
+            return _made(node) or node
         if isinstance(node, COMPARISONS):
             node = _solved(node, now, timestamptz)
         if not isinstance(node, (exp.Add, exp.Sub, exp.Cast, exp.Paren, *CLOCKS)) or not _worth_folding(node):
@@ -142,6 +146,31 @@ def _read(node: exp.Expression) -> exp.Expression | None:
     if isinstance(node, exp.StrToDate):
         return literal(value.date())
     return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), "timestamptz")  # in the session's TimeZone
+
+
+def _made(node: exp.Expression) -> exp.Expression | None:
+    """The literal that make_date(y, m, d) or make_timestamp(y, m, d, h, min, s) of whole-number constants makes
+    (of years after 1 BC), or None (PostgreSQL then computes it when it plans the query, both are immutable);
+    one no calendar has (30 February) fails as PostgreSQL's does, SQLSTATE 22008, before anything is charged."""
+    if isinstance(node, exp.Anonymous):
+        if node.name.lower() != "make_date" or len(node.expressions) != 3:
+            return None
+        parts = node.expressions
+    else:
+        parts = [node.args.get(k) for k in ("year", "month", "day", "hour", "min", "sec")]
+        if any(node.args.get(k) is not None for k in ("zone", "milli", "nano")):
+            return None
+    if not all(isinstance(p, exp.Literal) and not p.is_string and p.this.isdigit() for p in parts):
+        return None
+    try:
+        value = datetime.datetime(*(int(p.this) for p in parts)) if len(parts) == 6 else \
+            datetime.date(*(int(p.this) for p in parts))
+    except ValueError:
+        shown = "-".join(p.this for p in parts[:3]) + (" " + ":".join(p.this for p in parts[3:]) if parts[3:] else "")
+        raise InvalidConstant(f"{'date' if len(parts) == 3 else 'timestamp'} field value out of range: {shown}; "
+                              "nothing was run or charged", "correct the constant, e.g. make_date(2024, 2, 29)",
+                              sqlstate="22008") from None
+    return literal(value)
 
 
 def _iso(parse, text: str) -> Time | None:
