@@ -433,7 +433,8 @@ def test_a_subquery_reading_the_outer_query_s_table_under_its_name_reads_its_own
     ("SELECT (age > 3)::bigint, COUNT(*) FROM people GROUP BY 1", "cannot cast type boolean to bigint"),
     ("SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 2 ROWS WITH TIES",
      "FETCH ... WITH TIES"),
-    ("SELECT date_trunc('month', day) - INTERVAL '1 day', COUNT(*) FROM visits GROUP BY 1", "INTERVAL '1 DAY'"),
+    ("SELECT date_trunc('month', CAST(day AS timestamp)) - INTERVAL '1 day', COUNT(*) FROM visits GROUP BY 1",
+     "an interval is added here only to a date or timestamp column with declared bounds"),
     # a constant PostgreSQL computes only where a row reaches it must not fail there: checked as a column's is
     ("SELECT COUNT(*) FROM visits WHERE day >= now() - INTERVAL '177999999 years'", "INTERVAL '177999999 YEARS'"),
     ("SELECT COUNT(*) FROM visits WHERE person_id = 5 AND day >= date_trunc('fortnight', now())",
@@ -972,3 +973,19 @@ def test_grafanas_epoch_of_a_declared_date_keeps_the_dates_bounds(demo_schema, e
     answer = engine.query("SELECT extract(epoch from day) * 1000 AS t, SUM(amount) FROM visits GROUP BY 1",
                           analyst=analyst, epsilon=1.0)
     assert answer.names == ["t", "sum"]
+
+
+def test_metabases_week_from_sunday_releases_every_week(demo_schema, engine, analyst, base_url):
+    """Metabase starts weeks on Sunday: date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day'. The interval
+    was refused; now the date is clamped to its declared bounds before it is shifted (so no stored date can
+    overflow), and the weeks of the shifted bounds are public keys, each a timestamp as PostgreSQL returns it."""
+    sql = ('SELECT (date_trunc(\'week\', ("public"."visits"."day" + INTERVAL \'1 day\')) - INTERVAL \'1 day\') '
+           'AS "day", count(*) AS "count" FROM "public"."visits" GROUP BY 1 ORDER BY 1 ASC')
+    weeks = plan(sql, demo_schema)
+    assert len(weeks.domain) == 53 and all(d[0].weekday() == 6 and d[0].tzinfo is None for d in weeks.domain)
+    with psycopg.connect(base_url) as conn:
+        exact = [r[0] for r in conn.execute(sql).fetchall()]
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert set(exact) <= {r[0] for r in answer.rows} and answer.types[0] == "timestamp"
+    with pytest.raises(errors.UnsupportedQuery, match="only to a date or timestamp column with declared bounds"):
+        plan("SELECT COUNT(*) FROM people WHERE income + INTERVAL '1 day' > 5", demo_schema)

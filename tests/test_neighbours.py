@@ -50,6 +50,10 @@ QUERIES = [
     "SELECT date_trunc('month', day) AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
     # pattern matches, one spelling for every backend: x ~ '(?i)…', SIMILAR TO as PostgreSQL's own regex
     "SELECT category, COUNT(*) FROM visits WHERE category ~* '^(lab|DENT)' OR category SIMILAR TO 'ph%' GROUP BY 1",
+    # a declared date shifted by an interval, clamped to its bounds (Metabase's weeks from Sunday)
+    "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
+    "GROUP BY 1",
+    "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
     # seconds since 1970 of a declared date, clamped to its bounds (Grafana's time axis in milliseconds)
     "SELECT EXTRACT(EPOCH FROM day) * 1000 AS t, SUM(amount) FROM visits GROUP BY 1",
     "SELECT AVG(EXTRACT(EPOCH FROM day)), SUM(EXTRACT(EPOCH FROM day) / 86400) FROM visits",

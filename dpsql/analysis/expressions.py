@@ -4,7 +4,9 @@ Two promises keep errors and unbounded values from depending on the data:
 - `guard` rewrites an expression so that it cannot fail on any value: bounded numeric columns used in a
   computation are clamped to their declared range (NaN becomes NULL first), divisors go through
   NULLIF(y, 0), sqrt and ln get only valid arguments, width_bucket never sees NaN, and dates and timestamps
-  reach date_trunc, EXTRACT and casts to timestamp only inside the range where those cannot overflow.
+  reach date_trunc, EXTRACT and casts to timestamp only inside the range where those cannot overflow; a date
+  or timestamp column shifted by an interval (`day + INTERVAL '1 day'`) or read as seconds since 1970 is clamped
+  to its declared bounds, even in a comparison, so the result lies within every backend's range.
 - `value_range` computes, for the guarded expression, an interval that holds on every database. It refuses
   (UnsupportedQuery) arithmetic on numeric columns without declared bounds, intervals beyond ±1e15 (where
   float or integer overflow could raise an error), casts that could overflow, and partial functions whose
@@ -17,6 +19,7 @@ Comparisons read stored values as they are: they cannot fail, and clamping them 
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import dataclass
 from itertools import product
@@ -26,8 +29,10 @@ from sqlglot import exp
 from dpsql.analysis.clamps import clamp, constant, number, temporal_guard
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
+from dpsql.schema.model import temporal_value
 from dpsql.sql.patterns import check_regex
 from dpsql.sql.query import to_sql
+from dpsql.sql.times import Time, interval_step
 
 LIMIT = 1e15
 PREDICATES = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is, exp.NullSafeEQ,
@@ -105,6 +110,9 @@ class Expressions:
             if column is not None and column.bounded and column.is_numeric and not isinstance(node.parent, PREDICATES):
                 return clamp(node, column)
             return node
+        if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval) \
+                and isinstance(node.this, exp.Column) and self.time_bounds(node.this) is not None:
+            node.set("this", clamp(node.this, self.column(node.this)))  # so the shifted time cannot overflow
         if isinstance(node, exp.Extract):
             declared = self._declared_epoch(node)
             node.set("expression", clamp(node.expression, declared) if declared is not None
@@ -255,13 +263,79 @@ class Expressions:
         lo = 0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi))
         return Range(lo, a.magnitude, a.integer)
 
-    def _range_add(self, node: exp.Add) -> Range:
+    def _range_add(self, node: exp.Add) -> Range | None:
+        if isinstance(node.expression, exp.Interval):
+            return self._check_time_shift(node)
         a, b = self._operands(node, "this", "expression")
         return Range(a.lo + b.lo, a.hi + b.hi, a.integer and b.integer)
 
-    def _range_sub(self, node: exp.Sub) -> Range:
+    def _range_sub(self, node: exp.Sub) -> Range | None:
+        if isinstance(node.expression, exp.Interval):
+            return self._check_time_shift(node)
         a, b = self._operands(node, "this", "expression")
         return Range(a.lo - b.hi, a.hi - b.lo, a.integer and b.integer)
+
+    # --- times shifted by an interval -------------------------------------------------------------------
+
+    def _check_time_shift(self, node: exp.Add | exp.Sub) -> None:
+        """`t ± INTERVAL '…'` (Metabase's weeks from Sunday: date_trunc('week', day + INTERVAL '1 day') -
+        INTERVAL '1 day'): t must be a date or timestamp column with declared bounds, which the guard clamps it
+        to, or date_trunc of such a time, and the shifted bounds must stay within years 1 to 9999, every
+        backend's range, so that no stored value can make the arithmetic overflow. Not a number: None."""
+        if self.time_bounds(node) is None:
+            raise UnsupportedQuery(f"{to_sql(node)}: an interval is added here only to a date or timestamp column "
+                                   "with declared bounds (or date_trunc of one), by a step of whole units, "
+                                   "staying within years 1 to 9999",
+                                   "declare lower and upper for the column in the privacy schema, or compare the "
+                                   "column with a constant moved by the interval: day >= DATE '2024-07-01' - "
+                                   "INTERVAL '30 days'")
+        return None
+
+    def time_type(self, node: exp.Expression) -> str | None:
+        """PostgreSQL's type of a time expression (date, timestamp or timestamptz), or None if it is not one."""
+        node = node.unnest()
+        if isinstance(node, exp.Column):
+            column = self.column(node)
+            return column.type if column is not None and column.is_temporal else None
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+            return "timestamp" if self.time_type(node.this) == "timestamp" else "timestamptz"
+        if isinstance(node, exp.UnixToTime):
+            return "timestamptz"
+        if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
+            inner = self.time_type(node.this)
+            return "timestamp" if inner == "date" else inner  # a date plus an interval is a timestamp
+        return None
+
+    def time_bounds(self, node: exp.Expression) -> tuple[Time, Time] | None:
+        """The earliest and latest values of a time expression built from a date or timestamp column with
+        declared bounds (clamped to them by the guard), intervals added to it and date_trunc, as Python
+        dates and naive datetimes (UTC for a timestamptz); None where not known or out of years 1 to 9999."""
+        node = node.unnest()
+        if isinstance(node, exp.Column):
+            column = self.column(node)
+            if column is None or not column.is_temporal or not column.bounded:
+                return None
+            low, high = (temporal_value(column.type, v) for v in (column.lower, column.upper))
+            return tuple(v.replace(tzinfo=None) if isinstance(v, datetime.datetime) else v for v in (low, high))
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc):
+            inner = self.time_bounds(node.this)
+            unit = node.args.get("unit")
+            span = TRUNC_SPANS.get(unit.name.lower()) if unit is not None else None
+            if inner is None or span is None:
+                return None
+            low, high = (datetime.datetime.combine(v, datetime.time()) if type(v) is datetime.date else v
+                         for v in inner)
+            return _within_years(low - span, high + datetime.timedelta(days=1))  # a day of time zones to spare
+        if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
+            inner, step = self.time_bounds(node.this), interval_step(node.expression)
+            if inner is None or step is None:
+                return None
+            step = step if isinstance(node, exp.Add) else step.negated()
+            try:
+                return _within_years(*(step.added_to(v) for v in inner))
+            except (OverflowError, ValueError):
+                return None
+        return None
 
     def _range_mul(self, node: exp.Mul) -> Range:
         a, b = self._operands(node, "this", "expression")
@@ -429,10 +503,7 @@ class Expressions:
                                    f"cast it: CAST({to_sql(operand)} AS text) ~ '…'")
 
     def _is_temporal(self, node: exp.Expression) -> bool:
-        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
-            return True
-        column = self.column(node) if isinstance(node, exp.Column) else None
-        return column is not None and column.type in ("date", "timestamp", "timestamptz")
+        return self.time_type(node) is not None
 
     def _range_widthbucket(self, node: exp.WidthBucket) -> Range:
         self._require_constant(node, ("min_value", "max_value", "num_buckets"), "width_bucket's bounds and count")
@@ -556,6 +627,17 @@ def _check_like_pattern(node: exp.Like | exp.ILike) -> None:
     if trailing % 2:
         raise UnsupportedQuery(f"the LIKE pattern {to_sql(pattern)} ends with its escape "
                                "character \\", "escape it (\\\\) or remove it")
+
+
+TRUNC_SPANS = {unit: datetime.timedelta(days=days) for unit, days in (
+    ("microseconds", 1), ("milliseconds", 1), ("second", 1), ("minute", 1), ("hour", 1), ("day", 1), ("week", 7),
+    ("month", 31), ("quarter", 92), ("year", 366), ("decade", 3653), ("century", 36525),
+    ("millennium", 365250))}  # the most date_trunc moves a time back, with a day to spare
+
+
+def _within_years(low: Time, high: Time) -> tuple[Time, Time] | None:
+    """(low, high) where both lie within years 1 to 9999 (every backend's range, and Python's), else None."""
+    return (low, high) if low.year > datetime.MINYEAR and high.year < datetime.MAXYEAR else None
 
 
 def _check_trunc(node: exp.Expression) -> None:

@@ -24,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import datetime
 import math
 from itertools import product
 
@@ -34,8 +35,10 @@ from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
 from dpsql.errors import UnsupportedQuery
+from dpsql.schema.model import temporal_number
 from dpsql.sql import AGGREGATES, to_sql
 from dpsql.sql.query import operands
+from dpsql.sql.times import interval_step
 
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 CONTINUOUS_TYPES = {"double precision", "real"}  # as the schema names them
@@ -143,12 +146,38 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
     stepped = _integer_domain(scope, node)
     if stepped is not None:
         return stepped
+    if isinstance(node.unnest(), exp.Add | exp.Sub) and isinstance(node.unnest().expression, exp.Interval):
+        return _shifted_domain(scope, node.unnest())
     return _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
         else _function_domain(scope, node)
 
 
+def _shifted_domain(scope: Scope, node: exp.Add | exp.Sub) -> tuple | None:
+    """The values of `k ± INTERVAL '…'` where k is a key with public timestamp values (Metabase's weeks from
+    Sunday, date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day'): each shifted, as PostgreSQL shifts a
+    timestamp (`times.Step`)."""
+    inner, step = key_domain(scope, node.this, None), interval_step(node.expression)
+    if inner is None or step is None or not all(type(v) is datetime.datetime and v.tzinfo is None for v in inner):
+        return None
+    step = step if isinstance(node, exp.Add) else step.negated()
+    try:
+        return tuple(dict.fromkeys(step.added_to(v) for v in inner))
+    except (OverflowError, ValueError):
+        return None
+
+
 def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
-    """The periods of date_trunc(unit, column) over a column with declared bounds (`calendar.periods`)."""
+    """The periods of date_trunc(unit, column) over a column with declared bounds (`calendar.periods`); of a date
+    or timestamp column shifted by an interval, the periods of the shifted bounds (a timestamp, truncated as it
+    stands)."""
+    shifted = node.this.unnest()
+    if isinstance(shifted, exp.Add | exp.Sub) and isinstance(shifted.expression, exp.Interval) \
+            and scope.exprs.time_type(shifted) == "timestamp" and node.args.get("unit") is not None:
+        bounds = scope.exprs.time_bounds(shifted)
+        if bounds is None:
+            return None
+        low, high = (temporal_number("timestamp", v) for v in bounds)
+        return periods("timestamp", low, high, node.args["unit"].name, scope.time_zone, MAX_DOMAIN)
     column = scope.declared_column(node.this) if isinstance(node.this, exp.Column) else None
     unit = node.args.get("unit")
     if column is None or not column.is_temporal or column.lower is None or column.upper is None or unit is None:
@@ -282,13 +311,13 @@ def key_type(node: exp.Expression, exprs: Expressions) -> str:
     value_range = exprs.value_range(node)
     if value_range is not None:
         return "int8" if value_range.integer else "float8"
-    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
-        return "timestamptz"
+    time_type = exprs.time_type(node)
+    if time_type is not None:
+        return time_type
     if isinstance(node, exp.Column):
         column = exprs.column(node)
         if column is not None:
-            return {"boolean": "bool", "date": "date", "timestamp": "timestamp",
-                    "timestamptz": "timestamptz"}.get(column.type, "text")
+            return {"boolean": "bool"}.get(column.type, "text")
     return "text"
 
 

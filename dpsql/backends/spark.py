@@ -104,7 +104,8 @@ def to_spark(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
         .transform(_finite).transform(_spark_patterns).transform(bands)
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
-    tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences)
+    tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences) \
+        .transform(_wall_clock_truncs).transform(_wall_clock_shifts)
     return tree.sql(dialect="spark")
 
 
@@ -227,6 +228,32 @@ def _date_differences(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.Sub) and all(side.type is not None and side.type.this == exp.DataType.Type.DATE
                                          for side in (node.this, node.expression)):
         return exp.Anonymous(this="datediff", expressions=[node.this.copy(), node.expression.copy()])
+    return node
+
+
+WALL_CLOCK = (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP)  # PostgreSQL's date and timestamp, no zone
+
+
+def _shifts_wall_clock(node: exp.Expression) -> bool:
+    """Whether `node` is a date or timestamp (no zone) ± an interval."""
+    return (isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval)
+            and node.this.type is not None and node.this.type.this in WALL_CLOCK)
+
+
+def _wall_clock_truncs(node: exp.Expression) -> exp.Expression:
+    # PostgreSQL shifts a date or a timestamp by an interval as a timestamp without time zone, and truncates that
+    # as it stands (Metabase's weeks from Sunday, date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day'):
+    # Spark's date_trunc is an instant in the session's zone, cast back to a TIMESTAMP_NTZ here (its shifted
+    # operand becomes one in `_wall_clock_shifts`)
+    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) and any(map(_shifts_wall_clock, node.this.walk())):
+        return exp.Cast(this=node, to=exp.DataType.build("TIMESTAMP_NTZ", dialect="spark"))
+    return node
+
+
+def _wall_clock_shifts(node: exp.Expression) -> exp.Expression:
+    # Spark's date plus days is a date; PostgreSQL's a timestamp without time zone: a TIMESTAMP_NTZ shifted
+    if _shifts_wall_clock(node):
+        node.set("this", exp.Cast(this=node.this, to=exp.DataType.build("TIMESTAMP_NTZ", dialect="spark")))
     return node
 
 

@@ -43,9 +43,10 @@ INSTEAD = {
     exp.ApproxDistinct: "count distinct people with COUNT(DISTINCT <the privacy unit's column>)",
     exp.GroupConcat: LIST_VALUES,
     exp.ArrayAgg: LIST_VALUES,
-    exp.Interval: "constant date arithmetic is answered (day >= DATE '2024-07-01' - INTERVAL '30 days'), and so is a "
-                  "column plus or minus days, hours or seconds compared with a constant (day + INTERVAL '7 days' > "
-                  "DATE '2024-12-01'); elsewhere move the interval to the constant's side",
+    exp.Interval: "an interval of whole years, months, weeks, days, hours, minutes or seconds (under 100,000 of "
+                  "each) is answered added to or subtracted from a time: constant date arithmetic (day >= DATE "
+                  "'2024-07-01' - INTERVAL '30 days'), and a date or timestamp column with declared bounds "
+                  "(date_trunc('week', day + INTERVAL '1 day'))",
     exp.Array: "list the values instead: x IN ('a', 'b'); several percentiles at once are answered as "
                "percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY x)",
     exp.Any: "list the values instead: x IN ('a', 'b')",
@@ -87,7 +88,7 @@ def refuse_unsafe(tree: exp.Select) -> None:
             continue
         if isinstance(node.parent, exp.Window) and node is node.parent.this and isinstance(node, WINDOW_FUNCTIONS):
             continue
-        if isinstance(node, exp.Interval) and _in_constant_time(node):
+        if isinstance(node, exp.Interval) and (_in_constant_time(node) or _shifts_a_time(node)):
             continue
         if not isinstance(node, ALLOWED_NODES) and not is_percentile_array(node):
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
@@ -134,6 +135,15 @@ def _in_constant_time(interval: exp.Interval) -> bool:
     while isinstance(top.parent, exp.Add | exp.Sub | exp.Paren | exp.Cast | exp.TimestampTrunc | exp.DateTrunc):
         top = top.parent
     return top is not interval and not any(isinstance(n, (exp.Column, exp.Select, *AGGREGATES)) for n in top.walk())
+
+
+def _shifts_a_time(interval: exp.Interval) -> bool:
+    """Whether `interval` (one `sql.times` reads) is added to or subtracted from an expression that reads a
+    column: the analysis answers it for a date or timestamp column with declared bounds, which the guard clamps
+    so the shifted time cannot overflow (`Expressions.time_bounds`), and refuses it for anything else."""
+    parent = interval.parent
+    return (interval_step(interval) is not None and isinstance(parent, exp.Add | exp.Sub)
+            and parent.expression is interval and parent.this.find(exp.Column) is not None)
 
 
 @dataclass(frozen=True)
