@@ -76,7 +76,7 @@ class Aggregate:
     arg_range: Range | None  # the argument's range (Y's), for clamping finished averages and variances
     sql: str
     quantile: float | None = None  # for percentiles, MIN (0) and MAX (1): chosen from a histogram
-    arg_type: str | None = None  # for mode, and quantiles of dates and times: the type of the value returned
+    arg_type: str | None = None  # for mode, quantiles of dates and times, percentile_cont: the type returned
     x_range: Range | None = None  # the bivariate aggregates' second argument (X)
     centred: bool = True  # avg: its sum is centred on the range's midpoint (False: a plain sum, `unit_total`)
     # a kind chosen from a histogram by the exponential mechanism: how a cell is scored. "rank": -distance(q·n,

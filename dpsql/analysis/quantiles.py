@@ -77,8 +77,11 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
     label = f"histogram of {to_sql(arg)}"
     histogram = _histogram(scope, label, cell, cells, value_range.lo, width, integer,
                            f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
-    return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q,
-                     arg_type=column.type if column is not None and column.is_temporal else None, score="rank")
+    # PostgreSQL's percentile_cont of numbers is a double precision (it interpolates); the others are a value
+    continuous = isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont)
+    arg_type = column.type if column is not None and column.is_temporal else "float8" if continuous else None
+    return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q, arg_type=arg_type,
+                     score="rank")
 
 
 def _temporal(column: Column, arg: exp.Column, node: exp.Expression, sql: str) -> tuple[exp.Expression, Range]:

@@ -47,6 +47,7 @@ from dpsql.backends.transpile import (
     bytewise,
     plain_numbers,
     plain_value,
+    shifts_wall_clock,
     wide_decimals,
 )
 from dpsql.errors import BackendError, ConfigError, QueryCancelled, UnsupportedQuery
@@ -149,7 +150,8 @@ def _instant_truncs(node: exp.Expression) -> exp.Expression:
     # PostgreSQL truncates a date as the timestamptz it casts it to (in the session's zone, UTC here) and returns
     # one; DuckDB would return a date
     if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) and node.this.type is not None \
-            and node.this.type.this == exp.DataType.Type.DATE:
+            and node.this.type.this == exp.DataType.Type.DATE \
+            and not any(map(shifts_wall_clock, node.this.walk())):  # a shifted date is DuckDB's timestamp too
         node = node.copy()
         node.set("this", exp.cast(node.this, exp.DataType.build("TIMESTAMPTZ")))
     return node

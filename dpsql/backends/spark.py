@@ -78,6 +78,7 @@ from dpsql.backends.transpile import (
     bytewise,
     plain_numbers,
     plain_value,
+    shifts_wall_clock,
     wide_decimals,
 )
 from dpsql.errors import BackendError, BackendUnavailable, ConfigError, QueryCancelled, UnsupportedQuery
@@ -231,28 +232,19 @@ def _date_differences(node: exp.Expression) -> exp.Expression:
     return node
 
 
-WALL_CLOCK = (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP)  # PostgreSQL's date and timestamp, no zone
-
-
-def _shifts_wall_clock(node: exp.Expression) -> bool:
-    """Whether `node` is a date or timestamp (no zone) ± an interval."""
-    return (isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval)
-            and node.this.type is not None and node.this.type.this in WALL_CLOCK)
-
-
 def _wall_clock_truncs(node: exp.Expression) -> exp.Expression:
     # PostgreSQL shifts a date or a timestamp by an interval as a timestamp without time zone, and truncates that
     # as it stands (Metabase's weeks from Sunday, date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day'):
     # Spark's date_trunc is an instant in the session's zone, cast back to a TIMESTAMP_NTZ here (its shifted
     # operand becomes one in `_wall_clock_shifts`)
-    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) and any(map(_shifts_wall_clock, node.this.walk())):
+    if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) and any(map(shifts_wall_clock, node.this.walk())):
         return exp.Cast(this=node, to=exp.DataType.build("TIMESTAMP_NTZ", dialect="spark"))
     return node
 
 
 def _wall_clock_shifts(node: exp.Expression) -> exp.Expression:
     # Spark's date plus days is a date; PostgreSQL's a timestamp without time zone: a TIMESTAMP_NTZ shifted
-    if _shifts_wall_clock(node):
+    if shifts_wall_clock(node):
         node.set("this", exp.Cast(this=node.this, to=exp.DataType.build("TIMESTAMP_NTZ", dialect="spark")))
     return node
 

@@ -23,6 +23,16 @@ SAFE_DATES = ("0001-01-01", "9999-12-31")
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
+WALL_CLOCK = (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP)  # PostgreSQL's date and timestamp, no zone
+
+
+def shifts_wall_clock(node: exp.Expression) -> bool:
+    """Whether `node` is a date or a timestamp without time zone ± an interval: PostgreSQL's is a timestamp without
+    time zone, truncated as it stands (Metabase's weeks from Sunday), where sqlglot's types say a date."""
+    return (isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval)
+            and node.this.type is not None and node.this.type.this in WALL_CLOCK)
+
+
 def plain_numbers(node: exp.Expression) -> exp.Expression:
     """PostgreSQL reads `250e-2` as the numeric 2.50, other engines as a double 2.5 (whose text is '2.5'): written
     out as decimals (`2.50`; `1e3` and `1.5e1`, whose scale is 0, as DECIMAL(38, 0)s)."""
