@@ -188,6 +188,13 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", 'SELECT SUM(CAST(1 AS BIGINT)) AS "cnt:visits:ok" FROM "public"."visits" "visits"'),
     ("answer", "SELECT COUNT(*) FROM people p WHERE (SELECT COUNT(*) FROM visits WHERE person_id = p.person_id) > 5"),
     ("answer", "SELECT drug, COUNT(DISTINCT visit_id) FROM prescriptions GROUP BY drug"),
+    ("answer", 'SELECT "People"."sex" AS "People__sex", count(*) AS "count" FROM "public"."visits" LEFT JOIN '
+               '"public"."people" AS "People" ON "public"."visits"."person_id" = "People"."person_id" GROUP BY '
+               '"People"."sex" ORDER BY "People"."sex" ASC'),
+    ("answer", 'SELECT (date_trunc(\'week\', ("public"."visits"."day" + INTERVAL \'1 day\')) - INTERVAL \'1 day\') '
+               'AS "day", count(*) AS "count" FROM "public"."visits" GROUP BY 1 ORDER BY 1 ASC'),
+    ("answer", "SELECT AVG(t.total) FROM (SELECT person_id, SUM(amount) AS total FROM visits GROUP BY 1) t"),
+    ("answer", "SELECT COUNT(*) FROM visits WHERE day BETWEEN make_date(2024, 1, 1) AND make_date(2024, 3, 31)"),
     ("answer", "SELECT category, COUNT(*) FROM visits WHERE category ~* '^(lab|dent)' GROUP BY 1"),
     ("answer", "SELECT COUNT(*) FROM people WHERE state SIMILAR TO '(C|N)%'"),
     ("answer", 'SELECT extract(epoch from day) * 1000 AS "time", SUM(amount) AS "spent" FROM visits GROUP BY 1 '

@@ -989,3 +989,23 @@ def test_metabases_week_from_sunday_releases_every_week(demo_schema, engine, ana
     assert set(exact) <= {r[0] for r in answer.rows} and answer.types[0] == "timestamp"
     with pytest.raises(errors.UnsupportedQuery, match="only to a date or timestamp column with declared bounds"):
         plan("SELECT COUNT(*) FROM people WHERE income + INTERVAL '1 day' > 5", demo_schema)
+
+
+@pytest.mark.parametrize("sql", [
+    # Metabase names a joined table by its display name, quoted
+    'SELECT "People"."sex" AS "People__sex", count(*) AS "count" FROM "public"."visits" LEFT JOIN "public"."people" '
+    'AS "People" ON "public"."visits"."person_id" = "People"."person_id" GROUP BY "People"."sex" ORDER BY 1',
+    'SELECT avg("T"."Total") FROM (SELECT "V"."person_id", sum("V"."amount") AS "Total" FROM "public"."visits" "V" '
+    'GROUP BY 1) AS "T"',  # a per-unit table, its unit by position and a quoted column
+    'WITH "Big" AS (SELECT person_id, amount FROM visits WHERE amount > 100) SELECT count(*), sum("Big".amount) '
+    'FROM "Big"',
+])
+def test_names_postgresql_reads_only_quoted_reach_postgresql_as_they_were_meant(engine, analyst, base_url, sql):
+    """dpsql writes the names it reads into new SQL unquoted, so a quoted "People" became people (42P01, reported
+    as a schema mismatch) and a quoted column "Total" total (42703): such names are renamed to plain ones after
+    they are resolved, and the answer keeps the names the client asked for."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    with psycopg.connect(base_url) as conn:
+        exact = conn.execute(sql)
+        assert answer.names == [d.name for d in exact.description]
+        assert len(answer.rows) == len(exact.fetchall())

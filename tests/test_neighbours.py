@@ -50,6 +50,9 @@ QUERIES = [
     "SELECT date_trunc('month', day) AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
     # pattern matches, one spelling for every backend: x ~ '(?i)…', SIMILAR TO as PostgreSQL's own regex
     "SELECT category, COUNT(*) FROM visits WHERE category ~* '^(lab|DENT)' OR category SIMILAR TO 'ph%' GROUP BY 1",
+    # names PostgreSQL reads only quoted, renamed to plain ones (Metabase's joined "People")
+    'SELECT "People".sex, COUNT(*), AVG("V".amount) FROM visits "V" JOIN people AS "People" ON "V".person_id = '
+    '"People".person_id GROUP BY 1',
     # a declared date shifted by an interval, clamped to its bounds (Metabase's weeks from Sunday)
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",

@@ -281,7 +281,9 @@ def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.
 def _groups_by_unit(select: exp.Select, schema: PrivacySchema) -> bool:
     """Whether `select` groups by a unit column: a per-unit table or a cohort, which the analysis bounds."""
     units = {t.unit_column for t in schema.tables.values() if t.unit_column} | {schema.unit_column}
-    return any(isinstance(k, exp.Column) and k.name in units for k in select.args["group"].expressions)
+    aliases = {e.alias: e.this for e in select.expressions if isinstance(e, exp.Alias)}
+    keys = [_resolved(k, aliases, select.expressions) for k in select.args["group"].expressions]  # GROUP BY 1
+    return any(isinstance(k, exp.Column) and k.name in units for k in keys)
 
 
 def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composition | None:

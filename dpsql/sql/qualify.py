@@ -25,7 +25,53 @@ def qualify_columns(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
         raise UnknownColumn(_column_message(str(exc)),
                             "every column must be declared in the privacy schema; `dpsql schema check` lists them"
                             ) from None
-    return merge_subqueries(tree)
+    return _plain_aliases(merge_subqueries(tree))
+
+
+PLAIN = re.compile(r"^[a-z_][a-z0-9_]*$")  # what PostgreSQL reads the same quoted or not
+
+
+def _plain_aliases(tree: exp.Select) -> exp.Select:
+    """Names PostgreSQL reads only quoted (`"People"`, Metabase's name for a joined table; `"Total"`, a column of
+    a subquery) renamed to plain lowercase ones, wherever they are read: dpsql writes the names it reads into new
+    SQL unquoted, where `People.person_id` would mean `people.person_id`. The query's own output names are kept
+    (the client sees them as written)."""
+    taken = {identifier.name for identifier in tree.find_all(exp.Identifier)}
+
+    def plain(name: str) -> str:
+        base = re.sub(r"[^a-z0-9_]", "_", name.lower()).lstrip("0123456789") or "t"
+        new = base if base not in taken else next(f"{base}_{i}" for i in range(2, len(taken) + 3)
+                                                  if f"{base}_{i}" not in taken)
+        taken.add(new)
+        return new
+
+    sources: dict[str, str] = {}  # table, subquery and CTE names
+    for alias in tree.find_all(exp.TableAlias):
+        if alias.name and not PLAIN.match(alias.name):
+            sources.setdefault(alias.name, plain(alias.name))
+            alias.set("this", exp.to_identifier(sources[alias.name]))
+    columns: dict[tuple[str, str], str] = {}  # (source, column) -> plain column name
+    for select in tree.find_all(exp.Select):
+        parent = select.parent
+        if not isinstance(parent, exp.Subquery | exp.CTE) or not parent.alias_or_name:
+            continue
+        for item in select.expressions:
+            if isinstance(item, exp.Alias) and not PLAIN.match(item.alias):
+                columns[(parent.alias_or_name, item.alias)] = plain(item.alias)
+                item.set("alias", exp.to_identifier(columns[(parent.alias_or_name, item.alias)]))
+    if not sources and not columns:
+        return tree
+    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    for column in tree.find_all(exp.Column):
+        source = sources.get(column.table, column.table)
+        if (source, column.name) in columns:
+            column.set("this", exp.to_identifier(columns[(source, column.name)]))
+        if column.table in sources:
+            column.set("table", exp.to_identifier(source))
+    for table in tree.find_all(exp.Table):  # a CTE's readers name it as a table
+        if table.name in sources and sources[table.name] in ctes and not table.db:
+            table.set("this", exp.to_identifier(sources[table.name]))
+    return tree
 
 
 def _column_message(sqlglot_message: str) -> str:
