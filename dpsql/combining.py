@@ -23,7 +23,7 @@ def stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
     if not composition.sequential or number < composition.scalars:
         return None
     lists = dict(composition.key_lists)
-    return {f"{SCALAR}{i}": [None] if i in lists else 0 for i in range(composition.scalars)}
+    return {f"{SCALAR}{i}": [_no_key(lists[i])] if i in lists else 0 for i in range(composition.scalars)}
 
 
 def scalar_values(composition: Composition, answers: list[Answer]) -> dict[str, Any]:
@@ -31,8 +31,18 @@ def scalar_values(composition: Composition, answers: list[Answer]) -> dict[str, 
     subquery's one value (None for no row), or the list of a column's released values (a list holding only
     None where nothing was released: `k = ANY(NULL list)` keeps no row, as the join would)."""
     lists = dict(composition.key_lists)
-    return {f"{SCALAR}{i}": ([row[lists[i]] for row in answer.rows] or [None]) if i in lists else
-            (answer.rows[0][0] if answer.rows else None) for i, answer in enumerate(answers)}
+    return {f"{SCALAR}{i}": ([_key(lists[i], row) for row in answer.rows] or [_no_key(lists[i])])
+            if i in lists else (answer.rows[0][0] if answer.rows else None) for i, answer in enumerate(answers)}
+
+
+def _key(columns: tuple[int, ...], row: tuple) -> Any:
+    """A released row's key over `columns`: its one value, or a tuple of several (compared as a row value)."""
+    return row[columns[0]] if len(columns) == 1 else tuple(row[c] for c in columns)
+
+
+def _no_key(columns: tuple[int, ...]) -> Any:
+    """The key no row has (`x = ANY(NULL list)` keeps none, as the join would): NULL, or a row of NULLs."""
+    return None if len(columns) == 1 else (None,) * len(columns)
 
 
 def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],

@@ -26,7 +26,7 @@ from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement
-from dpsql.sql.query import AGGREGATES, output_name, to_sql
+from dpsql.sql.query import AGGREGATES, operands, output_name, to_sql
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
 
@@ -41,8 +41,8 @@ class Composition:
     offset: int = 0
     scalars: int = 0  # the first `scalars` parts are scalar subqueries whose values the last part takes as
     # parameters %(dpsql_scalar_<i>)s; the statement's rows are the last part's
-    key_lists: tuple[tuple[int, int], ...] = ()  # (scalar part, column): that part's parameter is the list of
-    # the column's released values, not its one value (`_joined_to_released_keys`)
+    key_lists: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (scalar part, columns): that part's parameter is
+    # the list of the columns' released values (tuples of several), not its one value (`_joined_to_released_keys`)
     values_present: str | None = None  # COUNT(DISTINCT c) of a declared domain, as this output's name: the one
     # part counts units per declared value, and the answer is how many values are surely present
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
@@ -289,8 +289,9 @@ def _groups_by_unit(select: exp.Select, schema: PrivacySchema) -> bool:
 def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
     """`… JOIN (SELECT k AS k__, COUNT(*) AS m FROM t GROUP BY k ORDER BY m DESC LIMIT 5) AS series_limit ON k = k__`
     (Superset's series limit): the subquery is answered first, and the query is asked with `k = ANY(its released
-    keys)` in place of the join. Each is an ordinary answer (the second's bounds hold for any list of keys), so
-    this is sequential composition. One key, an inner join, and the subquery's columns read nowhere else."""
+    keys)` in place of the join; with several keys (`ON a = a__ AND b = b__`), `(a, b) = ANY(the released pairs)`.
+    Each is an ordinary answer (the second's bounds hold for any list of keys), so this is sequential composition.
+    An inner join on equalities alone, and the subquery's columns read nowhere else."""
     joined = [(i, j) for i, j in enumerate(tree.args["joins"]) if isinstance(j.this, exp.Subquery)
               and isinstance(j.this.this, exp.Select) and j.this.this.args.get("group")]
     if len(joined) != 1 or (joined[0][1].side or "") != "" or (joined[0][1].kind or "INNER").upper() != "INNER":
@@ -301,7 +302,8 @@ def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composi
         return None  # a cohort of units (`JOIN (SELECT person_id ... HAVING ...)`): the analysis reads it as IN
     names = [output_name(e) for e in inner.expressions]
     condition = join.args["on"].unnest() if join.args.get("on") is not None else None
-    if not isinstance(condition, exp.EQ):
+    equalities = [c.unnest() for c in operands(condition)] if condition is not None else []
+    if not equalities or not all(isinstance(e, exp.EQ) for e in equalities):
         return None
     outer_columns = {c for t in tree.find_all(exp.Table) if t.name in schema.tables
                      for c in schema.tables[t.name].columns if t.find_ancestor(exp.Subquery) is None}
@@ -309,10 +311,9 @@ def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composi
     def of_subquery(column: exp.Expression) -> bool:
         return isinstance(column, exp.Column) and column.name in names and (
             column.table == alias or not column.table and column.name not in outer_columns)
-    key, outer_key = next(((a, b) for a, b in ((condition.this, condition.expression),
-                                               (condition.expression, condition.this))
-                           if of_subquery(a) and isinstance(b, exp.Column) and not of_subquery(b)), (None, None))
-    if key is None:
+    pairs = [next(((a, b) for a, b in ((e.this, e.expression), (e.expression, e.this))
+                   if of_subquery(a) and isinstance(b, exp.Column) and not of_subquery(b)), None) for e in equalities]
+    if None in pairs:
         return None
     rest = tree.copy()
     rest.args["joins"].pop(at)
@@ -320,10 +321,13 @@ def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composi
         rest.set("joins", None)
     if any(of_subquery(c) for c in rest.find_all(exp.Column)):
         return None
+    outer_keys = [outer.copy() for _, outer in pairs]
+    kept = outer_keys[0] if len(outer_keys) == 1 else exp.Tuple(expressions=outer_keys)
     keys = exp.Any(this=exp.Paren(this=exp.Placeholder(this=f"{SCALAR}0")))
-    rest.where(exp.EQ(this=outer_key.copy(), expression=keys), copy=False)
+    rest.where(exp.EQ(this=kept, expression=keys), copy=False)
+    columns = tuple(names.index(key.name) for key, _ in pairs)
     return Composition([to_sql(inner), to_sql(rest)], "the joined subquery's released keys answered first, then "
-                       "the query kept to them", scalars=1, key_lists=((0, names.index(key.name)),))
+                       "the query kept to them", scalars=1, key_lists=((0, columns),))
 
 
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
