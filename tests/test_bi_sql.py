@@ -1024,3 +1024,28 @@ def test_names_postgresql_reads_only_quoted_reach_postgresql_as_they_were_meant(
         exact = conn.execute(sql)
         assert answer.names == [d.name for d in exact.description]
         assert len(answer.rows) == len(exact.fetchall())
+
+
+def test_left_is_a_substring_from_the_first_character(demo_schema):
+    assert check_query("SELECT LEFT(state, 2), COUNT(*) FROM people GROUP BY 1", demo_schema).canonical == \
+        check_query("SELECT substring(state, 1, 2) AS left, COUNT(*) FROM people GROUP BY 1", demo_schema).canonical
+    assert check_query("SELECT LEFT(state, 2), COUNT(*) FROM people GROUP BY 1", demo_schema).output_names[0] == "left"
+
+
+@pytest.mark.parametrize(("nested", "flat"), [
+    ("SELECT ntile(4) OVER (ORDER BY s) AS quartile, category, s FROM (SELECT category, SUM(amount) AS s FROM "
+     "visits GROUP BY 1) t", "SELECT ntile(4) OVER (ORDER BY SUM(amount)) AS quartile, category, SUM(amount) AS s "
+     "FROM visits GROUP BY category"),
+    ("SELECT n * 2 AS doubled FROM (SELECT date_trunc('month', day) AS m, COUNT(*) AS n FROM visits GROUP BY m) t",
+     "SELECT COUNT(*) * 2 AS doubled FROM visits GROUP BY date_trunc('month', day)"),
+])
+def test_the_grouping_of_a_subquery_means_the_same_under_the_outer_select_list(demo_schema, nested, flat):
+    """GROUP BY 1 (or an output's name) of the inner query named its own first column; merged under the outer
+    SELECT list it named the outer's (the window: "aggregates are not allowed in GROUP BY")."""
+    assert check_query(nested, demo_schema).canonical == check_query(flat, demo_schema).canonical
+
+
+def test_an_inner_grouping_by_a_name_that_is_also_a_column_stays_the_column(demo_schema):
+    """PostgreSQL reads `GROUP BY day` as the input column day even where an output is named day."""
+    nested = "SELECT n FROM (SELECT category AS day, COUNT(*) AS n FROM visits GROUP BY day) t"
+    assert "GROUP BY visits.day" in to_sql(check_query(nested, demo_schema).tree)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
+from dpsql.schema import PrivacySchema
 from dpsql.sql.query import AGGREGATES, output_name
 
 
@@ -143,6 +144,22 @@ def concat_as_pipes(tree: exp.Select) -> exp.Select:
     for output in tree.expressions:  # PostgreSQL names the column after the function
         if isinstance(output, exp.Concat):
             output.replace(exp.alias_(output.copy(), "concat"))
+    return tree.transform(spelled, copy=False)
+
+
+def left_as_substring(tree: exp.Select) -> exp.Select:
+    """`left(s, n)` for a whole-number constant n >= 0 is `substring(s, 1, n)` in PostgreSQL: one spelling, which
+    the analysis checks (a negative n drops characters from the end: left as written, and refused)."""
+    def spelled(node: exp.Expression) -> exp.Expression:
+        count = node.expression if isinstance(node, exp.Left) else None
+        if not (isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit()):
+            return node
+        return exp.Substring(this=node.this, start=exp.Literal.number(1), length=count)
+    if not tree.find(exp.Left):
+        return tree
+    for output in tree.expressions:  # PostgreSQL names the column after the function
+        if isinstance(output, exp.Left):
+            output.replace(exp.alias_(output.copy(), "left"))
     return tree.transform(spelled, copy=False)
 
 
@@ -405,7 +422,7 @@ def inline_repeated_ctes(tree: exp.Select) -> exp.Select:
     return tree
 
 
-def projection_over_aggregates(tree: exp.Select) -> exp.Select:
+def projection_over_aggregates(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
     """`SELECT f(c) FROM (SELECT k, COUNT(*) AS c FROM … GROUP BY k) t WHERE g(c) ORDER BY h(c) LIMIT n` (or the
     same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
     GROUP BY k HAVING g(COUNT(*)) ORDER BY h(COUNT(*)) LIMIT n`. A window of the outer query (`rank() OVER (ORDER
@@ -441,6 +458,7 @@ def projection_over_aggregates(tree: exp.Select) -> exp.Select:
     merged = inner.copy()
     merged.set("expressions", outputs)
     merged.set("order", inner_order)
+    merged.set("group", _group_as_expressions(inner, defined, schema))
     if tree.args.get("where"):
         condition = tree.args["where"].this.transform(inlined)
         having = merged.args.get("having")
@@ -473,6 +491,28 @@ def _order_as_expressions(select: exp.Select, defined: dict[str, exp.Expression]
             key = defined[key.name]
         return ordered.__class__(**{**ordered.args, "this": key.copy()})
     return exp.Order(expressions=[written_out(o) for o in order.expressions])
+
+
+def _group_as_expressions(select: exp.Select, defined: dict[str, exp.Expression],
+                          schema: PrivacySchema) -> exp.Group | None:
+    """`select`'s GROUP BY with its positions (GROUP BY 1) and output names written out as the expressions they
+    stand for, so that it means the same under another SELECT list. A name that is also a column of a table it
+    reads stays the column (PostgreSQL reads a GROUP BY name as an input column first)."""
+    if select.args.get("group") is None:
+        return None
+    group = select.args["group"].copy()
+    values = list(defined.values())
+    columns = {c for t in select.find_all(exp.Table) if t.name in schema.tables for c in schema.tables[t.name].columns}
+
+    def written_out(key: exp.Expression) -> exp.Expression:
+        if isinstance(key, exp.Literal) and not key.is_string and key.this.isdigit() \
+                and 1 <= int(key.this) <= len(values):
+            return values[int(key.this) - 1].copy()
+        if isinstance(key, exp.Column) and not key.table and key.name in defined and key.name not in columns:
+            return defined[key.name].copy()
+        return key
+    group.set("expressions", [written_out(k) for k in group.expressions])
+    return group
 
 
 def _tighter_limit(inner: exp.Limit | None, outer: exp.Limit) -> exp.Limit | None:
