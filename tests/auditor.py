@@ -398,6 +398,10 @@ QUERY_CLASSES = [
     QueryClass("a per-unit table's sums bounded by a race over the units' values (spend per person)",
                query("SELECT AVG(spent) FROM (SELECT person_id, SUM(fare) AS spent FROM trips GROUP BY person_id "
                      "HAVING COUNT(*) > 1) t", rows_per_unit="auto"), 0),
+    QueryClass("distinct values of the rows each unit keeps (COUNT(DISTINCT) of a column that is not the unit)",
+               query("SELECT kind, COUNT(DISTINCT fare) FROM trips GROUP BY kind", rows_per_unit="auto"), 1),
+    QueryClass("a median over several rows per unit, at the race's τ itself",
+               query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips", rows_per_unit="auto"), 0),
     QueryClass("partition selection over the rows of the units within the race's τ",
                query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
     QueryClass("the same beside an average (the weighed answer: each set of units aggregated apart)",
