@@ -313,11 +313,10 @@ def _group_key(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
               "EXTRACT(YEAR FROM p.born)", "p.seen", "date_trunc('month', p.seen)", "width_bucket(p.score, 0, 10, 5)",
               "CAST(p.born AS timestamp)", "to_char(p.born, 'YYYY-MM')",
               "to_timestamp(floor(extract(epoch from p.seen) / 3600) * 3600)", "p.seen + INTERVAL '90 minutes'",
-              "date_trunc('month', p.born + INTERVAL '1 month')"],
+              "date_trunc('week', p.born + INTERVAL '1 day') - INTERVAL '1 day'", "extract(epoch from p.born) * 1000"],
         "v": ["v.category", "v.day", "date_trunc('month', v.day)", "EXTRACT(MONTH FROM v.day)", "v.note",
               "substring(v.note, 1, 2)", "lower(v.category)", "floor(extract(epoch from v.day) / 86400) * 86400",
-              "to_char(v.day, 'IYYY-IW')", "date_trunc('week', v.day + INTERVAL '1 day') - INTERVAL '1 day'",
-              "extract(epoch from v.day) * 1000"],
+              "to_char(v.day, 'IYYY-IW')"],
         "r": ["r.drug"], "s": ["s.region"],
     }
     return _pick(rng, pools, aliases)

@@ -57,6 +57,7 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    "SELECT COUNT(*) FROM visits WHERE date_trunc('month', day) + INTERVAL '5000 years' > DATE '7024-06-01'",
     # seconds since 1970 of a declared date, clamped to its bounds (Grafana's time axis in milliseconds)
     "SELECT EXTRACT(EPOCH FROM day) * 1000 AS t, SUM(amount) FROM visits GROUP BY 1",
     "SELECT AVG(EXTRACT(EPOCH FROM day)), SUM(EXTRACT(EPOCH FROM day) / 86400) FROM visits",

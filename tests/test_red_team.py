@@ -79,6 +79,8 @@ TOTAL = [
     "SELECT COUNT(*) FROM visits WHERE CAST(day AS timestamp) > '2024-01-01'",
     "SELECT COUNT(*) FROM visits WHERE date_trunc('millennium', day) IS NULL",
     "SELECT COUNT(*) FROM people WHERE state ~* '^z' OR state SIMILAR TO '(Z|C)%' OR state !~ '\\w{2}'",
+    "SELECT COUNT(*) FROM people WHERE date_trunc('month', born) + INTERVAL '90000 months' > DATE '9000-06-01'",
+    "SELECT date_trunc('week', born + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*) FROM people GROUP BY 1",
     "SELECT SUM(CAST(EXTRACT(YEAR FROM day) AS integer) - 2000) FROM visits",
     "SELECT COUNT(*) FROM people WHERE width_bucket(score, 0, 10, 5) = 1",  # NaN and ±Infinity scores
     "SELECT width_bucket(balance, 0, 1000, 4), COUNT(*) FROM people GROUP BY 1",

@@ -110,9 +110,10 @@ class Expressions:
             if column is not None and column.bounded and column.is_numeric and not isinstance(node.parent, PREDICATES):
                 return clamp(node, column)
             return node
-        if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval) \
-                and isinstance(node.this, exp.Column) and self.time_bounds(node.this) is not None:
-            node.set("this", clamp(node.this, self.column(node.this)))  # so the shifted time cannot overflow
+        if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
+            # the time shifted (a column, or date_trunc of one) read within its declared bounds, which
+            # `time_bounds` reads: no stored value can make the shift overflow
+            node.set("this", self._clamped_times(node.this))
         if isinstance(node, exp.Extract):
             declared = self._declared_epoch(node)
             node.set("expression", clamp(node.expression, declared) if declared is not None
@@ -290,6 +291,21 @@ class Expressions:
                                    "column with a constant moved by the interval: day >= DATE '2024-07-01' - "
                                    "INTERVAL '30 days'")
         return None
+
+    def _clamped_times(self, node: exp.Expression) -> exp.Expression:
+        """`node` with each date or timestamp column with declared bounds clamped to them, once (a shift inside
+        a shift finds its column clamped already)."""
+        for column in list(node.find_all(exp.Column)):
+            declared = self.column(column)
+            if declared is None or not declared.is_temporal or not declared.bounded or any(
+                    parent.meta.get(TIME_CLAMP) for parent in _ancestors(column)):
+                continue
+            clamped = clamp(column, declared)
+            clamped.meta[TIME_CLAMP] = True
+            if column is node:
+                return clamped
+            column.replace(clamped)
+        return node
 
     def time_type(self, node: exp.Expression) -> str | None:
         """PostgreSQL's type of a time expression (date, timestamp or timestamptz), or None if it is not one."""
@@ -633,6 +649,15 @@ TRUNC_SPANS = {unit: datetime.timedelta(days=days) for unit, days in (
     ("microseconds", 1), ("milliseconds", 1), ("second", 1), ("minute", 1), ("hour", 1), ("day", 1), ("week", 7),
     ("month", 31), ("quarter", 92), ("year", 366), ("decade", 3653), ("century", 36525),
     ("millennium", 365250))}  # the most date_trunc moves a time back, with a day to spare
+
+
+TIME_CLAMP = "dpsql_time_clamp"  # meta flag of a time clamped to its declared bounds (`_clamped_times`)
+
+
+def _ancestors(node: exp.Expression):
+    while node.parent is not None:
+        node = node.parent
+        yield node
 
 
 def _within_years(low: Time, high: Time) -> tuple[Time, Time] | None:
