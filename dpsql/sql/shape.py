@@ -139,11 +139,17 @@ def concat_as_pipes(tree: exp.Select) -> exp.Select:
         for part in parts[1:]:
             joined = exp.DPipe(this=joined, expression=part, safe=True)
         return exp.Paren(this=joined) if len(parts) > 1 else joined
-    if not tree.find(exp.Concat):
+    return _function_respelled(tree, exp.Concat, "concat", spelled)
+
+
+def _function_respelled(tree: exp.Select, function: type[exp.Expression], name: str, spelled) -> exp.Select:
+    """`tree` with `spelled` applied to every node; an output that is the function keeps the column name
+    PostgreSQL gives it, the function's `name`."""
+    if not tree.find(function):
         return tree
-    for output in tree.expressions:  # PostgreSQL names the column after the function
-        if isinstance(output, exp.Concat):
-            output.replace(exp.alias_(output.copy(), "concat"))
+    for output in tree.expressions:
+        if isinstance(output, function):
+            output.replace(exp.alias_(output.copy(), name))
     return tree.transform(spelled, copy=False)
 
 
@@ -155,12 +161,7 @@ def left_as_substring(tree: exp.Select) -> exp.Select:
         if not (isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit()):
             return node
         return exp.Substring(this=node.this, start=exp.Literal.number(1), length=count)
-    if not tree.find(exp.Left):
-        return tree
-    for output in tree.expressions:  # PostgreSQL names the column after the function
-        if isinstance(output, exp.Left):
-            output.replace(exp.alias_(output.copy(), "left"))
-    return tree.transform(spelled, copy=False)
+    return _function_respelled(tree, exp.Left, "left", spelled)
 
 
 def approx_distinct_as_count(tree: exp.Select) -> exp.Select:
