@@ -672,7 +672,9 @@ def _check_trunc(node: exp.Expression) -> None:
                                "truncate in the session's time zone: SET TimeZone = 'Europe/Paris', then "
                                "date_trunc('day', x)")
     if not isinstance(unit, exp.Var | exp.Literal) or unit.name.lower() not in TRUNC_UNITS:
-        shown = to_sql(unit) if unit is not None else "none"
+        # as the analyst wrote it: sqlglot reads the unit's string as an upper-cased keyword
+        shown = f"'{unit.name.lower()}'" if isinstance(unit, exp.Var | exp.Literal) else to_sql(unit) \
+            if unit is not None else "none"
         raise UnsupportedQuery(f"date_trunc unit {shown} is not one PostgreSQL knows",
                                "use one of " + ", ".join(TRUNC_UNITS))
 

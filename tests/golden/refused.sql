@@ -734,7 +734,7 @@ output_names: ["unix_to_time", "count"]
 
 -- SELECT v.day, AVG(v.amount) FROM visits v WHERE v.amount IS NULL AND date_trunc('fortnight', v.day) IS NULL GROUP BY v.day
 input: {"max_groups": null, "params": null, "schema": "s23", "sql": "SELECT v.day, AVG(v.amount) FROM visits v WHERE v.amount IS NULL AND date_trunc('fortnight', v.day) IS NULL GROUP BY v.day", "unique": []}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT \"dpsql_t0\".\"day\" AS \"_col_0\", AVG(\"dpsql_t0\".\"amount\") AS \"_col_1\" FROM \"visits\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"amount\" IS NULL AND DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"day\") IS NULL GROUP BY \"dpsql_t0\".\"day\""
 output_names: ["day", "avg"]
 
@@ -1038,7 +1038,7 @@ output_names: ["count"]
 
 -- SELECT COUNT(*) FROM visits WHERE category = 'zz' AND date_trunc('fortnight', day) IS NULL
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s6", "sql": "SELECT COUNT(*) FROM visits WHERE category = 'zz' AND date_trunc('fortnight', day) IS NULL", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"category\" = 'zz' AND DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"day\") IS NULL"
 output_names: ["count"]
 
@@ -1452,7 +1452,7 @@ output_names: ["sum"]
 
 -- SELECT SUM(CASE WHEN v.amount > 50 THEN 1 ELSE 0 END), AVG(COALESCE(v.amount, 0)), COUNT(v.note) FROM visits v WHERE date_trunc('fortnight', v.day) IS NULL
 input: {"max_groups": null, "params": null, "schema": "s6", "sql": "SELECT SUM(CASE WHEN v.amount > 50 THEN 1 ELSE 0 END), AVG(COALESCE(v.amount, 0)), COUNT(v.note) FROM visits v WHERE date_trunc('fortnight', v.day) IS NULL", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT SUM(CASE WHEN \"dpsql_t0\".\"amount\" > 50 THEN 1 ELSE 0 END) AS \"_col_0\", AVG(COALESCE(\"dpsql_t0\".\"amount\", 0)) AS \"_col_1\", COUNT(\"dpsql_t0\".\"note\") AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"day\") IS NULL"
 output_names: ["sum", "avg", "count"]
 
@@ -1944,7 +1944,7 @@ output_names: ["timestamp_trunc", "sum"]
 
 -- SELECT date_trunc('month', p.seen), SUM(round(p.income)), percentile_cont(0.5) WITHIN GROUP (ORDER BY p.age) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE date_trunc('fortnight', p.seen) IS NULL AND EXISTS (SELECT 1 FROM visits w WHERE w.person_id = v.person_id AND w.amount > 500) GROUP BY date_trunc('month', p.seen)
 input: {"max_groups": null, "params": null, "schema": "s6", "sql": "SELECT date_trunc('month', p.seen), SUM(round(p.income)), percentile_cont(0.5) WITHIN GROUP (ORDER BY p.age) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE date_trunc('fortnight', p.seen) IS NULL AND EXISTS (SELECT 1 FROM visits w WHERE w.person_id = v.person_id AND w.amount > 500) GROUP BY date_trunc('month', p.seen)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT DATE_TRUNC('MONTH', \"dpsql_t1\".\"seen\") AS \"_col_0\", SUM(ROUND(\"dpsql_t1\".\"income\")) AS \"_col_1\", PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY \"dpsql_t1\".\"age\") AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" JOIN \"people\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t1\".\"seen\") IS NULL AND EXISTS(SELECT 1 AS \"1\" FROM \"visits\" AS \"dpsql_t2\" WHERE \"dpsql_t0\".\"person_id\" = \"dpsql_t2\".\"person_id\" AND \"dpsql_t2\".\"amount\" > 500) GROUP BY DATE_TRUNC('MONTH', \"dpsql_t1\".\"seen\")"
 output_names: ["timestamp_trunc", "sum", "percentile_cont"]
 
@@ -2094,7 +2094,7 @@ output_names: ["timestamp_trunc", "substring", "sum", "sum", "sum"]
 
 -- SELECT date_trunc('month', v.day), to_char(v.day, 'IYYY-IW'), SUM(round(r.cost)) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE date_trunc('fortnight', v.day) IS NULL AND length(v.note) > 1000 GROUP BY date_trunc('month', v.day), to_char(v.day, 'IYYY-IW')
 input: {"max_groups": null, "params": null, "schema": "s6", "sql": "SELECT date_trunc('month', v.day), to_char(v.day, 'IYYY-IW'), SUM(round(r.cost)) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE date_trunc('fortnight', v.day) IS NULL AND length(v.note) > 1000 GROUP BY date_trunc('month', v.day), to_char(v.day, 'IYYY-IW')", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT DATE_TRUNC('MONTH', \"dpsql_t0\".\"day\") AS \"_col_0\", TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW') AS \"_col_1\", SUM(ROUND(\"dpsql_t1\".\"cost\")) AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" LEFT JOIN \"prescriptions\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"day\") IS NULL AND LENGTH(\"dpsql_t0\".\"note\") > 1000 GROUP BY DATE_TRUNC('MONTH', \"dpsql_t0\".\"day\"), TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW')"
 output_names: ["timestamp_trunc", "time_to_str", "sum"]
 
@@ -2460,7 +2460,7 @@ output_names: ["lower", "sum", "sum", "sum"]
 
 -- SELECT lower(v.category), SUM(GREATEST(r.cost - 100, 0)) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE date_trunc('fortnight', v.day) IS NULL AND length(r.drug) > 1000 GROUP BY lower(v.category)
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s6", "sql": "SELECT lower(v.category), SUM(GREATEST(r.cost - 100, 0)) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE date_trunc('fortnight', v.day) IS NULL AND length(r.drug) > 1000 GROUP BY lower(v.category)", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT LOWER(\"dpsql_t1\".\"category\") AS \"_col_0\", SUM(GREATEST(\"dpsql_t0\".\"cost\" - 100, 0)) AS \"_col_1\" FROM \"prescriptions\" AS \"dpsql_t0\" JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t1\".\"day\") IS NULL AND LENGTH(\"dpsql_t0\".\"drug\") > 1000 GROUP BY LOWER(\"dpsql_t1\".\"category\")"
 output_names: ["lower", "sum"]
 
@@ -2664,7 +2664,7 @@ output_names: ["seen", "sex", "sum", "mode", "max"]
 
 -- SELECT p.seen, percentile_disc(0.3) WITHIN GROUP (ORDER BY p.born) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE date_trunc('fortnight', p.born) IS NULL GROUP BY p.seen
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s6", "sql": "SELECT p.seen, percentile_disc(0.3) WITHIN GROUP (ORDER BY p.born) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE date_trunc('fortnight', p.born) IS NULL GROUP BY p.seen", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT \"dpsql_t1\".\"seen\" AS \"_col_0\", PERCENTILE_DISC(0.3) WITHIN GROUP (ORDER BY \"dpsql_t1\".\"born\") AS \"_col_1\" FROM \"visits\" AS \"dpsql_t0\" JOIN \"people\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t1\".\"born\") IS NULL GROUP BY \"dpsql_t1\".\"seen\""
 output_names: ["seen", "percentile_disc"]
 
@@ -2718,7 +2718,7 @@ output_names: ["state", "timestamp_trunc", "sum"]
 
 -- SELECT p.state, mode() WITHIN GROUP (ORDER BY p.sex) FROM people p JOIN states s ON s.code = p.state WHERE date_trunc('fortnight', p.seen) IS NULL GROUP BY p.state
 input: {"max_groups": null, "params": null, "schema": "s6", "sql": "SELECT p.state, mode() WITHIN GROUP (ORDER BY p.sex) FROM people p JOIN states s ON s.code = p.state WHERE date_trunc('fortnight', p.seen) IS NULL GROUP BY p.state", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT \"dpsql_t0\".\"state\" AS \"_col_0\", MODE() WITHIN GROUP (ORDER BY \"dpsql_t0\".\"sex\") AS \"_col_1\" FROM \"people\" AS \"dpsql_t0\" JOIN \"states\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"state\" = \"dpsql_t1\".\"code\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"seen\") IS NULL GROUP BY \"dpsql_t0\".\"state\""
 output_names: ["state", "mode"]
 
@@ -3516,7 +3516,7 @@ output_names: ["round", "unix_to_time", "max"]
 
 -- SELECT s.region, SUM(GREATEST(p.income - 100, 0)), SUM(p.income) FROM people p JOIN states s ON s.code = p.state WHERE date_trunc('fortnight', p.seen) IS NULL GROUP BY s.region
 input: {"max_groups": null, "params": null, "schema": "s6", "sql": "SELECT s.region, SUM(GREATEST(p.income - 100, 0)), SUM(p.income) FROM people p JOIN states s ON s.code = p.state WHERE date_trunc('fortnight', p.seen) IS NULL GROUP BY s.region", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT \"dpsql_t1\".\"region\" AS \"_col_0\", SUM(GREATEST(\"dpsql_t0\".\"income\" - 100, 0)) AS \"_col_1\", SUM(\"dpsql_t0\".\"income\") AS \"_col_2\" FROM \"people\" AS \"dpsql_t0\" JOIN \"states\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"state\" = \"dpsql_t1\".\"code\" WHERE DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"seen\") IS NULL GROUP BY \"dpsql_t1\".\"region\""
 output_names: ["region", "sum", "sum"]
 
@@ -4008,7 +4008,7 @@ output_names: ["day", "avg"]
 
 -- SELECT v.day, AVG(v.amount) FROM visits v WHERE v.amount IS NULL AND date_trunc('fortnight', v.day) IS NULL GROUP BY v.day
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s6", "sql": "SELECT v.day, AVG(v.amount) FROM visits v WHERE v.amount IS NULL AND date_trunc('fortnight', v.day) IS NULL GROUP BY v.day", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: date_trunc unit FORTNIGHT is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
+error: "UnsupportedQuery: date_trunc unit 'fortnight' is not one PostgreSQL knows [DP002]\nHint: use one of microseconds, milliseconds, second, minute, hour, day, week, month, quarter, year, decade, century, millennium"
 canonical: "SELECT \"dpsql_t0\".\"day\" AS \"_col_0\", AVG(\"dpsql_t0\".\"amount\") AS \"_col_1\" FROM \"visits\" AS \"dpsql_t0\" WHERE \"dpsql_t0\".\"amount\" IS NULL AND DATE_TRUNC('FORTNIGHT', \"dpsql_t0\".\"day\") IS NULL GROUP BY \"dpsql_t0\".\"day\""
 output_names: ["day", "avg"]
 
