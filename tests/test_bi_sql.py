@@ -1049,3 +1049,10 @@ def test_an_inner_grouping_by_a_name_that_is_also_a_column_stays_the_column(demo
     """PostgreSQL reads `GROUP BY day` as the input column day even where an output is named day."""
     nested = "SELECT n FROM (SELECT category AS day, COUNT(*) AS n FROM visits GROUP BY day) t"
     assert "GROUP BY visits.day" in to_sql(check_query(nested, demo_schema).tree)
+
+
+def test_arithmetic_of_whole_numbers_after_noise_is_typed_as_postgresql_types_it(engine, analyst):
+    answer = engine.query("SELECT COUNT(*) * 2, -COUNT(*), COUNT(*) * 2.5, AVG(age) + 1, COUNT(*) / 2 FROM people",
+                          analyst=analyst, epsilon=1.0)
+    assert answer.types == ["int8", "int8", "float8", "float8", "float8"]  # (PostgreSQL's last is an integer division)
+    assert all(isinstance(v, int) for v in answer.rows[0][:2])

@@ -121,4 +121,12 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "int8"
         if expr.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return "text"
+    if isinstance(expr, exp.Paren | exp.Neg | exp.Add | exp.Sub | exp.Mul):
+        # sums, differences and products of whole numbers are whole, as PostgreSQL types them (COUNT(*) * 2 is a
+        # bigint); a quotient is left a double (a window's SUM of counts is PostgreSQL's numeric)
+        sides = [side for side in (expr.this, expr.args.get("expression")) if side is not None]
+        written = [original.args.get(arg) if type(original) is type(expr) else None for arg in ("this", "expression")]
+        kinds = {_output_type(side, aggregates, keys, exprs, was if was is not None else side, windows)
+                 for side, was in zip(sides, written, strict=False)}
+        return "int8" if kinds == {"int8"} else "float8"
     return "float8"
