@@ -1056,3 +1056,12 @@ def test_arithmetic_of_whole_numbers_after_noise_is_typed_as_postgresql_types_it
                           analyst=analyst, epsilon=1.0)
     assert answer.types == ["int8", "int8", "float8", "float8", "float8"]  # (PostgreSQL's last is an integer division)
     assert all(isinstance(v, int) for v in answer.rows[0][:2])
+
+
+def test_a_quoted_name_renamed_keeps_its_lowercase_spelling_where_that_is_free(demo_schema):
+    """What a refusal or explain shows of Metabase's "People" is people, not a name dpsql made up."""
+    sql = ('SELECT "People"."sex", count(*) FROM "public"."visits" LEFT JOIN "public"."people" AS "People" ON '
+           '"public"."visits"."person_id" = "People"."person_id" GROUP BY 1')
+    assert "people.sex" in to_sql(check_query(sql, demo_schema).tree)
+    both = 'SELECT count(*) FROM people JOIN people AS "People" ON people.person_id = "People".person_id'
+    assert "people_2.person_id" in to_sql(check_query(both, demo_schema).tree)

@@ -36,7 +36,10 @@ def _plain_aliases(tree: exp.Select) -> exp.Select:
     a subquery) renamed to plain lowercase ones, wherever they are read: dpsql writes the names it reads into new
     SQL unquoted, where `People.person_id` would mean `people.person_id`. The query's own output names are kept
     (the client sees them as written)."""
-    taken = {identifier.name for identifier in tree.find_all(exp.Identifier)}
+    # the names sources go by (qualify aliases every table), and columns' own (a subquery's column renamed must
+    # not take a name another of its columns has): the renamed name is the lowercase one where that is free
+    taken = {alias.name for alias in tree.find_all(exp.TableAlias)} | {c.name for c in tree.find_all(exp.Column)} \
+        | {e.alias for e in tree.find_all(exp.Alias)}
 
     def plain(name: str) -> str:
         base = re.sub(r"[^a-z0-9_]", "_", name.lower()).lstrip("0123456789") or "t"
