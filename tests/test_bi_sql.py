@@ -1062,6 +1062,6 @@ def test_a_quoted_name_renamed_keeps_its_lowercase_spelling_where_that_is_free(d
     """What a refusal or explain shows of Metabase's "People" is people, not a name dpsql made up."""
     sql = ('SELECT "People"."sex", count(*) FROM "public"."visits" LEFT JOIN "public"."people" AS "People" ON '
            '"public"."visits"."person_id" = "People"."person_id" GROUP BY 1')
-    assert "people.sex" in to_sql(check_query(sql, demo_schema).tree)
+    assert "people.\"sex\"" in to_sql(check_query(sql, demo_schema).tree)
     both = 'SELECT count(*) FROM people JOIN people AS "People" ON people.person_id = "People".person_id'
     assert "people_2.person_id" in to_sql(check_query(both, demo_schema).tree)
