@@ -36,6 +36,10 @@ def _plain_aliases(tree: exp.Select) -> exp.Select:
     a subquery) renamed to plain lowercase ones, wherever they are read: dpsql writes the names it reads into new
     SQL unquoted, where `People.person_id` would mean `people.person_id`. The query's own output names are kept
     (the client sees them as written)."""
+    if all(PLAIN.match(a.name) or not a.name for a in tree.find_all(exp.TableAlias)) and all(
+            PLAIN.match(e.alias) for e in tree.find_all(exp.Alias) if isinstance(e.parent, exp.Select)
+            and isinstance(e.parent.parent, exp.Subquery | exp.CTE)):
+        return tree  # most queries: every name plain
     # the names sources go by (qualify aliases every table), and columns' own (a subquery's column renamed must
     # not take a name another of its columns has): the renamed name is the lowercase one where that is free
     taken = {alias.name for alias in tree.find_all(exp.TableAlias)} | {c.name for c in tree.find_all(exp.Column)} \

@@ -64,7 +64,8 @@ class Step:
 def fold_times(tree: exp.Select, now: datetime.datetime | None, schema: PrivacySchema) -> exp.Select:
     """`tree` with its constant times folded to literals (the clock read as `now`, UTC) and comparisons of a
     column ± a step solved for the column."""
-    if tree.find(exp.Add, exp.Sub, exp.Anonymous, exp.TimestampFromParts, *CLOCKS, *READERS) is None:
+    if tree.find(exp.Add, exp.Sub, exp.TimestampFromParts, *CLOCKS, *READERS) is None and not any(
+            node.name.lower() == "make_date" for node in tree.find_all(exp.Anonymous)):
         return tree  # most queries: nothing to fold
     timestamptz = _timestamptz_names(tree, schema)
 
