@@ -274,15 +274,19 @@ def test_a_noisy_answer_through_spark_is_charged_in_the_postgresql_ledger(spark_
     assert spark_engine.health() == {"backend": None, "ledger": None}
 
 
-def test_demo_on_spark():
-    import subprocess
-    import sys
-    done = subprocess.run([sys.executable, "-m", "dpsql.cli", "demo", "--people", "1000", "--backend", "spark"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Smokers among survey respondents" in done.stdout and "(2 rows)" in done.stdout
-    assert "not on Spark: prescriptions reaches the unit through visits.visit_id" in done.stdout
-    assert "give prescriptions the unit column" in done.stdout
+def test_demo_on_spark(spark_engine, capsys):
+    """`dpsql demo --backend spark`, in this process: its session is the module's (one JVM a process, as
+    `SparkBackend` shares it), whose views it points at the demo's tables until they are restored."""
+    from dpsql.cli import main
+    try:
+        assert main(["demo", "--people", "1000", "--backend", "spark"]) == 0
+    finally:
+        _restore_views(spark_engine)
+    out = capsys.readouterr().out
+    assert "Smokers among survey respondents" in out and "(2 rows)" in out
+    assert "not on Spark: prescriptions reaches the unit through visits.visit_id" in out
+    assert "give prescriptions the unit column" in out
+    assert spark_engine.backend.spark.sql("SELECT 1").collect()  # the demo closed its backend, not the session
 
 
 # --- Spark Connect (sc://): how a cluster is reached -----------------------------------------------------------
