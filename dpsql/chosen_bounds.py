@@ -26,7 +26,7 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
     if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
         cap = math.ceil(plan.bounded_sum.unit_range[1])
         return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
-                                      margin=TOTALS_MARGIN)
+                                      margin=TOTALS_MARGIN, many_cells_margin=MANY_CELLS_TOTALS_MARGIN)
     if plan.rows_per_unit <= 1:
         return None
     margin = MARGIN if plan.measures else CHOSEN_MARGIN
@@ -59,6 +59,14 @@ def raceable(plan: Plan, options: Options) -> bool:
 # amount went from 12% to 3.8%.
 CHOSEN_MARGIN = 1
 TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ
+# An answer of more cells than FEW_CELLS keeps half that: each cell carries the whole bound's noise but only its
+# share of what the bound cuts, so the cut hides in the noise (the same reason the fallback keeps less for many
+# cells). On the demo data (20,000 people, ε = 1, 60 answers each, measured with /tmp scripts in one session),
+# eight times the τ held every unit's total (the race's τ is 1,024 or 2,048; 37 of 14,182 people spend more than
+# 4,096, 0.35% of the money) at noise twice what the cells need: AVG(amount) by category went from 5.1% median
+# error to 3.1% (coverage 95% and 94%), SUM(amount) by category from 1.7% to 0.9% (bias -0.42% ± 0.10, coverage
+# 95%), AVG(amount) by month from 6.3% to 4.1%, SUM(amount) by state (private keys) from 42% to 22%.
+MANY_CELLS_TOTALS_MARGIN = 4
 
 
 def bounds_totals(plan: Plan) -> bool:

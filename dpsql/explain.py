@@ -116,8 +116,9 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"Bound on {bounded} (dpsql.rows_per_unit = auto): R2T's race over τ = "
                      f"{', '.join(map(str, race.taus))}, ε = {race.epsilon:.6g} of the cost, each truncated "
                      f"{truncated} at its share with sensitivity τ; the answer keeps "
-                     f"{race.margin} times the chosen τ (twice that where the race resolves the data coarsely), and "
-                     "its noise above is for the declared bound (the chosen one is smaller)")
+                     f"{race.margin_for(prepared.plan.cells)} times the chosen τ (twice that where the race "
+                     "resolves the data coarsely), and its noise above is for the declared bound (the chosen one is "
+                     "smaller)")
     bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
     if bounds is not None and prepared.options.bounds_epsilon:
         lines.append(f"Bounds' effect (dpsql.bounds_epsilon): ε = {prepared.options.bounds_epsilon:.6g} more, once, "

@@ -82,6 +82,10 @@ twice. At 20,000 people and ε = 0.1 (accuracy_eps0.1.md) the few-cell sums and 
 the τ cut nothing, it is only the price: Q11 and Q20 at ε = 0.1 went from 0.34% and 0.66% to 0.56-0.70% and
 1.3-1.6% median error (25 answers each, two runs, tpch_r2t.md).
 
+The same reasoning sets the margin of a race over totals where it resolves the data (`many_cells_margin`, set
+in `dpsql.chosen_bounds`): an answer of more than FEW_CELLS cells, or of private keys, keeps half the totals'
+margin, since eight times the chosen τ keeps every unit's total at twice the noise each cell needs.
+
 Below the cap, `decide` can also count the units that hold more than the bound it chose (`units_over`): the
 fractional count of `units_above` at that τ (sensitivity 1, 2 under replace) released with Laplace noise at a
 share of the answer's ε (EFFECT_SHARE), so that the answer can say what its bound leaves out. The race's own
@@ -130,6 +134,12 @@ class Decision(NamedTuple):
     tau: int | None = None  # the τ chosen, before the margin (None: the cap stands)
 
 
+def few_cells(cells: int | None) -> bool:
+    """Whether an answer of `cells` cells (None: its keys are private, so not known before the data) has at most
+    FEW_CELLS: a bound's cut then shows beside each cell's noise (the module docstring)."""
+    return cells is not None and cells <= FEW_CELLS
+
+
 def taus(cap: int) -> tuple[int, ...]:
     """1, 2, 4, … below `cap`, and `cap` itself."""
     found, tau = [], 1
@@ -145,17 +155,19 @@ class RaceToTheTop:
     mechanisms: tuple[LaplaceMechanism, ...]  # one per τ: sensitivity steps·τ at ε/J
     beta: float = BETA
     margin: int = MARGIN  # the answer's bound is this many times the chosen τ
+    many_cells_margin: int | None = None  # the margin of an answer of more than FEW_CELLS cells, where it differs
 
     @classmethod
     def calibrate(cls, cap: int, epsilon: float, steps: int = 1, beta: float = BETA,
-                  integer_valued: bool = True, margin: int = MARGIN) -> RaceToTheTop:
+                  integer_valued: bool = True, margin: int = MARGIN,
+                  many_cells_margin: int | None = None) -> RaceToTheTop:
         """The race over τ = 1, 2, 4, …, cap at `epsilon` in all (`steps` = 2 under replace neighbours);
         `integer_valued` False for truncated sums of values (released on a grid)."""
         check_positive("epsilon", epsilon)
         chosen = taus(cap)
         share = epsilon / len(chosen)
         return cls(chosen, tuple(LaplaceMechanism.calibrate(steps * t, share, integer_valued) for t in chosen), beta,
-                   margin)
+                   margin, many_cells_margin)
 
     @property
     def epsilon(self) -> float:
@@ -193,14 +205,14 @@ class RaceToTheTop:
         tau = None
         if self.resolves(shifted):
             tau = self._best(shifted)
-            bound, spent = min(self.margin_at(shifted) * tau, self.taus[-1]), 0.0
+            bound, spent = min(self.margin_at(shifted, cells) * tau, self.taus[-1]), 0.0
         elif fallback_epsilon <= 0 or len(self.taus) < 2:
             bound, spent = self.taus[-1], 0.0
         else:
             sparse = FirstBelowThreshold.calibrate(self.steps, fallback_epsilon)
             index = sparse.first_below(self.units_above(truncated), FALLBACK_THRESHOLD * sparse.value_noise, rng)
             tau = None if index is None else self.taus[index]
-            margin = FALLBACK_MARGIN * (2 if cells is not None and cells <= FEW_CELLS else 1)
+            margin = FALLBACK_MARGIN * (2 if few_cells(cells) else 1)
             bound = self.taus[-1] if tau is None else min(margin * tau, self.taus[-1])
             spent = sparse.epsilon
         if effect_epsilon <= 0 or bound >= self.taus[-1]:
@@ -223,11 +235,16 @@ class RaceToTheTop:
         return [(float(truncated[i + 1]) - float(truncated[i])) / (self.taus[i + 1] - self.taus[i])
                 for i in range(len(self.taus) - 1)]
 
-    def margin_at(self, shifted: Sequence[float]) -> int:
-        """The margin the answer keeps above the chosen τ: twice `margin` where the race resolves the data only
-        coarsely (the units read under COARSE_RESOLUTION shifts of τ = 1; post-processing, no ε)."""
+    def margin_for(self, cells: int | None) -> int:
+        """The margin an answer of `cells` cells keeps above the chosen τ: `many_cells_margin` beyond FEW_CELLS,
+        where set (the cells are public: the declared domain's size, None for private keys)."""
+        return self.margin if self.many_cells_margin is None or few_cells(cells) else self.many_cells_margin
+
+    def margin_at(self, shifted: Sequence[float], cells: int | None = 1) -> int:
+        """`margin_for(cells)`, twice it where the race resolves the data only coarsely (the units read under
+        COARSE_RESOLUTION shifts of τ = 1; post-processing, no ε)."""
         coarse = shifted[0] + self.shift(0) < COARSE_RESOLUTION * self.shift(0)
-        return 2 * self.margin if coarse else self.margin
+        return (2 if coarse else 1) * self.margin_for(cells)
 
     def resolves(self, shifted: Sequence[float]) -> bool:
         """Whether the race can tell bounds apart on this data: Q(1), the units the query reads (each adds at most
