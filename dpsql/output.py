@@ -12,6 +12,7 @@ import io
 import json
 import math
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from dpsql.accounting.budget import Budget, Cost, group_guarantee
@@ -75,7 +76,7 @@ def render_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, c
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """psql's aligned format: headers centred, numbers right-aligned, text left-aligned, then `(n rows)`."""
     cells = [[format_value(v) for v in row] for row in rows]
-    numeric = [bool(rows) and all(isinstance(row[i], int | float) and not isinstance(row[i], bool)
+    numeric = [bool(rows) and all(isinstance(row[i], int | float | Decimal) and not isinstance(row[i], bool)
                                   for row in rows if row[i] is not None) for i in range(len(headers))]
     widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
 
@@ -164,8 +165,9 @@ def _decimals(accuracy: Accuracy | None) -> int | None:
 
 
 def _rounded(value: Any, decimals: int | None) -> Any:
-    """A float rounded to `decimals` (an integer when they are not positive); anything else as it is."""
-    if decimals is None or not isinstance(value, float) or not math.isfinite(value):
+    """A float or numeric rounded to `decimals` (an integer when they are not positive); anything else as it
+    is."""
+    if decimals is None or not isinstance(value, float | Decimal) or not math.isfinite(value):
         return value
     rounded = round(value, decimals)
     return int(rounded) if decimals <= 0 else rounded

@@ -144,14 +144,16 @@ def test_a_cast_of_a_released_value_is_post_processing(demo_schema):
 # --- window functions run over the released rows (post-processing) -------------------------------------------------
 
 def test_a_window_over_released_rows_is_post_processing(engine, analyst):
-    answer = engine.query("SELECT category, COUNT(*) AS n, SUM(COUNT(*)) OVER () AS total, "
-                          "COUNT(*) / SUM(COUNT(*)) OVER () AS share, RANK() OVER (ORDER BY COUNT(*) DESC) AS r, "
-                          "ROW_NUMBER() OVER (ORDER BY category) AS i FROM visits GROUP BY category ORDER BY category",
-                          analyst=analyst, epsilon=1.0)
+    sql = ("SELECT category, COUNT(*) AS n, SUM(COUNT(*)) OVER () AS total, COUNT(*) / SUM(COUNT(*)) OVER () AS "
+           "share, RANK() OVER (ORDER BY COUNT(*) DESC) AS r, ROW_NUMBER() OVER (ORDER BY category) AS i FROM visits "
+           "GROUP BY category ORDER BY category")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
     rows = answer.rows
     assert answer.names == ["category", "n", "total", "share", "r", "i"] and len(rows) == 8
     assert all(row[2] == sum(r[1] for r in rows) for row in rows)
-    assert sum(row[3] for row in rows) == pytest.approx(1.0)
+    # PostgreSQL's SUM of a bigint is numeric, and a count over it a numeric quotient, not an integer division
+    assert sum(float(row[3]) for row in rows) == pytest.approx(1.0)
+    assert [o.type_name for o in engine.prepare(sql).plan.outputs][1:4] == ["int8", "numeric", "numeric"]
     assert [row[5] for row in rows] == list(range(1, 9))
     # RANK as PostgreSQL computes it over the released counts: 1 + the rows counted higher (ties share a rank;
     # two noisy counts can tie)
@@ -1052,10 +1054,13 @@ def test_an_inner_grouping_by_a_name_that_is_also_a_column_stays_the_column(demo
 
 
 def test_arithmetic_of_whole_numbers_after_noise_is_typed_as_postgresql_types_it(engine, analyst):
-    answer = engine.query("SELECT COUNT(*) * 2, -COUNT(*), COUNT(*) * 2.5, AVG(age) + 1, COUNT(*) / 2 FROM people",
-                          analyst=analyst, epsilon=1.0)
-    assert answer.types == ["int8", "int8", "float8", "float8", "float8"]  # (PostgreSQL's last is an integer division)
+    answer = engine.query("SELECT COUNT(*) * 2, -COUNT(*), COUNT(*) * 2.5, AVG(age) + 1, COUNT(*) / 2, -COUNT(*) / 7, "
+                          "COUNT(*) / 2.0 FROM people", analyst=analyst, epsilon=1.0)
+    assert answer.types == ["int8", "int8", "float8", "float8", "int8", "int8", "float8"]
     assert all(isinstance(v, int) for v in answer.rows[0][:2])
+    # a quotient of integers is PostgreSQL's integer division, truncated toward zero, of the one noisy count
+    count = answer.rows[0][0] // 2
+    assert answer.rows[0][4:] == (count // 2, -(count // 7), count / 2.0) and count > 100
 
 
 def test_a_quoted_name_renamed_keeps_its_lowercase_spelling_where_that_is_free(demo_schema):

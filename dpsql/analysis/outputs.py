@@ -38,7 +38,8 @@ def post_process(scope: Scope) -> None:
                 raise PrivacyRefusal(f'column "{to_sql(n)}" must appear in GROUP BY or be used '
                                      "in an aggregate", "dpsql never releases raw values")
             return n
-        return _name_windows(node.copy().transform(swap, copy=False), windows)
+        named = _name_windows(node.copy().transform(swap, copy=False), windows)
+        return _integer_division(named, aggregates, dict(windows.values()))
 
     outputs, by_alias = [], {}
     aggregate_names = {agg.name for agg in aggregates}
@@ -63,6 +64,39 @@ def post_process(scope: Scope) -> None:
     scope.outputs, scope.having, scope.order = outputs, having, order
     scope.windows = list(windows.values())
     scope.limit, scope.offset = _constant(tree, "limit"), _constant(tree, "offset") or 0
+
+
+def _integer_division(node: exp.Expression, aggregates: list[Aggregate],
+                      windows: dict[str, exp.Window]) -> exp.Expression:
+    """A quotient of two integers is PostgreSQL's integer division (`COUNT(*) / 2`, `COUNT(*) / COUNT(DISTINCT
+    person_id)`): truncated toward zero, typed bigint. Only where both sides are integers whatever the columns'
+    widths (counts, ranks, integer constants and casts); a SUM is left a quotient of doubles, since PostgreSQL's
+    SUM of a bigint is numeric and of an integer bigint, which the privacy schema does not tell apart."""
+    counts = {a.name for a in aggregates if a.kind in COUNTS and a.score != "count"}
+
+    def whole(n: exp.Expression) -> bool:
+        if isinstance(n, exp.Column):
+            window = windows.get(n.name)
+            return n.name in counts or window is not None and isinstance(window.this, _WHOLE_WINDOWS)
+        if isinstance(n, exp.Literal):
+            return n.is_int
+        if isinstance(n, exp.Cast):
+            return n.to.this in _INTEGER_TYPES
+        if isinstance(n, exp.Paren | exp.Neg):
+            return whole(n.this)
+        if isinstance(n, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.IntDiv):
+            return whole(n.this) and whole(n.expression)
+        return False
+
+    def divide(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Div) and whole(n.this) and whole(n.expression):
+            return exp.IntDiv(this=n.this, expression=n.expression)
+        return n
+    return node.transform(divide, copy=False)
+
+
+_WHOLE_WINDOWS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Count, exp.Ntile)
+_INTEGER_TYPES = (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT)
 
 
 def _name_windows(node: exp.Expression, windows: dict[str, tuple[str, exp.Window]]) -> exp.Expression:
@@ -93,11 +127,12 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
                  original: exp.Expression, windows: dict[str, exp.Window]) -> str:
     if isinstance(expr, exp.Column) and expr.name in windows:
         function = windows[expr.name].this
-        if isinstance(function, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Count | exp.Ntile):
+        if isinstance(function, _WHOLE_WINDOWS):
             return "int8"
         if isinstance(function, exp.Min | exp.Max | exp.Sum | exp.Lag | exp.Lead | exp.FirstValue | exp.LastValue):
-            # another row's value, or a SUM (PostgreSQL's of a bigint is numeric; ours of a count stays whole)
-            return _output_type(function.this, aggregates, keys, exprs, function.this, windows)
+            # another row's value, or a SUM: PostgreSQL's SUM of a bigint (a count) is numeric
+            inner = _output_type(function.this, aggregates, keys, exprs, function.this, windows)
+            return "numeric" if isinstance(function, exp.Sum) and inner == "int8" else inner
         return "float8"
     if isinstance(expr, exp.Column):
         for agg in aggregates:
@@ -116,17 +151,21 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         return f"{element}[]"
     if isinstance(expr, exp.Literal):
         return "text" if expr.is_string else ("int8" if expr.is_int else "float8")
+    if isinstance(expr, exp.IntDiv):  # (`_integer_division`)
+        return "int8"
     if isinstance(expr, exp.Cast):
-        if expr.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
+        if expr.to.this in _INTEGER_TYPES:
             return "int8"
         if expr.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return "text"
-    if isinstance(expr, exp.Paren | exp.Neg | exp.Add | exp.Sub | exp.Mul):
+    if isinstance(expr, exp.Paren | exp.Neg | exp.Add | exp.Sub | exp.Mul | exp.Div):
         # sums, differences and products of whole numbers are whole, as PostgreSQL types them (COUNT(*) * 2 is a
-        # bigint); a quotient is left a double (a window's SUM of counts is PostgreSQL's numeric)
+        # bigint); with a numeric (a window's SUM of counts) they are numeric
         sides = [side for side in (expr.this, expr.args.get("expression")) if side is not None]
         written = [original.args.get(arg) if type(original) is type(expr) else None for arg in ("this", "expression")]
         kinds = {_output_type(side, aggregates, keys, exprs, was if was is not None else side, windows)
                  for side, was in zip(sides, written, strict=False)}
-        return "int8" if kinds == {"int8"} else "float8"
+        if kinds == {"int8"}:  # a quotient of whole numbers here is of SUMs (`_integer_division`): a double
+            return "float8" if isinstance(expr, exp.Div) else "int8"
+        return "numeric" if kinds <= {"int8", "numeric"} else "float8"
     return "float8"

@@ -29,6 +29,8 @@ def typed(value: Any, type_name: str) -> Any:
         return int(round(value))
     if type_name == "float8" and isinstance(value, int | float):
         return float(value)
+    if type_name == "numeric" and isinstance(value, int | float) and math.isfinite(value):
+        return Decimal(repr(value)).normalize() if value != int(value) else Decimal(int(value))
     return value
 
 
@@ -92,12 +94,15 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
     if type(node) in _BINARY:
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         return None if left is None or right is None else _BINARY[type(node)](left, right)
-    if isinstance(node, exp.Div):
+    if isinstance(node, exp.Div | exp.IntDiv):
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        if isinstance(node, exp.IntDiv) and left is not None and right is not None:
+            left, right = np.round(left), np.round(right)  # PostgreSQL's integer division: of whole numbers
         if left is None or right is None or (np.ndim(right) == 0 and right == 0):
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.divide(left, right)
+            quotient = np.divide(left, right)
+            return np.trunc(quotient) if isinstance(node, exp.IntDiv) else quotient  # truncated toward zero
     if type(node) in _UNARY:
         value = evaluate(node.this, env)
         return None if value is None else _UNARY[type(node)](value)
