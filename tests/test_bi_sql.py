@@ -162,6 +162,19 @@ def test_a_window_over_released_rows_is_post_processing(engine, analyst):
     assert share.ci_low < rows[0][3] < share.ci_high  # simulated over the noise of every count in the total
 
 
+def test_a_chain_of_with_queries_is_its_nested_subqueries(engine, analyst):
+    """How many people made n visits, written as a chain of WITH queries (each read once, as PostgreSQL inlines
+    them), is the nested form: one canonical query, so the second is the first's answer, free."""
+    nested = engine.query("SELECT * FROM (SELECT n, COUNT(*) AS people FROM (SELECT person_id, COUNT(*) AS n FROM "
+                          "visits GROUP BY person_id) a GROUP BY n) b ORDER BY n LIMIT 10", analyst=analyst,
+                          epsilon=1.0)
+    chain = engine.query("WITH a AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id), b AS (SELECT "
+                         "n, COUNT(*) AS people FROM a GROUP BY n) SELECT * FROM b ORDER BY n LIMIT 10",
+                         analyst=analyst, epsilon=1.0)
+    assert chain.cached and chain.rows == nested.rows and chain.names == ["n", "people"]
+    assert [row[0] for row in chain.rows] == sorted(row[0] for row in chain.rows) and len(chain.rows) == 10
+
+
 def test_a_window_over_an_aggregated_subquery_ranks_its_released_rows(engine, analyst):
     """Ranking categories by their noisy totals from a subquery is the flat query's post-processing: one canonical
     query, so the flat form asked after it is the same answer, free."""

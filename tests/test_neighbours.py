@@ -129,6 +129,8 @@ QUERIES = [
     "WHERE category = 'dental')",  # the subquery's visits is its own table (renamed)
     # aggregates of per-unit aggregates: each subquery row is one whole unit, its values clamped to k rows' worth
     "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t GROUP BY n",
+    "WITH a AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id), b AS (SELECT n, COUNT(*) AS people "
+    "FROM a GROUP BY n) SELECT * FROM b",  # a chain of WITH queries, inlined
     "WITH per AS (SELECT v.person_id, SUM(amount) AS total FROM visits v GROUP BY 1) "
     "SELECT AVG(total), COUNT(*), SUM(total) FROM per",
     "SELECT COUNT(*), AVG(s) FROM (SELECT person_id, SUM(amount) AS s FROM visits GROUP BY person_id "

@@ -37,7 +37,7 @@ from dpsql.sql.shape import (
     fetch_as_limit,
     filters_as_case,
     having_of_source_as_where,
-    inline_repeated_ctes,
+    inline_ctes,
     left_as_substring,
     percentiles_as_arrays,
     projection_over_aggregates,
@@ -68,9 +68,9 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
-# shape removes (ANY, FILTER, concat(), ~* and SIMILAR TO, approx_count_distinct(), a WITH query read twice, a
-# correlated or joined cohort, a count of a subquery's distinct rows, a projection over a grouped subquery,
-# percentile arrays, DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then
+# shape removes (ANY, FILTER, concat(), ~* and SIMILAR TO, approx_count_distinct(), a WITH query read twice or
+# in a chain, a correlated or joined cohort, a count of a subquery's distinct rows, a projection over a grouped
+# subquery, percentile arrays, DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then
 # judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
@@ -82,7 +82,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(patterns_as_regex),
     _tree_only(approx_distinct_as_count),
     _tree_only(regressions_as_moments),
-    _tree_only(inline_repeated_ctes),
+    _tree_only(inline_ctes),
     _tree_only(shadowing_names_renamed),
     _tree_only(correlated_cohorts_as_in),
     _tree_only(cohort_joins_as_in),

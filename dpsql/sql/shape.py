@@ -403,16 +403,21 @@ def _source_select(tree: exp.Select) -> exp.Select | None:
     return None
 
 
-def inline_repeated_ctes(tree: exp.Select) -> exp.Select:
-    """A WITH query read more than once (`FROM r r1 JOIN r r2`) as a subquery at each place it is read, so that each
-    merges into the outer query as a plain SELECT does (sqlglot merges a WITH query read once only)."""
+def inline_ctes(tree: exp.Select) -> exp.Select:
+    """A WITH query as a subquery at each place it is read, so that each merges into the outer query or is read as
+    a subquery is: one read more than once (`FROM r r1 JOIN r r2`) where it aggregates nothing (sqlglot merges a
+    WITH query read once only), and, in a chain of WITH queries, one read once (`WITH a AS (… GROUP BY person_id),
+    b AS (SELECT n, COUNT(*) FROM a GROUP BY n) SELECT * FROM b`), as PostgreSQL itself inlines it. The last is
+    taken first, so that the queries it reads are then read outside any WITH query."""
     with_ = tree.args.get("with_")
     if with_ is None or with_.args.get("recursive"):
         return tree
-    for cte in list(with_.expressions):
-        readers = [t for t in tree.find_all(exp.Table) if not t.db and t.name == cte.alias_or_name
-                   and t.find_ancestor(exp.CTE) is None]
-        if len(readers) < 2 or not isinstance(cte.this, exp.Select) or cte.this.find(*AGGREGATES):
+    chained = len(with_.expressions) > 1
+    for cte in reversed(list(with_.expressions)):
+        readers = [t for t in tree.find_all(exp.Table) if not t.db and t.name == cte.alias_or_name]
+        if not isinstance(cte.this, exp.Select) or any(t.find_ancestor(exp.CTE) is not None for t in readers):
+            continue
+        if not (len(readers) > 1 and not cte.this.find(*AGGREGATES) or len(readers) == 1 and chained):
             continue
         for table in readers:
             table.replace(exp.Subquery(this=cte.this.copy(), alias=exp.TableAlias(
