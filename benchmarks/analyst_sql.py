@@ -203,6 +203,8 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "WITH a AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id), b AS (SELECT n, COUNT(*) "
                "AS people FROM a GROUP BY n) SELECT * FROM b ORDER BY n LIMIT 10"),
     ("answer", "SELECT category, COUNT(*) / COUNT(DISTINCT person_id) AS visits_per_person FROM visits GROUP BY 1"),
+    ("answer", "SELECT to_char(date_trunc('month', day), 'Mon YYYY') AS m, COUNT(*) FROM visits GROUP BY "
+               "date_trunc('month', day) ORDER BY date_trunc('month', day)"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

@@ -100,3 +100,49 @@ def test_a_date_no_calendar_has_fails_as_postgresql_fails_before_anything_runs(d
     with pytest.raises(errors.InvalidConstant, match="date field value out of range: 2024-2-30") as failed:
         check_query("SELECT COUNT(*) FROM visits WHERE day >= make_date(2024, 2, 30)", demo_schema)
     assert failed.value.sqlstate == "22008"  # PostgreSQL's own
+
+
+TO_CHAR_TEMPLATES = ["Mon YYYY", "YYYY-MM", "Month YYYY", "FMMonth YYYY", "YYYY-MM-DD HH24:MI:SS", "Dy DD Mon", "Q",
+                     "IYYY-IW", 'YYYY"Q"Q', "DD/MM/YY", "MON mon", "HH12 AM", "hh:mi pm", "Day", "FMDay, FMDDth Month",
+                     "DDD", "J", "CC", "WW W", "RM FMrm", "Y,YYY", "yyyy-mm-dd", "IDDD ID", "MS US", "SSSS",
+                     "A.M. p.m.", "AD bc", "DDTH ddth", "YYY YY Y", "FMMM/FMDD", 'YYYY\\"MM', "DAY dy month",
+                     "FMHH12:MI:SS AM", "HH HH24 D", "it''s week IW"]
+
+
+def test_to_char_of_a_released_time_is_postgresql_s(base_url):
+    """to_char over released keys runs in Python: for each template as the analysis reads it (through sqlglot's
+    spelling and back) and times across years, days of the week, ISO weeks and microseconds, the text is
+    PostgreSQL's own."""
+    import datetime
+    import random
+
+    from dpsql.postprocess.to_char import template_of, to_char
+    from dpsql.sql.parse import parse_select
+
+    draws = random.Random(7)
+    times = [datetime.datetime(2024, 1, 1), datetime.datetime(2024, 12, 31, 23, 59, 59, 123456),
+             datetime.datetime(2021, 1, 3, 12), datetime.datetime(2024, 2, 29, 13, 1, 2, 3000),
+             datetime.date(2019, 12, 30)]
+    times += [datetime.datetime(2000, 1, 1) + datetime.timedelta(seconds=draws.randrange(10**9),
+                                                                 microseconds=draws.randrange(10**6))
+              for _ in range(10)]
+    with psycopg.connect(base_url) as conn:
+        for written in TO_CHAR_TEMPLATES:
+            node = parse_select(f"SELECT to_char(day, '{written}') FROM visits").expressions[0]
+            for time in times:
+                expected = conn.execute("SELECT to_char(%s::timestamp, %s)", (time, written.replace("''", "'")))
+                assert to_char(time, template_of(node)) == expected.fetchone()[0], (written, time)
+
+
+def test_to_char_of_a_released_key_is_post_processing(engine, analyst, base_url):
+    """Metabase and Superset label a month as text over the key they group by; the label is computed from the
+    released key, so the months are the declared domain's, and each label is PostgreSQL's for its month."""
+    answer = engine.query("SELECT to_char(date_trunc('month', day), 'FMMonth YYYY') AS m, COUNT(*) FROM visits "
+                          "GROUP BY date_trunc('month', day) ORDER BY date_trunc('month', day)", analyst=analyst,
+                          epsilon=1.0)
+    with psycopg.connect(base_url) as conn:
+        months = [r[0] for r in conn.execute("SELECT to_char(m, 'FMMonth YYYY') FROM generate_series("
+                                             "'2024-01-01'::timestamp, '2024-12-01', '1 month') m")]
+    assert [row[0] for row in answer.rows] == months and answer.types == ["text", "int8"]
+    with pytest.raises(errors.UnsupportedQuery, match="over a GROUP BY key, not a noisy aggregate"):
+        engine.prepare("SELECT category, to_char(MIN(day), 'YYYY') FROM visits GROUP BY category")

@@ -153,6 +153,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         return "text" if expr.is_string else ("int8" if expr.is_int else "float8")
     if isinstance(expr, exp.IntDiv):  # (`_integer_division`)
         return "int8"
+    if isinstance(expr, exp.TimeToStr):  # to_char of a released key
+        return "text"
     if isinstance(expr, exp.Cast):
         if expr.to.this in _INTEGER_TYPES:
             return "int8"

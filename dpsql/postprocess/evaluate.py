@@ -3,6 +3,7 @@ draws), and PostgreSQL's ORDER BY over released rows."""
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -12,6 +13,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
+from dpsql.postprocess.to_char import template_of, to_char
 from dpsql.schema import TEMPORAL_TYPES, temporal_value
 from dpsql.sql import to_sql
 
@@ -32,6 +34,17 @@ def typed(value: Any, type_name: str) -> Any:
     if type_name == "numeric" and isinstance(value, int | float) and math.isfinite(value):
         return Decimal(repr(value)).normalize() if value != int(value) else Decimal(int(value))
     return value
+
+
+def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
+    """to_char of a released date or time (a group key); a noisy aggregate is a number here, refused."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime.date):
+        raise UnsupportedQuery(f"{to_sql(node)} is answered over a GROUP BY key, not a noisy aggregate",
+                               "group by the date and format it: SELECT to_char(date_trunc('month', day), 'Mon "
+                               "YYYY'), COUNT(*) FROM visits GROUP BY date_trunc('month', day)")
+    return to_char(value, template_of(node))
 
 
 def truthy(value: Any) -> bool:
@@ -162,5 +175,7 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return evaluate(default, env) if default is not None else None
     if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
         return evaluate(node.this, env) is None
+    if isinstance(node, exp.TimeToStr):
+        return _to_char(node, evaluate(node.this, env))
     raise UnsupportedQuery(f"{to_sql(node)} cannot be computed over noisy aggregates",
                            "use arithmetic, ROUND, ABS, GREATEST/LEAST, COALESCE, CASE or casts")

@@ -1,0 +1,137 @@
+"""PostgreSQL's to_char(timestamp, format) for released dates and times (`to_char(date_trunc('month', day), 'Mon
+YYYY')` over a released key is post-processing). The template patterns are PostgreSQL's ("Template Patterns for
+Date/Time Formatting"), in its C locale: the longest pattern matches first; MONTH, Month, month and the like set
+the case of a name, the numeric patterns take any case; FM drops a field's padding, TH and th add an ordinal
+suffix, text in double quotes and a backslash-escaped character are copied, anything else is copied as it is.
+Time zone patterns (TZ, OF, TZH, TZM) are refused: a released timestamp carries no zone."""
+
+from __future__ import annotations
+
+import datetime
+
+from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
+
+from dpsql.errors import UnsupportedQuery
+
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+_DAYS = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
+_ROMAN = ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII")
+_NAME_WIDTH = 9  # a full month or day name is blank-padded to the longest (Wednesday, September)
+_ZONES = ("tzh", "tzm", "tz", "of")
+
+
+def _hour12(t: datetime.datetime) -> int:
+    return (t.hour + 11) % 12 + 1
+
+
+def _year_digits(year: int, digits: int) -> tuple[int, int]:
+    return year % 10 ** digits, digits
+
+
+# numeric patterns (matched in any case): the value and its zero-padded width
+_NUMBERS = {
+    "y,yyy": None,  # (`_field`: the year with a comma)
+    "yyyy": lambda t: (t.year, 4), "yyy": lambda t: _year_digits(t.year, 3), "yy": lambda t: _year_digits(t.year, 2),
+    "y": lambda t: _year_digits(t.year, 1),
+    "iyyy": lambda t: (t.isocalendar()[0], 4), "iyy": lambda t: _year_digits(t.isocalendar()[0], 3),
+    "iy": lambda t: _year_digits(t.isocalendar()[0], 2), "i": lambda t: _year_digits(t.isocalendar()[0], 1),
+    "mm": lambda t: (t.month, 2), "ddd": lambda t: (t.timetuple().tm_yday, 3), "dd": lambda t: (t.day, 2),
+    "d": lambda t: (t.isoweekday() % 7 + 1, 1), "id": lambda t: (t.isoweekday(), 1),
+    "iddd": lambda t: ((t.isocalendar()[1] - 1) * 7 + t.isoweekday(), 3),
+    "hh24": lambda t: (t.hour, 2), "hh12": lambda t: (_hour12(t), 2), "hh": lambda t: (_hour12(t), 2),
+    "mi": lambda t: (t.minute, 2), "ss": lambda t: (t.second, 2), "ms": lambda t: (t.microsecond // 1000, 3),
+    "us": lambda t: (t.microsecond, 6), "sssss": lambda t: (t.hour * 3600 + t.minute * 60 + t.second, 0),
+    "ssss": lambda t: (t.hour * 3600 + t.minute * 60 + t.second, 0),
+    "ww": lambda t: ((t.timetuple().tm_yday - 1) // 7 + 1, 2), "w": lambda t: ((t.day - 1) // 7 + 1, 1),
+    "iw": lambda t: (t.isocalendar()[1], 2), "cc": lambda t: ((t.year + 99) // 100, 2),
+    "q": lambda t: ((t.month + 2) // 3, 1),
+    "j": lambda t: (t.toordinal() + 1721425, 0),
+}
+# patterns whose case sets the case of what they print
+_WORDS = ("MONTH", "Month", "month", "MON", "Mon", "mon", "DAY", "Day", "day", "DY", "Dy", "dy", "RM", "rm", "A.M.",
+          "a.m.", "P.M.", "p.m.", "AM", "am", "PM", "pm", "A.D.", "a.d.", "B.C.", "b.c.", "AD", "ad", "BC", "bc")
+_PATTERNS = sorted([*_NUMBERS, *_WORDS, *_ZONES], key=len, reverse=True)
+
+
+def template_of(node: exp.TimeToStr) -> str:
+    """The format of `node` as the analyst wrote it (sqlglot keeps it in strftime's spelling)."""
+    quoted = Postgres().generator().format_time(node)
+    return quoted[1:-1].replace("''", "'")
+
+
+def to_char(value: datetime.date, template: str) -> str:
+    """`value` (a date is read as its midnight) formatted as PostgreSQL's to_char formats a timestamp."""
+    if not isinstance(value, datetime.datetime):
+        value = datetime.datetime(value.year, value.month, value.day)
+    out: list[str] = []
+    i, fill = 0, True
+    while i < len(template):
+        rest = template[i:]
+        if rest[:2].lower() == "fm":
+            fill, i = False, i + 2
+            continue
+        if rest[:2].lower() in ("fx", "tm", "sp"):  # exact matching, translation, spelling: nothing in C output
+            i += 2
+            continue
+        if rest[0] == '"':
+            end = i + 1
+            while end < len(template) and template[end] != '"':
+                end += 2 if template[end] == "\\" else 1
+            out.append(template[i + 1:end].replace('\\"', '"'))
+            i = end + 1
+            continue
+        if rest[0] == "\\" and len(rest) > 1:
+            out.append(rest[1])
+            i += 2
+            continue
+        pattern = next((p for p in _PATTERNS if (rest.startswith(p) if p in _WORDS else rest[:len(p)].lower() == p)),
+                       None)
+        if pattern is None:
+            out.append(rest[0])
+            i += 1
+            continue
+        text, number = _field(pattern, value, fill)
+        i += len(pattern)
+        if number is not None and template[i:i + 2] in ("TH", "th"):
+            suffix = _ordinal(number)
+            text += suffix.upper() if template[i:i + 2] == "TH" else suffix
+            i += 2
+        out.append(text)
+        fill = True
+    return "".join(out)
+
+
+def _field(pattern: str, t: datetime.datetime, fill: bool) -> tuple[str, int | None]:
+    """What `pattern` prints for `t`, and the number it printed (for TH), if it printed one."""
+    lower = pattern.lower()
+    if lower in _ZONES:
+        raise UnsupportedQuery(f"to_char's time zone pattern {pattern} is not answered over released values",
+                               "format the time without TZ, OF, TZH or TZM")
+    if lower == "y,yyy":
+        return f"{t.year // 1000},{t.year % 1000:03d}", t.year
+    if lower in _NUMBERS:
+        number, width = _NUMBERS[lower](t)
+        return (f"{number:0{width}d}" if fill else str(number)), number
+    if lower in ("month", "mon", "day", "dy"):
+        name = _MONTHS[t.month - 1] if lower.startswith("mon") else _DAYS[t.isoweekday() % 7]
+        name = name if lower in ("month", "day") else name[:3]
+        name = name.upper() if pattern.isupper() else name.lower() if pattern.islower() else name
+        return (name.ljust(_NAME_WIDTH) if fill and lower in ("month", "day") else name), None
+    if lower == "rm":
+        numeral = _ROMAN[t.month - 1]
+        numeral = numeral if pattern == "RM" else numeral.lower()
+        return (numeral.ljust(4) if fill else numeral), None
+    if lower.replace(".", "") in ("am", "pm"):
+        marker = "PM" if t.hour >= 12 else "AM"
+        marker = marker if "." not in pattern else f"{marker[0]}.{marker[1]}."
+        return (marker if pattern[0].isupper() else marker.lower()), None
+    era = "AD" if "." not in pattern else "A.D."  # (released dates are of years 1 and on)
+    return (era if pattern[0].isupper() else era.lower()), None
+
+
+def _ordinal(number: int) -> str:
+    if number % 100 in (11, 12, 13):
+        return "th"
+    return {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
