@@ -37,8 +37,9 @@ def typed(value: Any, type_name: str) -> Any:
 
 
 def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
-    """to_char of a released date or time (a group key); a noisy aggregate is a number here, refused."""
-    if value is None:
+    """to_char of a released date or time (a group key); a noisy aggregate is a number here, refused. A time
+    Python cannot hold arrives as PostgreSQL's text ('infinity', whose to_char is NULL; past year 9999): NULL."""
+    if value is None or isinstance(value, str):
         return None
     if not isinstance(value, datetime.date):
         raise UnsupportedQuery(f"{to_sql(node)} is answered over a GROUP BY key, not a noisy aggregate",
