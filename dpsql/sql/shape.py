@@ -415,8 +415,9 @@ def inline_ctes(tree: exp.Select) -> exp.Select:
     chained = len(with_.expressions) > 1
     for cte in reversed(list(with_.expressions)):
         readers = [t for t in tree.find_all(exp.Table) if not t.db and t.name == cte.alias_or_name]
-        if not isinstance(cte.this, exp.Select) or any(t.find_ancestor(exp.CTE) is not None for t in readers):
-            continue
+        if not isinstance(cte.this, exp.Select) or any(t.find_ancestor(exp.CTE) is not None for t in readers) \
+                or sum(c.alias_or_name == cte.alias_or_name for c in tree.find_all(exp.CTE)) > 1:
+            continue  # read inside a WITH query still, or its name is another WITH query's too
         if not (len(readers) > 1 and not cte.this.find(*AGGREGATES) or len(readers) == 1 and chained):
             continue
         for table in readers:
