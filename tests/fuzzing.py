@@ -356,6 +356,11 @@ DERIVED = [
     "GROUP BY v.person_id) t",
     "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
     "WHERE EXISTS (SELECT 1 FROM visits w WHERE w.person_id = t.person_id AND w.amount > 500)",
+    # chains of WITH queries, inlined as the nested subqueries above
+    "WITH a AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id), b AS (SELECT n, COUNT(*) AS c "
+    "FROM a GROUP BY n) SELECT * FROM b",
+    "WITH f AS (SELECT v.person_id, SUM(v.amount) AS total FROM visits v GROUP BY v.person_id), g AS (SELECT total "
+    "FROM f WHERE total > 100) SELECT COUNT(*), AVG(total) FROM g",
 ]
 
 
