@@ -150,7 +150,7 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         element = _output_type(expr.expressions[0], aggregates, keys, exprs, original.expressions[0], windows)
         return f"{element}[]"
     if isinstance(expr, exp.Literal):
-        return "text" if expr.is_string else ("int8" if expr.is_int else "float8")
+        return "text" if expr.is_string else ("int8" if expr.is_int else "numeric")  # PostgreSQL reads 1.5 as numeric
     if isinstance(expr, exp.IntDiv):  # (`_integer_division`)
         return "int8"
     if isinstance(expr, exp.TimeToStr):  # to_char of a released key
