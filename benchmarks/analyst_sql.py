@@ -205,6 +205,7 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT category, COUNT(*) / COUNT(DISTINCT person_id) AS visits_per_person FROM visits GROUP BY 1"),
     ("answer", "SELECT to_char(date_trunc('month', day), 'Mon YYYY') AS m, COUNT(*) FROM visits GROUP BY "
                "date_trunc('month', day) ORDER BY date_trunc('month', day)"),
+    ("answer", "SELECT COUNT(*) FROM visits WHERE day > (SELECT MAX(day) FROM visits) - INTERVAL '30 days'"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

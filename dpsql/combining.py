@@ -4,6 +4,8 @@ it is post-processing of released answers."""
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,14 +18,20 @@ from dpsql.released_rows import aggregate_released, outer_columns, pick_released
 from dpsql.sql.compose import SCALAR, Composition
 
 
-def stand_ins(composition: Composition, number: int) -> dict[str, Any] | None:
-    """Parameters of part `number` before the answers it takes exist: the scalar subqueries' values as 0, so the
-    query the statement ends with is checked and priced before anything is charged (its bounds hold for any
-    constant)."""
+def stand_ins(composition: Composition, number: int, before: Sequence[Prepared]) -> dict[str, Any] | None:
+    """Parameters of part `number` before the answers it takes exist: each scalar subquery's value as a constant
+    of its type (`before`: the parts prepared so far, the scalar subqueries first), so the query the statement
+    ends with is checked and priced before anything is charged (its bounds hold for any constant; `day > (SELECT
+    MAX(day) …)` compares a date with a date)."""
     if not composition.sequential or number < composition.scalars:
         return None
     lists = dict(composition.key_lists)
-    return {f"{SCALAR}{i}": [_no_key(lists[i])] if i in lists else 0 for i in range(composition.scalars)}
+    return {f"{SCALAR}{i}": [_no_key(lists[i])] if i in lists else _STAND_INS.get(before[i].outputs[0].type_name, 0)
+            for i in range(composition.scalars)}
+
+
+_STAND_INS = {"date": datetime.date(2000, 1, 1), "timestamp": datetime.datetime(2000, 1, 1),
+              "timestamptz": datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC), "text": "", "bool": False}
 
 
 def scalar_values(composition: Composition, answers: list[Answer]) -> dict[str, Any]:

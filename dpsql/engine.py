@@ -206,13 +206,15 @@ class Engine:
             return composition, [prepared]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
         numbered = list(enumerate(composition.parts))
-        parts = [self.prepare(part, stand_ins(composition, n), resolved.epsilon / len(numbered), options)
-                 for n, part in numbered]
+        parts: list[Prepared] = []
+        for n, part in numbered:  # in order: the scalar subqueries' types give the last part its stand-ins
+            parts.append(self.prepare(part, stand_ins(composition, n, parts), resolved.epsilon / len(numbered),
+                                      options))
         charged = [n for n, prepared in enumerate(parts) if prepared.cost != NO_COST]
         if 0 < len(charged) < len(parts):  # a part that reads no private data (the outer step of scalar
             # subqueries without FROM) costs nothing: the others share the whole ε
             for n in charged:
-                parts[n] = self.prepare(composition.parts[n], stand_ins(composition, n),
+                parts[n] = self.prepare(composition.parts[n], stand_ins(composition, n, parts),
                                         resolved.epsilon / len(charged), options)
         return composition, parts
 

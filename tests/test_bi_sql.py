@@ -691,6 +691,18 @@ def test_a_scalar_subquery_is_a_first_answer_the_query_takes_as_a_constant(engin
     assert engine.query(sql, analyst=analyst, epsilon=0.8).cached
 
 
+def test_a_scalar_subquery_of_a_date_is_a_date_constant(engine, analyst):
+    """The last 30 days before the noisy latest visit: the outer query is checked and priced with a date standing
+    in for the scalar (a number made PostgreSQL fail to plan `day > 0`, reported as a schema mismatch), then
+    answered with the released date."""
+    sql = "SELECT COUNT(*) FROM visits WHERE day > (SELECT MAX(day) FROM visits) - INTERVAL '30 days'"
+    answer = engine.query(sql, analyst=analyst, epsilon=0.8)
+    assert answer.epsilon == pytest.approx(0.8) and answer.types == ["int8"] and answer.rows[0][0] >= 0
+    composition, _ = engine.prepare_parts(sql, epsilon=0.8)
+    (latest,), = engine.query(composition.parts[0], analyst=analyst, epsilon=0.4).rows  # the stored first answer
+    assert isinstance(latest, datetime.date)
+
+
 SERIES_LIMIT = ("SELECT DATE_TRUNC('month', day) AS __timestamp, category AS category, COUNT(*) AS count FROM "
                 "public.visits JOIN (SELECT category AS category__, COUNT(*) AS mme_inner__ FROM public.visits "
                 "GROUP BY category ORDER BY mme_inner__ DESC LIMIT 3) AS series_limit ON category = category__ "
