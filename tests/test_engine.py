@@ -173,6 +173,33 @@ def test_a_schema_the_database_stopped_matching_is_refused_before_any_charge(bas
             conn.execute("DROP TABLE ghosted")
 
 
+def test_a_column_whose_type_changed_is_refused_as_types_that_do_not_fit(base_url):
+    """A column the schema declares a date but the database now holds as an integer: PostgreSQL cannot plan the
+    rewritten comparison (a type error, not a missing object), so the refusal says the types do not fit and
+    where to look, before any charge."""
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS retyped; CREATE TABLE retyped (person_id bigint PRIMARY KEY "
+                     "REFERENCES people (person_id), d date)")
+    schema = parse_schema({
+        "privacy": {"unit": "people.person_id"},
+        "tables": {"people": {"columns": {"person_id": "bigint"}},
+                   "retyped": {"unit_column": "person_id", "max_rows_per_unit": 1, "columns": {
+                       "person_id": "bigint", "d": {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31"}}}},
+    })
+    eng = Engine(Settings(database=base_url), schema)
+    try:
+        with psycopg.connect(base_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE retyped ALTER COLUMN d TYPE integer USING 0")
+        eng.ledger.add_analyst("retyped", 5.0, 0.0)
+        with pytest.raises(errors.SchemaError, match="as dpsql rewrote it .*types that do not fit") as caught:
+            eng.query("SELECT COUNT(*) FROM retyped WHERE d > DATE '2024-06-01'", analyst="retyped", epsilon=1.0)
+        assert "declares each column's type" in caught.value.hint and eng.budget("retyped").epsilon_spent == 0.0
+    finally:
+        eng.close()
+        with psycopg.connect(base_url, autocommit=True) as conn:
+            conn.execute("DROP TABLE retyped")
+
+
 @pytest.mark.parametrize(("condition", "sqlstate", "constant"), [
     ("day >= '2024-13-01'", "22008", "'2024-13-01'"),
     ("age > 'abc'", "22P02", "'abc'"),

@@ -138,6 +138,10 @@ class Cancellation:
             self._conn = conn
 
 
+# SQLSTATEs of a table, column, type or schema the database lacks, or may not be read: the schema does not match
+MISSING_OBJECTS = ("42P01", "42703", "42704", "3F000", "42501")
+
+
 class PostgresBackend:
     def __init__(self, conninfo: str, statement_timeout_ms: int = 30_000, max_connections: int = 8,
                  connect_wait: float = CONNECT_WAIT):
@@ -214,10 +218,16 @@ class PostgresBackend:
                 raise
             except psycopg.Error as exc:
                 log.error("PostgreSQL cannot plan a rewritten statement (%s): %s", exc.sqlstate, exc)
-                raise SchemaError(f"the database does not match the privacy schema: PostgreSQL cannot plan the "
-                                  f"query (SQLSTATE {exc.sqlstate}); nothing was run or charged",
-                                  "the server log names what is missing; have the data owner correct the schema "
-                                  "or the database") from None
+                if exc.sqlstate in MISSING_OBJECTS:
+                    raise SchemaError(f"the database does not match the privacy schema: PostgreSQL cannot plan "
+                                      f"the query (SQLSTATE {exc.sqlstate}); nothing was run or charged",
+                                      "the server log names what is missing; have the data owner correct the "
+                                      "schema or the database") from None
+                raise SchemaError(f"PostgreSQL cannot plan the query as dpsql rewrote it (SQLSTATE {exc.sqlstate}: "
+                                  "types that do not fit together); nothing was run or charged",
+                                  "the server log has PostgreSQL's message; if the privacy schema declares each "
+                                  "column's type as the database holds it, this is a dpsql bug: please report the "
+                                  "query") from None
 
     def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
         """(table, column) pairs that lead a valid b-tree index: PostgreSQL can read such a column's rows in order,
