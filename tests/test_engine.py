@@ -152,12 +152,7 @@ def test_a_schema_the_database_stopped_matching_is_refused_before_any_charge(bas
     with psycopg.connect(base_url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS ghosted; CREATE TABLE ghosted (person_id bigint PRIMARY KEY "
                      "REFERENCES people (person_id), ghost integer)")
-    broken = parse_schema({
-        "privacy": {"unit": "people.person_id"},
-        "tables": {"people": {"columns": {"person_id": "bigint"}},
-                   "ghosted": {"unit_column": "person_id", "max_rows_per_unit": 1, "columns": {
-                       "person_id": "bigint", "ghost": {"type": "integer", "lower": 0, "upper": 9}}}},
-    })
+    broken = _one_column_schema("ghosted", "ghost", {"type": "integer", "lower": 0, "upper": 9})
     eng = Engine(Settings(database=base_url), broken)
     try:
         with psycopg.connect(base_url, autocommit=True) as conn:
@@ -173,6 +168,16 @@ def test_a_schema_the_database_stopped_matching_is_refused_before_any_charge(bas
             conn.execute("DROP TABLE ghosted")
 
 
+def _one_column_schema(table: str, column: str, declared: dict):
+    """People, and `table` of one row per person with one declared `column`."""
+    return parse_schema({
+        "privacy": {"unit": "people.person_id"},
+        "tables": {"people": {"columns": {"person_id": "bigint"}},
+                   table: {"unit_column": "person_id", "max_rows_per_unit": 1,
+                           "columns": {"person_id": "bigint", column: declared}}},
+    })
+
+
 def test_a_column_whose_type_changed_is_refused_as_types_that_do_not_fit(base_url):
     """A column the schema declares a date but the database now holds as an integer: PostgreSQL cannot plan the
     rewritten comparison (a type error, not a missing object), so the refusal says the types do not fit and
@@ -180,12 +185,7 @@ def test_a_column_whose_type_changed_is_refused_as_types_that_do_not_fit(base_ur
     with psycopg.connect(base_url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS retyped; CREATE TABLE retyped (person_id bigint PRIMARY KEY "
                      "REFERENCES people (person_id), d date)")
-    schema = parse_schema({
-        "privacy": {"unit": "people.person_id"},
-        "tables": {"people": {"columns": {"person_id": "bigint"}},
-                   "retyped": {"unit_column": "person_id", "max_rows_per_unit": 1, "columns": {
-                       "person_id": "bigint", "d": {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31"}}}},
-    })
+    schema = _one_column_schema("retyped", "d", {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31"})
     eng = Engine(Settings(database=base_url), schema)
     try:
         with psycopg.connect(base_url, autocommit=True) as conn:
