@@ -1088,6 +1088,17 @@ def test_arithmetic_of_whole_numbers_after_noise_is_typed_as_postgresql_types_it
     assert answer.rows[0][4:] == (count // 2, -(count // 7), count / 2.0) and count > 100
 
 
+def test_round_keeps_a_numeric_numeric_as_postgresql_does(engine, base_url):
+    """ROUND of a numeric is numeric (a share in percent to one digit), of anything else a double: the types
+    PostgreSQL gives the same statement."""
+    sql = ("SELECT sex, ROUND(100.0 * COUNT(*) / SUM(COUNT(*)) OVER (), 1) AS pct, ROUND(COUNT(*) * 1.5, 1) AS b, "
+           "ROUND(COUNT(*)) AS c FROM people GROUP BY sex")
+    with psycopg.connect(base_url) as conn:
+        postgres = [column.type_code for column in conn.execute(sql).description]
+    assert postgres == [25, 1700, 1700, 701]  # text, numeric, numeric, double precision
+    assert [o.type_name for o in engine.prepare(sql).plan.outputs] == ["text", "numeric", "numeric", "float8"]
+
+
 def test_a_quoted_name_renamed_keeps_its_lowercase_spelling_where_that_is_free(demo_schema):
     """What a refusal or explain shows of Metabase's "People" is people, not a name dpsql made up."""
     sql = ('SELECT "People"."sex", count(*) FROM "public"."visits" LEFT JOIN "public"."people" AS "People" ON '

@@ -155,6 +155,10 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         return "int8"
     if isinstance(expr, exp.TimeToStr):  # to_char of a released key
         return "text"
+    if isinstance(expr, exp.Round):  # PostgreSQL rounds a numeric as a numeric, anything else as a double
+        inner = original.this if isinstance(original, exp.Round) else expr.this
+        numeric = _output_type(expr.this, aggregates, keys, exprs, inner, windows) == "numeric"
+        return "numeric" if numeric else "float8"
     if isinstance(expr, exp.Cast):
         if expr.to.this in _INTEGER_TYPES:
             return "int8"
