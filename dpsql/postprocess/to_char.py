@@ -8,6 +8,7 @@ Time zone patterns (TZ, OF, TZH, TZM) are refused: a released timestamp carries 
 from __future__ import annotations
 
 import datetime
+import functools
 
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
@@ -32,7 +33,6 @@ def _year_digits(year: int, digits: int) -> tuple[int, int]:
 
 # numeric patterns (matched in any case): the value and its zero-padded width
 _NUMBERS = {
-    "y,yyy": None,  # (`_field`: the year with a comma)
     "yyyy": lambda t: (t.year, 4), "yyy": lambda t: _year_digits(t.year, 3), "yy": lambda t: _year_digits(t.year, 2),
     "y": lambda t: _year_digits(t.year, 1),
     "iyyy": lambda t: (t.isocalendar()[0], 4), "iyy": lambda t: _year_digits(t.isocalendar()[0], 3),
@@ -52,12 +52,18 @@ _NUMBERS = {
 # patterns whose case sets the case of what they print
 _WORDS = ("MONTH", "Month", "month", "MON", "Mon", "mon", "DAY", "Day", "day", "DY", "Dy", "dy", "RM", "rm", "A.M.",
           "a.m.", "P.M.", "p.m.", "AM", "am", "PM", "pm", "A.D.", "a.d.", "B.C.", "b.c.", "AD", "ad", "BC", "bc")
-_PATTERNS = sorted([*_NUMBERS, *_WORDS, *_ZONES], key=len, reverse=True)
+_PATTERNS = sorted([*_NUMBERS, "y,yyy", *_WORDS, *_ZONES], key=len, reverse=True)  # y,yyy: the year, a comma
 
 
 def template_of(node: exp.TimeToStr) -> str:
     """The format of `node` as the analyst wrote it (sqlglot keeps it in strftime's spelling)."""
-    quoted = Postgres().generator().format_time(node)
+    return _written(node.args["format"].this)
+
+
+@functools.lru_cache(maxsize=256)
+def _written(strftime: str) -> str:
+    """PostgreSQL's spelling of sqlglot's `strftime` format, once per format rather than once per released row."""
+    quoted = Postgres().generator().format_time(exp.TimeToStr(this=exp.Null(), format=exp.Literal.string(strftime)))
     return quoted[1:-1].replace("''", "'")
 
 
