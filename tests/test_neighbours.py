@@ -94,6 +94,8 @@ QUERIES = [
     "SELECT category, COUNT(*) FROM visits WHERE amount BETWEEN 10 AND 100 AND category IN ('lab', 'dental') "
     "GROUP BY category HAVING COUNT(*) > 5 ORDER BY 2 DESC LIMIT 1",
     "SELECT day, COUNT(*) FROM visits GROUP BY day",
+    "SELECT p.state, COUNT(*), SUM(v.amount) FROM visits v JOIN people p ON v.person_id = p.person_id "
+    "WHERE p.state IN ('CA', 'NY', 'ZZ') GROUP BY p.state",  # listed keys, released like a domain
     "SELECT p.state, COUNT(*) FROM visits v LEFT JOIN people p ON v.person_id = p.person_id AND v.amount > 100 "
     "GROUP BY p.state",
     "SELECT p.sex, COUNT(*), SUM(p.income) FROM people p RIGHT JOIN states s ON s.code = p.state GROUP BY p.sex",

@@ -338,6 +338,34 @@ def test_a_filter_on_a_key_releases_only_the_declared_keys_it_admits(engine, ana
     assert not engine.prepare(sql).plan.partition_selection
 
 
+LISTED = [
+    ("state IN ('CA', 'NY', 'ZZ')", "state", ["CA", "NY", "ZZ"]),  # every listed key, an empty one too
+    ("'WY' = state AND age > 3", "state", ["WY"]),
+    ("upper(state) IN ('CA', 'NY') AND upper(state) <> 'NY'", "upper(state)", ["CA"]),
+    ("state IN ('CA', NULL)", "state", ["CA"]),
+]
+
+
+@pytest.mark.parametrize(("condition", "key", "released"), LISTED)
+def test_the_constants_a_filter_lists_for_a_key_are_released_like_a_domain(engine, analyst, condition, key,
+                                                                          released):
+    """A key without a declared domain that the WHERE lists (`state IN (...)`) is released for every listed value,
+    with no partition selection: no row outside the list reaches a group, and the list is public."""
+    sql = f"SELECT {key}, COUNT(*) FROM people WHERE {condition} GROUP BY 1"
+    assert not engine.prepare(sql).plan.partition_selection
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert sorted(row[0] for row in answer.rows) == released
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT state, COUNT(*) FROM people WHERE state LIKE 'C%' GROUP BY 1",  # not a list
+    "SELECT state, COUNT(*) FROM people WHERE state = 'CA' OR age > 3 GROUP BY 1",  # not a condition on the key
+    "SELECT DISTINCT state FROM people WHERE state IN ('CA', 'NY')",  # keys alone: which are present is private
+])
+def test_keys_not_listed_by_every_row_stay_private(engine, sql):
+    assert engine.prepare(sql).plan.partition_selection
+
+
 # --- issue 36, item 3: AVG's count and sum come from the same kept rows -------------------------------------------
 
 

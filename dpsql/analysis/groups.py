@@ -148,8 +148,37 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
         return stepped
     if isinstance(node.unnest(), exp.Add | exp.Sub) and isinstance(node.unnest().expression, exp.Interval):
         return _shifted_domain(scope, node.unnest())
-    return _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
+    found = _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
         else _function_domain(scope, node)
+    return found if found is not None else _listed_domain(scope, node)
+
+
+def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:
+    """The constants a WHERE conjunct lists for the key itself (`state IN ('CA', 'NY')`, `age = 40`): no row
+    outside them reaches a group, so they are released like a declared domain, every one, an empty group too
+    (the query is public). Only text keys with text constants and integer keys with integer constants, whose
+    values the backend returns as Python compares them; the other conditions on the key narrow it (`_admitted`)."""
+    where = scope.tree.args.get("where")
+    text = to_sql(node)
+    kind = "text" if _is_text(scope.exprs, node) else "integer" if _integer_key(scope, node) else None
+    for condition in operands(where.this) if where is not None and kind is not None else []:
+        if isinstance(condition, exp.EQ):
+            sides = [condition.this.unnest(), condition.expression.unnest()]
+            constants = [sides[1]] if to_sql(sides[0]) == text else [sides[0]] if to_sql(sides[1]) == text else []
+        elif isinstance(condition, exp.In) and not condition.args.get("query") and to_sql(condition.this) == text:
+            constants = condition.expressions
+        else:
+            continue
+        values = [_constant_value(c) for c in constants]
+        wanted = str if kind == "text" else int
+        if values and all(v is None or type(v) is wanted for v in values) and len(values) <= MAX_DOMAIN:
+            return tuple(dict.fromkeys(v for v in values if v is not None))
+    return None
+
+
+def _integer_key(scope: Scope, node: exp.Expression) -> bool:
+    value_range = scope.exprs.value_range(node)
+    return value_range is not None and value_range.integer
 
 
 def _shifted_domain(scope: Scope, node: exp.Add | exp.Sub) -> tuple | None:
