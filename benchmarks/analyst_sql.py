@@ -206,6 +206,11 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT to_char(date_trunc('month', day), 'Mon YYYY') AS m, COUNT(*) FROM visits GROUP BY "
                "date_trunc('month', day) ORDER BY date_trunc('month', day)"),
     ("answer", "SELECT COUNT(*) FROM visits WHERE day > (SELECT MAX(day) FROM visits) - INTERVAL '30 days'"),
+    ("answer", "WITH firsts AS (SELECT person_id, MIN(day) AS first_day FROM visits GROUP BY person_id) "
+               "SELECT date_trunc('month', first_day) AS cohort, COUNT(*) FROM firsts GROUP BY 1 ORDER BY 1"),
+    ("answer", "SELECT sex, AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
+               "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex"),
+    ("answer", "SELECT state, COUNT(*), AVG(income) FROM people WHERE state IN ('CA', 'NY', 'WY') GROUP BY state"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

@@ -361,6 +361,14 @@ DERIVED = [
     "FROM a GROUP BY n) SELECT * FROM b",
     "WITH f AS (SELECT v.person_id, SUM(v.amount) AS total FROM visits v GROUP BY v.person_id), g AS (SELECT total "
     "FROM f WHERE total > 100) SELECT COUNT(*), AVG(total) FROM g",
+    # a unit's first date, and columns of the unit's own row beside the unit in the subquery's GROUP BY
+    "SELECT date_trunc('year', b) AS y, COUNT(*) FROM (SELECT p.person_id, MIN(p.born) AS b, COUNT(v.visit_id) AS n "
+    "FROM people p LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY 1",
+    "SELECT sex, COUNT(*), SUM(n) FROM (SELECT p.person_id, p.sex, p.nick, COUNT(v.visit_id) AS n FROM people p "
+    "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex, p.nick) t GROUP BY sex",
+    "SELECT region, COUNT(*) FROM (SELECT p.person_id, s.region, SUM(v.amount) AS total FROM people p JOIN states s "
+    "ON s.code = p.state JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, s.region) t "
+    "WHERE total > 100 GROUP BY region",
 ]
 
 

@@ -1106,3 +1106,26 @@ def test_a_quoted_name_renamed_keeps_its_lowercase_spelling_where_that_is_free(d
     assert "people.\"sex\"" in to_sql(check_query(sql, demo_schema).tree)
     both = 'SELECT count(*) FROM people JOIN people AS "People" ON people.person_id = "People".person_id'
     assert "people_2.person_id" in to_sql(check_query(both, demo_schema).tree)
+
+
+def test_a_cohort_of_each_unit_s_first_date_releases_every_month(engine, analyst):
+    """The cohort query (each person's first visit, counted by month): a unit's MIN of a date with declared bounds
+    is within them (clamped), so its months are public keys, every one released."""
+    sql = ("WITH firsts AS (SELECT person_id, MIN(day) AS first_day FROM visits GROUP BY person_id) "
+           "SELECT date_trunc('month', first_day) AS cohort, COUNT(*) FROM firsts GROUP BY 1 ORDER BY 1")
+    assert not engine.prepare(sql).plan.partition_selection
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert [row[0].month for row in answer.rows] == list(range(1, 13))
+
+
+def test_a_per_unit_subquery_may_group_by_what_the_unit_s_row_holds(engine, analyst):
+    """PostgreSQL needs p.sex in the GROUP BY to select it; people holds one row per person, so the subquery still
+    has one row per unit, and sex keeps its declared domain outside."""
+    sql = ("SELECT sex, AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
+           "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex")
+    assert not engine.prepare(sql).plan.partition_selection
+    assert sorted(row[0] for row in engine.query(sql, analyst=analyst, epsilon=1.0).rows) == ["F", "M"]
+    # a column of a table with many rows per unit would give a unit several rows: refused
+    with pytest.raises(errors.UnsupportedQuery, match="or with columns of a table that holds one row per unit"):
+        engine.prepare("SELECT c, COUNT(*) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n FROM visits v "
+                       "GROUP BY v.person_id, v.category) t GROUP BY c")

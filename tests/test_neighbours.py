@@ -144,6 +144,10 @@ QUERIES = [
     "ON r.visit_id = visits.visit_id GROUP BY visits.person_id) t WHERE n > 2",
     "SELECT width_bucket(top, 0, 1000, 10) AS b, COUNT(*) FROM (SELECT person_id, MAX(amount) AS top "
     "FROM visits GROUP BY person_id) t GROUP BY b",
+    "WITH firsts AS (SELECT person_id, MIN(day) AS first_day FROM visits GROUP BY person_id) "
+    "SELECT date_trunc('month', first_day) AS cohort, COUNT(*) FROM firsts GROUP BY 1",  # a unit's first date
+    "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
+    "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex",  # the unit's sex
     # cohorts: units picked by their own rows (the subquery groups by the column tied to the outer row's unit)
     "SELECT AVG(age), COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits GROUP BY person_id "
     "HAVING COUNT(*) > 5)",

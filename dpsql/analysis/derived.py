@@ -14,10 +14,12 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
+
 from sqlglot import exp
 
 from dpsql.analysis import public_joins, relations, semijoins, stability, units
-from dpsql.analysis.clamps import clamp_to
+from dpsql.analysis.clamps import clamp, clamp_to
 from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
@@ -61,13 +63,11 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
         unit, k, parent_joins = units.find_unit(scope, scope.private, scope.equalities)
         scope.joins += parent_joins
         semijoins.check(scope)
-        k *= public_joins.fanout(scope, scope.equalities, scope.private)[0]
-        if len(group) != 1 or not isinstance(group[0], exp.Column) or not scope.is_unit(group[0]):
-            raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
-                                   + ", ".join(scope.link_text(a) for a in scope.private
-                                               if scope.aliases[a].unit_column)
-                                   + ")", "group by the unit inside, then aggregate or group its results outside")
+        fanout, determined, _ = public_joins.fanout(scope, scope.equalities, scope.private)
+        k *= fanout
+        group = _unit_first(scope, alias, group, determined)
     unit_sql = to_sql(group[0])
+    attributes = {to_sql(node) for node in group[1:]}
     columns: dict[str, Column] = {}
     outputs = []
     unit_name = None
@@ -79,7 +79,10 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
             unit_name = name
             outputs.append(exp.alias_(group[0].copy(), name))
             continue
-        expr, column = _per_unit_aggregate(scope, name, node, k)
+        if to_sql(node) in attributes:
+            expr, column = _unit_attribute(scope, name, node)
+        else:
+            expr, column = _per_unit_aggregate(scope, name, node, k)
         columns[name] = column
         outputs.append(exp.alias_(expr, name))
     if unit_name is None:  # the outer query needs the unit even if the subquery does not name it
@@ -99,6 +102,37 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
     scope.notes.append(f"one row per group; each group's aggregates bounded by what {k} rows can give")
     unit_column = None if scope.schema.row_level else unit_name
     return Table(alias, columns, unit_column=unit_column, max_rows_per_unit=1), bounded
+
+
+def _unit_first(scope: Scope, alias: str, group: list[exp.Expression], determined: set[str]) -> list[exp.Expression]:
+    """The subquery's GROUP BY with the unit first: the unit, and any other key a column of a table whose row the
+    unit's row determines (`GROUP BY p.person_id, p.sex`, which PostgreSQL needs to select p.sex): grouping by
+    those too still gives one row per unit."""
+    units = [node for node in group if isinstance(node, exp.Column) and scope.is_unit(node)]
+    attributes = [node for node in group if not any(node is unit for unit in units[:1])]
+    # (a table declared to hold one row per unit determines it too where the catalog cannot say: the MIN below
+    # keeps one row per unit whatever the data holds)
+    one_row = determined | {a for a in scope.private if scope.aliases[a].max_rows_per_unit == 1}
+    if len(units) < 1 or not all(isinstance(node, exp.Column) and (node.table in one_row or scope.is_unit(node))
+                                 for node in attributes):
+        raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
+                               + ", ".join(scope.link_text(a) for a in scope.private
+                                           if scope.aliases[a].unit_column)
+                               + "), or with columns of a table that holds one row per unit",
+                               "group by the unit inside, then aggregate or group its results outside")
+    return [units[0], *attributes]
+
+
+def _unit_attribute(scope: Scope, name: str, node: exp.Column) -> tuple[exp.Expression, Column]:
+    """A column the unit's row determines, selected by a per-unit subquery that groups by it: its one value per
+    unit, as MIN over the unit's rows (the same value on every row; the bounded subquery groups by the unit
+    alone, so it holds one row per unit whatever the data), declared outside as it is declared inside."""
+    declared = scope.declared_column(node)
+    if declared is None:
+        raise UnsupportedQuery(f"{to_sql(node)} is not a declared column", "select declared columns")
+    guarded = scope.exprs.guard(node)
+    value = exp.LogicalAnd(this=guarded) if declared.type == "boolean" else exp.Min(this=guarded)
+    return value, dataclasses.replace(declared, name=name, unique=False, max_frequency=None)
 
 
 def _row_level_groups(scope: Scope, alias: str, group: list[exp.Expression]) -> int:
@@ -158,6 +192,12 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -
     if kind == "count":
         return clamp_to(node, 0, k, "integer"), Column(name, "bigint", 0.0, float(k))
     argument = node.this.this if isinstance(node.this, exp.Distinct) else node.this
+    declared = scope.declared_column(argument) if isinstance(argument, exp.Column) else None
+    if kind in ("min", "max") and declared is not None and declared.is_temporal and declared.bounded:
+        # a unit's first or last date (a cohort): within the column's declared bounds, clamped to them
+        guarded = node.copy()
+        guarded.set("this", scope.exprs.guard(argument))
+        return clamp(guarded, declared), Column(name, declared.type, declared.lower, declared.upper)
     row = scope.exprs.numeric(argument, kind)
     lo, hi = (min(0.0, k * row.lo), max(0.0, k * row.hi)) if kind == "sum" else (row.lo, row.hi)
     guarded = node.copy()
