@@ -211,6 +211,9 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT sex, AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
                "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex"),
     ("answer", "SELECT state, COUNT(*), AVG(income) FROM people WHERE state IN ('CA', 'NY', 'WY') GROUP BY state"),
+    ("answer", "SELECT category, drug, n FROM (SELECT v.category, r.drug, COUNT(*) AS n, ROW_NUMBER() OVER ("
+               "PARTITION BY v.category ORDER BY COUNT(*) DESC) AS rn FROM prescriptions r JOIN visits v ON "
+               "v.visit_id = r.visit_id GROUP BY 1, 2) t WHERE rn <= 2 ORDER BY 1, 3 DESC"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

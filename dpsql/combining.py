@@ -89,7 +89,8 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     if composition.booleans:
         return _decided(composition.booleans, replace(answers[0], names=names, types=types, noisy=noisy))
     if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
-        rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy)
+        rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
+                                       composition.zero_row)
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy)
     if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
         rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)

@@ -63,19 +63,40 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     return [row for row, _ in found][offset:None if limit is None else offset + limit]
 
 
-def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
-                  accuracy: Sequence[tuple]) -> tuple[list[tuple], list[tuple]]:
-    """The rows that the outer query's WHERE keeps, with the columns it names (bare inner columns), each with
-    its accuracy: picking released rows changes no value, so their intervals stand. Where no row is kept (no
-    report has the value), one row of zero counts, as COUNT(*) over no rows."""
+def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], accuracy: Sequence[tuple],
+                  zero_row: bool = False) -> tuple[list[tuple], list[tuple]]:
+    """The rows that the outer query's WHERE keeps, in its order and cut to its LIMIT, with the columns it names
+    (bare inner columns), each with its accuracy: picking released rows changes no value, so their intervals
+    stand. Where no row is kept and the outer query counts (`zero_row`: no report has the value), one row of zero
+    counts, as COUNT(*) over no rows."""
     tree = parse_select(outer_sql)
     where = tree.args["where"].this if tree.args.get("where") else None
     columns = [list(names).index(item.unalias().name) for item in tree.expressions]
     kept = [(row, acc) for row, acc in zip(rows, accuracy, strict=True)
             if where is None or evaluate(where, dict(zip(names, row, strict=True)))]
-    if not kept:
+    if not kept and zero_row:
         return [(0,) * len(columns)], [(None,) * len(columns)]
+    kept = _ordered_and_cut(tree, names, kept)
     return [tuple(row[i] for i in columns) for row, _ in kept], [tuple(acc[i] for i in columns) for _, acc in kept]
+
+
+def _ordered_and_cut(tree: exp.Select, names: Sequence[str], kept: list[tuple]) -> list[tuple]:
+    """The picked (row, accuracy) pairs in the outer query's ORDER BY (over the inner columns or the outer
+    names), then its OFFSET and LIMIT."""
+    order = tree.args["order"].expressions if tree.args.get("order") else []
+    renamed = {output_name(item): item.unalias() for item in tree.expressions}
+
+    def value(pair: tuple, i: int) -> Any:
+        key = order[i].this
+        if isinstance(key, exp.Literal) and key.is_int:  # ORDER BY 2: the second output column
+            key = tree.expressions[int(key.this) - 1].unalias()
+        key = renamed.get(key.name, key) if isinstance(key, exp.Column) and key.name not in names else key
+        return _plain(evaluate(key, dict(zip(names, pair[0], strict=True))))
+
+    sort_rows(kept, value, [(bool(o.args.get("desc")), bool(o.args.get("nulls_first"))) for o in order])
+    offset = int(tree.args["offset"].expression.to_py()) if tree.args.get("offset") else 0
+    limit = int(tree.args["limit"].expression.to_py()) if tree.args.get("limit") else None
+    return kept[offset:None if limit is None else offset + limit]
 
 
 def _aggregates(tree: exp.Select, members: list[dict]) -> dict[str, Any]:

@@ -1129,3 +1129,24 @@ def test_a_per_unit_subquery_may_group_by_what_the_unit_s_row_holds(engine, anal
     with pytest.raises(errors.UnsupportedQuery, match="or with columns of a table that holds one row per unit"):
         engine.prepare("SELECT c, COUNT(*) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n FROM visits v "
                        "GROUP BY v.person_id, v.category) t GROUP BY c")
+
+
+def test_the_top_rows_of_each_group_are_picked_after_the_window(engine, analyst):
+    """PostgreSQL has no filter on a window's values, so analysts rank in a subquery and filter outside: the inner
+    query is answered with its window over the released rows, and the outer one picks rows and columns, in its
+    order and within its LIMIT, each value keeping its interval."""
+    sql = ("SELECT category, drug, n FROM (SELECT v.category, r.drug, COUNT(*) AS n, ROW_NUMBER() OVER (PARTITION BY "
+           "v.category ORDER BY COUNT(*) DESC) AS rn FROM prescriptions r JOIN visits v ON v.visit_id = r.visit_id "
+           "GROUP BY 1, 2) t WHERE rn <= 2 ORDER BY 1, 3 DESC")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.names == ["category", "drug", "n"]
+    categories = [row[0] for row in answer.rows]
+    assert categories == sorted(categories) and all(categories.count(c) <= 2 for c in categories)
+    assert all(acc[2] is not None for acc in answer.accuracy)  # picking changes no value: the intervals stand
+    ranked = engine.query("WITH ranked AS (SELECT category, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r "
+                          "FROM visits GROUP BY category) SELECT * FROM ranked WHERE r <= 3 ORDER BY 3 LIMIT 2",
+                          analyst=analyst, epsilon=1.0)
+    assert [row[2] for row in ranked.rows] == [1, 2] and ranked.rows[0][1] >= ranked.rows[1][1]
+    none = engine.query("SELECT category FROM (SELECT category, COUNT(*) AS n, ROW_NUMBER() OVER (ORDER BY "
+                        "COUNT(*)) AS rn FROM visits GROUP BY 1) t WHERE rn = 99", analyst=analyst, epsilon=1.0)
+    assert none.rows == []  # no row picked is no row, as in PostgreSQL

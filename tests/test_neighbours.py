@@ -529,6 +529,9 @@ def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, 
 @pytest.mark.parametrize("sql", [
     "SELECT category, bool_or(amount > 4000), bool_and(amount > 100), every(amount < 10) FROM visits GROUP BY 1",
     "SELECT COUNT(*) FROM screenings WHERE NOT positive AND person_id > 5",
+    "SELECT category, drug, n FROM (SELECT v.category, r.drug, COUNT(*) AS n, ROW_NUMBER() OVER (PARTITION BY "
+    "v.category ORDER BY COUNT(*) DESC) AS rn FROM prescriptions r JOIN visits v ON v.visit_id = r.visit_id "
+    "GROUP BY 1, 2) t WHERE rn <= 2",  # the top rows of each group, picked after the window
 ])
 def test_the_one_part_of_a_post_processed_statement_moves_within_its_sensitivity(engine, base_url, neighbour_url,
                                                                                   sql):

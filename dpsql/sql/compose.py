@@ -47,6 +47,7 @@ class Composition:
     # part counts units per declared value, and the answer is how many values are surely present
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
     picks: bool = False  # the outer query only picks released rows and columns: their intervals stand
+    zero_row: bool = False  # picked counts: where no row is picked, one row of zeros (COUNT(*) over no rows)
     booleans: tuple[tuple[int, bool], ...] = ()  # (column, every): bool_or / bool_and read off the one part's
     # noisy count of the rows that hold (bool_or) or fail (bool_and, every) the condition (`combining`)
 
@@ -103,7 +104,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _booleans(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
         bound = bind_parameters(tree, params)
-        return _over_released(bound, schema) or _count_of_reported_value(bound, schema)
+        return (_over_released(bound, schema) or _picked_after_windows(bound, schema)
+                or _count_of_reported_value(bound, schema))
     return None
 
 
@@ -128,6 +130,38 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
             or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
         return None
     return Composition([to_sql(inner)], "an aggregate of the released rows of a grouped query", outer=to_sql(outer))
+
+
+def _picked_after_windows(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`SELECT k, c, n FROM (SELECT k, c, COUNT(*) AS n, ROW_NUMBER() OVER (PARTITION BY k ORDER BY COUNT(*) DESC)
+    AS rn FROM t GROUP BY k, c) s WHERE rn <= 3` (the top rows of each group; also as a WITH query): PostgreSQL has
+    no filter on a window's values, so analysts filter outside. The inner query is answered with its window over
+    the released rows; the outer one picks released rows and columns, each value with its interval."""
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    ctes = tree.args["with_"].expressions if tree.args.get("with_") else []
+    if len(ctes) == 1 and isinstance(source, exp.Table) and source.name == ctes[0].alias_or_name and not source.db:
+        tree, source = tree.copy(), exp.Subquery(this=ctes[0].this.copy(), alias=exp.TableAlias(
+            this=exp.to_identifier(source.alias_or_name)))  # the one WITH query, read once: a subquery
+        tree.set("with_", None)
+    inner = source.this if isinstance(source, exp.Subquery) else None
+    if (not isinstance(inner, exp.Select) or not inner.find(exp.Window)
+            or not (inner.args.get("group") or any(e.find(*AGGREGATES) for e in inner.expressions))
+            or any(tree.args.get(k) for k in ("joins", "with_", "group", "having", "distinct"))
+            or inner.args.get("group") and _groups_by_unit(inner, schema)):
+        return None
+    names = [output_name(e) for e in inner.expressions]
+    outer = tree.copy()
+    outer.set("from_", None)
+    if outer.find(exp.Window, *AGGREGATES):
+        return None
+    if any(isinstance(e, exp.Star) for e in outer.expressions):
+        outer.set("expressions", [exp.column(n) for n in names])
+    if (not all(isinstance(e.unalias(), exp.Column) for e in outer.expressions)
+            or not {c.name for c in outer.find_all(exp.Column)} <= set(names)
+            or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
+        return None
+    return Composition([to_sql(inner)], "rows picked from the released rows of a query with a window",
+                       outer=to_sql(outer), picks=True)
 
 
 def _booleans(tree: exp.Select) -> Composition | None:
@@ -187,7 +221,7 @@ def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composi
         inner = inner.where(exp.and_(*(c.copy() for c in rest)))
     outer = exp.select(*(exp.column(n) for n in names)).where(exp.EQ(this=exp.column(column), expression=value))
     return Composition([to_sql(inner)], f"the count of one value of {table.name}.{column}, read from the "
-                       "de-biased counts per reported value", outer=to_sql(outer), picks=True)
+                       "de-biased counts per reported value", outer=to_sql(outer), picks=True, zero_row=True)
 
 
 def _counts_rows(value: exp.Expression) -> bool:
