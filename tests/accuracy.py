@@ -34,6 +34,7 @@ QUESTIONS = {
     "spend per person": "SELECT AVG(spent) FROM (SELECT person_id, SUM(amount) AS spent FROM visits "
                         "GROUP BY person_id) t",
     "visits per drug": "SELECT drug, COUNT(DISTINCT visit_id) FROM prescriptions GROUP BY drug",
+    "AVG(income) by sex": "SELECT sex, AVG(income) FROM people GROUP BY sex",  # the demo's first question
 }
 SMALL = 500  # cells with fewer exact rows are left out of the worst cell (their noise dominates)
 _analysts = itertools.count()

@@ -36,6 +36,7 @@ SHIPPED_SCHEMA = ROOT / "schemas" / "demo.toml"
 # (rows_per_unit = "auto"); tests/test_accuracy.py, the README's examples and `dpsql demo` use the shipped schema itself
 DECLARED_ROWS = {"visits": 10, "prescriptions": 20}
 DECLARED_AMOUNT = 1000  # the shipped schema's cap is 5,000: its sums choose their own bound
+DECLARED_INCOME = 250000  # the shipped schema's cap is 1,000,000, above every income the demo data holds
 
 
 def _declared_schema() -> Path:
@@ -45,6 +46,8 @@ def _declared_schema() -> Path:
         assert found == 1, f"the shipped schema no longer bounds {table}'s rows"
     text, found = re.subn(r"(amount = \{[^}]*upper = )\d+", rf"\g<1>{DECLARED_AMOUNT}", text)
     assert found == 1, "the shipped schema no longer bounds visits.amount"
+    text, found = re.subn(r"(income = \{[^}]*upper = )\d+", rf"\g<1>{DECLARED_INCOME}", text)
+    assert found == 1, "the shipped schema no longer bounds people.income"
     path = Path(tempfile.mkdtemp(prefix="dpsql-schema-")) / "demo.toml"
     path.write_text(text, encoding="utf-8")
     return path
