@@ -50,7 +50,7 @@ from dpsql.postprocess import (
 )
 from dpsql.prepared import Prepared
 from dpsql.recent import Recent
-from dpsql.released_rows import aggregate_released
+from dpsql.released_rows import aggregate_released, pick_released
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
 from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contributions, counts_voters, rewrite
 from dpsql.schema import PrivacySchema, load_schema
@@ -195,14 +195,19 @@ class Engine:
         if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid
             prepared = self.prepare(composition.parts[0], None, epsilon, options)
             names = [o.name for o in prepared.outputs]
-            try:
-                if not composition.picks:  # picking rows by a key's value, which compose wrote, cannot fail
+            try:  # the analyst's own WHERE, ORDER BY and LIMIT over a stand-in row: what cannot run fails unpaid
+                if composition.picks:
+                    pick_released(composition.outer, names, [(1,) * len(names)], [(None,) * len(names)])
+                else:
                     aggregate_released(composition.outer, names, [(1,) * len(names)])
             except Exception as exc:  # noqa: BLE001 - any failure here would come after the charge
+                hint = ("pick rows with comparisons of the subquery's columns and a constant LIMIT, e.g. SELECT k, n "
+                        "FROM (SELECT k, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM t GROUP BY k) s "
+                        "WHERE r <= 3 ORDER BY r") if composition.picks else (
+                    "aggregate the subquery's columns with COUNT, SUM, AVG, MIN or MAX, e.g. SELECT AVG(n) FROM "
+                    "(SELECT k, COUNT(*) AS n FROM t GROUP BY k) s")
                 raise UnsupportedQuery(f"the outer query over the subquery's rows cannot be computed after noise "
-                                       f"({type(exc).__name__})", "aggregate the subquery's columns with COUNT, SUM, "
-                                       "AVG, MIN or MAX, e.g. SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t "
-                                       "GROUP BY k) s") from None
+                                       f"({type(exc).__name__})", hint) from None
             return composition, [prepared]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
         numbered = list(enumerate(composition.parts))

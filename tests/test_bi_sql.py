@@ -1150,3 +1150,10 @@ def test_the_top_rows_of_each_group_are_picked_after_the_window(engine, analyst)
     none = engine.query("SELECT category FROM (SELECT category, COUNT(*) AS n, ROW_NUMBER() OVER (ORDER BY "
                         "COUNT(*)) AS rn FROM visits GROUP BY 1) t WHERE rn = 99", analyst=analyst, epsilon=1.0)
     assert none.rows == []  # no row picked is no row, as in PostgreSQL
+
+
+@pytest.mark.parametrize("outer", ["WHERE md5(category) = 'x'", "WHERE rn <= 2 LIMIT ALL"])
+def test_picking_rows_that_cannot_be_computed_after_noise_is_refused_unpaid(engine, outer):
+    with pytest.raises(errors.UnsupportedQuery, match="WHERE r <= 3 ORDER BY r"):
+        engine.prepare_parts("SELECT category FROM (SELECT category, COUNT(*) AS n, ROW_NUMBER() OVER (ORDER BY "
+                             f"COUNT(*)) AS rn FROM visits GROUP BY 1) t {outer}")
