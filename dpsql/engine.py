@@ -196,10 +196,10 @@ class Engine:
             prepared = self.prepare(composition.parts[0], None, epsilon, options)
             names = [o.name for o in prepared.outputs]
             try:  # the analyst's own WHERE, ORDER BY and LIMIT over a stand-in row: what cannot run fails unpaid
-                if composition.picks:
-                    pick_released(composition.outer, names, [(1,) * len(names)], [(None,) * len(names)])
-                else:
+                if not composition.picks:
                     aggregate_released(composition.outer, names, [(1,) * len(names)])
+                elif not composition.zero_row:  # (the pick of one reported value, which compose wrote, cannot fail)
+                    pick_released(composition.outer, names, [(1,) * len(names)], [(None,) * len(names)])
             except Exception as exc:  # noqa: BLE001 - any failure here would come after the charge
                 hint = ("pick rows with comparisons of the subquery's columns and a constant LIMIT, e.g. SELECT k, n "
                         "FROM (SELECT k, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM t GROUP BY k) s "
