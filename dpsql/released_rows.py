@@ -7,7 +7,7 @@ MIN, MAX), filter groups (HAVING), order and limit, over the inner query's outpu
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlglot import exp
@@ -56,11 +56,7 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
             continue
         values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
         found.append((values, [_plain(evaluate(_named(o.this), env)) for o in order]))
-    sort_rows(found, lambda row, i: row[1][i], [(bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
-                                                for o in order])
-    offset = int(tree.args["offset"].expression.to_py()) if tree.args.get("offset") else 0
-    limit = int(tree.args["limit"].expression.to_py()) if tree.args.get("limit") else None
-    return [row for row, _ in found][offset:None if limit is None else offset + limit]
+    return [row for row, _ in _ordered_and_cut(tree, found, lambda row, i: row[1][i])]
 
 
 def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], accuracy: Sequence[tuple],
@@ -76,27 +72,28 @@ def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], a
             if where is None or evaluate(where, dict(zip(names, row, strict=True)))]
     if not kept and zero_row:
         return [(0,) * len(columns)], [(None,) * len(columns)]
-    kept = _ordered_and_cut(tree, names, kept)
-    return [tuple(row[i] for i in columns) for row, _ in kept], [tuple(acc[i] for i in columns) for _, acc in kept]
-
-
-def _ordered_and_cut(tree: exp.Select, names: Sequence[str], kept: list[tuple]) -> list[tuple]:
-    """The picked (row, accuracy) pairs in the outer query's ORDER BY (over the inner columns or the outer
-    names), then its OFFSET and LIMIT."""
     order = tree.args["order"].expressions if tree.args.get("order") else []
     renamed = {output_name(item): item.unalias() for item in tree.expressions}
 
-    def value(pair: tuple, i: int) -> Any:
+    def value(pair: tuple, i: int) -> Any:  # ORDER BY an inner column, an outer name or a position
         key = order[i].this
-        if isinstance(key, exp.Literal) and key.is_int:  # ORDER BY 2: the second output column
+        if isinstance(key, exp.Literal) and key.is_int:
             key = tree.expressions[int(key.this) - 1].unalias()
         key = renamed.get(key.name, key) if isinstance(key, exp.Column) and key.name not in names else key
         return _plain(evaluate(key, dict(zip(names, pair[0], strict=True))))
 
-    sort_rows(kept, value, [(bool(o.args.get("desc")), bool(o.args.get("nulls_first"))) for o in order])
+    kept = _ordered_and_cut(tree, kept, value)
+    return [tuple(row[i] for i in columns) for row, _ in kept], [tuple(acc[i] for i in columns) for _, acc in kept]
+
+
+def _ordered_and_cut(tree: exp.Select, rows: list, value_of: Callable[[Any, int], Any]) -> list:
+    """`rows` in the outer query's ORDER BY (`value_of(row, i)`: a row's value of its i-th term), then cut to its
+    OFFSET and LIMIT."""
+    order = tree.args["order"].expressions if tree.args.get("order") else []
+    sort_rows(rows, value_of, [(bool(o.args.get("desc")), bool(o.args.get("nulls_first"))) for o in order])
     offset = int(tree.args["offset"].expression.to_py()) if tree.args.get("offset") else 0
     limit = int(tree.args["limit"].expression.to_py()) if tree.args.get("limit") else None
-    return kept[offset:None if limit is None else offset + limit]
+    return rows[offset:None if limit is None else offset + limit]
 
 
 def _aggregates(tree: exp.Select, members: list[dict]) -> dict[str, Any]:

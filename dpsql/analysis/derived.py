@@ -108,19 +108,19 @@ def _unit_first(scope: Scope, alias: str, group: list[exp.Expression], determine
     """The subquery's GROUP BY with the unit first: the unit, and any other key a column of a table whose row the
     unit's row determines (`GROUP BY p.person_id, p.sex`, which PostgreSQL needs to select p.sex): grouping by
     those too still gives one row per unit."""
-    units = [node for node in group if isinstance(node, exp.Column) and scope.is_unit(node)]
-    attributes = [node for node in group if not any(node is unit for unit in units[:1])]
+    unit = next((node for node in group if isinstance(node, exp.Column) and scope.is_unit(node)), None)
+    attributes = [node for node in group if node is not unit]
     # (a table declared to hold one row per unit determines it too where the catalog cannot say: the MIN below
     # keeps one row per unit whatever the data holds)
     one_row = determined | {a for a in scope.private if scope.aliases[a].max_rows_per_unit == 1}
-    if len(units) < 1 or not all(isinstance(node, exp.Column) and (node.table in one_row or scope.is_unit(node))
-                                 for node in attributes):
+    if unit is None or not all(isinstance(node, exp.Column) and (node.table in one_row or scope.is_unit(node))
+                               for node in attributes):
         raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
                                + ", ".join(scope.link_text(a) for a in scope.private
                                            if scope.aliases[a].unit_column)
                                + "), or with columns of a table that holds one row per unit",
                                "group by the unit inside, then aggregate or group its results outside")
-    return [units[0], *attributes]
+    return [unit, *attributes]
 
 
 def _unit_attribute(scope: Scope, name: str, node: exp.Column) -> tuple[exp.Expression, Column]:

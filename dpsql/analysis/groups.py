@@ -158,20 +158,11 @@ def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     outside them reaches a group, so they are released like a declared domain, every one, an empty group too
     (the query is public). Only text keys with text constants and integer keys with integer constants, whose
     values the backend returns as Python compares them; the other conditions on the key narrow it (`_admitted`)."""
-    where = scope.tree.args.get("where")
-    text = to_sql(node)
     kind = "text" if _is_text(scope.exprs, node) else "integer" if _integer_key(scope, node) else None
-    for condition in operands(where.this) if where is not None and kind is not None else []:
-        if isinstance(condition, exp.EQ):
-            sides = [condition.this.unnest(), condition.expression.unnest()]
-            constants = [sides[1]] if to_sql(sides[0]) == text else [sides[0]] if to_sql(sides[1]) == text else []
-        elif isinstance(condition, exp.In) and not condition.args.get("query") and to_sql(condition.this) == text:
-            constants = condition.expressions
-        else:
-            continue
-        values = [_constant_value(c) for c in constants]
-        wanted = str if kind == "text" else int
-        if values and all(v is None or type(v) is wanted for v in values) and len(values) <= MAX_DOMAIN:
+    wanted = str if kind == "text" else int
+    for negated, values in _key_conditions(scope, node) if kind is not None else []:
+        if not negated and values and all(v is None or type(v) is wanted for v in values) \
+                and len(values) <= MAX_DOMAIN:
             return tuple(dict.fromkeys(v for v in values if v is not None))
     return None
 
@@ -400,8 +391,22 @@ def _every_group(scope: Scope, keys: list[GroupKey]) -> str:
 def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
     """The values of `domain` that the WHERE's conditions on the key itself admit (PostgreSQL's equality of the
     key's values with the constants: exact for text, by value for numbers and booleans)."""
+    for negated, values in _key_conditions(scope, node):
+        if any(v is _UNKNOWN or not _comparable(v, domain) for v in values):
+            continue
+        listed = [v for v in values if v is not None]
+        if negated and len(listed) < len(values):  # NOT IN with a NULL, or <> NULL: no row passes
+            return ()
+        domain = tuple(v for v in domain if v is not None and (v in listed) != negated)
+    return domain
+
+
+def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list]]:
+    """(negated, the constants' values) of each WHERE conjunct that compares the key itself with constants: `k = c`,
+    `k <> c`, `k IN (...)`, `NOT k IN (...)`, the key on either side of an equality."""
     where = scope.tree.args.get("where")
     text = to_sql(node)
+    found = []
     for condition in operands(where.this) if where is not None else []:
         negated = isinstance(condition, exp.Not)
         test = condition.this.unnest() if negated else condition
@@ -413,14 +418,9 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
             key, constants = test.this.unnest(), test.expressions
         else:
             continue
-        values = [_constant_value(c) for c in constants]
-        if to_sql(key) != text or any(v is _UNKNOWN or not _comparable(v, domain) for v in values):
-            continue
-        listed = [v for v in values if v is not None]
-        if negated and len(listed) < len(values):  # NOT IN with a NULL, or <> NULL: no row passes
-            return ()
-        domain = tuple(v for v in domain if v is not None and (v in listed) != negated)
-    return domain
+        if to_sql(key) == text:
+            found.append((negated, [_constant_value(c) for c in constants]))
+    return found
 
 
 _UNKNOWN = object()

@@ -27,6 +27,7 @@ from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.query import AGGREGATES, operands, output_name, to_sql
+from dpsql.sql.shape import inline_ctes
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
 
@@ -137,12 +138,8 @@ def _picked_after_windows(tree: exp.Select, schema: PrivacySchema) -> Compositio
     AS rn FROM t GROUP BY k, c) s WHERE rn <= 3` (the top rows of each group; also as a WITH query): PostgreSQL has
     no filter on a window's values, so analysts filter outside. The inner query is answered with its window over
     the released rows; the outer one picks released rows and columns, each value with its interval."""
+    tree = inline_ctes(tree.copy(), read_once=True) if tree.args.get("with_") else tree
     source = tree.args["from_"].this if tree.args.get("from_") else None
-    ctes = tree.args["with_"].expressions if tree.args.get("with_") else []
-    if len(ctes) == 1 and isinstance(source, exp.Table) and source.name == ctes[0].alias_or_name and not source.db:
-        tree, source = tree.copy(), exp.Subquery(this=ctes[0].this.copy(), alias=exp.TableAlias(
-            this=exp.to_identifier(source.alias_or_name)))  # the one WITH query, read once: a subquery
-        tree.set("with_", None)
     inner = source.this if isinstance(source, exp.Subquery) else None
     if (not isinstance(inner, exp.Select) or not inner.find(exp.Window)
             or not (inner.args.get("group") or any(e.find(*AGGREGATES) for e in inner.expressions))

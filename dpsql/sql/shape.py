@@ -403,12 +403,13 @@ def _source_select(tree: exp.Select) -> exp.Select | None:
     return None
 
 
-def inline_ctes(tree: exp.Select) -> exp.Select:
+def inline_ctes(tree: exp.Select, read_once: bool = False) -> exp.Select:
     """A WITH query as a subquery at each place it is read, so that each merges into the outer query or is read as
     a subquery is: one read more than once (`FROM r r1 JOIN r r2`) where it aggregates nothing (sqlglot merges a
     WITH query read once only), and, in a chain of WITH queries, one read once (`WITH a AS (… GROUP BY person_id),
     b AS (SELECT n, COUNT(*) FROM a GROUP BY n) SELECT * FROM b`), as PostgreSQL itself inlines it. The last is
-    taken first, so that the queries it reads are then read outside any WITH query."""
+    taken first, so that the queries it reads are then read outside any WITH query. With `read_once`, every WITH
+    query read once is inlined (a caller that reads the subquery itself, not sqlglot's merge)."""
     with_ = tree.args.get("with_")
     if with_ is None or with_.args.get("recursive"):
         return tree
@@ -418,7 +419,7 @@ def inline_ctes(tree: exp.Select) -> exp.Select:
         if not isinstance(cte.this, exp.Select) or any(t.find_ancestor(exp.CTE) is not None for t in readers) \
                 or sum(c.alias_or_name == cte.alias_or_name for c in tree.find_all(exp.CTE)) > 1:
             continue  # read inside a WITH query still, or its name is another WITH query's too
-        if not (len(readers) > 1 and not cte.this.find(*AGGREGATES) or len(readers) == 1 and chained):
+        if not (len(readers) > 1 and not cte.this.find(*AGGREGATES) or len(readers) == 1 and (chained or read_once)):
             continue
         for table in readers:
             table.replace(exp.Subquery(this=cte.this.copy(), alias=exp.TableAlias(
