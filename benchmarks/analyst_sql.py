@@ -214,6 +214,9 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT category, drug, n FROM (SELECT v.category, r.drug, COUNT(*) AS n, ROW_NUMBER() OVER ("
                "PARTITION BY v.category ORDER BY COUNT(*) DESC) AS rn FROM prescriptions r JOIN visits v ON "
                "v.visit_id = r.visit_id GROUP BY 1, 2) t WHERE rn <= 2 ORDER BY 1, 3 DESC"),
+    ("answer", "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY category), b AS (SELECT category, "
+               "SUM(amount) AS s FROM visits GROUP BY category) SELECT a.category, a.n, b.s FROM a JOIN b ON "
+               "a.category = b.category"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

@@ -14,8 +14,9 @@ from sqlglot import exp
 from dpsql.answer import Answer
 from dpsql.postprocess import sort_rows
 from dpsql.prepared import Prepared
-from dpsql.released_rows import aggregate_released, outer_columns, pick_released
+from dpsql.released_rows import aggregate_released, outer_columns, pick_released, project_released
 from dpsql.sql.compose import SCALAR, Composition
+from dpsql.sql.parse import parse_statement
 
 
 def stand_ins(composition: Composition, number: int, before: Sequence[Prepared]) -> dict[str, Any] | None:
@@ -64,6 +65,8 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
         inner = parts[0].outputs
         names, types = outer_columns(composition.outer, [o.name for o in inner], [o.type_name for o in inner])
         return names, types, [True] * len(names)
+    if composition is not None and composition.joined_outer is not None:
+        return _joined_columns(composition, parts)
     if composition is not None and composition.sequential:
         parts = parts[-1:]
     if composition is not None and composition.booleans:
@@ -88,6 +91,11 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     names, types, noisy = columns_of(parts, composition)
     if composition.booleans:
         return _decided(composition.booleans, replace(answers[0], names=names, types=types, noisy=noisy))
+    if composition.joined_outer is not None:  # released rows joined after noise: bare columns keep their intervals
+        rows, accuracy = project_released(composition.joined_outer, joined_rows(composition, answers))
+        notes = list(dict.fromkeys(note for answer in answers for note in answer.notes))
+        return Answer(names, types, rows, accuracy, sum(a.epsilon for a in answers), sum(a.delta for a in answers),
+                      all(a.cached for a in answers), answers[-1].budget, noisy, notes=notes)
     if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
         rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
                                        composition.zero_row)
@@ -158,3 +166,53 @@ def _values_present(name: str, counts: Answer) -> Answer:
 def _halfwidth(counts: Answer) -> float:
     accuracy = next((a[1] for a in counts.accuracy if a[1] is not None and a[1].ci_high is not None), None)
     return 0.0 if accuracy is None else (accuracy.ci_high - accuracy.ci_low) / 2
+
+
+def joined_rows(composition: Composition, answers: Sequence[Answer]) -> list[tuple[dict, dict]]:
+    """The parts' released rows joined as the statement joins them (`Composition.joins`): each joined row's values
+    and accuracy by the names the statement's outer query reads (dpsql_j<part>_<column>). NULL keys match nothing,
+    as SQL's equality; a LEFT join keeps a row no other matches, with NULLs."""
+    def named(number: int, answer: Answer) -> list[tuple[dict, dict]]:
+        return [({f"dpsql_j{number}_{n}": v for n, v in zip(answer.names, row, strict=True)},
+                 {f"dpsql_j{number}_{n}": a for n, a in zip(answer.names, acc, strict=True)})
+                for row, acc in zip(answer.rows, answer.accuracy, strict=True)]
+
+    joined = named(0, answers[0])
+    for number, (side, pairs) in enumerate(composition.joins, start=1):
+        right = named(number, answers[number])
+        index: dict[tuple, list[tuple[dict, dict]]] = {}
+        for values, acc in right:
+            key = tuple(values[f"dpsql_j{number}_{c}"] for _, _, _, c in pairs)
+            if None not in key:
+                index.setdefault(key, []).append((values, acc))
+        empty = dict.fromkeys(f"dpsql_j{number}_{n}" for n in answers[number].names)
+        found = []
+        for values, acc in joined:
+            key = tuple(values[f"dpsql_j{left}_{c}"] for left, c, _, _ in pairs)
+            matches = index.get(key, []) if None not in key else []
+            found += [({**values, **v}, {**acc, **a}) for v, a in matches]
+            if not matches and side == "LEFT":
+                found.append(({**values, **empty}, {**acc, **empty}))
+        joined = found
+    return joined
+
+
+def check_joined(composition: Composition, parts: Sequence[Prepared]) -> None:
+    """The joined statement's outer query over one stand-in row of each part's types: what cannot be computed
+    after noise raises here, before any charge."""
+    row = {f"dpsql_j{i}_{o.name}": _STAND_INS.get(o.type_name, 1) for i, part in enumerate(parts) for o in part.outputs}
+    project_released(composition.joined_outer, [(row, {})])
+
+
+def _joined_columns(composition: Composition, parts: list[Prepared]) -> tuple[list[str], list[str], list[bool]]:
+    """A joined statement's columns: a bare column keeps its part's type and noisiness; a value computed after
+    noise is a double, noisy where any column it reads is."""
+    kinds = {f"dpsql_j{i}_{o.name}": o for i, part in enumerate(parts) for o in part.outputs}
+    names, types, noisy = [], [], []
+    for item in parse_statement(composition.joined_outer).expressions:
+        value = item.unalias()
+        read = [kinds[c.name] for c in value.find_all(exp.Column)]
+        names.append(item.alias_or_name)
+        types.append(read[0].type_name if isinstance(value, exp.Column) else "float8")
+        noisy.append(any(o.noisy for o in read))
+    return names, types, noisy

@@ -26,7 +26,7 @@ from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
 from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, lent, plan_race, race_note, raceable
-from dpsql.combining import combine, scalar_values, stand_ins
+from dpsql.combining import check_joined, combine, scalar_values, stand_ins
 from dpsql.config import Settings
 from dpsql.errors import (
     BackendError,
@@ -221,6 +221,14 @@ class Engine:
             for n in charged:
                 parts[n] = self.prepare(composition.parts[n], stand_ins(composition, n, parts),
                                         resolved.epsilon / len(charged), options)
+        if composition.joined_outer is not None:
+            try:
+                check_joined(composition, parts)
+            except Exception as exc:  # noqa: BLE001 - any failure here would come after the charge
+                raise UnsupportedQuery(f"the outer query over the joined subqueries' rows cannot be computed after "
+                                       f"noise ({type(exc).__name__})", "select, compare and combine their columns "
+                                       "with arithmetic, e.g. SELECT a.k, a.n, b.s / a.n FROM a JOIN b ON a.k = b.k"
+                                       ) from None
         return composition, parts
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,

@@ -65,25 +65,36 @@ def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], a
     (bare inner columns), each with its accuracy: picking released rows changes no value, so their intervals
     stand. Where no row is kept and the outer query counts (`zero_row`: no report has the value), one row of zero
     counts, as COUNT(*) over no rows."""
+    envs = [(dict(zip(names, row, strict=True)), dict(zip(names, acc, strict=True)))
+            for row, acc in zip(rows, accuracy, strict=True)]
+    found, kept_accuracy = project_released(outer_sql, envs)
+    if not found and zero_row:
+        width = len(parse_select(outer_sql).expressions)
+        return [(0,) * width], [(None,) * width]
+    return found, kept_accuracy
+
+
+def project_released(outer_sql: str, envs: Sequence[tuple[dict, dict]]) -> tuple[list[tuple], list[tuple]]:
+    """The outer query's rows over released rows (each its values and their accuracy by column name): those its
+    WHERE keeps, its SELECT list computed, in its ORDER BY (over the columns, its output names or positions), cut
+    to its OFFSET and LIMIT. A bare column keeps its interval; a value computed from noisy ones has none."""
     tree = parse_select(outer_sql)
     where = tree.args["where"].this if tree.args.get("where") else None
-    columns = [list(names).index(item.unalias().name) for item in tree.expressions]
-    kept = [(row, acc) for row, acc in zip(rows, accuracy, strict=True)
-            if where is None or evaluate(where, dict(zip(names, row, strict=True)))]
-    if not kept and zero_row:
-        return [(0,) * len(columns)], [(None,) * len(columns)]
+    kept = [(values, acc) for values, acc in envs if where is None or evaluate(where, values)]
     order = tree.args["order"].expressions if tree.args.get("order") else []
     renamed = {output_name(item): item.unalias() for item in tree.expressions}
 
-    def value(pair: tuple, i: int) -> Any:  # ORDER BY an inner column, an outer name or a position
+    def value(pair: tuple, i: int) -> Any:
         key = order[i].this
         if isinstance(key, exp.Literal) and key.is_int:
             key = tree.expressions[int(key.this) - 1].unalias()
-        key = renamed.get(key.name, key) if isinstance(key, exp.Column) and key.name not in names else key
-        return _plain(evaluate(key, dict(zip(names, pair[0], strict=True))))
+        key = renamed.get(key.name, key) if isinstance(key, exp.Column) and key.name not in pair[0] else key
+        return _plain(evaluate(key, pair[0]))
 
     kept = _ordered_and_cut(tree, kept, value)
-    return [tuple(row[i] for i in columns) for row, _ in kept], [tuple(acc[i] for i in columns) for _, acc in kept]
+    outputs = [item.unalias() for item in tree.expressions]
+    return ([tuple(_plain(evaluate(o, values)) for o in outputs) for values, _ in kept],
+            [tuple(acc.get(o.name) if isinstance(o, exp.Column) else None for o in outputs) for _, acc in kept])
 
 
 def _ordered_and_cut(tree: exp.Select, rows: list, value_of: Callable[[Any, int], Any]) -> list:
@@ -128,4 +139,4 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-__all__ = ["aggregate_released", "outer_columns", "pick_released"]
+__all__ = ["aggregate_released", "outer_columns", "pick_released", "project_released"]

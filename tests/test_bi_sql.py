@@ -1157,3 +1157,36 @@ def test_picking_rows_that_cannot_be_computed_after_noise_is_refused_unpaid(engi
     with pytest.raises(errors.UnsupportedQuery, match="WHERE r <= 3 ORDER BY r"):
         engine.prepare_parts("SELECT category FROM (SELECT category, COUNT(*) AS n, ROW_NUMBER() OVER (ORDER BY "
                              f"COUNT(*)) AS rn FROM visits GROUP BY 1) t {outer}")
+
+
+def test_grouped_queries_joined_on_their_keys_are_answered_apart_and_joined_after_noise(engine, analyst):
+    """Two WITH queries grouped by category, joined on it: each is its own query (the statement's ε split, as a
+    UNION's parts), and the released rows are joined in Python. Bare columns keep their intervals; a value computed
+    from two noisy ones has none."""
+    sql = ("WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY category), b AS (SELECT category, "
+           "SUM(amount) AS s FROM visits WHERE amount > 100 GROUP BY category) SELECT a.category, a.n, b.s / a.n AS "
+           "share FROM a LEFT JOIN b ON b.category = a.category WHERE a.n > 0 ORDER BY 2 DESC LIMIT 5")
+    composition, parts = engine.prepare_parts(sql)
+    assert len(parts) == 2 and sum(p.calibration.epsilon for p in parts) == pytest.approx(1.0)
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.names == ["category", "n", "share"] and answer.types == ["text", "int8", "float8"]
+    assert len(answer.rows) == 5 and [r[1] for r in answer.rows] == sorted((r[1] for r in answer.rows), reverse=True)
+    assert all(acc[1] is not None and acc[2] is None for acc in answer.accuracy)
+    assert answer.epsilon == pytest.approx(1.0)
+    using = engine.query("SELECT x.sex, x.n, y.income FROM (SELECT sex, COUNT(*) AS n FROM people GROUP BY sex) x "
+                         "JOIN (SELECT sex, AVG(income) AS income FROM people GROUP BY sex) y USING (sex)",
+                         analyst=analyst, epsilon=1.0)
+    assert sorted(r[0] for r in using.rows) == ["F", "M"]
+
+
+def test_joined_released_rows_a_null_key_matches_nothing_and_left_keeps_the_rest():
+    from dpsql.combining import joined_rows
+    from dpsql.sql.compose import Composition
+
+    def answer(names, rows):
+        return Answer(names, ["text", "int8"], rows, [(None, None)] * len(rows), 0.5, 0.0, False, None, [False, True])
+
+    composition = Composition(["a", "b"], "", joins=(("LEFT", ((0, "k", 1, "k"),)),), joined_outer="SELECT 1")
+    rows = joined_rows(composition, [answer(["k", "n"], [("x", 1), (None, 2), ("y", 3)]),
+                                     answer(["k", "m"], [("x", 10), (None, 20), ("x", 11)])])
+    assert [(r["dpsql_j0_k"], r["dpsql_j1_m"]) for r, _ in rows] == [("x", 10), ("x", 11), (None, None), ("y", None)]

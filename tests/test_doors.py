@@ -221,6 +221,10 @@ DOOR_STATEMENTS = [
     "SELECT region, COUNT(*) AS n FROM survey GROUP BY region ORDER BY region",
     "SELECT smoker, COUNT(*) AS n FROM survey GROUP BY smoker ORDER BY smoker",
     "SELECT COUNT(*) FROM checkins WHERE hour BETWEEN 9 AND 17",
+    "WITH a AS (SELECT sex, COUNT(*) AS n FROM people GROUP BY sex), b AS (SELECT sex, AVG(age) AS m FROM people "
+    "GROUP BY sex) SELECT a.sex, a.n, b.m FROM a JOIN b ON a.sex = b.sex ORDER BY 1",  # released rows joined
+    "SELECT sex, n FROM (SELECT sex, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM people "
+    "GROUP BY sex) t WHERE r = 1",  # a row picked after a window
 ]
 
 

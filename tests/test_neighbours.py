@@ -506,6 +506,8 @@ COMPOSED = [
     "SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*) FROM visits UNION ALL SELECT SUM(cost) FROM prescriptions",
     "SELECT sex, COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people) GROUP BY sex",
     "SELECT category, AVG(amount) - (SELECT AVG(amount) FROM visits) FROM visits GROUP BY category",
+    "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY category), b AS (SELECT r.drug, COUNT(*) AS m "
+    "FROM prescriptions r GROUP BY r.drug) SELECT a.category, a.n, b.m FROM a JOIN b ON b.drug = a.category",
 ]
 
 

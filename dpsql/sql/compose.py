@@ -49,6 +49,11 @@ class Composition:
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
     picks: bool = False  # the outer query only picks released rows and columns: their intervals stand
     zero_row: bool = False  # picked counts: where no row is picked, one row of zeros (COUNT(*) over no rows)
+    # grouped queries joined on their columns: (side, ((left part, column, right part, column), ...)) for each join
+    # of the next part; `joined_outer` the statement's SELECT over the joined rows, each part's column `c` named
+    # dpsql_j<part>_c (`released_rows.project_released`)
+    joins: tuple[tuple[str, tuple[tuple[int, str, int, str], ...]], ...] = ()
+    joined_outer: str | None = None
     booleans: tuple[tuple[int, bool], ...] = ()  # (column, every): bool_or / bool_and read off the one part's
     # noisy count of the rows that hold (bool_or) or fail (bool_and, every) the condition (`combining`)
 
@@ -106,7 +111,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     if isinstance(tree, exp.Select) and schema is not None:
         bound = bind_parameters(tree, params)
         return (_over_released(bound, schema) or _picked_after_windows(bound, schema)
-                or _count_of_reported_value(bound, schema))
+                or _joined_released(bound, schema) or _count_of_reported_value(bound, schema))
     return None
 
 
@@ -159,6 +164,83 @@ def _picked_after_windows(tree: exp.Select, schema: PrivacySchema) -> Compositio
         return None
     return Composition([to_sql(inner)], "rows picked from the released rows of a query with a window",
                        outer=to_sql(outer), picks=True)
+
+
+def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`WITH a AS (SELECT k, COUNT(*) AS n … GROUP BY k), b AS (SELECT k, SUM(x) AS s … GROUP BY k) SELECT a.k, a.n,
+    b.s / a.n FROM a JOIN b ON a.k = b.k`: each grouped query is answered on its own (the statement's ε split, as a
+    UNION's parts are), and their released rows are joined after noise, as post-processing. Inner and LEFT joins on
+    equalities of the parts' columns (ON or USING); the outer query projects, filters, orders and limits."""
+    tree = inline_ctes(tree.copy(), read_once=True) if tree.args.get("with_") else tree
+    joins = tree.args.get("joins") or []
+    sources = [tree.args["from_"].this if tree.args.get("from_") else None, *(j.this for j in joins)]
+    if (not joins or len(sources) > MAX_PARTS or any(tree.args.get(k) for k in ("group", "having", "distinct", "with_"))
+            or not all(isinstance(s, exp.Subquery) and _released_query(s.this, schema) for s in sources)):
+        return None
+    aliases = [s.alias_or_name for s in sources]
+    columns = [[output_name(e) for e in s.this.expressions] for s in sources]
+    if len(set(aliases)) < len(aliases) or any(len(set(c)) < len(c) for c in columns):
+        return None
+
+    def part_of(column: exp.Column) -> int | None:
+        found = [i for i, names in enumerate(columns) if column.name in names
+                 and (not column.table or column.table == aliases[i])]
+        return found[0] if len(found) == 1 else None
+
+    specs = []
+    for number, join in enumerate(joins, start=1):
+        side = (join.side or "").upper()
+        if side not in ("", "LEFT") or (join.kind or "").upper() not in ("", "INNER", "OUTER"):
+            return None
+        pairs = _join_pairs(join, number, part_of, columns)
+        if not pairs:
+            return None
+        specs.append((side, tuple(pairs)))
+    outer = tree.copy()
+    outer.set("from_", None)
+    outer.set("joins", None)
+    if (outer.find(exp.Window, *AGGREGATES, exp.Subquery, exp.Exists, exp.Star)
+            or any(part_of(c) is None for c in outer.find_all(exp.Column))):
+        return None
+    outer.set("expressions", [exp.alias_(e.unalias().copy(), output_name(e)) for e in outer.expressions])
+    outer = outer.transform(lambda n: exp.column(f"dpsql_j{part_of(n)}_{n.name}") if isinstance(n, exp.Column)
+                            else n)
+    return Composition([to_sql(s.this) for s in sources], "grouped queries answered apart, their released rows "
+                       "joined", joins=tuple(specs), joined_outer=to_sql(outer))
+
+
+def _released_query(select: exp.Expression, schema: PrivacySchema) -> bool:
+    """Whether `select` is a grouped aggregate query that is answered on its own (not a per-unit table)."""
+    return (isinstance(select, exp.Select) and bool(select.args.get("group"))
+            and any(e.find(*AGGREGATES) for e in select.expressions) and not _groups_by_unit(select, schema))
+
+
+def _join_pairs(join: exp.Join, number: int, part_of: Any, columns: list[list[str]]) \
+        -> list[tuple[int, str, int, str]] | None:
+    """(earlier part, its column, part `number`, its column) for each equality of the join's ON (every conjunct one)
+    or each USING column; None for any other condition."""
+    if join.args.get("using"):
+        pairs = []
+        for identifier in join.args["using"]:
+            earlier = [i for i in range(number) if identifier.name in columns[i]]
+            if len(earlier) != 1 or identifier.name not in columns[number]:
+                return None
+            pairs.append((earlier[0], identifier.name, number, identifier.name))
+        return pairs
+    on = join.args.get("on")
+    pairs = []
+    for conjunct in operands(on) if on is not None else []:
+        if not (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)
+                and isinstance(conjunct.expression, exp.Column)):
+            return None
+        ends = sorted([(part_of(conjunct.this), conjunct.this.name), (part_of(conjunct.expression),
+                                                                       conjunct.expression.name)],
+                      key=lambda end: -1 if end[0] is None else end[0])
+        (left, left_name), (right, right_name) = ends
+        if left is None or right != number or left >= number:
+            return None
+        pairs.append((left, left_name, right, right_name))
+    return pairs or None
 
 
 def _booleans(tree: exp.Select) -> Composition | None:
