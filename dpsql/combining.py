@@ -99,7 +99,8 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
         rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
                                        composition.zero_row)
-        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy)
+        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy,
+                       notes=[*answers[0].notes, *composition.notes])
     if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
         rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),

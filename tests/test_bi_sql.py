@@ -1143,6 +1143,7 @@ def test_the_top_rows_of_each_group_are_picked_after_the_window(engine, analyst)
     categories = [row[0] for row in answer.rows]
     assert categories == sorted(categories) and all(categories.count(c) <= 2 for c in categories)
     assert all(acc[2] is not None for acc in answer.accuracy)  # picking changes no value: the intervals stand
+    assert any("winner's curse" in note for note in answer.notes)  # but the choice favours rows noised upward
     ranked = engine.query("WITH ranked AS (SELECT category, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r "
                           "FROM visits GROUP BY category) SELECT * FROM ranked WHERE r <= 3 ORDER BY 3 LIMIT 2",
                           analyst=analyst, epsilon=1.0)

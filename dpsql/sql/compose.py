@@ -49,6 +49,7 @@ class Composition:
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
     picks: bool = False  # the outer query only picks released rows and columns: their intervals stand
     zero_row: bool = False  # picked counts: where no row is picked, one row of zeros (COUNT(*) over no rows)
+    notes: tuple[str, ...] = ()  # said with the answer
     # grouped queries joined on their columns: (side, ((left part, column, right part, column), ...)) for each join
     # of the next part; `joined_outer` the statement's SELECT over the joined rows, each part's column `c` named
     # dpsql_j<part>_c (`released_rows.project_released`)
@@ -162,8 +163,12 @@ def _picked_after_windows(tree: exp.Select, schema: PrivacySchema) -> Compositio
             or not {c.name for c in outer.find_all(exp.Column)} <= set(names)
             or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
         return None
+    ranked_by_noise = any(w.find(*AGGREGATES) for w in inner.find_all(exp.Window))
+    note = ("rows picked by a window over noisy values: a row that ranks high partly by its noise is likely above "
+            "its true value (the winner's curse), beyond what its interval shows; ask for the picked keys again, "
+            "WHERE k IN (...), for values measured apart from the choice")
     return Composition([to_sql(inner)], "rows picked from the released rows of a query with a window",
-                       outer=to_sql(outer), picks=True)
+                       outer=to_sql(outer), picks=True, notes=(note,) if ranked_by_noise else ())
 
 
 def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
