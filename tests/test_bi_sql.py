@@ -1166,7 +1166,7 @@ def test_grouped_queries_joined_on_their_keys_are_answered_apart_and_joined_afte
     from two noisy ones has none."""
     sql = ("WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY category), b AS (SELECT category, "
            "SUM(amount) AS s FROM visits WHERE amount > 100 GROUP BY category) SELECT a.category, a.n, b.s / a.n AS "
-           "share FROM a LEFT JOIN b ON b.category = a.category WHERE a.n > 0 ORDER BY 2 DESC LIMIT 5")
+           "share FROM a LEFT JOIN b ON b.category = a.category WHERE a.n > 0 ORDER BY 2 DESC, share LIMIT 5")
     composition, parts = engine.prepare_parts(sql)
     assert len(parts) == 2 and sum(p.calibration.epsilon for p in parts) == pytest.approx(1.0)
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)

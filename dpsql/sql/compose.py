@@ -204,12 +204,19 @@ def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | N
     outer = tree.copy()
     outer.set("from_", None)
     outer.set("joins", None)
+    outputs = {output_name(e) for e in outer.expressions}
+
+    def named(node: exp.Expression) -> exp.Expression:  # a part's column by its joined name; ORDER BY an output's
+        if not isinstance(node, exp.Column) or part_of(node) is None and node.name in outputs and not node.table:
+            return node
+        return exp.column(f"dpsql_j{part_of(node)}_{node.name}")
+
     if (outer.find(exp.Window, *AGGREGATES, exp.Subquery, exp.Exists, exp.Star)
-            or any(part_of(c) is None for c in outer.find_all(exp.Column))):
+            or any(part_of(c) is None and not (c.find_ancestor(exp.Order) and c.name in outputs)
+                   for c in outer.find_all(exp.Column))):
         return None
     outer.set("expressions", [exp.alias_(e.unalias().copy(), output_name(e)) for e in outer.expressions])
-    outer = outer.transform(lambda n: exp.column(f"dpsql_j{part_of(n)}_{n.name}") if isinstance(n, exp.Column)
-                            else n)
+    outer = outer.transform(named)
     return Composition([to_sql(s.this) for s in sources], "grouped queries answered apart, their released rows "
                        "joined", joins=tuple(specs), joined_outer=to_sql(outer))
 
