@@ -15,8 +15,8 @@ from dpsql.analysis.expressions import Expressions
 from dpsql.analysis.groups import key_type
 from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output, noisy_windows
 from dpsql.analysis.scope import Scope
-from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import AGGREGATES, to_sql
+from dpsql.errors import PrivacyRefusal
+from dpsql.sql import AGGREGATES, limit_clause, to_sql
 
 
 def post_process(scope: Scope) -> None:
@@ -63,7 +63,7 @@ def post_process(scope: Scope) -> None:
         order.append((expr, descending, descending if nulls_first is None else bool(nulls_first)))
     scope.outputs, scope.having, scope.order = outputs, having, order
     scope.windows = list(windows.values())
-    scope.limit, scope.offset = _constant(tree, "limit"), _constant(tree, "offset") or 0
+    scope.limit, scope.offset = limit_clause(tree, "limit"), limit_clause(tree, "offset") or 0
 
 
 def _integer_division(node: exp.Expression, aggregates: list[Aggregate],
@@ -111,16 +111,6 @@ def _name_windows(node: exp.Expression, windows: dict[str, tuple[str, exp.Window
             windows[key] = (f"dpsql_w{len(windows)}", n)
         return exp.column(windows[key][0])
     return node.transform(name, copy=False)
-
-
-def _constant(tree: exp.Select, clause: str) -> int | None:
-    node = tree.args.get(clause)
-    if node is None:
-        return None
-    value = node.expression
-    if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
-        raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant", "e.g. LIMIT 10 OFFSET 20")
-    return int(value.this)
 
 
 def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[GroupKey], exprs: Expressions,

@@ -23,7 +23,7 @@ from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_select
 from dpsql.sql.patterns import patterns_as_regex
 from dpsql.sql.qualify import qualify_columns
-from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, operands, output_name, to_sql
+from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, limit_clause, operands, output_name, to_sql
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import (
     any_as_in,
@@ -118,5 +118,5 @@ def check_query(sql: str, schema: PrivacySchema,
     return CheckedQuery(tree, names, canonical_sql(tree), timed)
 
 
-__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "operands",
+__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "limit_clause", "operands",
            "semijoin_selects", "to_sql"]

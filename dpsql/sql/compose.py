@@ -26,8 +26,8 @@ from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement
-from dpsql.sql.query import AGGREGATES, operands, output_name, to_sql
-from dpsql.sql.shape import inline_ctes
+from dpsql.sql.query import AGGREGATES, limit_clause, operands, output_name, to_sql
+from dpsql.sql.shape import fetch_as_limit, inline_ctes
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
 
@@ -89,7 +89,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     if not (_may_compose(sql) or distinct or _may_read_reports(sql, schema)):  # most statements: spare a parse
         return None
     try:
-        tree = parse_statement(sql)
+        tree = fetch_as_limit(parse_statement(sql))
     except Exception:  # noqa: BLE001 - a statement that does not parse is the ordinary stages' to report
         return None
     if distinct and isinstance(tree, exp.Select):
@@ -672,14 +672,4 @@ def _outer_order(tree: exp.Expression, names: list[str],
         descending = bool(ordered.args.get("desc"))
         nulls_first = ordered.args.get("nulls_first")
         order.append((column, descending, descending if nulls_first is None else bool(nulls_first)))
-    return tuple(order), _constant(tree, "limit"), _constant(tree, "offset") or 0
-
-
-def _constant(tree: exp.Expression, key: str) -> int | None:
-    node = tree.args.get(key)
-    if node is None:
-        return None
-    value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
-    if isinstance(value, exp.Literal) and value.is_int and int(value.this) >= 0:
-        return int(value.this)
-    raise UnsupportedQuery(f"{key.upper()} must be a whole number", "e.g. LIMIT 10 OFFSET 20")
+    return tuple(order), limit_clause(tree, "limit"), limit_clause(tree, "offset") or 0

@@ -9,6 +9,8 @@ from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.helper import name_sequence
 
+from dpsql.errors import UnsupportedQuery
+
 DIALECT = "postgres"
 
 _generators = threading.local()
@@ -87,3 +89,15 @@ def output_name(node: exp.Expression) -> str:
     if isinstance(node, exp.Func):
         return node.sql_name().lower()
     return "?column?"
+
+
+def limit_clause(tree: exp.Expression, clause: str) -> int | None:
+    """The whole-number constant of `tree`'s LIMIT or OFFSET (`clause`), None when it has none; anything else is
+    refused, since rows are cut after noise."""
+    node = tree.args.get(clause)
+    if node is None:
+        return None
+    value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+    if isinstance(value, exp.Literal) and value.is_int and int(value.this) >= 0:
+        return int(value.this)
+    raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant", "e.g. LIMIT 10 OFFSET 20")

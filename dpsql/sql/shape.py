@@ -35,9 +35,14 @@ def filters_as_case(tree: exp.Select) -> exp.Select:
 
 def fetch_as_limit(tree: exp.Select) -> exp.Select:
     """`FETCH FIRST n ROWS ONLY` (the standard's spelling, which Tableau and DBeaver send) is `LIMIT n`; with no n it
-    is one row. WITH TIES, whose rows depend on ties among released values, is left as written (refused)."""
-    for select in tree.find_all(exp.Select):
+    is one row. WITH TIES, whose rows depend on ties among released values, is left as written (refused).
+    `LIMIT ALL` and `LIMIT NULL` are no limit, as in PostgreSQL."""
+    for select in tree.find_all(exp.Select, exp.SetOperation):
         fetch = select.args.get("limit")
+        if isinstance(fetch, exp.Limit) and (isinstance(fetch.expression, exp.Null) or (
+                isinstance(fetch.expression, exp.Var) and fetch.expression.name.upper() == "ALL")):
+            select.set("limit", None)
+            continue
         if not isinstance(fetch, exp.Fetch) or (fetch.args.get("limit_options") or exp.LimitOptions()).args.get(
                 "with_ties"):
             continue
