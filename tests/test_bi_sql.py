@@ -965,6 +965,43 @@ def test_to_char_of_what_is_not_a_date_is_refused(demo_schema, sql, message):
         plan(sql, demo_schema)
 
 
+NUMBER_TEMPLATES = ["FM999,999,999", "999,999,999", "FM999,999,990.00", "999G999D99", "FM999.99", "999.99", "9999",
+                    "0000", "FM0.999", "9099", "FM9099", "9.", "D99", "FM999.990", "$999,999", '"n="9999', "999%",
+                    "9 9 9", "FM9999999999999999.999999"]
+NUMBERS = [0, 5, -5, 1234, 12345, 1234567890, -0.5, 0.5, 0.005, -0.004, 2.5, 0.125, 99.995, 1234.5678, 1e-9,
+           875217184718608.5, -2676310483162789.5]
+
+
+def test_to_char_of_a_noisy_number_is_postgresql_s(base_url):
+    """to_char of a released number runs in Python: for each template and value, as a bigint, a double precision
+    (printf's rounding, the sign of -0, at most 15 digits) and a numeric (half away from zero), the text is
+    PostgreSQL's own: blank or zero digits, the sign before the first digit, FM's trimming, '#' for overflow."""
+    from decimal import Decimal
+
+    from dpsql.postprocess.to_char import number_to_char
+
+    readers = {"float8": float, "numeric": lambda v: Decimal(repr(v)), "int8": int}
+    with psycopg.connect(base_url) as conn:
+        for template in NUMBER_TEMPLATES:
+            for number in NUMBERS:
+                for type_name, read in readers.items():
+                    if type_name == "int8" and number != int(number):
+                        continue
+                    value = read(number)
+                    expected = conn.execute(f"SELECT to_char(%s::{type_name}, %s)", (str(value), template))
+                    assert number_to_char(value, template) == expected.fetchone()[0], (template, type_name, value)
+
+
+def test_a_noisy_number_is_formatted_and_joined_to_text_after_noise(engine, analyst):
+    answer = engine.query("SELECT category, to_char(SUM(amount), 'FM999,999,990') AS total, COUNT(*) || ' visits' "
+                          "AS n FROM visits GROUP BY category ORDER BY 1", analyst=analyst, epsilon=1.0)
+    assert answer.types == ["text", "text", "text"] and len(answer.rows) == 8
+    assert all(row[1].replace(",", "").isdigit() and row[2].endswith(" visits") for row in answer.rows)
+    assert all(acc[1] is None and acc[2] is None for acc in answer.accuracy)  # text has no interval
+    with pytest.raises(errors.UnsupportedQuery, match="number pattern S is not computed"):
+        engine.prepare("SELECT to_char(SUM(amount), 'S999,999') FROM visits")  # refused before anything is spent
+
+
 # --- an aggregate computed in a WITH query or subquery and post-processed outside (issue 17) ---------------------
 
 def test_a_projection_of_an_aggregate_query_is_that_query_post_processed(demo_schema):

@@ -144,5 +144,5 @@ def test_to_char_of_a_released_key_is_post_processing(engine, analyst, base_url)
         months = [r[0] for r in conn.execute("SELECT to_char(m, 'FMMonth YYYY') FROM generate_series("
                                              "'2024-01-01'::timestamp, '2024-12-01', '1 month') m")]
     assert [row[0] for row in answer.rows] == months and answer.types == ["text", "int8"]
-    with pytest.raises(errors.UnsupportedQuery, match="over a GROUP BY key, not a noisy aggregate"):
+    with pytest.raises(errors.UnsupportedQuery, match="over a GROUP BY key or a number, not a noisy date"):
         engine.prepare("SELECT category, to_char(MIN(day), 'YYYY') FROM visits GROUP BY category")

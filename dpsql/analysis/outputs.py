@@ -15,7 +15,7 @@ from dpsql.analysis.expressions import Expressions
 from dpsql.analysis.groups import key_type
 from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output, noisy_windows
 from dpsql.analysis.scope import Scope
-from dpsql.errors import PrivacyRefusal
+from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.sql import AGGREGATES, limit_clause, to_sql
 
 
@@ -143,7 +143,10 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         return "text" if expr.is_string else ("int8" if expr.is_int else "numeric")  # PostgreSQL reads 1.5 as numeric
     if isinstance(expr, exp.IntDiv):  # (`_integer_division`)
         return "int8"
-    if isinstance(expr, exp.TimeToStr):  # to_char of a released key
+    if isinstance(expr, exp.TimeToStr):  # to_char of a released key, or of a noisy number
+        _check_formatted(expr, aggregates, keys, exprs, original, windows)
+        return "text"
+    if isinstance(expr, exp.DPipe):
         return "text"
     if isinstance(expr, exp.Round):  # PostgreSQL rounds a numeric as a numeric, anything else as a double
         inner = original.this if isinstance(original, exp.Round) else expr.this
@@ -165,3 +168,16 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "float8" if isinstance(expr, exp.Div) else "int8"
         return "numeric" if kinds <= {"int8", "numeric"} else "float8"
     return "float8"
+
+
+def _check_formatted(expr: exp.TimeToStr, aggregates: list[Aggregate], keys: list[GroupKey], exprs: Expressions,
+                     original: exp.Expression, windows: dict[str, exp.Window]) -> None:
+    """to_char formats a released key, or a number; a noisy date (MIN(day)) is a number of days until it is typed,
+    so its text would be that number's."""
+    if isinstance(expr.this, exp.Column) and any(key.name == expr.this.name for key in keys):
+        return
+    inner = original.this if isinstance(original, exp.TimeToStr) else expr.this
+    if _output_type(expr.this, aggregates, keys, exprs, inner, windows) not in ("int8", "float8", "numeric"):
+        raise UnsupportedQuery(f"to_char of {to_sql(inner)} is answered over a GROUP BY key or a number, not a "
+                               "noisy date", "group by the date and format it: SELECT to_char(date_trunc('month', "
+                               "day), 'Mon YYYY'), COUNT(*) FROM visits GROUP BY date_trunc('month', day)")

@@ -13,7 +13,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
-from dpsql.postprocess.to_char import template_of, to_char
+from dpsql.postprocess.to_char import number_to_char, template_of, to_char
 from dpsql.schema import TEMPORAL_TYPES, temporal_value
 from dpsql.sql import to_sql
 
@@ -37,15 +37,38 @@ def typed(value: Any, type_name: str) -> Any:
 
 
 def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
-    """to_char of a released date or time (a group key); a noisy aggregate is a number here, refused. A time
-    Python cannot hold arrives as PostgreSQL's text ('infinity', whose to_char is NULL; past year 9999): NULL."""
+    """to_char of a released date or time (a group key) or of a noisy number (`to_char(SUM(x), 'FM999,990')`:
+    text, so it has no interval). A time Python cannot hold arrives as PostgreSQL's text ('infinity', whose
+    to_char is NULL; past year 9999): NULL."""
     if value is None or isinstance(value, str):
         return None
-    if not isinstance(value, datetime.date):
-        raise UnsupportedQuery(f"{to_sql(node)} is answered over a GROUP BY key, not a noisy aggregate",
-                               "group by the date and format it: SELECT to_char(date_trunc('month', day), 'Mon "
-                               "YYYY'), COUNT(*) FROM visits GROUP BY date_trunc('month', day)")
-    return to_char(value, template_of(node))
+    if isinstance(value, np.ndarray):
+        raise TypeError("text has no simulated interval")
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, datetime.date):
+        return to_char(value, template_of(node))
+    if isinstance(value, bool):
+        raise UnsupportedQuery(f"{to_sql(node)} formats a boolean, which PostgreSQL's to_char does not",
+                               "format a number or a date: to_char(SUM(x), 'FM999,990')")
+    return number_to_char(value, template_of(node))
+
+
+def _as_text(value: Any) -> str:
+    """A value joined by ||, as PostgreSQL writes it: a whole number (a count) without a fraction, another number
+    as float8 writes it (the shortest text that reads back the same, which Python's repr also writes)."""
+    if isinstance(value, np.ndarray):
+        raise TypeError("text has no simulated interval")
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else "NaN" if math.isnan(value) else (
+            "Infinity" if value > 0 else "-Infinity")
+    return str(value)  # text, a whole number, a numeric, a date or a time: as PostgreSQL writes them
 
 
 def truthy(value: Any) -> bool:
@@ -178,5 +201,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return evaluate(node.this, env) is None
     if isinstance(node, exp.TimeToStr):
         return _to_char(node, evaluate(node.this, env))
+    if isinstance(node, exp.DPipe):
+        left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        return None if left is None or right is None else _as_text(left) + _as_text(right)
     raise UnsupportedQuery(f"{to_sql(node)} cannot be computed over noisy aggregates",
                            "use arithmetic, ROUND, ABS, GREATEST/LEAST, COALESCE, CASE or casts")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
+from decimal import ROUND_HALF_UP, Decimal
 
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
@@ -141,3 +143,126 @@ def _ordinal(number: int) -> str:
     if number % 100 in (11, 12, 13):
         return "th"
     return {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+
+
+# Number templates ("Template Patterns for Numeric Formatting"): the patterns computed here, in the C locale (D is
+# '.', G is ','); the others are refused by name.
+_DOUBLE_DIGITS = 15  # DBL_DIG
+_NUMBER_PATTERNS_REFUSED = ("eeee", "mi", "pl", "pr", "rn", "sg", "sp", "th", "b", "c", "e", "l", "s", "v")
+
+
+def number_to_char(value: int | float | Decimal, template: str) -> str:
+    """`value` formatted as PostgreSQL's to_char formats a number: an int as a bigint, a float as a double
+    precision (its sign bit kept, rounded as printf rounds), a Decimal as a numeric (rounded half away from zero).
+    9 is a digit (a leading zero is blank), 0 a digit always shown, `.` or D the decimal point, `,` or G a group
+    separator; FM drops the padding and a fraction's trailing zeros; an integer part wider than the template
+    fills every digit with '#'. The one sign, '-' or a blank, comes just before the number's first character."""
+    tokens, fill = _number_tokens(template)
+    pre = sum(1 for kind, _ in tokens if kind == "digit-int")
+    post = sum(1 for kind, _ in tokens if kind == "digit-frac")
+    negative, whole, fraction = _rounded(value, post)
+    post = len(fraction)  # a double's fifteen digits may leave fewer places than the template has
+    overflow = len(whole) > pre
+    if overflow:
+        whole, fraction = "#" * pre, "#" * len(fraction)
+    elif whole == "0" and post:
+        whole = ""  # 0.5 is .5 unless a 0 asks for the zero
+    integer_zeros = [i for i, (kind, text) in enumerate(t for t in tokens if t[0] == "digit-int") if text == "0"]
+    zero_start = integer_zeros[0] if integer_zeros else pre
+    if fill and not overflow:
+        fraction_zeros = [i for i, (kind, text) in enumerate(t for t in tokens if t[0] == "digit-frac") if text == "0"]
+        kept = max(len(fraction.rstrip("0")), fraction_zeros[-1] + 1 if fraction_zeros else 0)
+        fraction = fraction[:kept]
+        if not whole and not fraction and zero_start == pre:
+            whole = "0"  # nothing else would show the zero
+    sign = "-" if negative else ("" if fill else " ")
+    out, started, digit, decimal = [], False, 0, 0
+    for kind, text in tokens:
+        if kind == "digit-int":
+            shown = whole[digit - (pre - len(whole))] if digit >= pre - len(whole) else "0" if digit >= zero_start \
+                else None
+            digit += 1
+            if shown is None:
+                out.append("" if fill else " ")
+                continue
+            if not started:
+                out.append(sign)
+                started = True
+            out.append(shown)
+        elif kind == "point":
+            if not (post or overflow):
+                continue
+            if not started:
+                out.append(sign)
+                started = True
+            out.append(".")
+        elif kind == "digit-frac":
+            out.append(fraction[decimal] if decimal < len(fraction) else "")
+            decimal += 1
+        elif kind == "group":
+            out.append("," if started else "" if fill else " ")
+        else:
+            out.append(text)
+    return "".join(out)
+
+
+def _number_tokens(template: str) -> tuple[list[tuple[str, str]], bool]:
+    """The template's tokens (kind, text) and whether FM is in it; a pattern not computed here is refused."""
+    tokens: list[tuple[str, str]] = []
+    fill, point, i = False, False, 0
+    while i < len(template):
+        rest = template[i:]
+        if rest[:2].lower() == "fm":
+            fill, i = True, i + 2
+            continue
+        if rest[0] == '"':
+            end = i + 1
+            while end < len(template) and template[end] != '"':
+                end += 2 if template[end] == "\\" else 1
+            tokens.append(("text", template[i + 1:end].replace('\\"', '"')))
+            i = end + 1
+            continue
+        if rest[0] == "\\" and len(rest) > 1:
+            tokens.append(("text", rest[1]))
+            i += 2
+            continue
+        refused = next((p for p in _NUMBER_PATTERNS_REFUSED if rest[:len(p)].lower() == p), None)
+        if refused is not None:
+            raise UnsupportedQuery(f"to_char's number pattern {rest[:len(refused)]} is not computed over noisy values",
+                                   "format with FM, 9, 0, '.', ',', D and G, e.g. to_char(SUM(x), 'FM999,999,990.00'),"
+                                   " or put a sign or currency in double quotes")
+        char = rest[0]
+        if char in "90":
+            tokens.append(("digit-frac" if point else "digit-int", char))
+        elif char in ".Dd":
+            if point:
+                raise UnsupportedQuery(f"to_char template {template!r} has two decimal points",
+                                       "write one '.' or D, e.g. 'FM999,990.00'")
+            point = True
+            tokens.append(("point", "."))
+        elif char in ",Gg":
+            if point:
+                raise UnsupportedQuery(f"to_char template {template!r} has a group separator after the decimal point",
+                                       "separate groups of the integer part only, e.g. 'FM999,990.00'")
+            tokens.append(("group", ","))
+        else:
+            tokens.append(("text", char))
+        i += 1
+    return tokens, fill
+
+
+def _rounded(value: int | float | Decimal, post: int) -> tuple[bool, str, str]:
+    """Whether the number shows a minus, and its integer and fraction digits rounded to `post` places, as
+    PostgreSQL's to_char of a bigint, a double precision or a numeric rounds them."""
+    if isinstance(value, Decimal):
+        rounded = abs(value).quantize(Decimal(1).scaleb(-post), rounding=ROUND_HALF_UP)
+        text, negative = f"{rounded:f}", value < 0 and rounded != 0
+    elif isinstance(value, int):
+        text, negative = str(abs(value)) + ("." + "0" * post if post else ""), value < 0
+    else:
+        if not math.isfinite(value):
+            return value < 0, "#" * 400, ""
+        digits = len(f"{abs(value):.0f}")  # a double holds 15 significant digits: PostgreSQL prints no more
+        text, negative = f"{abs(value):.{max(0, min(post, _DOUBLE_DIGITS - digits))}f}", math.copysign(1.0, value) < 0
+    whole, _, fraction = text.partition(".")
+    return negative, whole, fraction
