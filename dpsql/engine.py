@@ -40,7 +40,7 @@ from dpsql.errors import (
 )
 from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
-from dpsql.noise import add_noise, calibrate, noisy_bounds_effect
+from dpsql.noise import add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
     describe_selection,
     describe_units_over,
@@ -58,6 +58,7 @@ from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 from dpsql.sql.compose import Composition, compose
+from dpsql.sql.public_keys import MAX_PUBLIC_KEYS, public_key_statements
 
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
@@ -156,8 +157,9 @@ class Engine:
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
                   total_cap: float | None = None, selection_rows: int | None = None) -> tuple[Plan, Rewritten]:
+        public_keys = self._remembered(query, ("public keys",), lambda: self._public_keys(query))
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
-                       self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets)
+                       self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets, public_keys)
         if selection_rows is not None and selection_rows < plan.rows_per_unit and counts_voters(plan):
             plan.selection_rows = selection_rows
             plan.notes.append(f"partition selection counts the rows of the units with at most {selection_rows} "
@@ -180,6 +182,24 @@ class Engine:
                               "would let it group them in index order, usually faster")
             rewritten = replace(rewritten, work_mem=UNINDEXED_WORK_MEM)
         return plan, rewritten
+
+    def _public_keys(self, query: CheckedQuery) -> dict[str, tuple]:
+        """The values public tables hold of the query's keys that are their columns (public data, read exactly
+        and free, before anything is charged); a key whose values cannot be read keeps partition selection."""
+        statements = public_key_statements(query, self.schema)
+        found: dict[str, tuple] = {}
+        if not statements:
+            return found
+        with self.backend.session() as backend:
+            for key, select in statements.items():
+                try:
+                    rows = backend.run(Statement(select))
+                except BackendError as exc:
+                    log.info("the values of public key %s were not read: %s", key, exc)
+                    continue
+                if len(rows) <= MAX_PUBLIC_KEYS:
+                    found[key] = tuple(released_key([row[0] for row in rows]))
+        return found
 
     def _in_unit_order(self, plan: Plan) -> bool:
         """Whether PostgreSQL can read `plan`'s units in order: an index leads with the unit's column."""

@@ -366,6 +366,35 @@ def test_keys_not_listed_by_every_row_stay_private(engine, sql):
     assert engine.prepare(sql).plan.partition_selection
 
 
+PUBLIC_KEYS = [
+    # a LEFT JOIN from the public table: PostgreSQL returns every western state, the empty ones too
+    ("SELECT s.name, COUNT(p.person_id) FROM states s LEFT JOIN people p ON p.state = s.code AND p.age > 97 "
+     "WHERE s.region = 'West' GROUP BY s.name", "region = 'West'"),
+    # an inner join: every value the public table holds is released, as a declared domain's (empty ones as noise)
+    ("SELECT s.region, AVG(p.income) FROM people p JOIN states s ON s.code = p.state GROUP BY s.region", None),
+]
+
+
+@pytest.mark.parametrize(("sql", "held"), PUBLIC_KEYS)
+def test_a_public_table_s_column_as_key_releases_every_value_the_table_holds(engine, analyst, base_url, sql, held):
+    """A key that is a column of a public table takes only that table's values (under the WHERE's conditions on
+    it alone), whatever the private rows: the engine reads them (public, exact, free) and the analysis releases
+    every one, with no partition selection to drop the small groups."""
+    prepared = engine.prepare(sql)
+    assert not prepared.plan.partition_selection and "every key is released" in " ".join(prepared.plan.notes)
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    column = "name" if "s.name" in sql else "region"
+    with psycopg.connect(base_url) as conn:
+        values = {r[0] for r in conn.execute(f"SELECT {column} FROM states WHERE {held or 'true'}")}
+    assert sorted(row[0] for row in answer.rows) == sorted(values)
+
+
+def test_public_keys_selected_alone_under_a_join_stay_private(engine):
+    """Which of the table's values meet a private row is the data's: keys alone stay private."""
+    sql = "SELECT DISTINCT s.region FROM states s JOIN people p ON p.state = s.code"
+    assert engine.prepare(sql).plan.partition_selection
+
+
 # --- issue 36, item 3: AVG's count and sum come from the same kept rows -------------------------------------------
 
 

@@ -13,12 +13,13 @@
 - for `GROUP BY key ORDER BY COUNT(...) DESC LIMIT k`, a top-k selection: the keys are chosen by the
   exponential mechanism on their exact counts (each moves by at most one unit's per-group count), and only
   the chosen groups' measures are noised.
-Nothing here reads the data: every number comes from the declared schema and from catalog constraints.
+Nothing here reads the data: every number comes from the declared schema and from catalog constraints, and every
+released key from them or from a public table's values (which the engine reads, `sql.public_keys`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from dpsql.analysis import aggregates, derived, groups, local_columns, outputs, relations, top_k, units
 from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Histogram, Measure, Output, Plan, TopK
@@ -44,7 +45,8 @@ def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozense
             max_groups: int | None = None, min_frequency: int = 1,
             not_null: frozenset[tuple[str, str]] = frozenset(), rows_cap: int | None = None,
             time_zone: str | None = None, total_cap: float | None = None,
-            unique_sets: frozenset[tuple[str, frozenset[str]]] = frozenset()) -> Plan:
+            unique_sets: frozenset[tuple[str, frozenset[str]]] = frozenset(),
+            public_keys: Mapping[str, tuple] | None = None) -> Plan:
     """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
     key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound;
     `min_frequency` > 1 releases only groups of at least that many units (DP partition selection, also for
@@ -53,10 +55,12 @@ def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozense
     `time_zone` is the backend session's, in which date_trunc's periods are public keys (None: they are not);
     `total_cap` bounds each unit's total of every SUM over all groups together (chosen by R2T's race over the
     units' totals; only for queries whose aggregates are all SUMs of non-negative values); `unique_sets` are
-    (table, columns) keys of several columns that a primary key or unique constraint guarantees."""
+    (table, columns) keys of several columns that a primary key or unique constraint guarantees; `public_keys`
+    are the values a public table holds of a key that is its column, by the key's SQL (`sql.public_keys`)."""
     scope = Scope(query, schema, unique_columns, max_groups or schema.max_groups_per_unit)
     scope.min_units, scope.not_null, scope.rows_cap = max(min_frequency, 1), not_null, rows_cap
     scope.time_zone, scope.total_cap, scope.unique_sets = time_zone, total_cap, unique_sets
+    scope.public_keys = public_keys or {}
     for step in PASSES:
         step(scope)
     return _plan(scope)

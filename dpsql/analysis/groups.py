@@ -1,9 +1,11 @@
 """Pass: the group keys, whether their values are public, and G, the most groups one unit can touch.
 
 Rules:
-- a key's values are public when the schema declares them: a column's domain, a boolean, a CASE whose
+- a key's values are public when the schema declares them (a column's domain, a boolean, a CASE whose
   results are constants, a bounded integer expression with fewer than MAX_DOMAIN values, or date_trunc of a
-  bounded date or timestamp (the periods its bounds span, `calendar`). A WHERE condition
+  bounded date or timestamp: the periods its bounds span, `calendar`), when the WHERE lists them, or when the
+  key is a column of a public table: the values that table holds, which the engine read (`sql.public_keys`;
+  public data, and no private row adds a value to them). A WHERE condition
   on the key itself (`k IN (...)`, `k = c`, `k <> c`, `k NOT IN (...)`, ANDed with the rest) narrows those
   values to the ones it admits: the others could only be released as empty groups (post-processing of the
   query and the schema, both public). When every key
@@ -136,6 +138,10 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
             return column.domain
         if column is not None and column.type == "boolean":
             return (False, True)
+        table = scope.aliases.get(node.table)
+        held = scope.public_keys.get(to_sql(node)) if table is not None and table.public else None
+        if held is not None and len(held) <= MAX_DOMAIN:
+            return held  # every value the public table holds (under the WHERE's conditions on it alone)
     if isinstance(node, exp.Case) and all(
             isinstance(b.args["true"], exp.Literal) for b in node.args.get("ifs", [])):
         default = node.args.get("default")

@@ -9,7 +9,7 @@ column is the unit, how many rows may share a key's value, which tables' rows be
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sqlglot import exp
@@ -70,6 +70,7 @@ class Scope:
     time_zone: str | None = None  # the backend session's, where date_trunc's periods are computed (None: not)
     cap_groups: bool = False
     domain: list[tuple] | None = None
+    public_keys: Mapping[str, tuple] = field(default_factory=dict)  # a public table's values of a key, by its SQL
     rows_total: bool = False  # k rows per unit over all groups together, enforced by the rewrite
 
     # the statistics (aggregates, quantiles)
