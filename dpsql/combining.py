@@ -14,7 +14,7 @@ from sqlglot import exp
 from dpsql.answer import Answer
 from dpsql.postprocess import sort_rows
 from dpsql.prepared import Prepared
-from dpsql.released_rows import aggregate_released, outer_columns, pick_released, project_released
+from dpsql.released_rows import Reported, aggregate_released, outer_columns, pick_released, project_released
 from dpsql.sql.compose import SCALAR, Composition
 from dpsql.sql.parse import parse_statement
 
@@ -97,10 +97,13 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         return Answer(names, types, rows, accuracy, sum(a.epsilon for a in answers), sum(a.delta for a in answers),
                       all(a.cached for a in answers), answers[-1].budget, noisy, notes=notes)
     if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
+        measured = answers[1] if composition.measured_apart else None
         rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
-                                       composition.zero_row)
-        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy,
-                       notes=[*answers[0].notes, *composition.notes])
+                                       composition.zero_row, _remeasured(composition.measured_apart, measured))
+        notes = list(dict.fromkeys([*(n for a in answers for n in a.notes), *composition.notes]))
+        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy, notes=notes,
+                       epsilon=sum(a.epsilon for a in answers), delta=sum(a.delta for a in answers),
+                       cached=all(a.cached for a in answers), budget=answers[-1].budget)
     if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
         rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),
@@ -129,6 +132,25 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes)
+
+
+def _remeasured(keys: tuple[str, ...], measured: Answer | None) -> Reported | None:
+    """A picked row's values and accuracy with the measured columns read from the second answer of the same groups
+    (by the key columns): apart from the noise that chose the row. A group the second answer did not release (its
+    own partition selection) has NULL there."""
+    if measured is None:
+        return None
+    index = [measured.names.index(k) for k in keys]
+    found = {tuple(row[i] for i in index): (dict(zip(measured.names, row, strict=True)),
+                                            dict(zip(measured.names, acc, strict=True)))
+             for row, acc in zip(measured.rows, measured.accuracy, strict=True)}
+    others = [n for n in measured.names if n not in keys]
+
+    def reported(values: dict, accuracy: dict) -> tuple[dict, dict]:
+        again = found.get(tuple(values[k] for k in keys))
+        new_values = {**values, **{n: again[0][n] if again else None for n in others}}
+        return new_values, {**accuracy, **{n: again[1][n] if again else None for n in others}}
+    return reported
 
 
 def _decided(booleans: tuple[tuple[int, bool], ...], counts: Answer) -> Answer:

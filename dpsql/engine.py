@@ -213,7 +213,8 @@ class Engine:
         if composition is None:
             return None, [self.prepare(sql, params, epsilon, options)]
         if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid
-            prepared = self.prepare(composition.parts[0], None, epsilon, options)
+            share = self.options(Options(epsilon=epsilon).over(options or Options())).epsilon / len(composition.parts)
+            prepared, *apart = [self.prepare(part, None, share, options) for part in composition.parts]
             names = [o.name for o in prepared.outputs]
             try:  # the analyst's own WHERE, ORDER BY and LIMIT over a stand-in row: what cannot run fails unpaid
                 if not composition.picks:
@@ -228,7 +229,7 @@ class Engine:
                     "(SELECT k, COUNT(*) AS n FROM t GROUP BY k) s")
                 raise UnsupportedQuery(f"the outer query over the subquery's rows cannot be computed after noise "
                                        f"({type(exc).__name__})", hint) from None
-            return composition, [prepared]
+            return composition, [prepared, *apart]
         resolved = self.options(Options(epsilon=epsilon).over(options or Options()))
         numbered = list(enumerate(composition.parts))
         parts: list[Prepared] = []

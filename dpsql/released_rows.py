@@ -16,6 +16,8 @@ from dpsql.postprocess import evaluate, sort_rows
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import output_name
 
+Reported = Callable[[dict, dict], tuple[dict, dict]]  # a picked row's values and accuracy -> those it shows
+
 AGGREGATE_KINDS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
 
@@ -60,24 +62,27 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
 
 
 def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], accuracy: Sequence[tuple],
-                  zero_row: bool = False) -> tuple[list[tuple], list[tuple]]:
+                  zero_row: bool = False, reported: Reported | None = None) -> tuple[list[tuple], list[tuple]]:
     """The rows that the outer query's WHERE keeps, in its order and cut to its LIMIT, with the columns it names
     (bare inner columns), each with its accuracy: picking released rows changes no value, so their intervals
-    stand. Where no row is kept and the outer query counts (`zero_row`: no report has the value), one row of zero
-    counts, as COUNT(*) over no rows."""
+    stand. `reported` gives a picked row the values it shows (measured apart from the choice), in whose order the
+    picked rows then come. Where no row is kept and the outer query counts (`zero_row`: no report has the value),
+    one row of zero counts, as COUNT(*) over no rows."""
     envs = [(dict(zip(names, row, strict=True)), dict(zip(names, acc, strict=True)))
             for row, acc in zip(rows, accuracy, strict=True)]
-    found, kept_accuracy = project_released(outer_sql, envs)
+    found, kept_accuracy = project_released(outer_sql, envs, reported)
     if not found and zero_row:
         width = len(parse_select(outer_sql).expressions)
         return [(0,) * width], [(None,) * width]
     return found, kept_accuracy
 
 
-def project_released(outer_sql: str, envs: Sequence[tuple[dict, dict]]) -> tuple[list[tuple], list[tuple]]:
+def project_released(outer_sql: str, envs: Sequence[tuple[dict, dict]], reported: Reported | None = None
+                     ) -> tuple[list[tuple], list[tuple]]:
     """The outer query's rows over released rows (each its values and their accuracy by column name): those its
     WHERE keeps, its SELECT list computed, in its ORDER BY (over the columns, its output names or positions), cut
-    to its OFFSET and LIMIT. A bare column keeps its interval; a value computed from noisy ones has none."""
+    to its OFFSET and LIMIT; then, with `reported`, each kept row's shown values, re-sorted by them (the cut
+    stands). A bare column keeps its interval; a value computed from noisy ones has none."""
     tree = parse_select(outer_sql)
     where = tree.args["where"].this if tree.args.get("where") else None
     kept = [(values, acc) for values, acc in envs if where is None or evaluate(where, values)]
@@ -92,6 +97,9 @@ def project_released(outer_sql: str, envs: Sequence[tuple[dict, dict]]) -> tuple
         return _plain(evaluate(key, pair[0]))
 
     kept = _ordered_and_cut(tree, kept, value)
+    if reported is not None:
+        kept = [reported(values, acc) for values, acc in kept]
+        sort_rows(kept, value, [(bool(o.args.get("desc")), bool(o.args.get("nulls_first"))) for o in order])
     outputs = [item.unalias() for item in tree.expressions]
     return ([tuple(_plain(evaluate(o, values)) for o in outputs) for values, _ in kept],
             [tuple(acc.get(o.name) if isinstance(o, exp.Column) else None for o in outputs) for _, acc in kept])

@@ -1185,14 +1185,33 @@ def test_the_top_rows_of_each_group_are_picked_after_the_window(engine, analyst)
     categories = [row[0] for row in answer.rows]
     assert categories == sorted(categories) and all(categories.count(c) <= 2 for c in categories)
     assert all(acc[2] is not None for acc in answer.accuracy)  # picking changes no value: the intervals stand
-    assert any("winner's curse" in note for note in answer.notes)  # but the choice favours rows noised upward
     ranked = engine.query("WITH ranked AS (SELECT category, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r "
                           "FROM visits GROUP BY category) SELECT * FROM ranked WHERE r <= 3 ORDER BY 3 LIMIT 2",
                           analyst=analyst, epsilon=1.0)
-    assert [row[2] for row in ranked.rows] == [1, 2] and ranked.rows[0][1] >= ranked.rows[1][1]
+    assert [row[2] for row in ranked.rows] == [1, 2]
     none = engine.query("SELECT category FROM (SELECT category, COUNT(*) AS n, ROW_NUMBER() OVER (ORDER BY "
                         "COUNT(*)) AS rn FROM visits GROUP BY 1) t WHERE rn = 99", analyst=analyst, epsilon=1.0)
     assert none.rows == []  # no row picked is no row, as in PostgreSQL
+
+
+def test_rows_picked_by_noisy_values_report_values_measured_apart_from_the_choice(engine, analyst):
+    """A window over noisy values chooses rows partly by their noise, so the chosen rows' own values run high (the
+    winner's curse: +63% on the top 2 drugs per category at 20,000 people). The choice is made on one answer at half
+    the ε, and the picked rows show the values of a second answer of the same groups, without the window, at the
+    other half: independent of the choice, so unbiased, with their intervals."""
+    sql = ("SELECT category, n, r FROM (SELECT category, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r "
+           "FROM visits WHERE amount > 50 GROUP BY category) t WHERE r <= 3")
+    composition, parts = engine.prepare_parts(sql)
+    assert len(parts) == 2 and [p.calibration.epsilon for p in parts] == pytest.approx([0.5, 0.5], rel=0.2)
+    assert composition.measured_apart == ("category",) and "OVER" not in composition.parts[1].upper()
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.epsilon == pytest.approx(1.0) and any("winner's curse" in note for note in answer.notes)
+    assert sorted(row[2] for row in answer.rows) == [1, 2, 3]
+    # the shown values are the second answer's: asked again, it comes from the cache, noise and all
+    again = engine.query(composition.parts[1], analyst=analyst, epsilon=0.5)
+    measured = dict(again.rows)
+    assert again.cached and all(row[1] == measured[row[0]] for row in answer.rows)
+    assert all(acc[1] is not None for acc in answer.accuracy)
 
 
 @pytest.mark.parametrize("outer", ["WHERE md5(category) = 'x'", "WHERE rn <= 2 LIMIT 1 + 1"])

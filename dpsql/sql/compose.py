@@ -55,6 +55,8 @@ class Composition:
     # dpsql_j<part>_c (`released_rows.project_released`)
     joins: tuple[tuple[str, tuple[tuple[int, str, int, str], ...]], ...] = ()
     joined_outer: str | None = None
+    measured_apart: tuple[str, ...] = ()  # picks: the key columns by which each picked row's values are read from
+    # the second part, the same groups answered again apart from the choice the first part's values made
     booleans: tuple[tuple[int, bool], ...] = ()  # (column, every): bool_or / bool_and read off the one part's
     # noisy count of the rows that hold (bool_or) or fail (bool_and, every) the condition (`combining`)
 
@@ -163,12 +165,49 @@ def _picked_after_windows(tree: exp.Select, schema: PrivacySchema) -> Compositio
             or not {c.name for c in outer.find_all(exp.Column)} <= set(names)
             or any(isinstance(n, exp.Subquery | exp.Exists | exp.Select) for n in outer.walk() if n is not outer)):
         return None
-    ranked_by_noise = any(w.find(*AGGREGATES) for w in inner.find_all(exp.Window))
-    note = ("rows picked by a window over noisy values: a row that ranks high partly by its noise is likely above "
-            "its true value (the winner's curse), beyond what its interval shows; ask for the picked keys again, "
-            "WHERE k IN (...), for values measured apart from the choice")
-    return Composition([to_sql(inner)], "rows picked from the released rows of a query with a window",
-                       outer=to_sql(outer), picks=True, notes=(note,) if ranked_by_noise else ())
+    if not any(w.find(*AGGREGATES) for w in inner.find_all(exp.Window)):
+        return Composition([to_sql(inner)], "rows picked from the released rows of a query with a window",
+                           outer=to_sql(outer), picks=True)
+    apart = _measured_apart(inner)
+    if apart is None:
+        note = ("rows picked by a window over noisy values: a row that ranks high partly by its noise is likely "
+                "above its true value (the winner's curse), beyond what its interval shows; ask for the picked keys "
+                "again, WHERE k IN (...), for values measured apart from the choice")
+        return Composition([to_sql(inner)], "rows picked from the released rows of a query with a window",
+                           outer=to_sql(outer), picks=True, notes=(note,))
+    measure, keys = apart
+    note = ("rows picked by a window over noisy values, with half the ε; their values are measured again with the "
+            "other half, apart from the choice, so that a row that ranked high by its noise is not reported high "
+            "too (the winner's curse)")
+    return Composition([to_sql(inner), to_sql(measure)], "rows picked by a window over one answer, their values "
+                       "from a second answer of the same groups", outer=to_sql(outer), picks=True, notes=(note,),
+                       measured_apart=keys)
+
+
+def _measured_apart(inner: exp.Select) -> tuple[exp.Select, tuple[str, ...]] | None:
+    """The inner query's groups measured again without its windows, HAVING, ORDER BY or LIMIT (the choice is the
+    first answer's), and the names of the key columns that identify a group in both: every GROUP BY key selected
+    as a bare column. None where the groups cannot be matched so."""
+    group = inner.args.get("group")
+    plain = [e for e in inner.expressions if not e.find(exp.Window)]
+    keys = [e for e in plain if not e.find(*AGGREGATES)]
+    named = {output_name(e): e.unalias() for e in inner.expressions}
+
+    def written(key: exp.Expression) -> str:  # GROUP BY 2, or an output's name, as the expression it stands for
+        if isinstance(key, exp.Literal) and key.is_int and 0 < int(key.this) <= len(inner.expressions):
+            key = inner.expressions[int(key.this) - 1].unalias()
+        elif isinstance(key, exp.Column) and not key.table and key.name in named:
+            key = named[key.name]
+        return to_sql(key)
+    grouped = {written(k) for k in group.expressions} if group is not None else set()
+    if (not grouped or {to_sql(k.unalias()) for k in keys} != grouped or len(keys) != len(grouped)
+            or any(isinstance(k, exp.Star) for k in plain)):
+        return None
+    measure = inner.copy()
+    measure.set("expressions", [e.copy() for e in plain])
+    for clause in ("having", "order", "limit", "offset", "qualify"):
+        measure.set(clause, None)
+    return measure, tuple(output_name(k) for k in keys)
 
 
 def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
