@@ -187,6 +187,11 @@ max_rows_per_unit = 100
 person_id = "bigint"
 line = "text"
 fare = { type = "double precision", lower = 0, upper = 50 }
+
+[tables.lines]
+public = true                    # the lines, the neighbour's own among them
+[tables.lines.columns]
+code = { type = "text", unique = true }
 """
 PEOPLE = 400
 RIDERS = 3000  # the riders of `rides`: units of their own, most not among the people
@@ -230,6 +235,8 @@ def _load(url: str, first: tuple | None) -> None:
         rides = ([(first[0], "x", 50.0)] * 3 if first else []) + rides
         cur.execute("CREATE TABLE rides (person_id bigint NOT NULL, line text, fare double precision)")
         cur.executemany("INSERT INTO rides VALUES (%s, %s, %s)", rides)
+        cur.execute("CREATE TABLE lines (code text PRIMARY KEY)")
+        cur.execute("INSERT INTO lines VALUES ('l0'), ('l1'), ('l2'), ('x')")
         cur.execute("ANALYZE")
 
 
@@ -404,6 +411,9 @@ QUERY_CLASSES = [
                query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips", rows_per_unit="auto"), 0),
     QueryClass("partition selection over the rows of the units within the race's τ",
                query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
+    QueryClass("a public table's values as keys (every line released, the neighbour's own too)",
+               query("SELECT l.code, COUNT(r.person_id) FROM lines l LEFT JOIN rides r ON r.line = l.code "
+                     "GROUP BY l.code", rows_per_unit="auto"), 1),
     QueryClass("the same beside an average (the weighed answer: each set of units aggregated apart)",
                query("SELECT line, COUNT(*), AVG(fare) FROM rides GROUP BY line", rows_per_unit="auto"), 1,
                delta=DELTA),
