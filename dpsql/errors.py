@@ -161,6 +161,17 @@ class InvalidConstant(DataError):
         self.sqlstate = sqlstate
 
 
+class InvalidQuery(ProgrammingError):
+    """A query PostgreSQL itself rejects whatever the data (an aggregate or a window function in GROUP BY): refused
+    before anything runs or is charged, with PostgreSQL's message and SQLSTATE (42803, 42P20, ...)."""
+
+    code = "DP015"
+
+    def __init__(self, message: str, hint: str | None = None, *, sqlstate: str = "42000"):
+        super().__init__(message, hint)
+        self.sqlstate = sqlstate
+
+
 class SchemaError(Error):
     """The privacy schema file is invalid or does not match the database."""
 

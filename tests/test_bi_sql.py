@@ -440,6 +440,20 @@ def test_constructs_analysts_write_are_answered(demo_schema, written, spelled):
         assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
 
 
+@pytest.mark.parametrize(("sql", "message", "sqlstate"), [
+    ("SELECT NTILE(4) OVER (ORDER BY income) AS quartile, COUNT(*) FROM people GROUP BY 1",
+     "window functions are not allowed in GROUP BY", "42P20"),
+    ("SELECT COUNT(*) FROM people GROUP BY COUNT(*)", "aggregate functions are not allowed in GROUP BY", "42803"),
+])
+def test_what_postgresql_itself_rejects_is_refused_with_its_error(engine, analyst, sql, message, sqlstate):
+    """Not a dpsql bug to report (it was DP010, "PostgreSQL cannot plan the rewritten statement"): PostgreSQL's
+    own message and SQLSTATE, before anything is charged."""
+    with pytest.raises(errors.InvalidQuery, match=message) as refused:
+        engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert refused.value.sqlstate == sqlstate and refused.value.hint
+    assert engine.budget(analyst).epsilon_spent == 0
+
+
 def test_a_subquery_reading_the_outer_query_s_table_under_its_name_reads_its_own(demo_schema):
     """Inside the subquery, `visits` is the subquery's table, as PostgreSQL scopes it: renamed, qualified or not."""
     written = ("SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT person_id FROM visits "

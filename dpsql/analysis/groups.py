@@ -36,7 +36,7 @@ from dpsql.analysis.calendar import calendar_number, periods
 from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
-from dpsql.errors import UnsupportedQuery
+from dpsql.errors import InvalidQuery, UnsupportedQuery
 from dpsql.schema.model import temporal_number
 from dpsql.sql import AGGREGATES, to_sql
 from dpsql.sql.query import operands
@@ -357,10 +357,14 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
                                "((a), (a, b))")
     keys = []
     for i, node in enumerate(group.expressions):
+        if node.find(exp.Window):  # PostgreSQL's own errors, whatever the data
+            raise InvalidQuery("window functions are not allowed in GROUP BY",
+                               "group by a column, and compute the window over the groups: SELECT k, COUNT(*), "
+                               "ntile(4) OVER (ORDER BY COUNT(*)) FROM t GROUP BY k", sqlstate="42P20")
         if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk()):
-            raise UnsupportedQuery("aggregates are not allowed in GROUP BY",
-                                   "group by columns and put the aggregates in the SELECT list: SELECT k, COUNT(*) "
-                                   "FROM t GROUP BY k")
+            raise InvalidQuery("aggregate functions are not allowed in GROUP BY",
+                               "group by columns and put the aggregates in the SELECT list: SELECT k, COUNT(*) "
+                               "FROM t GROUP BY k", sqlstate="42803")
         _refuse_hopeless_key(scope, node)
         value_range = scope.exprs.value_range(node)
         guarded = scope.exprs.guard(node)
