@@ -454,6 +454,48 @@ def test_what_postgresql_itself_rejects_is_refused_with_its_error(engine, analys
     assert engine.budget(analyst).epsilon_spent == 0
 
 
+@pytest.mark.parametrize(("written", "spelled"), [
+    ("SELECT d::date AS day, COUNT(v.visit_id) FROM generate_series(DATE '2024-01-01', DATE '2024-01-03', INTERVAL "
+     "'1 day') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1 ORDER BY 1",
+     "SELECT v.day AS day, COUNT(v.visit_id) FROM visits v WHERE v.day IN (DATE '2024-01-01', DATE '2024-01-02', "
+     "DATE '2024-01-03') GROUP BY 1 ORDER BY 1"),
+    ("SELECT c.k, SUM(v.amount) FROM (VALUES ('lab'), ('dental')) AS c(k) LEFT JOIN visits v ON v.category = c.k "
+     "AND v.amount > 10 GROUP BY c.k",
+     "SELECT v.category AS k, SUM(v.amount) FROM visits v WHERE v.amount > 10 AND v.category IN ('lab', 'dental') "
+     "GROUP BY v.category"),
+    ("SELECT n, COUNT(p.person_id) FROM generate_series(90, 100, 5) n JOIN people p ON p.age = n GROUP BY n ORDER BY n",
+     "SELECT p.age AS n, COUNT(p.person_id) FROM people p WHERE p.age IN (90, 95, 100) GROUP BY n ORDER BY n"),
+    ("SELECT d::date, COUNT(v.visit_id) FROM generate_series('2024-01-31'::date, '2024-03-31'::date, '1 month'::interval)"
+     " AS d LEFT JOIN visits v ON v.day = d::date GROUP BY d",  # stepped from the last value, as PostgreSQL steps
+     "SELECT v.day AS d, COUNT(v.visit_id) FROM visits v WHERE v.day IN (DATE '2024-01-31', DATE '2024-02-29', "
+     "DATE '2024-03-29') GROUP BY v.day"),
+])
+def test_a_list_of_keys_joined_to_a_table_is_the_table_filtered_to_the_list(demo_schema, written, spelled):
+    """A calendar or a VALUES list joined to a table, grouped by its keys: the table's rows filtered to the list,
+    whose keys the analysis releases every one (the gaps a calendar fills come back as noisy zeros)."""
+    assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
+
+
+def test_every_day_of_a_calendar_is_released(engine, analyst):
+    sql = ("SELECT d::date AS day, COUNT(v.visit_id) AS n FROM generate_series(DATE '2024-03-01', DATE '2024-03-31', "
+           "INTERVAL '1 day') d LEFT JOIN visits v ON v.day = d::date AND v.amount > 4000 GROUP BY 1 ORDER BY 1")
+    assert not engine.prepare(sql).plan.partition_selection
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert [row[0] for row in answer.rows] == [datetime.date(2024, 3, d) for d in range(1, 32)]
+    assert answer.types == ["date", "int8"]
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT d::date, COUNT(*) FROM generate_series(DATE '2024-01-01', DATE '2024-01-03', INTERVAL '1 day') d "
+     "LEFT JOIN visits v ON v.day = d::date GROUP BY 1", "count a column of the joined table: COUNT"),
+    ("SELECT c.k, COUNT(v.visit_id) FROM (VALUES ('lab'), ('lab')) AS c(k) LEFT JOIN visits v ON v.category = c.k "
+     "GROUP BY c.k", "VALUES is not supported"),  # a key listed twice doubles its rows: left as written
+])
+def test_a_list_of_keys_that_is_not_the_table_filtered_is_refused(demo_schema, sql, message):
+    with pytest.raises(errors.UnsupportedQuery, match=message):
+        plan(sql, demo_schema)
+
+
 def test_a_subquery_reading_the_outer_query_s_table_under_its_name_reads_its_own(demo_schema):
     """Inside the subquery, `visits` is the subquery's table, as PostgreSQL scopes it: renamed, qualified or not."""
     written = ("SELECT COUNT(*) FROM visits WHERE category = 'lab' AND person_id IN (SELECT person_id FROM visits "

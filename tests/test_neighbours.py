@@ -100,6 +100,13 @@ QUERIES = [
     "GROUP BY p.state",
     "SELECT p.sex, COUNT(*), SUM(p.income) FROM people p RIGHT JOIN states s ON s.code = p.state GROUP BY p.sex",
     "SELECT s.region, COUNT(*) FROM states s LEFT JOIN people p ON p.state = s.code GROUP BY s.region",
+    # a public table's values as keys (every one released), a calendar and a VALUES list (the table filtered to it)
+    "SELECT s.code, COUNT(p.person_id), SUM(p.income) FROM states s LEFT JOIN people p ON p.state = s.code "
+    "GROUP BY s.code",
+    "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-12-31', "
+    "INTERVAL '1 day') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",
+    "SELECT c.k, COUNT(v.visit_id), AVG(v.amount) FROM (VALUES ('lab'), ('dental'), ('zz')) AS c(k) LEFT JOIN "
+    "visits v ON v.category = c.k GROUP BY c.k",
     "SELECT COUNT(*), SUM(sqrt(amount)), SUM(ln(amount + 1)), SUM(round(amount)) FROM visits",
     # prescriptions reach the unit through their visit (parent = "visit_id -> visits.visit_id")
     "SELECT COUNT(*), SUM(cost), AVG(cost) FROM prescriptions",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from itertools import product
 
 from sqlglot import exp
@@ -163,9 +164,11 @@ def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     """The constants a WHERE conjunct lists for the key itself (`state IN ('CA', 'NY')`, `age = 40`): no row
     outside them reaches a group, so they are released like a declared domain, every one, an empty group too
     (the query is public). Only text keys with text constants and integer keys with integer constants, whose
-    values the backend returns as Python compares them; the other conditions on the key narrow it (`_admitted`)."""
-    kind = "text" if _is_text(scope.exprs, node) else "integer" if _integer_key(scope, node) else None
-    wanted = str if kind == "text" else int
+    values the backend returns as Python compares them, and date keys with dates written as ISO text (DATE
+    '2024-01-31'); the other conditions on the key narrow it (`_admitted`)."""
+    kind = "text" if _is_text(scope.exprs, node) else "integer" if _integer_key(scope, node) else \
+        "date" if scope.exprs.time_type(node) == "date" else None
+    wanted = {"text": str, "integer": int, "date": datetime.date}.get(kind)
     for negated, values in _key_conditions(scope, node) if kind is not None else []:
         if not negated and values and all(v is None or type(v) is wanted for v in values) \
                 and len(values) <= MAX_DOMAIN:
@@ -434,6 +437,7 @@ def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list
 
 
 _UNKNOWN = object()
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")  # a date PostgreSQL and Python read alike
 
 
 def _comparable(value: object, domain: tuple) -> bool:
@@ -456,6 +460,12 @@ def _constant_value(node: exp.Expression) -> object:
         return node.to_py()
     if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
         return -node.this.to_py()
+    if isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.DATE and isinstance(node.this, exp.Literal) \
+            and node.this.is_string and _ISO_DATE.fullmatch(node.this.this):
+        try:
+            return datetime.date.fromisoformat(node.this.this)
+        except ValueError:
+            return _UNKNOWN
     return _UNKNOWN
 
 

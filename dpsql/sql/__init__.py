@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
+from dpsql.sql.calendars import key_lists_as_in
 from dpsql.sql.canonical import canonical_sql
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_select
@@ -68,14 +69,15 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
-# shape removes (ANY, FILTER, concat(), ~* and SIMILAR TO, approx_count_distinct(), a WITH query read twice or
-# in a chain, a correlated or joined cohort, a count of a subquery's distinct rows, a projection over a grouped
-# subquery, percentile arrays, DISTINCT); each shape only rewrites into constructs the allowlist and the analysis then
-# judge, never past them.
+# shape removes (ANY, FILTER, a list of keys joined from VALUES or generate_series, concat(), ~* and SIMILAR TO,
+# approx_count_distinct(), a WITH query read twice or in a chain, a correlated or joined cohort, a count of a
+# subquery's distinct rows, a projection over a grouped subquery, percentile arrays, DISTINCT); each shape only
+# rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),
+    _tree_only(key_lists_as_in),
     _tree_only(filters_as_case),
     _tree_only(concat_as_pipes),
     _tree_only(left_as_substring),

@@ -1,0 +1,166 @@
+"""An inline list of keys joined to a table (a calendar to fill gaps, a list of values) is the table's rows filtered
+to the list.
+
+`SELECT d::date, COUNT(v.visit_id) FROM generate_series(DATE '2024-01-01', DATE '2024-01-31', INTERVAL '1 day') d
+LEFT JOIN visits v ON v.day = d::date GROUP BY 1` and `SELECT c.k, COUNT(v.visit_id) FROM (VALUES ('lab'), ('dental'))
+AS c(k) LEFT JOIN visits v ON v.category = c.k GROUP BY c.k` group a table's rows by keys that a constant relation
+lists, and keep every listed key, empty ones too. That is `SELECT v.day, COUNT(v.visit_id) FROM visits v WHERE v.day
+IN (DATE '2024-01-01', …) GROUP BY v.day` with the listed keys released like a declared domain (`analysis.groups`):
+every one, with no partition selection, since no other row reaches a group. The relation must list distinct,
+non-NULL constants (text, integers, or dates: a generate_series of dates by whole days, weeks, months or years, or of
+integers), be the FROM, joined by an inner or LEFT join on one equality of its column with the table's expression;
+the rest of the ON reads the table alone and moves to the WHERE. Under a LEFT join COUNT(*) would count the list's own
+row where nothing matches: it is refused with a hint to count a column. Anything else is left as written (refused).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from sqlglot import exp
+
+from dpsql.errors import UnsupportedQuery
+from dpsql.sql.query import operands, output_name
+from dpsql.sql.times import interval_step, time_value
+
+MAX_LISTED = 10_000  # the analysis' largest released domain
+
+
+def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
+    """The statement with its inline list of keys as an IN list on the joined table (the module's docstring), or
+    None where it has no such list."""
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    listed = _listed(source)
+    joins = tree.args.get("joins") or []
+    if listed is None or not joins or tree.args.get("with_"):
+        return None
+    alias, column, constants = listed
+    join = joins[0]
+    side, kind = (join.side or "").upper(), (join.kind or "").upper()
+    conjuncts = operands(join.args["on"]) if join.args.get("on") is not None else []
+    if side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER") or not conjuncts:
+        return None
+    matched = [c for c in conjuncts if isinstance(c, exp.EQ) and _pairs(c, alias, column) is not None]
+    if len(matched) != 1 or any(_reads(c, alias) for c in conjuncts if c is not matched[0]) \
+            or any(_reads(j, alias) for j in joins[1:]):
+        return None
+    key, counterpart = _pairs(matched[0], alias, column)
+    if side == "LEFT" and any(isinstance(c.this, exp.Star) for c in tree.find_all(exp.Count)):
+        raise UnsupportedQuery("COUNT(*) over a LEFT JOIN from a list of keys counts the list's own row where nothing "
+                               "matches", f"count a column of the joined table: COUNT({counterpart.sql('postgres')})")
+    rest = [c.copy() for c in conjuncts if c is not matched[0]]
+    written = tree.copy()
+    written.set("from_", exp.From(this=join.this.copy()))
+    written.set("joins", [j.copy() for j in joins[1:]] or None)
+    for item in written.expressions:  # each output keeps the name PostgreSQL gave it
+        if _reads(item, alias) and not isinstance(item, exp.Alias):
+            item.replace(exp.alias_(item.copy(), output_name(item)))
+    written = _replaced(written, alias, column, key, counterpart)
+    if any(c.table == alias for c in written.find_all(exp.Column)):
+        return None  # the list read some other way: as written
+    in_list = exp.In(this=counterpart.copy(), expressions=constants)
+    where = written.args["where"].this if written.args.get("where") else None
+    written.set("where", exp.Where(this=exp.and_(*(c for c in (where, *rest, in_list) if c is not None))))
+    return written
+
+
+def _listed(source: exp.Expression | None) -> tuple[str, str, list[exp.Expression]] | None:
+    """(alias, column, the constants) of a VALUES list or a generate_series in FROM, or None."""
+    if isinstance(source, exp.Values):
+        table_alias = source.args.get("alias")
+        columns = table_alias.columns if table_alias is not None else []
+        rows = source.expressions
+        if len(columns) != 1 or not rows or len(rows) > MAX_LISTED:
+            return None
+        constants = [row.expressions[0] if isinstance(row, exp.Tuple) and len(row.expressions) == 1 else None
+                     for row in rows]
+        if not all(isinstance(c, exp.Literal) for c in constants) or len({c.is_string for c in constants}) != 1 \
+                or not all(c.is_string or c.is_int for c in constants):
+            return None
+        values = [c.this for c in constants]
+        if len(set(values)) < len(values):
+            return None  # a key listed twice doubles its rows in the join
+        return table_alias.name, columns[0].name, [c.copy() for c in constants]
+    if isinstance(source, exp.Table) and isinstance(source.this, exp.ExplodingGenerateSeries):
+        table_alias = source.args.get("alias")
+        if table_alias is None:
+            return None
+        columns = table_alias.columns
+        column = columns[0].name if len(columns) == 1 else table_alias.name if not columns else None
+        constants = _series(source.this)
+        return None if column is None or constants is None else (table_alias.name, column, constants)
+    return None
+
+
+def _series(series: exp.ExplodingGenerateSeries) -> list[exp.Expression] | None:
+    """The values of generate_series(start, stop[, step]) of integers, or of dates by whole days, weeks, months or
+    years (each at midnight), as constants; None for anything else, or more than MAX_LISTED values."""
+    start, stop, step = series.args.get("start"), series.args.get("end"), series.args.get("step")
+    if isinstance(start, exp.Literal) and isinstance(stop, exp.Literal) and start.is_int and stop.is_int:
+        by = 1 if step is None else int(step.this) if isinstance(step, exp.Literal) and step.is_int else 0
+        numbers = range(int(start.this), int(stop.this) + (1 if by > 0 else -1), by) if by else range(0)
+        return [exp.Literal.number(n) for n in numbers] if 0 < len(numbers) <= MAX_LISTED else None
+    first, last = _midnight(start), _midnight(stop)
+    if isinstance(step, exp.Cast) and step.to.is_type("interval") and isinstance(step.this, exp.Literal):
+        step = exp.Interval(this=step.this.copy())  # '1 day'::interval
+    by = interval_step(step) if step is not None else None
+    if first is None or last is None or by is None or by.seconds or by.months < 0 or by.days < 0 \
+            or not (by.months or by.days):
+        return None
+    dates, moment = [], first
+    while moment <= last and len(dates) <= MAX_LISTED:
+        dates.append(moment.date())
+        moment = by.added_to(moment)  # from the last value, as PostgreSQL steps: Jan 31, Feb 29, Mar 29
+    if not dates or len(dates) > MAX_LISTED:
+        return None
+    return [exp.cast(exp.Literal.string(d.isoformat()), exp.DataType.build("date")) for d in dates]
+
+
+def _midnight(node: exp.Expression | None) -> datetime.datetime | None:
+    """A constant date (DATE '2024-01-01', '2024-01-01'::date), or a timestamp at midnight, as a timestamp."""
+    value = time_value(node, None) if node is not None else None
+    if type(value) is datetime.date:
+        return datetime.datetime.combine(value, datetime.time())
+    if isinstance(value, datetime.datetime) and value.tzinfo is None and value.time() == datetime.time():
+        return value
+    return None
+
+
+def _pairs(equality: exp.EQ, alias: str, column: str) -> tuple[exp.Expression, exp.Expression] | None:
+    """(the list's key as the equality writes it, the table's expression it equals), where one side reads the list's
+    column alone (bare, or cast: `d::date`) and the other does not read the list."""
+    for key, other in ((equality.this, equality.expression), (equality.expression, equality.this)):
+        key, other = key.unnest(), other.unnest()
+        bare = key.this if isinstance(key, exp.Cast) else key
+        if _is_key(bare, alias, column) and not _reads(other, alias) and other.find(exp.Column):
+            return key, other
+    return None
+
+
+def _is_key(node: exp.Expression, alias: str, column: str) -> bool:
+    return isinstance(node, exp.Column) and node.name == column and node.table in ("", alias) and (
+        node.table == alias or column == alias or node.name == column)
+
+
+def _reads(node: exp.Expression, alias: str) -> bool:
+    """Whether `node` reads the list (its alias, or its column unqualified where the alias names it)."""
+    return any(c.table == alias or (not c.table and c.name == alias) for c in node.find_all(exp.Column))
+
+
+def _replaced(tree: exp.Select, alias: str, column: str, key: exp.Expression, counterpart: exp.Expression
+              ) -> exp.Select:
+    """Each reading of the list's key (as the join wrote it, or bare) as the table's expression it equals; a bare
+    name in GROUP BY or ORDER BY that names an output is left to name it (the output now reads the table)."""
+    spelled = key.sql("postgres")
+
+    def is_key(node: exp.Expression) -> bool:
+        return isinstance(node, exp.Column) and _is_key(node, alias, column) or (
+            type(node) is type(key) and node.sql("postgres") == spelled)
+    outputs = {output_name(e) for e in tree.expressions if is_key(e.unalias())}
+
+    def swap(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and not node.table and node.name in outputs and (
+                isinstance(node.parent, exp.Group | exp.Ordered)):
+            return node  # the output of that name is the key
+        return counterpart.copy() if is_key(node) else node
+    return tree.transform(swap)
