@@ -149,27 +149,28 @@ class QueryCancelled(OperationalError):
     sqlstate = "57014"
 
 
-class InvalidConstant(DataError):
+class _PostgreSQLState(Error):
+    """An error PostgreSQL itself would raise for the query, whatever the data: it carries PostgreSQL's SQLSTATE."""
+
+    def __init__(self, message: str, hint: str | None = None, *, sqlstate: str | None = None):
+        super().__init__(message, hint)
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+
+
+class InvalidConstant(_PostgreSQLState, DataError):
     """A constant of the query that PostgreSQL cannot read as its type ('2024-13-01' as a date, 'abc' as an
     integer): it fails on every database, so it is refused before anything runs or is charged, with PostgreSQL's
     SQLSTATE for it (22008, 22P02, ...)."""
 
     code = "DP014"
 
-    def __init__(self, message: str, hint: str | None = None, *, sqlstate: str = "22023"):
-        super().__init__(message, hint)
-        self.sqlstate = sqlstate
 
-
-class InvalidQuery(ProgrammingError):
+class InvalidQuery(_PostgreSQLState, ProgrammingError):
     """A query PostgreSQL itself rejects whatever the data (an aggregate or a window function in GROUP BY): refused
     before anything runs or is charged, with PostgreSQL's message and SQLSTATE (42803, 42P20, ...)."""
 
     code = "DP015"
-
-    def __init__(self, message: str, hint: str | None = None, *, sqlstate: str = "42000"):
-        super().__init__(message, hint)
-        self.sqlstate = sqlstate
 
 
 class SchemaError(Error):
