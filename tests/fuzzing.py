@@ -253,6 +253,7 @@ UNIT_SOURCES = [
     Source("people p LEFT JOIN visits v ON v.person_id = p.person_id", ("p", "v")),
     Source("prescriptions r JOIN visits v ON r.visit_id = v.visit_id", ("r", "v")),
     Source("people p JOIN states s ON s.code = p.state", ("p", "s")),
+    Source("states s LEFT JOIN people p ON p.state = s.code", ("s", "p")),  # every state a key, even empty ones
     Source("visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id", ("v", "r")),
 ]
 BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"]}
@@ -369,6 +370,12 @@ DERIVED = [
     "SELECT region, COUNT(*) FROM (SELECT p.person_id, s.region, SUM(v.amount) AS total FROM people p JOIN states s "
     "ON s.code = p.state JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, s.region) t "
     "WHERE total > 100 GROUP BY region",
+    # a calendar and a list of keys joined to a table: the table filtered to the list, every listed key released
+    "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-03-31', "
+    "INTERVAL '1 week') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",
+    "SELECT c.k, COUNT(v.visit_id), AVG(v.amount) FROM (VALUES ('lab'), ('dental'), ('a|b'), ('')) AS c(k) "
+    "LEFT JOIN visits v ON v.category = c.k AND v.amount > 10 GROUP BY c.k",
+    "SELECT n, COUNT(p.person_id) FROM generate_series(0, 120, 10) n JOIN people p ON p.age = n GROUP BY n",
 ]
 
 

@@ -465,8 +465,8 @@ def test_what_postgresql_itself_rejects_is_refused_with_its_error(engine, analys
      "GROUP BY v.category"),
     ("SELECT n, COUNT(p.person_id) FROM generate_series(90, 100, 5) n JOIN people p ON p.age = n GROUP BY n ORDER BY n",
      "SELECT p.age AS n, COUNT(p.person_id) FROM people p WHERE p.age IN (90, 95, 100) GROUP BY n ORDER BY n"),
-    ("SELECT d::date, COUNT(v.visit_id) FROM generate_series('2024-01-31'::date, '2024-03-31'::date, '1 month'::interval)"
-     " AS d LEFT JOIN visits v ON v.day = d::date GROUP BY d",  # stepped from the last value, as PostgreSQL steps
+    ("SELECT d::date, COUNT(v.visit_id) FROM generate_series('2024-01-31'::date, '2024-03-31'::date, "
+     "'1 month'::interval) AS d LEFT JOIN visits v ON v.day = d::date GROUP BY d",  # stepped as PostgreSQL steps
      "SELECT v.day AS d, COUNT(v.visit_id) FROM visits v WHERE v.day IN (DATE '2024-01-31', DATE '2024-02-29', "
      "DATE '2024-03-29') GROUP BY v.day"),
 ])
