@@ -217,6 +217,15 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY category), b AS (SELECT category, "
                "SUM(amount) AS s FROM visits GROUP BY category) SELECT a.category, a.n, b.s FROM a JOIN b ON "
                "a.category = b.category"),
+    ("answer", "SELECT category, to_char(SUM(amount), 'FM999,999,990') AS total, COUNT(*) || ' visits' AS n "
+               "FROM visits GROUP BY category ORDER BY 1"),
+    ("answer", "SELECT d::date AS day, COUNT(v.visit_id) FROM generate_series(DATE '2024-01-01', DATE '2024-01-31', "
+               "INTERVAL '1 day') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1 ORDER BY 1"),
+    ("answer", "SELECT c.k, COUNT(v.visit_id) FROM (VALUES ('checkup'), ('dental')) AS c(k) LEFT JOIN visits v "
+               "ON v.category = c.k GROUP BY c.k"),
+    ("answer", "SELECT s.name, COUNT(p.person_id) FROM states s LEFT JOIN people p ON p.state = s.code "
+               "GROUP BY s.name ORDER BY 2 DESC"),
+    ("answer", "SELECT category, COUNT(*) FROM visits GROUP BY category ORDER BY 2 DESC LIMIT ALL"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),

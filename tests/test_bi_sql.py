@@ -476,6 +476,17 @@ def test_a_list_of_keys_joined_to_a_table_is_the_table_filtered_to_the_list(demo
     assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
 
 
+def test_a_period_cast_to_a_date_is_a_public_key(engine, analyst):
+    """`date_trunc('week', day)::date`, as BI tools write a week: the periods' start dates are public (the column's
+    bounds), every week released; a monthly calendar joined on date_trunc releases its own months alone."""
+    weeks = engine.prepare("SELECT date_trunc('week', day)::date AS wk, COUNT(*) FROM visits GROUP BY 1")
+    assert not weeks.plan.partition_selection and len(weeks.plan.domain) == 53
+    months = ("SELECT m::date AS month, SUM(v.amount) FROM generate_series('2024-01-01'::date, '2024-04-01'::date, "
+              "'1 month'::interval) AS m LEFT JOIN visits v ON date_trunc('month', v.day) = m GROUP BY 1 ORDER BY 1")
+    answer = engine.query(months, analyst=analyst, epsilon=1.0)
+    assert [row[0] for row in answer.rows] == [datetime.date(2024, m, 1) for m in range(1, 5)]
+
+
 def test_every_day_of_a_calendar_is_released(engine, analyst):
     sql = ("SELECT d::date AS day, COUNT(v.visit_id) AS n FROM generate_series(DATE '2024-03-01', DATE '2024-03-31', "
            "INTERVAL '1 day') d LEFT JOIN visits v ON v.day = d::date AND v.amount > 4000 GROUP BY 1 ORDER BY 1")

@@ -156,8 +156,22 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
     if isinstance(node.unnest(), exp.Add | exp.Sub) and isinstance(node.unnest().expression, exp.Interval):
         return _shifted_domain(scope, node.unnest())
     found = _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
-        else _function_domain(scope, node)
+        else _period_dates(scope, node) if _is_period_date(node) else _function_domain(scope, node)
     return found if found is not None else _listed_domain(scope, node)
+
+
+def _is_period_date(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Cast) and node.to.is_type("date") and isinstance(node.this, exp.TimestampTrunc
+                                                                                  | exp.DateTrunc)
+
+
+def _period_dates(scope: Scope, node: exp.Cast) -> tuple | None:
+    """`date_trunc('week', day)::date` (BI tools' week as a date): the dates of the periods' starts, each at
+    midnight in the session's time zone, where the cast reads it."""
+    found = _period_domain(scope, node.this)
+    if found is None or any(p.time() != datetime.time() for p in found):
+        return None
+    return tuple(dict.fromkeys(p.date() for p in found))
 
 
 def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:
@@ -442,10 +456,12 @@ _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")  # a date PostgreSQL and Python rea
 
 def _comparable(value: object, domain: tuple) -> bool:
     """Whether Python compares `value` with the domain's values as PostgreSQL would: text with text, numbers with
-    numbers, booleans with booleans (a date written as text is left to PostgreSQL: the condition narrows nothing)."""
+    numbers, booleans with booleans, dates with dates (a date written as text is left to PostgreSQL: the condition
+    narrows nothing)."""
     if value is None:
         return True
-    kinds = [str] if isinstance(value, str) else [bool] if isinstance(value, bool) else [int, float]
+    kinds = [str] if isinstance(value, str) else [bool] if isinstance(value, bool) else \
+        [datetime.date] if type(value) is datetime.date else [int, float]
     return all(v is None or (type(v) in kinds) for v in domain)
 
 

@@ -58,7 +58,10 @@ def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
     written = _replaced(written, alias, column, key, counterpart)
     if any(c.table == alias for c in written.find_all(exp.Column)):
         return None  # the list read some other way: as written
-    in_list = exp.In(this=counterpart.copy(), expressions=constants)
+    listed = counterpart.copy()
+    if isinstance(listed, exp.TimestampTrunc | exp.DateTrunc) and constants[0].find(exp.Cast):
+        listed = exp.cast(listed, exp.DataType.build("date"))  # a period's start at midnight, as the key reads it
+    in_list = exp.In(this=listed, expressions=constants)
     where = written.args["where"].this if written.args.get("where") else None
     written.set("where", exp.Where(this=exp.and_(*(c for c in (where, *rest, in_list) if c is not None))))
     return written
