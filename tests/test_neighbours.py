@@ -543,13 +543,16 @@ def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, 
     "v.category ORDER BY COUNT(*) DESC) AS rn FROM prescriptions r JOIN visits v ON v.visit_id = r.visit_id "
     "GROUP BY 1, 2) t WHERE rn <= 2",  # the top rows of each group, picked after the window
 ])
-def test_the_one_part_of_a_post_processed_statement_moves_within_its_sensitivity(engine, base_url, neighbour_url,
-                                                                                  sql):
-    """bool_or and bool_and read off counts, and the count of one reported value picked from the counts per
-    value: the part that runs is an ordinary query, and what follows is post-processing."""
+def test_the_parts_of_a_post_processed_statement_move_within_their_sensitivity(engine, base_url, neighbour_url,
+                                                                               sql):
+    """bool_or and bool_and read off counts, the count of one reported value picked from the counts per value, and
+    the top rows of each group (chosen on one answer, their values from a second): the parts that run are ordinary
+    queries, together costing the statement's ε, and what follows is post-processing."""
     composition, parts = engine.prepare_parts(sql)
-    assert composition is not None and len(parts) == 1
-    _assert_within_sensitivity(engine, composition.parts[0], base_url, neighbour_url)
+    assert composition is not None and len(parts) == len(composition.parts) == (2 if "OVER" in sql else 1)
+    for part in composition.parts:
+        _assert_within_sensitivity(engine, part, base_url, neighbour_url)
+    assert sum(p.options.epsilon for p in parts) == pytest.approx(engine.options(Options()).epsilon)
 
 
 # --- a key of several columns (issue 36): a public table joined on all of them matches one row ------------------
