@@ -9,8 +9,9 @@ IN (DATE '2024-01-01', …) GROUP BY v.day` with the listed keys released like a
 every one, with no partition selection, since no other row reaches a group. The relation must list distinct,
 non-NULL constants (text, integers, or dates: a generate_series of dates by whole days, weeks, months or years, or of
 integers), be the FROM, joined by an inner or LEFT join on one equality of its column with the table's expression;
-the rest of the ON reads the table alone and moves to the WHERE. Under a LEFT join COUNT(*) would count the list's own
-row where nothing matches: it is refused with a hint to count a column. Anything else is left as written (refused).
+the rest of the ON reads the table alone and moves to the WHERE, and the WHERE does not read the list. Under a LEFT
+join COUNT(*) would count the list's own row where nothing matches: it is refused with a hint to count a column.
+Anything else is left as written (refused).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
     if side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER") or not conjuncts:
         return None
     matched = [c for c in conjuncts if isinstance(c, exp.EQ) and _pairs(c, alias, column) is not None]
+    where = tree.args.get("where")
     if len(matched) != 1 or any(_reads(c, alias) for c in conjuncts if c is not matched[0]) \
-            or any(_reads(j, alias) for j in joins[1:]):
-        return None
+            or any(_reads(j, alias) for j in joins[1:]) or (where is not None and _reads(where, alias)):
+        return None  # (a WHERE on the list's key would drop listed keys that the IN list would release)
     key, counterpart = _pairs(matched[0], alias, column)
     if side == "LEFT" and any(isinstance(c.this, exp.Star) for c in tree.find_all(exp.Count)):
         raise UnsupportedQuery("COUNT(*) over a LEFT JOIN from a list of keys counts the list's own row where nothing "
