@@ -502,6 +502,8 @@ def test_every_day_of_a_calendar_is_released(engine, analyst):
      "LEFT JOIN visits v ON v.day = d::date GROUP BY 1", "count a column of the joined table: COUNT"),
     ("SELECT c.k, COUNT(v.visit_id) FROM (VALUES ('lab'), ('lab')) AS c(k) LEFT JOIN visits v ON v.category = c.k "
      "GROUP BY c.k", "VALUES is not supported"),  # a key listed twice doubles its rows: left as written
+    ("SELECT d::date, COUNT(v.visit_id) FROM generate_series(DATE '2024-01-01', DATE '2024-01-05', INTERVAL '1 day') d "
+     "LEFT JOIN visits v ON v.day = d::date WHERE d >= DATE '2024-01-03' GROUP BY 1", "generate_series"),
 ])
 def test_a_list_of_keys_that_is_not_the_table_filtered_is_refused(demo_schema, sql, message):
     with pytest.raises(errors.UnsupportedQuery, match=message):
