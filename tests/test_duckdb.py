@@ -79,6 +79,12 @@ def test_pre_noise_answers_on_duckdb_equal_postgresql_s(duck_engine, within_boun
     assert_same_rows(duck_engine, prepared, within_bounds, sql)
 
 
+def test_a_public_table_s_values_are_read_as_keys_on_duckdb_as_on_postgresql(duck_engine, engine):
+    sql = "SELECT s.region, COUNT(*) FROM people p JOIN states s ON s.code = p.state GROUP BY s.region"
+    domain = duck_engine.prepare(sql).plan.domain
+    assert domain is not None and sorted(domain) == sorted(engine.prepare(sql).plan.domain)
+
+
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
                                  "SELECT category, AVG(amount) FROM visits GROUP BY category"])
 def test_bounds_chosen_from_the_data_read_and_answer_alike_on_duckdb(duck_engine, within_bounds, sql):
