@@ -156,8 +156,11 @@ class Engine:
         return entry
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
-                  total_cap: float | None = None, selection_rows: int | None = None) -> tuple[Plan, Rewritten]:
-        public_keys = self._remembered(query, ("public keys",), lambda: self._public_keys(query))
+                  total_cap: float | None = None, selection_rows: int | None = None,
+                  public_keys: dict[str, tuple] | None = None) -> tuple[Plan, Rewritten]:
+        """The plan and rewrite of `query`; `public_keys` as an earlier plan of it read them (None: read them now,
+        before anything is charged)."""
+        public_keys = self._public_keys(query) if public_keys is None else public_keys
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
                        self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets, public_keys)
         if selection_rows is not None and selection_rows < plan.rows_per_unit and counts_voters(plan):
@@ -370,7 +373,7 @@ class Engine:
             return None
         totals = self._remembered(query, ("totals", options.min_frequency), lambda: analyze(
             query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
-            self._not_null, None, self._time_zone, math.inf, self._unique_sets))  # the race reads it
+            self._not_null, None, self._time_zone, math.inf, self._unique_sets, plan.public_keys))  # the race reads it
         return totals if bounds_totals(totals) else None
 
     def _checked(self, statement: Statement) -> Statement:
@@ -444,7 +447,8 @@ class Engine:
             voters = selection_rows if rows is not None else None
             plan, rewritten = self._remembered(
                 prepared.query, ("bounded", prepared.options.min_frequency, rows, total, voters),
-                lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total, voters))
+                lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total, voters,
+                                       prepared.plan.public_keys))
         calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
             plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
             prepared.options.histogram)

@@ -21,6 +21,7 @@ from dpsql.config import Settings
 from dpsql.engine import Engine
 from dpsql.releases.synth import synthesize
 from dpsql.schema import load_schema
+from dpsql.session import Options
 from tests import auditor
 from tests.conftest import database_url
 
@@ -387,6 +388,22 @@ def test_a_public_table_s_column_as_key_releases_every_value_the_table_holds(eng
     with psycopg.connect(base_url) as conn:
         values = {r[0] for r in conn.execute(f"SELECT {column} FROM states WHERE {held or 'true'}")}
     assert sorted(row[0] for row in answer.rows) == sorted(values)
+
+
+def test_a_public_table_s_values_are_read_once_before_the_charge(engine, analyst, monkeypatch):
+    """The plans of the same query at the bound the race chose reuse the values read before the charge: nothing
+    opens a second backend session while the answer holds one, and the answer's keys are the prepared ones."""
+    sql = "SELECT s.region, SUM(v.amount) FROM visits v JOIN people p ON p.person_id = v.person_id JOIN states s " \
+          "ON s.code = p.state GROUP BY s.region"
+    auto = Options(rows_per_unit="auto")
+    prepared = engine.prepare(sql, options=auto)
+    assert prepared.race is not None and prepared.plan.public_keys
+
+    def read_again(query):
+        raise AssertionError("public values read after the prepare")
+    monkeypatch.setattr(engine, "_public_keys", read_again)
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0, options=auto)
+    assert sorted(row[0] for row in answer.rows) == sorted(v for (v,) in prepared.plan.domain)
 
 
 def test_public_keys_selected_alone_under_a_join_stay_private(engine):

@@ -80,7 +80,8 @@ def _plan(scope: Scope) -> Plan:
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
         notes=scope.notes, every_group=scope.every_group, stability=scope.stability, truncate=scope.truncate,
         rows_total=scope.rows_total, unit_total=scope.total_cap,
-        windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key)
+        windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key,
+        public_keys=dict(scope.public_keys))
 
 
 __all__ = ["COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",

@@ -158,6 +158,9 @@ class Plan:
     windows: list[tuple[str, exp.Window]] = field(default_factory=list)
     min_units: int = 1  # the minimum frequency: above 1, every group (declared keys too) goes through selection
     local_key: tuple[int, LocalRandomizer] | None = None  # a group key of local reports, de-biased after noise
+    # the values public tables hold of the keys that are their columns, as read before the charge: the plans of the
+    # same query at other bounds are analysed with these, never read again once the query is charged
+    public_keys: dict[str, tuple] = field(default_factory=dict)
 
     @cached_property
     def aggregate(self) -> dict[str, Aggregate]:
