@@ -40,10 +40,9 @@ from dpsql.analysis.scope import Scope
 from dpsql.errors import InvalidQuery, UnsupportedQuery
 from dpsql.schema.model import temporal_number
 from dpsql.sql import AGGREGATES, to_sql
-from dpsql.sql.query import operands
+from dpsql.sql.query import MAX_DOMAIN, bytewise, operands
 from dpsql.sql.times import interval_step
 
-MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 CONTINUOUS_TYPES = {"double precision", "real"}  # as the schema names them
 
 
@@ -500,12 +499,6 @@ def _is_text(exprs: Expressions, node: exp.Expression) -> bool:
     if isinstance(node, exp.Coalesce | exp.Nullif):
         return _is_text(exprs, node.this)
     return isinstance(node, TEXT_FUNCTIONS)
-
-
-def bytewise(node: exp.Expression) -> exp.Expression:
-    """`node` as text compared byte by byte: equal keys are then spelled alike."""
-    return exp.Collate(this=exp.Cast(this=node, to=exp.DataType.build("text")),
-                       expression=exp.Identifier(this="C", quoted=True))
 
 
 def _refuse_hopeless_key(scope: Scope, node: exp.Expression) -> None:

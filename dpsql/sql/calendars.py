@@ -21,10 +21,10 @@ import datetime
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
-from dpsql.sql.query import operands, output_name
+from dpsql.sql.query import MAX_DOMAIN, operands, output_name
 from dpsql.sql.times import interval_step, time_value
 
-MAX_LISTED = 10_000  # the analysis' largest released domain
+MAX_LISTED = MAX_DOMAIN  # a longer list would not be released in full
 
 
 def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
@@ -143,8 +143,7 @@ def _pairs(equality: exp.EQ, alias: str, column: str) -> tuple[exp.Expression, e
 
 
 def _is_key(node: exp.Expression, alias: str, column: str) -> bool:
-    return isinstance(node, exp.Column) and node.name == column and node.table in ("", alias) and (
-        node.table == alias or column == alias or node.name == column)
+    return isinstance(node, exp.Column) and node.name == column and node.table in ("", alias)
 
 
 def _reads(node: exp.Expression, alias: str) -> bool:

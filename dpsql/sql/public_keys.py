@@ -14,9 +14,9 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
-from dpsql.sql.query import CheckedQuery, operands, to_sql
+from dpsql.sql.query import MAX_DOMAIN, CheckedQuery, bytewise, operands, to_sql
 
-MAX_PUBLIC_KEYS = 10_000  # the analysis' largest released domain (`groups.MAX_DOMAIN`)
+MAX_PUBLIC_KEYS = MAX_DOMAIN  # more values than the analysis releases in full are not read
 
 
 def public_key_statements(query: CheckedQuery, schema: PrivacySchema) -> dict[str, exp.Select]:
@@ -36,10 +36,7 @@ def public_key_statements(query: CheckedQuery, schema: PrivacySchema) -> dict[st
         column = table.columns.get(key.name) if table is not None and table.public else None
         if column is None or column.local is not None or table.released is not None:
             continue
-        value = key.copy()
-        if column.type == "text":  # as `analysis.groups.bytewise` spells a text key
-            value = exp.Collate(this=exp.Cast(this=value, to=exp.DataType.build("text")),
-                                expression=exp.Identifier(this="C", quoted=True))
+        value = bytewise(key.copy()) if column.type == "text" else key.copy()  # as the analysis spells the key
         select = exp.select(value).distinct().from_(relation.copy()).limit(MAX_PUBLIC_KEYS + 1)
         own = [c for c in where if _reads_only(c, key.table)]
         if own:

@@ -12,6 +12,7 @@ from sqlglot.helper import name_sequence
 from dpsql.errors import UnsupportedQuery
 
 DIALECT = "postgres"
+MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
 
 _generators = threading.local()
 
@@ -101,3 +102,9 @@ def limit_clause(tree: exp.Expression, clause: str) -> int | None:
     if isinstance(value, exp.Literal) and value.is_int and int(value.this) >= 0:
         return int(value.this)
     raise UnsupportedQuery(f"{clause.upper()} must be a whole-number constant", "e.g. LIMIT 10 OFFSET 20")
+
+
+def bytewise(node: exp.Expression) -> exp.Expression:
+    """`node` as text compared byte by byte: equal keys are then spelled alike."""
+    return exp.Collate(this=exp.Cast(this=node, to=exp.DataType.build("text")),
+                       expression=exp.Identifier(this="C", quoted=True))
