@@ -370,6 +370,11 @@ DERIVED = [
     "SELECT region, COUNT(*) FROM (SELECT p.person_id, s.region, SUM(v.amount) AS total FROM people p JOIN states s "
     "ON s.code = p.state JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, s.region) t "
     "WHERE total > 100 GROUP BY region",
+    # a per-unit subquery joined to the unit's own row, and a public table to that row: joined inside it
+    "SELECT p.sex, COUNT(*), AVG(t.total) FROM people p JOIN (SELECT person_id, SUM(amount) AS total FROM visits "
+    "WHERE amount > 10 GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",
+    "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) SELECT s.region, SUM(t.n), COUNT(*) "
+    "FROM t LEFT JOIN people p ON p.person_id = t.person_id LEFT JOIN states s ON s.code = p.state GROUP BY 1",
     # a calendar and a list of keys joined to a table: the table filtered to the list, every listed key released
     "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-03-31', "
     "INTERVAL '1 week') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",

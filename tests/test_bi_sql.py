@@ -1244,6 +1244,36 @@ def test_a_per_unit_subquery_may_group_by_what_the_unit_s_row_holds(engine, anal
                        "GROUP BY v.person_id, v.category) t GROUP BY c")
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT p.sex, COUNT(*) FROM people p JOIN (SELECT person_id, SUM(amount) AS spend FROM visits "
+    "GROUP BY person_id) t ON t.person_id = p.person_id WHERE t.spend > 500 GROUP BY p.sex",
+    "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits WHERE category = 'lab' GROUP BY person_id) "
+    "SELECT sex, COUNT(*) FROM t JOIN people USING (person_id) GROUP BY sex",
+    "SELECT sex, COUNT(*) FROM (SELECT person_id, MAX(amount) AS top FROM visits GROUP BY person_id) t "
+    "JOIN people ON people.person_id = t.person_id AND people.age > 30 GROUP BY sex",
+    "SELECT p.sex, COUNT(*) FROM (SELECT v.person_id, COUNT(*) AS n FROM visits v JOIN people p "
+    "ON p.person_id = v.person_id WHERE p.age < 50 GROUP BY 1) t LEFT JOIN people p ON p.person_id = t.person_id "
+    "JOIN states s ON s.code = p.state WHERE s.region = 'West' GROUP BY p.sex",
+])
+def test_a_row_of_the_unit_joined_to_a_per_unit_subquery_is_joined_inside_it(engine, base_url, sql):
+    """A per-unit subquery joined on the unit to a table of one row per unit (people), and a public table joined
+    to that row, is the subquery with those tables joined inside: the same rows, one per unit, and sex keeps its
+    declared domain. The counts before noise are PostgreSQL's own."""
+    prepared = engine.prepare(sql)
+    assert not prepared.plan.partition_selection
+    with psycopg.connect(base_url) as conn:
+        counted = {row[0]: row[1] for row in conn.execute(prepared.rewritten.sql)}
+        assert counted == dict(conn.execute(sql).fetchall())
+
+
+def test_a_per_unit_subquery_joined_to_the_rows_of_every_unit_is_still_refused(engine):
+    """`people p LEFT JOIN (… GROUP BY person_id) t` keeps the people the subquery has no row for (their t values
+    NULL): not the subquery's rows with people's joined, so it is left as written, and refused."""
+    with pytest.raises(errors.UnsupportedQuery, match="cannot be merged"):
+        engine.prepare("SELECT p.sex, AVG(t.n) FROM people p LEFT JOIN (SELECT person_id, COUNT(*) AS n FROM visits "
+                       "GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex")
+
+
 def test_the_top_rows_of_each_group_are_picked_after_the_window(engine, analyst):
     """PostgreSQL has no filter on a window's values, so analysts rank in a subquery and filter outside: the inner
     query is answered with its window over the released rows, and the outer one picks rows and columns, in its

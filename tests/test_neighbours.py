@@ -156,6 +156,12 @@ QUERIES = [
     "SELECT date_trunc('month', first_day) AS cohort, COUNT(*) FROM firsts GROUP BY 1",  # a unit's first date
     "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
     "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex",  # the unit's sex
+    # a per-unit subquery joined to the unit's own row (and a public table joined to that row): joined inside it
+    "SELECT p.sex, COUNT(*), AVG(t.spend), SUM(p.income) FROM people p JOIN (SELECT person_id, SUM(amount) AS spend "
+    "FROM visits GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",
+    "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) SELECT s.region, AVG(t.n), COUNT(*) "
+    "FROM t JOIN people p ON p.person_id = t.person_id AND p.age > 30 LEFT JOIN states s ON s.code = p.state "
+    "GROUP BY s.region",
     # cohorts: units picked by their own rows (the subquery groups by the column tied to the outer row's unit)
     "SELECT AVG(age), COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits GROUP BY person_id "
     "HAVING COUNT(*) > 5)",

@@ -48,6 +48,7 @@ from dpsql.sql.shape import (
     shadowing_names_renamed,
 )
 from dpsql.sql.times import CLOCKS, fold_times
+from dpsql.sql.unit_rows import unit_row_joined_inside
 
 Rule = Callable[[exp.Select, "Context"], exp.Select]
 
@@ -95,10 +96,12 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(distinct_as_group_by),
 )
 # Then the rules that refuse: the allowlist, names resolved against the schema (declared tables only, simple
-# subqueries merged), nothing left but semijoins, and NOT IN made safe where NULLs meet it.
+# subqueries merged, a table of one row per unit joined to a per-unit subquery moved into it), nothing left but
+# semijoins, and NOT IN made safe where NULLs meet it.
 CHECKS: tuple[Rule, ...] = (
     _tree_only(refuse_unsafe),
     lambda tree, context: qualify_columns(tree, context.schema),
+    lambda tree, context: unit_row_joined_inside(tree, context.schema),
     _tree_only(require_flat),
     _tree_only(drop_nulls_under_not_in),
 )

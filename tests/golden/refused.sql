@@ -44,12 +44,6 @@ error: "UnsupportedQuery: visits.visit_id has no declared bounds, so its corr se
 canonical: "SELECT CORR(\"dpsql_t0\".\"amount\", \"dpsql_t0\".\"visit_id\") AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\""
 output_names: ["corr"]
 
--- SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t JOIN people p ON p.person_id = t.person_id
-input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t JOIN people p ON p.person_id = t.person_id", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: a per-unit subquery cannot be joined to other tables here [DP002]\nHint: join the tables inside the subquery"
-canonical: "SELECT COUNT(*) AS \"_col_0\" FROM (SELECT \"dpsql_t2\".\"person_id\" AS \"person_id\", COUNT(*) AS \"n\" FROM \"visits\" AS \"dpsql_t2\" GROUP BY \"dpsql_t2\".\"person_id\") AS \"dpsql_t0\" JOIN \"people\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\""
-output_names: ["count"]
-
 -- SELECT COUNT(*) FROM people CROSS JOIN visits
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM people CROSS JOIN visits", "unique": []}
 error: "UnsupportedQuery: CROSS JOIN is not supported [DP002]\nHint: join on the declared key, e.g. JOIN people ON visits.person_id = people.person_id"
