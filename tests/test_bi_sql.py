@@ -20,7 +20,7 @@ from dpsql.sql.compose import Composition
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import to_sql
 from dpsql.sql.times import fold_times
-from tests.conftest import PEOPLE
+from tests.conftest import DECLARED_ROWS, PEOPLE
 from tests.test_analysis import plan
 
 
@@ -524,7 +524,7 @@ def test_a_subquery_reading_the_outer_query_s_table_under_its_name_reads_its_own
     ("SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 2 ROWS WITH TIES",
      "FETCH ... WITH TIES"),
     ("SELECT date_trunc('month', CAST(day AS timestamp)) - INTERVAL '1 day', COUNT(*) FROM visits GROUP BY 1",
-     "an interval is added here only to a date or timestamp column with declared bounds"),
+     "an interval or a number of days is added here only to a date or timestamp column with declared bounds"),
     # a constant PostgreSQL computes only where a row reaches it must not fail there: checked as a column's is
     ("SELECT COUNT(*) FROM visits WHERE day >= now() - INTERVAL '177999999 years'", "INTERVAL '177999999 YEARS'"),
     ("SELECT COUNT(*) FROM visits WHERE person_id = 5 AND day >= date_trunc('fortnight', now())",
@@ -533,6 +533,24 @@ def test_a_subquery_reading_the_outer_query_s_table_under_its_name_reads_its_own
 def test_the_rest_of_those_constructs_is_refused_as_postgresql_or_the_noise_requires(demo_schema, sql, message):
     with pytest.raises(errors.UnsupportedQuery, match=message.replace("(", r"\(").replace(".", r"\.")):
         plan(sql, demo_schema)
+
+
+def test_days_between_dates_are_whole_numbers_within_the_dates_bounds(demo_schema, engine):
+    """A date minus a date is PostgreSQL's integer of days: its range is the declared dates' (day lies in 2024, so
+    DATE '2025-01-01' - day in [1, 366]), and the rewritten SQL clamps day to its bounds (±infinity has no
+    difference). A date plus a number of days stays a date, and its weeks are public keys."""
+    measures = plan("SELECT SUM(DATE '2025-01-01' - day) FROM visits", demo_schema).measures
+    assert measures[0].sensitivity == 366 * DECLARED_ROWS["visits"]
+    rewritten = engine.prepare("SELECT SUM(DATE '2025-01-01' - day) FROM visits").rewritten.sql
+    assert "WHEN visits.day < CAST('2024-01-01' AS DATE) THEN CAST('2024-01-01' AS DATE)" in rewritten
+    spans = plan("SELECT AVG(last_day - first_day) FROM (SELECT person_id, MIN(day) AS first_day, MAX(day) AS "
+                 "last_day FROM visits GROUP BY person_id) t", demo_schema)
+    assert spans.measures[-1].sensitivity == 365  # the sum's: one unit's span lies in [-365, 365]
+    weeks = engine.prepare("SELECT date_trunc('week', day + 1)::date, COUNT(*) FROM visits "
+                           "WHERE day - 7 > DATE '2024-06-01' GROUP BY 1").plan
+    assert not weeks.partition_selection and len(weeks.domain) == 53  # day + 1 reaches Wednesday 2025-01-01
+    with pytest.raises(errors.UnsupportedQuery, match="a number of days is added here only"):
+        plan("SELECT COUNT(*) FROM visits WHERE day + 2999999 > DATE '2024-01-01'", demo_schema)
 
 
 def test_bivariate_aggregates_need_bounded_arguments(demo_schema):

@@ -162,6 +162,12 @@ QUERIES = [
     "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) SELECT s.region, AVG(t.n), COUNT(*) "
     "FROM t JOIN people p ON p.person_id = t.person_id AND p.age > 30 LEFT JOIN states s ON s.code = p.state "
     "GROUP BY s.region",
+    # days between dates, and dates plus days: the dates clamped to their bounds (the neighbour's ±infinity too)
+    "SELECT category, AVG(DATE '2025-01-01' - day), SUM(day - DATE '2024-06-01') FROM visits "
+    "WHERE day + 7 > DATE '2024-02-01' GROUP BY category",
+    "SELECT AVG(last_day - first_day), COUNT(*) FROM (SELECT person_id, MIN(day) AS first_day, MAX(day) AS last_day "
+    "FROM visits GROUP BY person_id) t",
+    "SELECT date_trunc('week', day + 1)::date AS wk, COUNT(*) FROM visits GROUP BY 1",
     # cohorts: units picked by their own rows (the subquery groups by the column tied to the outer row's unit)
     "SELECT AVG(age), COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits GROUP BY person_id "
     "HAVING COUNT(*) > 5)",

@@ -110,10 +110,14 @@ class Expressions:
             if column is not None and column.bounded and column.is_numeric and not isinstance(node.parent, PREDICATES):
                 return clamp(node, column)
             return node
-        if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
+        if isinstance(node, exp.Add | exp.Sub) and (isinstance(node.expression, exp.Interval)
+                                                    or self._date_arithmetic(node)):
             # the time shifted (a column, or date_trunc of one) read within its declared bounds, which
-            # `time_bounds` reads: no stored value can make the shift overflow
+            # `time_bounds` reads: no stored value can make the shift overflow; both dates of a difference too
+            # (±infinity has none), so that it lies within the range `_range_sub` gives
             node.set("this", self._clamped_times(node.this))
+            if not isinstance(node.expression, exp.Interval):
+                node.set("expression", self._clamped_times(node.expression))
         if isinstance(node, exp.Extract):
             declared = self._declared_epoch(node)
             node.set("expression", clamp(node.expression, declared) if declared is not None
@@ -153,6 +157,8 @@ class Expressions:
         if isinstance(node, exp.Column):
             column = self.column(node)
             return _type_kind(column.type) if column is not None else "float"
+        if isinstance(node, exp.Sub) and self._date_arithmetic(node) == "days":
+            return "integer"
         if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
             return self._widest([node.this, node.expression])
         if isinstance(node, exp.Greatest | exp.Least | exp.Coalesce):
@@ -265,28 +271,57 @@ class Expressions:
         return Range(lo, a.magnitude, a.integer)
 
     def _range_add(self, node: exp.Add) -> Range | None:
-        if isinstance(node.expression, exp.Interval):
+        if isinstance(node.expression, exp.Interval) or self._date_arithmetic(node) == "date":
             return self._check_time_shift(node)
         a, b = self._operands(node, "this", "expression")
         return Range(a.lo + b.lo, a.hi + b.hi, a.integer and b.integer)
 
     def _range_sub(self, node: exp.Sub) -> Range | None:
-        if isinstance(node.expression, exp.Interval):
+        arithmetic = self._date_arithmetic(node)
+        if isinstance(node.expression, exp.Interval) or arithmetic == "date":
             return self._check_time_shift(node)
+        if arithmetic == "days":
+            first, second = self._date_bounds(node.this), self._date_bounds(node.expression)
+            if first is None or second is None:
+                raise UnsupportedQuery(f"{to_sql(node)}: the days between two dates are computed here only for "
+                                       "date columns with declared bounds (and date constants)",
+                                       "declare lower and upper for the date column in the privacy schema")
+            return Range((first[0] - second[1]).days, (first[1] - second[0]).days, True)
         a, b = self._operands(node, "this", "expression")
         return Range(a.lo - b.hi, a.hi - b.lo, a.integer and b.integer)
+
+    # --- dates: whole days added, and the days between two ------------------------------------------------
+
+    def _date_arithmetic(self, node: exp.Add | exp.Sub) -> str | None:
+        """What PostgreSQL makes of `node`: "date" for a date plus or minus a whole number of days (`day + 7`),
+        "days" for a date minus a date (an integer: `DATE '2025-01-01' - day`, `last_visit - first_visit`);
+        None for anything else (numbers, intervals). The dates are date columns with declared bounds (clamped to
+        them by the guard) or constants; dates without known bounds are refused where their range is needed."""
+        if self.time_type(node.this) != "date" and not _date_constant(node.this):
+            return None
+        if isinstance(node, exp.Sub) and (self.time_type(node.expression) == "date"
+                                          or _date_constant(node.expression)):
+            return "days"
+        return "date" if _whole_days(node.expression) is not None else None
+
+    def _date_bounds(self, node: exp.Expression) -> tuple[datetime.date, datetime.date] | None:
+        """The earliest and latest value of a date expression: a constant's own, or `time_bounds`."""
+        day = _date_constant(node)
+        if day is not None:
+            return day, day
+        return self.time_bounds(node) if self.time_type(node) == "date" else None
 
     # --- times shifted by an interval -------------------------------------------------------------------
 
     def _check_time_shift(self, node: exp.Add | exp.Sub) -> None:
         """`t ± INTERVAL '…'` (Metabase's weeks from Sunday: date_trunc('week', day + INTERVAL '1 day') -
-        INTERVAL '1 day'): t must be a date or timestamp column with declared bounds, which the guard clamps it
+        INTERVAL '1 day'), or a date ± a number of days (`day + 7`): t must be a date or timestamp column with declared bounds, which the guard clamps it
         to, or date_trunc of such a time, and the shifted bounds must stay within years 1 to 9999, every
         backend's range, so that no stored value can make the arithmetic overflow. Not a number: None."""
         if self.time_bounds(node) is None:
-            raise UnsupportedQuery(f"{to_sql(node)}: an interval is added here only to a date or timestamp column "
-                                   "with declared bounds (or date_trunc of one), by a step of whole units, "
-                                   "staying within years 1 to 9999",
+            raise UnsupportedQuery(f"{to_sql(node)}: an interval or a number of days is added here only to a date "
+                                   "or timestamp column with declared bounds (or date_trunc of one), by a step of "
+                                   "whole units, staying within years 1 to 9999",
                                    "declare lower and upper for the column in the privacy schema, or compare the "
                                    "column with a constant moved by the interval: day >= DATE '2024-07-01' - "
                                    "INTERVAL '30 days'")
@@ -320,6 +355,9 @@ class Expressions:
         if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
             inner = self.time_type(node.this)
             return "timestamp" if inner == "date" else inner  # a date plus an interval is a timestamp
+        if isinstance(node, exp.Add | exp.Sub) and _whole_days(node.expression) is not None \
+                and self.time_type(node.this) == "date":
+            return "date"  # a date plus a number of days
         return None
 
     def time_bounds(self, node: exp.Expression) -> tuple[Time, Time] | None:
@@ -350,6 +388,14 @@ class Expressions:
             try:
                 return _within_years(*(step.added_to(v) for v in inner))
             except (OverflowError, ValueError):
+                return None
+        days = _whole_days(node.expression) if isinstance(node, exp.Add | exp.Sub) else None
+        if days is not None and self.time_type(node.this) == "date":
+            inner = self.time_bounds(node.this)
+            shift = datetime.timedelta(days=days if isinstance(node, exp.Add) else -days)
+            try:
+                return None if inner is None else _within_years(inner[0] + shift, inner[1] + shift)
+            except OverflowError:
                 return None
         return None
 
@@ -714,6 +760,29 @@ def _constant_range(node: exp.Expression) -> Range | None:
         value = -float(node.this.to_py())
         return Range(value, value, value.is_integer() and "." not in node.this.this)
     return None
+
+
+def _date_constant(node: exp.Expression) -> datetime.date | None:
+    """The date a constant `DATE '2024-01-31'` (or '2024-01-31'::date, CURRENT_DATE as the clock read it) is."""
+    node = node.unnest()
+    if not (isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.DATE
+            and isinstance(node.this, exp.Literal) and node.this.is_string):
+        return None
+    try:
+        return datetime.date.fromisoformat(node.this.this.strip())
+    except ValueError:
+        return None
+
+
+MAX_DAYS = 3_000_000  # a shift of more days would leave every date dpsql reads (years 1 to 9999)
+
+
+def _whole_days(node: exp.Expression) -> int | None:
+    """The whole number a constant `node` is, as days added to a date (`day + 7`); None for anything else."""
+    value = _constant_range(node) if constant(node) else None
+    if value is None or not value.integer or value.lo != value.hi or abs(value.lo) > MAX_DAYS:
+        return None
+    return int(value.lo)
 
 
 def _truncated_quotient(x: float, y: float) -> int:

@@ -211,15 +211,16 @@ def _shifted_domain(scope: Scope, node: exp.Add | exp.Sub) -> tuple | None:
 def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     """The periods of date_trunc(unit, column) over a column with declared bounds (`calendar.periods`); of a date
     or timestamp column shifted by an interval, the periods of the shifted bounds (a timestamp, truncated as it
-    stands)."""
+    stands); of a date column plus a number of days, those of the shifted dates."""
     shifted = node.this.unnest()
-    if isinstance(shifted, exp.Add | exp.Sub) and isinstance(shifted.expression, exp.Interval) \
-            and scope.exprs.time_type(shifted) == "timestamp" and node.args.get("unit") is not None:
+    shifted_type = scope.exprs.time_type(shifted) if isinstance(shifted, exp.Add | exp.Sub) else None
+    if shifted_type is not None and (shifted_type, isinstance(shifted.expression, exp.Interval)) in (
+            ("timestamp", True), ("date", False)) and node.args.get("unit") is not None:
         bounds = scope.exprs.time_bounds(shifted)
         if bounds is None:
             return None
-        low, high = (temporal_number("timestamp", v) for v in bounds)
-        return periods("timestamp", low, high, node.args["unit"].name, scope.time_zone, MAX_DOMAIN)
+        low, high = (temporal_number(shifted_type, v) for v in bounds)
+        return periods(shifted_type, low, high, node.args["unit"].name, scope.time_zone, MAX_DOMAIN)
     column = scope.declared_column(node.this) if isinstance(node.this, exp.Column) else None
     unit = node.args.get("unit")
     if column is None or not column.is_temporal or column.lower is None or column.upper is None or unit is None:
