@@ -859,7 +859,8 @@ def test_any_and_all_of_an_array_are_in_and_not_in(engine, analyst):
     listed = engine.query("SELECT category, COUNT(*) FROM visits WHERE category IN ('lab', 'dental') GROUP BY category",
                           analyst=analyst, epsilon=1.0)
     assert sorted(row[0] for row in listed.rows) == ["dental", "lab"]
-    for sql, params in [("... = ANY(ARRAY['lab', 'dental'])", None), ("... = ANY(%s)", (["lab", "dental"],))]:
+    for sql, params in [("... = ANY(ARRAY['lab', 'dental'])", None), ("... = ANY(%s)", (["lab", "dental"],)),
+                        ("... = ANY('{lab, \"dental\"}')", None), ("... = ANY('{lab,dental}'::text[])", None)]:
         sql = sql.replace("...", "SELECT category, COUNT(*) FROM visits WHERE category") + " GROUP BY category"
         again = engine.query(sql, params, analyst=analyst, epsilon=1.0)
         assert again.cached and again.rows == listed.rows, sql
@@ -1182,6 +1183,27 @@ def test_names_postgresql_reads_only_quoted_reach_postgresql_as_they_were_meant(
         exact = conn.execute(sql)
         assert answer.names == [d.name for d in exact.description]
         assert len(answer.rows) == len(exact.fetchall())
+
+
+@pytest.mark.parametrize("text", ["'{}'", "'{{lab},{dental}}'", "'{lab,}'", "'{\"lab}'", "'{1,x}'::int[]"])
+def test_an_array_s_text_postgresql_would_not_read_as_a_list_is_left_as_written(demo_schema, text):
+    with pytest.raises(errors.UnsupportedQuery, match="ANY is not supported"):
+        check_query(f"SELECT COUNT(*) FROM visits WHERE category = ANY({text})", demo_schema)
+
+
+def test_date_of_a_value_is_its_cast_to_date(demo_schema):
+    """`date(x)`: PostgreSQL's type name called as a function, the cast (its column named date)."""
+    checked = check_query("SELECT date(day), COUNT(*) FROM visits GROUP BY date(day)", demo_schema)
+    assert checked.canonical == check_query("SELECT CAST(day AS DATE) AS date, COUNT(*) FROM visits GROUP BY 1",
+                                            demo_schema).canonical
+    assert checked.output_names[0] == "date"
+
+
+def test_between_over_noisy_values_filters_the_released_rows(engine, analyst):
+    """HAVING AVG(x) BETWEEN a AND b (and NOT BETWEEN) is a filter of the released rows, as PostgreSQL reads it."""
+    sql = "SELECT category, COUNT(*) AS n FROM visits GROUP BY category HAVING COUNT(*) {}BETWEEN -1e9 AND 1e9"
+    assert len(engine.query(sql.format(""), analyst=analyst, epsilon=1.0).rows) == 8
+    assert engine.query(sql.format("NOT "), analyst=analyst, epsilon=1.0).rows == []
 
 
 def test_left_is_a_substring_from_the_first_character(demo_schema):

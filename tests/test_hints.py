@@ -34,7 +34,7 @@ def test_every_refusal_in_the_code_carries_a_hint():
 
 @pytest.mark.parametrize("sql", [
     "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10)",
-    "SELECT COUNT(*) FROM visits WHERE category = ANY('{lab,dental}')",
+    "SELECT COUNT(*) FROM visits WHERE category = ANY('{{lab},{dental}}')",  # an array of arrays
     "SELECT SUM(COUNT(*)) FROM visits",
     "SELECT COUNT(*) FROM visits WHERE category LIKE category",
     "SELECT round(AVG(amount), age) FROM visits JOIN people USING (person_id) GROUP BY age",

@@ -315,9 +315,10 @@ class Expressions:
 
     def _check_time_shift(self, node: exp.Add | exp.Sub) -> None:
         """`t ± INTERVAL '…'` (Metabase's weeks from Sunday: date_trunc('week', day + INTERVAL '1 day') -
-        INTERVAL '1 day'), or a date ± a number of days (`day + 7`): t must be a date or timestamp column with declared bounds, which the guard clamps it
-        to, or date_trunc of such a time, and the shifted bounds must stay within years 1 to 9999, every
-        backend's range, so that no stored value can make the arithmetic overflow. Not a number: None."""
+        INTERVAL '1 day'), or a date ± a number of days (`day + 7`): t must be a date or timestamp column with
+        declared bounds, which the guard clamps it to, or date_trunc of such a time, and the shifted bounds must
+        stay within years 1 to 9999, every backend's range, so that no stored value can make the arithmetic
+        overflow. Not a number: None."""
         if self.time_bounds(node) is None:
             raise UnsupportedQuery(f"{to_sql(node)}: an interval or a number of days is added here only to a date "
                                    "or timestamp column with declared bounds (or date_trunc of one), by a step of "

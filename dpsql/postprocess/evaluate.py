@@ -120,6 +120,9 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return node.this
     if isinstance(node, exp.Paren):
         return evaluate(node.this, env)
+    if isinstance(node, exp.Between) and not node.args.get("symmetric"):  # x BETWEEN a AND b: a <= x AND x <= b
+        return evaluate(exp.And(this=exp.GTE(this=node.this, expression=node.args["low"]),
+                                expression=exp.LTE(this=node.this, expression=node.args["high"])), env)
     if isinstance(node, exp.And | exp.Or):
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         if isinstance(node, exp.And):

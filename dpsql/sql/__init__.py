@@ -32,6 +32,7 @@ from dpsql.sql.shape import (
     cohort_joins_as_in,
     concat_as_pipes,
     count_of_distinct_rows,
+    date_function_as_cast,
     derived_select,
     distinct_as_group_by,
     drop_nulls_under_not_in,
@@ -70,9 +71,9 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
-# shape removes (ANY, FILTER, a list of keys joined from VALUES or generate_series, concat(), ~* and SIMILAR TO,
-# approx_count_distinct(), a WITH query read twice or in a chain, a correlated or joined cohort, a count of a
-# subquery's distinct rows, a projection over a grouped subquery, percentile arrays, DISTINCT); each shape only
+# shape removes (ANY, FILTER, a list of keys joined from VALUES or generate_series, concat(), date(x), ~* and
+# SIMILAR TO, approx_count_distinct(), a WITH query read twice or in a chain, a correlated or joined cohort, a count
+# of a subquery's distinct rows, a projection over a grouped subquery, percentile arrays, DISTINCT); each shape only
 # rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
@@ -82,6 +83,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(filters_as_case),
     _tree_only(concat_as_pipes),
     _tree_only(left_as_substring),
+    _tree_only(date_function_as_cast),
     _tree_only(patterns_as_regex),
     _tree_only(approx_distinct_as_count),
     _tree_only(regressions_as_moments),

@@ -52,9 +52,10 @@ def fetch_as_limit(tree: exp.Select) -> exp.Select:
 
 
 def any_as_in(tree: exp.Select) -> exp.Select:
-    """`x = ANY(ARRAY[a, b])` (or a list parameter: `x = ANY(%s)`) as `x IN (a, b)`, and `x <> ALL(...)` as
-    `x NOT IN (...)`: PostgreSQL's meaning, NULLs included, in the form the analysis reads (a filter on a key
-    narrows its domain). Arrays of anything else (`ANY('{a,b}')`, a subquery) are left as written."""
+    """`x = ANY(ARRAY[a, b])` (or a list parameter: `x = ANY(%s)`, or an array's text: `x = ANY('{a,b}')`) as
+    `x IN (a, b)`, and `x <> ALL(...)` as `x NOT IN (...)`: PostgreSQL's meaning, NULLs included, in the form the
+    analysis reads (a filter on a key narrows its domain). Arrays of anything else (a subquery, an array of
+    arrays) are left as written."""
     def listed(node: exp.Expression) -> list[exp.Expression] | None:
         if isinstance(node, exp.Any):
             inner = node.this
@@ -64,6 +65,8 @@ def any_as_in(tree: exp.Select) -> exp.Select:
             return None
         while isinstance(inner, exp.Paren):
             inner = inner.this
+        if isinstance(inner, exp.Literal | exp.Cast):
+            return _array_text_values(inner)
         return inner.expressions if isinstance(inner, exp.Array | exp.Tuple) and inner.expressions else None
 
     def rewrite(node: exp.Expression) -> exp.Expression:
@@ -73,6 +76,79 @@ def any_as_in(tree: exp.Select) -> exp.Select:
         within = exp.In(this=node.this, expressions=[value.copy() for value in found])
         return within if isinstance(node, exp.EQ) else exp.Not(this=within)
     return tree.transform(rewrite, copy=False)
+
+
+def _array_text_values(node: exp.Literal | exp.Cast) -> list[exp.Expression] | None:
+    """The elements of an array written as PostgreSQL's text (`'{lab,"a b",NULL}'`, or cast: `'{1,2}'::int[]`), as
+    constants: strings (PostgreSQL reads an untyped array's elements as the compared column's type, as it reads a
+    string constant), numbers where the cast says numbers; None for anything else."""
+    element_type = None
+    if isinstance(node, exp.Cast):
+        if not node.to.is_type(exp.DataType.Type.ARRAY) or not node.to.expressions:
+            return None
+        element_type, node = node.to.expressions[0], node.this
+    if not (isinstance(node, exp.Literal) and node.is_string):
+        return None
+    text = node.this.strip()
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        return None
+    elements = _array_elements(text[1:-1])
+    if not elements:
+        return None
+    numeric = element_type is not None and element_type.is_type(*exp.DataType.NUMERIC_TYPES)
+    values: list[exp.Expression] = []
+    for element in elements:
+        if element is None:
+            values.append(exp.Null())
+        elif numeric:
+            try:
+                float(element)
+            except ValueError:
+                return None
+            values.append(exp.Literal.number(element))
+        else:
+            values.append(exp.Literal.string(element))
+    return values
+
+
+def _array_elements(body: str) -> list[str | None] | None:
+    """The elements of a one-dimensional array's text between its braces: comma-separated, each either
+    double-quoted (backslash escapes the next character) or bare (trimmed; NULL in any case is NULL). None for
+    nested arrays or text PostgreSQL would not read."""
+    elements: list[str | None] = []
+    i, n = 0, len(body)
+    while i < n:
+        while i < n and body[i].isspace():
+            i += 1
+        if i < n and body[i] == '"':
+            i, chars = i + 1, []
+            while i < n and body[i] != '"':
+                if body[i] == "\\" and i + 1 < n:
+                    i += 1
+                chars.append(body[i])
+                i += 1
+            if i >= n:
+                return None  # an unclosed quote
+            i += 1
+            elements.append("".join(chars))
+            while i < n and body[i].isspace():
+                i += 1
+        else:
+            start = i
+            while i < n and body[i] != ",":
+                if body[i] in '{}"\\':
+                    return None
+                i += 1
+            bare = body[start:i].strip()
+            if not bare:
+                return None
+            elements.append(None if bare.upper() == "NULL" else bare)
+        if i < n and body[i] != ",":
+            return None
+        i += 1
+        if i == n and body.endswith(","):
+            return None  # a trailing comma
+    return elements
 
 
 def percentiles_as_arrays(tree: exp.Select) -> exp.Select:
@@ -167,6 +243,16 @@ def left_as_substring(tree: exp.Select) -> exp.Select:
             return node
         return exp.Substring(this=node.this, start=exp.Literal.number(1), length=count)
     return _function_respelled(tree, exp.Left, "left", spelled)
+
+
+def date_function_as_cast(tree: exp.Select) -> exp.Select:
+    """`date(x)`, PostgreSQL's type name called as a function (`date(now())`, `date(created_at)`), is the cast
+    `CAST(x AS DATE)`: one spelling, which the analysis checks as every cast."""
+    def spelled(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Date) or any(node.args.get(k) for k in node.args if k != "this"):
+            return node
+        return exp.Cast(this=node.this, to=exp.DataType.build("DATE"))
+    return _function_respelled(tree, exp.Date, "date", spelled)
 
 
 def approx_distinct_as_count(tree: exp.Select) -> exp.Select:
