@@ -291,6 +291,8 @@ def test_unary_encoded_counts_and_location_cells(engine, analyst):
     cells = engine.query("SELECT cell, COUNT(*) AS c FROM checkins GROUP BY cell ORDER BY c DESC LIMIT 3",
                          analyst=analyst)
     assert len(cells.rows) == 3 and cells.rows[0][1] >= cells.rows[2][1]
+    by_position = engine.query("SELECT diet, COUNT(*) FROM survey GROUP BY diet ORDER BY 2 DESC", analyst=analyst)
+    assert [row[1] for row in by_position.rows] == sorted((row[1] for row in by_position.rows), reverse=True)
     assert engine.budget(analyst).epsilon_spent == 0
 
 

@@ -186,8 +186,12 @@ def _over_items(node: exp.Expression, items: list[LocalItem], tree: exp.Select,
     names = {item.name for item in items}
     outputs = {to_sql(e.this if isinstance(e, exp.Alias) else e): item.name
                for e, item in zip(tree.expressions, items, strict=True)}
+    # the names qualifying gave the outputs (ORDER BY 2 reads `_col_1`, COUNT(*)'s), as the items' names
+    aliases = {e.alias: item.name for e, item in zip(tree.expressions, items, strict=True) if isinstance(e, exp.Alias)}
 
     def replace(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and not n.table and n.name in aliases:
+            return exp.column(aliases[n.name])
         text = to_sql(n)
         if isinstance(n, exp.AggFunc) or text in outputs:
             name = aggregates.get(text) or outputs.get(text)
