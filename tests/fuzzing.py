@@ -375,6 +375,11 @@ DERIVED = [
     "WHERE amount > 10 GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",
     "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) SELECT s.region, SUM(t.n), COUNT(*) "
     "FROM t LEFT JOIN people p ON p.person_id = t.person_id LEFT JOIN states s ON s.code = p.state GROUP BY 1",
+    # outputs computed from a per-unit subquery's aggregates (computed outside it), and a condition as a key
+    "SELECT bucket, COUNT(*), AVG(spend) FROM (SELECT p.person_id, CASE WHEN COUNT(v.visit_id) = 0 THEN 'none' "
+    "ELSE 'some' END AS bucket, SUM(v.amount) / COUNT(v.visit_id) AS spend FROM people p LEFT JOIN visits v "
+    "ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY bucket",
+    "SELECT v.amount > 100 AS big, COUNT(*), SUM(v.amount) FROM visits v GROUP BY 1",
     # a calendar and a list of keys joined to a table: the table filtered to the list, every listed key released
     "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-03-31', "
     "INTERVAL '1 week') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",

@@ -1314,6 +1314,32 @@ def test_a_per_unit_subquery_joined_to_the_rows_of_every_unit_is_still_refused(e
                        "GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex")
 
 
+def test_an_output_computed_from_a_subquery_s_aggregates_is_computed_by_the_query_reading_it(engine, base_url,
+                                                                                          demo_schema):
+    """`CASE WHEN COUNT(v.visit_id) = 0 THEN '0' … END AS bucket` in a per-unit subquery: the subquery keeps the
+    bare COUNT (bounded as every per-unit aggregate) and the outer query computes the CASE, a key of public
+    values. Counts before noise are PostgreSQL's own."""
+    sql = ("SELECT bucket, COUNT(*) FROM (SELECT p.person_id, CASE WHEN COUNT(v.visit_id) = 0 THEN '0' "
+           "WHEN COUNT(v.visit_id) < 5 THEN '1-4' ELSE '5+' END AS bucket FROM people p LEFT JOIN visits v "
+           "ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY bucket")
+    prepared = engine.prepare(sql)
+    assert prepared.plan.domain == [("0",), ("1-4",), ("5+",)]
+    with psycopg.connect(base_url) as conn:
+        counted = {row[0]: row[1] for row in conn.execute(prepared.rewritten.sql)}
+        assert counted == dict(conn.execute(sql).fetchall())
+    # a quotient of a unit's SUM by its COUNT lies within the SUM's range: NULLIF leaves COUNT at 1 or more
+    spends = plan("SELECT AVG(r) FROM (SELECT person_id, SUM(amount) / COUNT(*) AS r FROM visits "
+                  "GROUP BY person_id) t", demo_schema)
+    assert spends.aggregates[0].arg_range.lo == 0
+
+
+def test_a_condition_as_a_key_releases_true_and_false_as_booleans(engine, analyst):
+    sql = "SELECT amount > 100 AS big, COUNT(*) FROM visits GROUP BY 1"
+    assert not engine.prepare(sql).plan.partition_selection
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.types == ["bool", "int8"] and [row[0] for row in answer.rows] == [False, True]
+
+
 def test_the_top_rows_of_each_group_are_picked_after_the_window(engine, analyst):
     """PostgreSQL has no filter on a window's values, so analysts rank in a subquery and filter outside: the inner
     query is answered with its window over the released rows, and the outer one picks rows and columns, in its

@@ -168,6 +168,10 @@ QUERIES = [
     "SELECT AVG(last_day - first_day), COUNT(*) FROM (SELECT person_id, MIN(day) AS first_day, MAX(day) AS last_day "
     "FROM visits GROUP BY person_id) t",
     "SELECT date_trunc('week', day + 1)::date AS wk, COUNT(*) FROM visits GROUP BY 1",
+    # outputs computed from a per-unit subquery's aggregates, computed outside it; a condition as a key
+    "SELECT bucket, COUNT(*), SUM(spend) FROM (SELECT person_id, CASE WHEN COUNT(*) < 5 THEN 'few' ELSE 'many' END "
+    "AS bucket, SUM(amount) / COUNT(*) AS spend FROM visits GROUP BY person_id) t GROUP BY bucket",
+    "SELECT amount > 100 AS big, COUNT(*), AVG(amount) FROM visits GROUP BY 1",
     # cohorts: units picked by their own rows (the subquery groups by the column tied to the outer row's unit)
     "SELECT AVG(age), COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits GROUP BY person_id "
     "HAVING COUNT(*) > 5)",

@@ -407,6 +407,8 @@ class Expressions:
 
     def _range_div(self, node: exp.Div) -> Range:
         a, b = self._operands(node, "this", "expression")
+        if b.integer and b.lo == 0 < b.hi or b.integer and b.lo < 0 == b.hi:  # NULLIF(b, 0) leaves 1 to b.hi
+            b = Range(1, b.hi, True) if b.lo == 0 else Range(b.lo, -1, True)  # (or b.lo to -1): a COUNT divides
         # PostgreSQL truncates only when both operands have integer *types* (|a / b| <= |a|); integer-valued
         # floats and numerics (floor(x), round(x), casts) divide exactly, so their quotient is fractional
         if self.kind(node.this) == "integer" and self.kind(node.expression) == "integer":
@@ -496,7 +498,7 @@ class Expressions:
     def _range_cast(self, node: exp.Cast) -> Range | None:
         target = node.to.this
         inner = self.value_range(node.this)
-        if self._is_boolean(node.this) and target in (*INT_CAST_LIMITS, *FLOAT_CASTS):
+        if self.is_boolean(node.this) and target in (*INT_CAST_LIMITS, *FLOAT_CASTS):
             if target != exp.DataType.Type.INT:
                 raise UnsupportedQuery(f"cannot cast type boolean to {to_sql(node.to).lower()}",
                                        f"cast it to integer: {to_sql(node.this)}::int")
@@ -542,7 +544,8 @@ class Expressions:
         column = self.column(node) if isinstance(node, exp.Column) else None
         return column is not None and column.type in ("timestamp", "timestamptz")
 
-    def _is_boolean(self, node: exp.Expression) -> bool:
+    def is_boolean(self, node: exp.Expression) -> bool:
+        """Whether `node` is a boolean: a boolean column, a comparison, a pattern match, AND, OR, NOT, TRUE."""
         while isinstance(node, exp.Paren):
             node = node.this
         if isinstance(node, exp.Column):
@@ -561,7 +564,7 @@ class Expressions:
                                        "write the pattern as a string constant: x ~ '^ab'")
             check_regex(pattern.this)
         operand = node.this
-        if self.value_range(operand) is not None or self._is_temporal(operand) or self._is_boolean(operand):
+        if self.value_range(operand) is not None or self._is_temporal(operand) or self.is_boolean(operand):
             raise UnsupportedQuery(f"{to_sql(operand)} ~ … matches text, and {to_sql(operand)} is not text",
                                    f"cast it: CAST({to_sql(operand)} AS text) ~ '…'")
 

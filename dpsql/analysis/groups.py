@@ -142,6 +142,8 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
         held = scope.public_keys.get(to_sql(node)) if table is not None and table.public else None
         if held is not None and len(held) <= MAX_DOMAIN:
             return held  # every value the public table holds (under the WHERE's conditions on it alone)
+    if not isinstance(node, exp.Column) and scope.exprs.is_boolean(node):
+        return (False, True)  # a condition (amount > 100), as a boolean column's (its NULL group aside)
     if isinstance(node, exp.Case) and all(
             isinstance(b.args["true"], exp.Literal) for b in node.args.get("ifs", [])):
         default = node.args.get("default")
@@ -357,6 +359,8 @@ def key_type(node: exp.Expression, exprs: Expressions) -> str:
     time_type = exprs.time_type(node)
     if time_type is not None:
         return time_type
+    if exprs.is_boolean(node):
+        return "bool"
     if isinstance(node, exp.Column):
         column = exprs.column(node)
         if column is not None:

@@ -48,6 +48,7 @@ from dpsql.sql.shape import (
     semijoin_selects,
     shadowing_names_renamed,
 )
+from dpsql.sql.subquery_outputs import aggregate_expressions_outside
 from dpsql.sql.times import CLOCKS, fold_times
 from dpsql.sql.unit_rows import unit_row_joined_inside
 
@@ -73,7 +74,8 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
 # shape removes (ANY, FILTER, a list of keys joined from VALUES or generate_series, concat(), date(x), ~* and
 # SIMILAR TO, approx_count_distinct(), a WITH query read twice or in a chain, a correlated or joined cohort, a count
-# of a subquery's distinct rows, a projection over a grouped subquery, percentile arrays, DISTINCT); each shape only
+# of a subquery's distinct rows, an output computed from a subquery's aggregates, a projection over a grouped
+# subquery, percentile arrays, DISTINCT); each shape only
 # rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
@@ -92,6 +94,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(correlated_cohorts_as_in),
     _tree_only(cohort_joins_as_in),
     _tree_only(count_of_distinct_rows),
+    _tree_only(aggregate_expressions_outside),
     lambda tree, context: projection_over_aggregates(tree, context.schema),
     _tree_only(having_of_source_as_where),
     _tree_only(percentiles_as_arrays),

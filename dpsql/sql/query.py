@@ -108,3 +108,11 @@ def bytewise(node: exp.Expression) -> exp.Expression:
     """`node` as text compared byte by byte: equal keys are then spelled alike."""
     return exp.Collate(this=exp.Cast(this=node, to=exp.DataType.build("text")),
                        expression=exp.Identifier(this="C", quoted=True))
+
+
+def inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
+    """Whether `ancestor` is one of `node`'s parents (by identity, not by equal text)."""
+    parent = node.parent
+    while parent is not None and parent is not ancestor:
+        parent = parent.parent
+    return parent is ancestor

@@ -26,6 +26,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema, Table
+from dpsql.sql.query import inside
 
 
 def unit_row_joined_inside(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
@@ -120,12 +121,12 @@ def _moved_inside(tree: exp.Select, subquery_side: exp.Expression, select: exp.S
     renamed: dict[str, str] = {}
     for source in sources:
         old = source.alias_or_name
-        if sum(a.name == old and not _inside(a, select) for a in tree.find_all(exp.TableAlias)) > 1:
+        if sum(a.name == old and not inside(a, select) for a in tree.find_all(exp.TableAlias)) > 1:
             return tree  # another source of the query goes by the table's name: left as written
         renamed[old] = _fresh(old, names)
         names.add(renamed[old])
-    readers = [c for c in tree.find_all(exp.Column) if c.table in renamed and not _inside(c, select)
-               and not any(_inside(c, j) for j in later)]
+    readers = [c for c in tree.find_all(exp.Column) if c.table in renamed and not inside(c, select)
+               and not any(inside(c, j) for j in later)]
     taken = {e.alias_or_name for e in select.expressions}
     passed = {(table_side.alias_or_name, declared.unit_column): unit_name}  # a column -> the output holding it
     for column in readers:
@@ -187,10 +188,3 @@ def _fresh(name: str, taken: set[str]) -> str:
     """`name`, or `name_2`, `name_3`, … : the first not in `taken`."""
     return name if name not in taken else next(f"{name}_{i}" for i in range(2, len(taken) + 3)
                                                if f"{name}_{i}" not in taken)
-
-
-def _inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
-    parent = node.parent
-    while parent is not None and parent is not ancestor:
-        parent = parent.parent
-    return parent is ancestor
