@@ -375,6 +375,8 @@ DERIVED = [
     "WHERE amount > 10 GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",
     "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) SELECT s.region, SUM(t.n), COUNT(*) "
     "FROM t LEFT JOIN people p ON p.person_id = t.person_id LEFT JOIN states s ON s.code = p.state GROUP BY 1",
+    "SELECT p.sex, COUNT(t.person_id), AVG(COALESCE(t.n, 0)) FROM people p LEFT JOIN (SELECT person_id, COUNT(*) "
+    "AS n FROM visits WHERE category <> 'lab' GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",
     # outputs computed from a per-unit subquery's aggregates (computed outside it), and a condition as a key
     "SELECT bucket, COUNT(*), AVG(spend) FROM (SELECT p.person_id, CASE WHEN COUNT(v.visit_id) = 0 THEN 'none' "
     "ELSE 'some' END AS bucket, SUM(v.amount) / COUNT(v.visit_id) AS spend FROM people p LEFT JOIN visits v "

@@ -162,6 +162,9 @@ QUERIES = [
     "WITH t AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) SELECT s.region, AVG(t.n), COUNT(*) "
     "FROM t JOIN people p ON p.person_id = t.person_id AND p.age > 30 LEFT JOIN states s ON s.code = p.state "
     "GROUP BY s.region",
+    "SELECT p.sex, COUNT(t.person_id), AVG(COALESCE(t.n, 0)), SUM(t.s) FROM people p LEFT JOIN (SELECT person_id, "
+    "COUNT(*) AS n, SUM(amount) AS s FROM visits WHERE amount > 10 GROUP BY person_id) t ON t.person_id = p.person_id "
+    "GROUP BY p.sex",  # every person's row, the subquery's values NULL where it has none
     # days between dates, and dates plus days: the dates clamped to their bounds (the neighbour's ±infinity too)
     "SELECT category, AVG(DATE '2025-01-01' - day), SUM(day - DATE '2024-06-01') FROM visits "
     "WHERE day + 7 > DATE '2024-02-01' GROUP BY category",

@@ -41,11 +41,12 @@ def unit_row_joined_inside(tree: exp.Select, schema: PrivacySchema) -> exp.Selec
     for subquery_side, table_side in ((first, second), (second, first)):
         subquery = _grouped_source(tree, subquery_side)
         table = _unit_rows_table(schema, table_side)
-        if subquery is None or table is None or not _join_keeps_rows(join, subquery_side is first):
+        kind = _join_kind(join, subquery_side is first)
+        if subquery is None or table is None or kind is None:
             continue
         unit = _joined_unit(join, subquery_side.alias_or_name, table_side.alias_or_name, table, subquery)
-        if unit is not None:
-            return _moved_inside(tree, subquery_side, subquery, table_side, table, unit, join, schema)
+        if unit is not None and (kind != EVERY_UNIT or _reads_one_table(subquery, unit[1])):
+            return _moved_inside(tree, subquery_side, subquery, table_side, table, unit, kind, schema)
     return tree
 
 
@@ -77,12 +78,24 @@ def _unit_rows_table(schema: PrivacySchema, source: exp.Expression) -> Table | N
     return table
 
 
-def _join_keeps_rows(join: exp.Join, subquery_first: bool) -> bool:
-    """An inner join, or a LEFT JOIN that keeps the subquery's rows (the subquery is read first)."""
+INNER, SUBQUERY_ROWS, EVERY_UNIT = "inner", "the subquery's rows", "every unit's row"
+
+
+def _join_kind(join: exp.Join, subquery_first: bool) -> str | None:
+    """INNER; SUBQUERY_ROWS, a LEFT JOIN that keeps the subquery's rows (read first); EVERY_UNIT, a LEFT JOIN that
+    keeps the table's, every unit's row, the subquery's values NULL where it has no row for the unit; else None."""
     side, kind = ((join.args.get(k) or "").upper() for k in ("side", "kind"))
-    if kind not in ("", "INNER") or join.args.get("using"):
-        return False
-    return side == "" or side == "LEFT" and subquery_first
+    if kind not in ("", "INNER") or join.args.get("using") or side not in ("", "LEFT"):
+        return None
+    return INNER if side == "" else SUBQUERY_ROWS if subquery_first else EVERY_UNIT
+
+
+def _reads_one_table(select: exp.Select, unit_column: exp.Column) -> bool:
+    """A subquery over one table, grouped by its unit column alone, with no subquery in its WHERE: one that can
+    read its table LEFT JOINed to the units' rows instead."""
+    group = select.args["group"].expressions
+    return isinstance(select.args["from_"].this, exp.Table) and not select.args.get("joins") \
+        and len(group) == 1 and group[0].sql() == unit_column.sql()
 
 
 def _joined_unit(join: exp.Join, subquery: str, table: str, declared: Table,
@@ -108,11 +121,13 @@ def _joined_unit(join: exp.Join, subquery: str, table: str, declared: Table,
 
 
 def _moved_inside(tree: exp.Select, subquery_side: exp.Expression, select: exp.Select, table_side: exp.Table,
-                  declared: Table, unit: tuple[str, exp.Column, list[exp.Expression]], join: exp.Join,
+                  declared: Table, unit: tuple[str, exp.Column, list[exp.Expression]], kind: str,
                   schema: PrivacySchema) -> exp.Select:
     """`tree` reading the subquery alone, with the table joined inside it on the unit (and the public tables
     joined to that table's row after it), and the columns of those tables the outer query reads selected and
-    grouped by there (under their own names where free)."""
+    grouped by there (under their own names where free). Where the join keeps every unit's row, the subquery
+    reads its table LEFT JOINed to the units' rows, and the outer query reads its values only where the unit has
+    rows (`_every_unit_inside`)."""
     alias = subquery_side.alias_or_name
     unit_name, unit_column, conditions = unit
     later = _public_tables_joined(tree.args["joins"][1:], {table_side.alias_or_name}, schema)
@@ -138,7 +153,11 @@ def _moved_inside(tree: exp.Select, subquery_side: exp.Expression, select: exp.S
             select.select(exp.alias_(value, name), copy=False)
             select.args["group"].append("expressions", value.copy())
     on = exp.EQ(this=exp.column(declared.unit_column, renamed[table_side.alias_or_name]), expression=unit_column.copy())
-    select.join(_renamed(table_side, renamed), on=on, join_type="LEFT" if join.side else None, copy=False)
+    if kind == EVERY_UNIT:
+        _every_unit_inside(tree, alias, select, _renamed(table_side, renamed), on, unit_name, taken)
+    else:
+        select.join(_renamed(table_side, renamed), on=on, join_type="LEFT" if kind == SUBQUERY_ROWS else None,
+                    copy=False)
     for inner_join in later:
         select.append("joins", _renamed(inner_join, renamed))
     for column in readers:
@@ -153,6 +172,39 @@ def _moved_inside(tree: exp.Select, subquery_side: exp.Expression, select: exp.S
         tree.where(exp.and_(*conditions), copy=False)
     tree.set("from_", exp.From(this=exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(alias)))))
     return tree
+
+
+def _every_unit_inside(tree: exp.Select, alias: str, select: exp.Select, table: exp.Table, on: exp.EQ,
+                       unit_name: str, taken: set[str]) -> None:
+    """`people p LEFT JOIN (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t`: the subquery as
+    `SELECT p.person_id, COUNT(visits.person_id) AS n, COUNT(visits.person_id) AS rows FROM people p LEFT JOIN
+    visits ON visits.person_id = p.person_id AND <its WHERE> GROUP BY p.person_id`, one row per unit, and the
+    outer query reading each of its values as `CASE WHEN t.rows > 0 THEN t.n END`: NULL for a unit the subquery
+    had no row for, as the LEFT JOIN gave. COUNT(*) counts the table's rows (the unit's column, never NULL on a
+    row the join found); the other aggregates are NULL over no rows already."""
+    source, unit_column = select.args["from_"].this, on.expression
+    readers = [c for c in tree.find_all(exp.Column) if c.table == alias and not inside(c, select)]
+    for count in select.find_all(exp.Count):
+        if isinstance(count.this, exp.Star):
+            count.set("this", unit_column.copy())
+    rows = _fresh("dpsql_rows", taken)
+    taken.add(rows)
+    select.select(exp.alias_(exp.Count(this=unit_column.copy()), rows), copy=False)
+    where = select.args.get("where")
+    condition = exp.and_(on.copy(), exp.paren(where.this.copy())) if where else on.copy()
+    select.set("where", None)
+    select.set("from_", exp.From(this=table))
+    select.set("joins", [exp.Join(this=source, on=condition, side="LEFT")])
+    unit = on.this  # the units' own column
+    for item in select.expressions:
+        if item.alias_or_name == unit_name:
+            item.replace(exp.alias_(unit.copy(), unit_name))
+    select.args["group"].set("expressions", [unit.copy(), *select.args["group"].expressions[1:]])
+    for column in readers:
+        guarded = exp.Case(ifs=[exp.If(this=exp.GT(this=exp.column(rows, alias), expression=exp.Literal.number(0)),
+                                       true=column.copy())])
+        operand = isinstance(column.parent, exp.Binary | exp.Unary)
+        column.replace(exp.Paren(this=guarded) if operand else guarded)
 
 
 def _public_tables_joined(joins: list[exp.Join], moved: set[str], schema: PrivacySchema) -> list[exp.Join]:
