@@ -226,6 +226,28 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT s.name, COUNT(p.person_id) FROM states s LEFT JOIN people p ON p.state = s.code "
                "GROUP BY s.name ORDER BY 2 DESC"),
     ("answer", "SELECT category, COUNT(*) FROM visits GROUP BY category ORDER BY 2 DESC LIMIT ALL"),
+    # a per-unit subquery joined to the unit's own row (stop 58)
+    ("answer", "SELECT p.sex, AVG(t.spend) FROM people p JOIN (SELECT person_id, SUM(amount) AS spend FROM visits "
+               "GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex"),
+    ("answer", "SELECT s.region, AVG(t.n) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
+               "JOIN people p ON p.person_id = t.person_id JOIN states s ON s.code = p.state GROUP BY 1"),
+    ("answer", "SELECT AVG(COALESCE(t.n, 0)) FROM people p LEFT JOIN (SELECT person_id, COUNT(*) AS n FROM visits "
+               "GROUP BY person_id) t ON t.person_id = p.person_id"),
+    ("answer", "SELECT bucket, COUNT(*) FROM (SELECT p.person_id, CASE WHEN COUNT(v.visit_id) = 0 THEN '0' "
+               "WHEN COUNT(v.visit_id) < 5 THEN '1-4' ELSE '5+' END AS bucket FROM people p LEFT JOIN visits v "
+               "ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY 1 ORDER BY 1"),
+    # days between dates, and dates plus days (stop 58)
+    ("answer", "SELECT category, AVG(CURRENT_DATE - day) AS days_ago FROM visits GROUP BY 1"),
+    ("answer", "SELECT AVG(last_day - first_day) FROM (SELECT person_id, MIN(day) AS first_day, MAX(day) AS "
+               "last_day FROM visits GROUP BY person_id) t"),
+    ("answer", "SELECT date_trunc('week', day + 1)::date AS wk, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1"),
+    # spellings (stop 58)
+    ("answer", "SELECT COUNT(*) FROM visits WHERE category = ANY('{lab,dental}')"),
+    ("answer", "SELECT DATE(day) AS d, COUNT(*) FROM visits WHERE day < '2024-01-10' GROUP BY 1 ORDER BY 1"),
+    ("answer", "SELECT category, AVG(amount) AS a FROM visits GROUP BY category HAVING AVG(amount) BETWEEN 50 "
+               "AND 500"),
+    ("answer", "SELECT amount > 100 AS big, COUNT(*) FROM visits GROUP BY 1"),
+    ("answer", "SELECT diet, COUNT(*) FROM survey GROUP BY diet ORDER BY 2 DESC"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),
