@@ -1191,6 +1191,14 @@ def test_an_array_s_text_postgresql_would_not_read_as_a_list_is_left_as_written(
         check_query(f"SELECT COUNT(*) FROM visits WHERE category = ANY({text})", demo_schema)
 
 
+def test_age_is_answered_of_constants_and_otherwise_points_to_days_between_dates(demo_schema):
+    check_query("SELECT EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01'))", demo_schema)
+    for sql in ("SELECT AVG(EXTRACT(YEAR FROM age(DATE '2025-01-01', day))) FROM visits",
+                "SELECT age(DATE '2024-12-31', DATE '2000-01-01')"):  # an interval: no type dpsql returns
+        with pytest.raises(errors.UnsupportedQuery, match=r"AVG\(DATE '2025-01-01' - day\)"):
+            check_query(sql, demo_schema)
+
+
 def test_date_of_a_value_is_its_cast_to_date(demo_schema):
     """`date(x)`: PostgreSQL's type name called as a function, the cast (its column named date)."""
     checked = check_query("SELECT date(day), COUNT(*) FROM visits GROUP BY date(day)", demo_schema)

@@ -225,6 +225,8 @@ DOOR_STATEMENTS = [
     "GROUP BY sex) SELECT a.sex, a.n, b.m FROM a JOIN b ON a.sex = b.sex ORDER BY 1",  # released rows joined
     "SELECT sex, n FROM (SELECT sex, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM people "
     "GROUP BY sex) t WHERE r = 1",  # a row picked after a window
+    "SELECT version()",  # what clients ask on connecting: PostgreSQL's own answer, free
+    "SELECT EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01')) AS years",  # constants only
 ]
 
 

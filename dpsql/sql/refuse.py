@@ -57,14 +57,33 @@ INSTEAD = {
                      "adds error to the noise",
 }
 
+# what to write instead of functions sqlglot does not know by name
+INSTEAD_OF_NAMED = {
+    "age": "count the days between dates: AVG(DATE '2025-01-01' - day), or the years of constants: "
+           "EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01'))",
+}
+
 # functions a window may compute over the released rows
 WINDOW_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag, exp.Lead,
                     exp.FirstValue, exp.LastValue, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Count)
 
 
+def _constant_function(node: exp.Expression) -> bool:
+    """A function a statement that reads no table may call (PostgreSQL answers it, exactly and free): version(),
+    which clients ask on connecting, and the years, months or days of age() of constants (EXTRACT(YEAR FROM
+    age(DATE '2024-12-31', DATE '2000-01-01'))); an interval itself has no type dpsql returns."""
+    if isinstance(node, exp.CurrentVersion):
+        return True
+    return isinstance(node, exp.Anonymous) and node.name.lower() == "age" and isinstance(node.parent, exp.Extract) \
+        and not node.find(exp.Column)
+
+
 def refuse_unsafe(tree: exp.Select) -> None:
     """Raise for the first node of `tree` that dpsql does not answer."""
+    reads_no_table = tree.find(exp.Table) is None
     for node in tree.walk():
+        if reads_no_table and _constant_function(node):
+            continue
         if isinstance(node, exp.Select):
             if node.args.get("into"):
                 raise PrivacyRefusal("SELECT ... INTO is not allowed", "dpsql only returns noisy answers")
@@ -91,10 +110,11 @@ def refuse_unsafe(tree: exp.Select) -> None:
         if isinstance(node, exp.Interval) and (_in_constant_time(node) or _shifts_a_time(node)):
             continue
         if not isinstance(node, ALLOWED_NODES) and not is_percentile_array(node):
+            named = INSTEAD_OF_NAMED.get(node.name.lower()) if isinstance(node, exp.Anonymous) else None
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
-                                   INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql answers "
-                                                           "aggregates of declared columns, e.g. SELECT k, COUNT(*), "
-                                                           "AVG(x) FROM t GROUP BY k"))
+                                   named or INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql "
+                                                                    "answers aggregates of declared columns, e.g. "
+                                                                    "SELECT k, COUNT(*), AVG(x) FROM t GROUP BY k"))
 
 
 def _check_window(window: exp.Window, tree: exp.Select) -> None:
