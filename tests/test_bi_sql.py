@@ -1355,6 +1355,17 @@ def test_an_output_computed_from_a_subquery_s_aggregates_is_computed_by_the_quer
     assert spends.aggregates[0].arg_range.lo == 0
 
 
+def test_a_date_column_with_declared_bounds_releases_its_days_as_their_truncation_does(engine, analyst):
+    """GROUP BY day, date(day) and date_trunc('day', day)::date are one grouping: each releases every day of the
+    declared bounds (narrowed by the WHERE's comparisons), with no partition selection."""
+    where = "WHERE day BETWEEN '2024-03-01' AND '2024-03-10'"
+    days = [datetime.date(2024, 3, d) for d in range(1, 11)]
+    for key in ("day", "date(day)", "date_trunc('day', day)::date"):
+        sql = f"SELECT {key} AS d, COUNT(*) FROM visits {where} GROUP BY 1 ORDER BY 1"
+        assert not engine.prepare(sql).plan.partition_selection, key
+        assert [row[0] for row in engine.query(sql, analyst=analyst, epsilon=1.0).rows] == days, key
+
+
 def test_a_condition_as_a_key_releases_true_and_false_as_booleans(engine, analyst):
     sql = "SELECT amount > 100 AS big, COUNT(*) FROM visits GROUP BY 1"
     assert not engine.prepare(sql).plan.partition_selection

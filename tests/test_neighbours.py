@@ -175,6 +175,7 @@ QUERIES = [
     "SELECT bucket, COUNT(*), SUM(spend) FROM (SELECT person_id, CASE WHEN COUNT(*) < 5 THEN 'few' ELSE 'many' END "
     "AS bucket, SUM(amount) / COUNT(*) AS spend FROM visits GROUP BY person_id) t GROUP BY bucket",
     "SELECT amount > 100 AS big, COUNT(*), AVG(amount) FROM visits GROUP BY 1",
+    "SELECT day, COUNT(*), SUM(amount) FROM visits WHERE day < DATE '2024-02-01' GROUP BY day",  # its declared days
     # cohorts: units picked by their own rows (the subquery groups by the column tied to the outer row's unit)
     "SELECT AVG(age), COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits GROUP BY person_id "
     "HAVING COUNT(*) > 5)",

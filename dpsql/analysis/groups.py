@@ -132,6 +132,8 @@ def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) ->
 
 def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) -> tuple | None:
     """The public values of a key expression, or None when they are not declared."""
+    if isinstance(node, exp.Cast) and node.to.is_type("date") and scope.exprs.time_type(node.this) == "date":
+        return key_domain(scope, node.this, value_range)  # date(day): the date itself
     if isinstance(node, exp.Column):
         column = scope.declared_column(node)
         if column is not None and column.domain is not None:
@@ -142,6 +144,9 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
         held = scope.public_keys.get(to_sql(node)) if table is not None and table.public else None
         if held is not None and len(held) <= MAX_DOMAIN:
             return held  # every value the public table holds (under the WHERE's conditions on it alone)
+        if column is not None and column.type == "date":  # its days, as date_trunc('day', day)::date releases
+            return _period_dates(scope, exp.Cast(this=exp.TimestampTrunc(this=node, unit=exp.var("day")),
+                                                 to=exp.DataType.build("date")))
     if not isinstance(node, exp.Column) and scope.exprs.is_boolean(node):
         return (False, True)  # a condition (amount > 100), as a boolean column's (its NULL group aside)
     if isinstance(node, exp.Case) and all(

@@ -16,9 +16,11 @@ unit, so the join inside adds that row's columns to the unit's rows and changes 
 breaks the declared one row per unit, the bounded subquery still keeps one row per unit (it groups by the unit
 alone), so the guarantee holds whatever the data.
 
-Runs after qualifying, on columns resolved to their tables. Joined INNER (either side first) or with the
-subquery's rows preserved (`t LEFT JOIN people p`), on the subquery's unit column equal to the table's; anything
-else is left as written (and refused where it was).
+Runs after qualifying, on columns resolved to their tables. Joined INNER (either side first), with the
+subquery's rows preserved (`t LEFT JOIN people p`), or with every unit's row preserved (`people p LEFT JOIN t`,
+where t reads one table: it then reads that table LEFT JOINed to the units' rows, and the outer query sees its
+values only where the unit has rows), on the subquery's unit column equal to the table's; anything else is left as
+written (and refused where it was).
 """
 
 from __future__ import annotations
