@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.analysis.plan import Output
 from dpsql.answer import Answer
 from dpsql.postprocess import sort_rows
 from dpsql.prepared import Prepared
@@ -33,6 +34,12 @@ def stand_ins(composition: Composition, number: int, before: Sequence[Prepared])
 
 _STAND_INS = {"date": datetime.date(2000, 1, 1), "timestamp": datetime.datetime(2000, 1, 1),
               "timestamptz": datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC), "text": "", "bool": False}
+
+
+def stand_in_row(outputs: Sequence[Output]) -> tuple:
+    """A row of constants of the outputs' types (1 for a number), for running a query over released rows before
+    there are any: what cannot run over that row is refused before anything is charged."""
+    return tuple(_STAND_INS.get(output.type_name, 1) for output in outputs)
 
 
 def scalar_values(composition: Composition, answers: list[Answer]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
 from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, lent, plan_race, race_note, raceable
-from dpsql.combining import check_joined, combine, scalar_values, stand_ins
+from dpsql.combining import check_joined, combine, scalar_values, stand_in_row, stand_ins
 from dpsql.config import Settings
 from dpsql.errors import (
     BackendError,
@@ -221,9 +221,9 @@ class Engine:
             names = [o.name for o in prepared.outputs]
             try:  # the analyst's own WHERE, ORDER BY and LIMIT over a stand-in row: what cannot run fails unpaid
                 if not composition.picks:
-                    aggregate_released(composition.outer, names, [(1,) * len(names)])
+                    aggregate_released(composition.outer, names, [stand_in_row(prepared.outputs)])
                 elif not composition.zero_row:  # (the pick of one reported value, which compose wrote, cannot fail)
-                    pick_released(composition.outer, names, [(1,) * len(names)], [(None,) * len(names)])
+                    pick_released(composition.outer, names, [stand_in_row(prepared.outputs)], [(None,) * len(names)])
             except Exception as exc:  # noqa: BLE001 - any failure here would come after the charge
                 hint = ("pick rows with comparisons of the subquery's columns and a constant LIMIT, e.g. SELECT k, n "
                         "FROM (SELECT k, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM t GROUP BY k) s "

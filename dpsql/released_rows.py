@@ -42,23 +42,38 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     envs = [dict(zip(names, row, strict=True)) for row in rows]
     if tree.args.get("where"):
         envs = [env for env in envs if evaluate(tree.args["where"].this, env)]
-    keys = tree.args["group"].expressions if tree.args.get("group") else []
+    outputs = [item.unalias() for item in tree.expressions]
+    by_name = {output_name(item): value for item, value in zip(tree.expressions, outputs, strict=True)}
+    # GROUP BY 1 or an output's name (where no inner column has it), as PostgreSQL reads them
+    keys = [_output_term(k, outputs, by_name, set(names)) for k in
+            (tree.args["group"].expressions if tree.args.get("group") else [])]
     groups: dict[tuple, list[dict]] = {}
     for env in envs:
-        groups.setdefault(tuple(evaluate(k, env) for k in keys), []).append(env)
+        groups.setdefault(tuple(_plain(evaluate(k, env)) for k in keys), []).append(env)
     if not keys and not groups:
         groups[()] = []  # an aggregate over no rows is one row, as in PostgreSQL
-    outputs = [item.unalias() for item in tree.expressions]
     having = tree.args["having"].this if tree.args.get("having") else None
-    order = tree.args["order"].expressions if tree.args.get("order") else []
+    order = [_output_term(o.this, outputs, by_name, set()) for o in
+             (tree.args["order"].expressions if tree.args.get("order") else [])]  # (ORDER BY: outputs' names first)
     found = []
     for members in groups.values():
         env = {**(members[0] if members else {}), **_aggregates(tree, members)}
         if having is not None and not evaluate(_named(having), env):
             continue
         values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
-        found.append((values, [_plain(evaluate(_named(o.this), env)) for o in order]))
+        found.append((values, [_plain(evaluate(_named(o), env)) for o in order]))
     return [row for row, _ in _ordered_and_cut(tree, found, lambda row, i: row[1][i])]
+
+
+def _output_term(node: exp.Expression, outputs: list[exp.Expression], by_name: dict[str, exp.Expression],
+                 inner: set[str]) -> exp.Expression:
+    """A GROUP BY or ORDER BY term as the expression it names: a position (1), or an output's name that is not
+    an inner column's (`inner`: GROUP BY reads an inner column first, ORDER BY an output)."""
+    if isinstance(node, exp.Literal) and node.is_int and 1 <= int(node.this) <= len(outputs):
+        return outputs[int(node.this) - 1]
+    if isinstance(node, exp.Column) and not node.table and node.name in by_name and node.name not in inner:
+        return by_name[node.name]
+    return node
 
 
 def pick_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], accuracy: Sequence[tuple],

@@ -237,6 +237,26 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     assert answer.cached and answer.rows == [(sum(row[1] for row in released.rows), len(released.rows))]
 
 
+def test_released_rows_grouped_by_position_or_output_name_as_postgresql_groups_them():
+    """GROUP BY 1 and GROUP BY an output's name over released rows group by that output (a position is not the
+    constant 1); ORDER BY reads outputs' names and positions; EXTRACT reads a released date's fields."""
+    from dpsql.released_rows import aggregate_released
+
+    days = [datetime.date(2024, 3, d) for d in (4, 5, 11, 12)]  # Monday, Tuesday, Monday, Tuesday
+    rows = [(day, n) for day, n in zip(days, (10, 20, 30, 40), strict=True)]
+    for grouped in ("1", "dow"):
+        sql = f"SELECT EXTRACT(DOW FROM day) AS dow, SUM(n) AS total FROM t GROUP BY {grouped} ORDER BY 2 DESC"
+        assert aggregate_released(sql, ["day", "n"], rows) == [(2, 60), (1, 40)], grouped
+    assert aggregate_released("SELECT EXTRACT(MONTH FROM day) AS m, COUNT(*) AS k FROM t GROUP BY m ORDER BY k",
+                              ["day", "n"], rows) == [(3, 4)]
+
+
+def test_an_aggregate_over_released_days_grouped_by_their_weekday_is_answered(engine, analyst):
+    sql = ("SELECT EXTRACT(DOW FROM day) AS dow, AVG(n) FROM (SELECT day, COUNT(*) AS n FROM visits GROUP BY day) t "
+           "GROUP BY 1 ORDER BY 1")
+    assert [row[0] for row in engine.query(sql, analyst=analyst, epsilon=1.0).rows] == list(range(7))
+
+
 def test_running_totals_and_partitions_follow_postgresql(engine, analyst):
     answer = engine.query("SELECT state, category, COUNT(*) AS n, "
                           "SUM(COUNT(*)) OVER (PARTITION BY state ORDER BY category) AS running, "

@@ -54,6 +54,30 @@ def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
     return number_to_char(value, template_of(node))
 
 
+# EXTRACT's fields of a released date or time, as PostgreSQL computes them
+_FIELDS: dict[str, Callable[[datetime.date], int]] = {
+    "YEAR": lambda d: d.year, "MONTH": lambda d: d.month, "DAY": lambda d: d.day,
+    "QUARTER": lambda d: (d.month + 2) // 3, "DOW": lambda d: d.isoweekday() % 7, "ISODOW": lambda d: d.isoweekday(),
+    "DOY": lambda d: d.timetuple().tm_yday, "WEEK": lambda d: d.isocalendar()[1],
+    "ISOYEAR": lambda d: d.isocalendar()[0],
+}
+
+
+def _extract(node: exp.Extract, value: Any) -> int | None:
+    """EXTRACT(field FROM k) of a released date or time (a group key: `GROUP BY EXTRACT(DOW FROM day)` over the
+    released days); a noisy number has no date, and a time Python cannot hold ('infinity') has no field."""
+    field = node.this.name.upper()
+    if field not in _FIELDS:
+        raise UnsupportedQuery(f"EXTRACT({field} FROM …) of released rows is not computed here",
+                               "extract one of " + ", ".join(_FIELDS).lower())
+    if value is None or isinstance(value, str):
+        return None
+    if not isinstance(value, datetime.date):
+        raise UnsupportedQuery(f"{to_sql(node)} extracts a field of a date, and its value here is a number",
+                               "extract from a date key: EXTRACT(DOW FROM day)")
+    return _FIELDS[field](value)
+
+
 def _as_text(value: Any) -> str:
     """A value joined by ||, as PostgreSQL writes it: a whole number (a count) without a fraction, another number
     as float8 writes it (the shortest text that reads back the same, which Python's repr also writes)."""
@@ -204,6 +228,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return evaluate(node.this, env) is None
     if isinstance(node, exp.TimeToStr):
         return _to_char(node, evaluate(node.this, env))
+    if isinstance(node, exp.Extract):
+        return _extract(node, evaluate(node.expression, env))
     if isinstance(node, exp.DPipe):
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         return None if left is None or right is None else _as_text(left) + _as_text(right)

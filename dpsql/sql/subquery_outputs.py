@@ -29,12 +29,14 @@ def aggregate_expressions_outside(tree: exp.Select) -> exp.Select:
     """`tree` with each output of its grouped subquery that computes over aggregates (not an aggregate itself)
     computed by `tree` from those aggregates instead."""
     inner = derived_select(tree)
-    if inner is None or tree.args.get("joins") or any(inner.args.get(k) for k in ("having", "order", "qualify")):
+    if inner is None or tree.args.get("joins"):
         return tree
     alias = tree.args["from_"].this.alias_or_name
     moved = {item.alias: item.this for item in inner.expressions
              if isinstance(item, exp.Alias) and _computed_from_aggregates(item.this)}
-    if not moved or any(c.name.startswith(HIDDEN) for c in tree.find_all(exp.Column)):
+    named_inside = {c.name for k in ("having", "order", "qualify") if inner.args.get(k)
+                    for c in inner.args[k].find_all(exp.Column)}  # (HAVING n > 2 would lose its n)
+    if not moved or moved.keys() & named_inside or any(c.name.startswith(HIDDEN) for c in tree.find_all(exp.Column)):
         return tree
     outer = [c for c in tree.find_all(exp.Column) if not inside(c, inner) and c.name in moved
              and c.table in ("", alias)]
