@@ -414,6 +414,14 @@ QUERY_CLASSES = [
     QueryClass("a public table's values as keys (every line released, the neighbour's own too)",
                query("SELECT l.code, COUNT(r.person_id) FROM lines l LEFT JOIN rides r ON r.line = l.code "
                      "GROUP BY l.code", rows_per_unit="auto"), 1),
+    QueryClass("a per-unit subquery joined to the unit's row (joined inside it)",
+               query("SELECT p.state, COUNT(*), AVG(t.spent) FROM people p JOIN (SELECT person_id, SUM(fare) AS spent "
+                     "FROM trips GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.state"), 1),
+    QueryClass("every unit's row left joined to a per-unit subquery (its values NULL where it has none)",
+               query("SELECT AVG(COALESCE(t.n, 0)) FROM people p LEFT JOIN (SELECT person_id, COUNT(*) AS n "
+                     "FROM trips GROUP BY person_id) t ON t.person_id = p.person_id"), 0),
+    QueryClass("a condition as a key (false and true released)",
+               query("SELECT fare > 50 AS dear, COUNT(*) FROM trips GROUP BY 1"), 1),
     QueryClass("the same beside an average (the weighed answer: each set of units aggregated apart)",
                query("SELECT line, COUNT(*), AVG(fare) FROM rides GROUP BY line", rows_per_unit="auto"), 1,
                delta=DELTA),
