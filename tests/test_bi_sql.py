@@ -976,9 +976,9 @@ def test_a_count_of_a_subquery_s_distinct_rows_is_count_distinct(demo_schema):
                          "WHERE category = 'dental') t", demo_schema)
     direct = check_query("SELECT COUNT(DISTINCT person_id) AS n FROM visits WHERE category = 'dental'", demo_schema)
     assert nested.canonical == direct.canonical and list(nested.output_names) == ["n"]
-    with pytest.raises(errors.UnsupportedQuery, match="SELECT DISTINCT"):  # left as written (and refused) when
-        check_query("SELECT COUNT(*) FROM (SELECT DISTINCT category, sex FROM visits JOIN people USING (person_id)) t",
-                    demo_schema)  # it is not one DISTINCT column
+    # of several columns: a count of the subquery's groups (DISTINCT is its GROUP BY), over its released rows
+    pairs = "SELECT COUNT(*) FROM (SELECT DISTINCT category, sex FROM visits JOIN people USING (person_id)) t"
+    assert "GROUP BY visits.category, people.sex" in to_sql(check_query(pairs, demo_schema).tree)
 
 
 def test_scalar_subqueries_alone_are_answered_without_from(engine, analyst):
@@ -1339,6 +1339,8 @@ def test_a_row_of_the_unit_joined_to_a_per_unit_subquery_is_joined_inside_it(eng
     "FROM visits WHERE category = 'lab' GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",
     "SELECT p.sex, COUNT(*) FROM people p LEFT JOIN (SELECT person_id, SUM(amount) AS s FROM visits GROUP BY "
     "person_id) t ON p.person_id = t.person_id WHERE t.s IS NULL OR t.s < 100 GROUP BY p.sex",
+    "SELECT p.sex, COUNT(t.person_id), COUNT(*) FROM people p LEFT JOIN (SELECT DISTINCT person_id FROM visits) t "
+    "ON t.person_id = p.person_id GROUP BY p.sex",  # a subquery's DISTINCT is its GROUP BY
 ])
 def test_every_unit_s_row_left_joined_to_a_per_unit_subquery_reads_null_where_it_has_no_row(engine, base_url, sql):
     """`people p LEFT JOIN (… GROUP BY person_id) t` keeps every person, t's values NULL for one the subquery has no
@@ -1384,6 +1386,15 @@ def test_a_date_column_with_declared_bounds_releases_its_days_as_their_truncatio
         sql = f"SELECT {key} AS d, COUNT(*) FROM visits {where} GROUP BY 1 ORDER BY 1"
         assert not engine.prepare(sql).plan.partition_selection, key
         assert [row[0] for row in engine.query(sql, analyst=analyst, epsilon=1.0).rows] == days, key
+
+
+def test_a_count_of_a_subquery_s_distinct_values_is_the_count_of_the_values_present(engine, analyst):
+    """`SELECT COUNT(*) FROM (SELECT DISTINCT category FROM visits) t` is COUNT(DISTINCT category), read off the
+    noisy counts of units per declared value: the same query, and the same answer from the cache."""
+    direct = engine.query("SELECT COUNT(DISTINCT category) FROM visits", analyst=analyst, epsilon=1.0)
+    nested = engine.query("SELECT COUNT(*) FROM (SELECT DISTINCT category FROM visits) t", analyst=analyst,
+                          epsilon=1.0)
+    assert nested.cached and nested.rows == direct.rows == [(8,)]
 
 
 def test_a_condition_as_a_key_releases_true_and_false_as_booleans(engine, analyst):

@@ -27,7 +27,7 @@ from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement
 from dpsql.sql.query import AGGREGATES, limit_clause, operands, output_name, to_sql
-from dpsql.sql.shape import fetch_as_limit, inline_ctes
+from dpsql.sql.shape import count_of_distinct_rows, distinct_as_group_by, fetch_as_limit, inline_ctes
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
 
@@ -94,8 +94,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         tree = fetch_as_limit(parse_statement(sql))
     except Exception:  # noqa: BLE001 - a statement that does not parse is the ordinary stages' to report
         return None
-    if distinct and isinstance(tree, exp.Select):
-        found = _values_present(tree, schema, params)
+    if distinct and isinstance(tree, exp.Select):  # (also as a count of a subquery's distinct rows)
+        found = _values_present(count_of_distinct_rows(tree.copy()), schema, params)
         if found is not None:
             return found
     if isinstance(tree, exp.SetOperation):
@@ -125,6 +125,8 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
     may filter, order and cut its groups (HAVING, ORDER BY, LIMIT): answered alone, it releases those rows."""
     source = tree.args["from_"].this if tree.args.get("from_") else None
     inner = source.this if isinstance(source, exp.Subquery) else None
+    if isinstance(inner, exp.Select) and inner.args.get("distinct"):  # SELECT DISTINCT k: its GROUP BY k
+        inner = distinct_as_group_by(inner.copy())
     if (not isinstance(inner, exp.Select) or not inner.args.get("group") or tree.args.get("joins")
             or tree.args.get("with_") or not any(e.find(*AGGREGATES) for e in tree.expressions)
             or tree.find(exp.Window) or any(e.find(exp.Subquery) for e in tree.expressions)):

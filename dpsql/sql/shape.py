@@ -174,15 +174,18 @@ def is_percentile_array(node: exp.Expression) -> bool:
 
 def distinct_as_group_by(tree: exp.Select) -> exp.Select:
     """`SELECT DISTINCT a, b FROM t` without aggregates is `SELECT a, b FROM t GROUP BY a, b` in PostgreSQL, and
-    the analysis reads the second (it answers it where the keys' domains are declared). DISTINCT ON, and
-    DISTINCT over aggregates or groups, stay as written (and are refused)."""
-    distinct = tree.args.get("distinct")
-    if (distinct is None or distinct.args.get("on") or tree.args.get("group")
-            or any(e.find(*AGGREGATES) for e in tree.expressions)):
-        return tree
-    tree.set("distinct", None)
-    return tree.group_by(*[e.this.copy() if isinstance(e, exp.Alias) else e.copy() for e in tree.expressions],
-                         copy=False)
+    the analysis reads the second (it answers it where the keys' domains are declared); so is a subquery's
+    (`people p LEFT JOIN (SELECT DISTINCT person_id FROM visits) t`: one row per unit). DISTINCT ON, and DISTINCT
+    over aggregates, groups, windows or *, stay as written (and are refused)."""
+    for select in list(tree.find_all(exp.Select)):
+        distinct = select.args.get("distinct")
+        if (distinct is None or distinct.args.get("on") or select.args.get("group") or select.find(exp.Window)
+                or any(e.find(*AGGREGATES) or isinstance(e, exp.Star) for e in select.expressions)):
+            continue
+        select.set("distinct", None)
+        select.group_by(*[e.this.copy() if isinstance(e, exp.Alias) else e.copy() for e in select.expressions],
+                        copy=False)
+    return tree
 
 
 def cohort_joins_as_in(tree: exp.Select) -> exp.Select:
