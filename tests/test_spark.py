@@ -240,7 +240,7 @@ def test_row_level_answers_on_spark_equal_postgresql_s(row_world_within_bounds):
     assert compared >= 15
 
 
-SPARK_FUZZ_QUERIES = {"unit": 6, "row": 8}  # a few: each runs on five databases, about 3 s a query (most
+SPARK_FUZZ_QUERIES = {"unit": 6, "row": 6}  # a few: each runs on five databases, about 3 s a query (most
 # of the unit world's are refused on Spark, which trusts no parent key); `fuzz_neighbours.py --backend spark` more
 
 
