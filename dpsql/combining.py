@@ -61,6 +61,11 @@ def _no_key(columns: tuple[int, ...]) -> Any:
     return None if len(columns) == 1 else (None,) * len(columns)
 
 
+RELEASED_ROWS_NOTE = ("computed from the released rows of the subquery (post-processing): a SUM or AVG of its counts "
+                      "or sums has a 95% interval that adds up their noise, the rows released taken as given; other "
+                      "values computed from them have none")
+
+
 def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],
                                                                                        list[bool]]:
     """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
@@ -111,11 +116,10 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy, notes=notes,
                        epsilon=sum(a.epsilon for a in answers), delta=sum(a.delta for a in answers),
                        cached=all(a.cached for a in answers), budget=answers[-1].budget)
-    if composition.outer is not None:  # post-processing of the inner answer's rows: no interval reaches through
-        rows = aggregate_released(composition.outer, answers[0].names, answers[0].rows)
-        return replace(answers[0], names=names, types=types, rows=rows, accuracy=[(None,) * len(names)] * len(rows),
-                       noisy=noisy, notes=[*answers[0].notes, "computed from the released rows of the subquery "
-                                           "(post-processing): no 95% interval reaches through it"])
+    if composition.outer is not None:  # post-processing of the inner answer's rows: sums carry their noise
+        rows, accuracy = aggregate_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy)
+        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy,
+                       notes=[*answers[0].notes, RELEASED_ROWS_NOTE])
     shown = answers[-1:] if composition.sequential else answers
     rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
     if composition.distinct:

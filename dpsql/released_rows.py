@@ -6,13 +6,14 @@ MIN, MAX), filter groups (HAVING), order and limit, over the inner query's outpu
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlglot import exp
 
-from dpsql.postprocess import evaluate, sort_rows
+from dpsql.postprocess import Accuracy, evaluate, sort_rows
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import output_name
 
@@ -36,33 +37,62 @@ def outer_columns(outer_sql: str, inner_names: Sequence[str], inner_types: Seque
     return names, types
 
 
-def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple]) -> list[tuple]:
-    """The outer query's rows over `rows` (the inner answer's, with column `names`)."""
+def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
+                       accuracy: Sequence[tuple] | None = None) -> tuple[list[tuple], list[tuple]]:
+    """The outer query's rows over `rows` (the inner answer's, with column `names` and each value's `accuracy`),
+    each value with its accuracy. A count shown as 0 enters SUM and AVG as its noisy value
+    (`Accuracy.unclamped`): a sum of clamped counts would run high. Filters and keys read the values shown. A
+    bare SUM or AVG of a column whose values each carry noise of their own has an interval: the root of the sum
+    of their squared half-widths (the released rows it reads taken as given; exact for Gaussian noise, and wider
+    than 95% needs for a sum of several Laplace draws); other outputs have none."""
     tree = parse_select(outer_sql)
-    envs = [dict(zip(names, row, strict=True)) for row in rows]
+    accuracy = accuracy or [(None,) * len(names)] * len(rows)
+    members = [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
+                dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
     if tree.args.get("where"):
-        envs = [env for env in envs if evaluate(tree.args["where"].this, env)]
+        members = [m for m in members if evaluate(tree.args["where"].this, m[0])]
     outputs = [item.unalias() for item in tree.expressions]
     by_name = {output_name(item): value for item, value in zip(tree.expressions, outputs, strict=True)}
     # GROUP BY 1 or an output's name (where no inner column has it), as PostgreSQL reads them
     keys = [_output_term(k, outputs, by_name, set(names)) for k in
             (tree.args["group"].expressions if tree.args.get("group") else [])]
-    groups: dict[tuple, list[dict]] = {}
-    for env in envs:
-        groups.setdefault(tuple(_plain(evaluate(k, env)) for k in keys), []).append(env)
+    groups: dict[tuple, list[tuple[dict, dict, dict]]] = {}
+    for member in members:
+        groups.setdefault(tuple(_plain(evaluate(k, member[0])) for k in keys), []).append(member)
     if not keys and not groups:
         groups[()] = []  # an aggregate over no rows is one row, as in PostgreSQL
     having = tree.args["having"].this if tree.args.get("having") else None
     order = [_output_term(o.this, outputs, by_name, set()) for o in
              (tree.args["order"].expressions if tree.args.get("order") else [])]  # (ORDER BY: outputs' names first)
     found = []
-    for members in groups.values():
-        env = {**(members[0] if members else {}), **_aggregates(tree, members)}
+    for group in groups.values():
+        env = {**(group[0][0] if group else {}), **_aggregates(tree, group)}
         if having is not None and not evaluate(_named(having), env):
             continue
         values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
-        found.append((values, [_plain(evaluate(_named(o), env)) for o in order]))
-    return [row for row, _ in _ordered_and_cut(tree, found, lambda row, i: row[1][i])]
+        intervals = tuple(_interval(o, value, group) for o, value in zip(outputs, values, strict=True))
+        found.append((values, intervals, [_plain(evaluate(_named(o), env)) for o in order]))
+    found = _ordered_and_cut(tree, found, lambda row, i: row[2][i])
+    return [values for values, _, _ in found], [intervals for _, intervals, _ in found]
+
+
+def _interval(output: exp.Expression, value: Any, group: list[tuple[dict, dict, dict]]) -> Accuracy | None:
+    """A bare SUM or AVG of a noisy column's 95% interval: its rows' noise added up (see `aggregate_released`)."""
+    if not isinstance(output, (exp.Sum, exp.Avg)) or not isinstance(output.this, exp.Column) or value is None:
+        return None
+    name = output.this.name
+    read = [acc.get(name) for shown, _, acc in group if shown.get(name) is not None]
+    if not read or any(a is None or a.halfwidth is None for a in read):
+        return None
+    halfwidth = math.sqrt(sum(a.halfwidth ** 2 for a in read)) / (len(read) if isinstance(output, exp.Avg) else 1)
+    return Accuracy(None, value - halfwidth, value + halfwidth)
+
+
+def _unclamped(row: tuple, accuracy: tuple) -> tuple:
+    """`row` with each count that was clamped at 0 back at its noisy value."""
+    if not any(getattr(a, "unclamped", None) is not None for a in accuracy):
+        return row
+    return tuple(v if a is None or a.unclamped is None else a.unclamped for v, a in zip(row, accuracy, strict=True))
 
 
 def _output_term(node: exp.Expression, outputs: list[exp.Expression], by_name: dict[str, exp.Expression],
@@ -130,15 +160,18 @@ def _ordered_and_cut(tree: exp.Select, rows: list, value_of: Callable[[Any, int]
     return rows[offset:None if limit is None else offset + limit]
 
 
-def _aggregates(tree: exp.Select, members: list[dict]) -> dict[str, Any]:
-    """Each aggregate of the outer query over one group's rows, under the name `_named` gives it."""
+def _aggregates(tree: exp.Select, members: list[tuple[dict, dict, dict]]) -> dict[str, Any]:
+    """Each aggregate of the outer query over one group's rows (each its values shown, and with counts unclamped),
+    under the name `_named` gives it. SUM and AVG read the unclamped counts, so they carry no clamp bias; MIN and
+    MAX read the values shown, so a count's is never below 0."""
     values = {}
     for node in tree.find_all(*AGGREGATE_KINDS):
         argument = node.this
         if isinstance(argument, exp.Star):
             values[_name(node)] = len(members)
             continue
-        seen = [v for v in (_plain(evaluate(argument, env)) for env in members) if v is not None]
+        envs = [noisy if isinstance(node, (exp.Sum, exp.Avg)) else shown for shown, noisy, _ in members]
+        seen = [v for v in (_plain(evaluate(argument, env)) for env in envs) if v is not None]
         if isinstance(node, exp.Count):
             values[_name(node)] = len(seen)
         elif not seen:

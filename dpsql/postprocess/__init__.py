@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.analysis import COUNTS, Aggregate, Plan
 from dpsql.analysis.kinds import KINDS
@@ -88,7 +89,8 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
         for output in plan.outputs:
             value = typed(evaluate(output.expr, env), output.type_name)
             values.append(value)
-            accuracy.append(accuracy_of(output.expr, plan, calibration, value, simulated, group, fixed))
+            accuracy.append(_with_unclamped(accuracy_of(output.expr, plan, calibration, value, simulated, group, fixed),
+                                            output.expr, plan, group))
         order_keys = [evaluate(expr, env) for expr, _, _ in plan.order]
         rows.append((tuple(values), accuracy, order_keys))
     simulated_intervals([accuracy for _, accuracy, _ in rows])
@@ -109,6 +111,15 @@ def _noise_first(groups: list[NoisyGroup], calibration: Calibration) -> list[Noi
         factors[name] = [1 / math.sqrt(end - start) for start, end in partition.buckets for _ in range(end - start)]
     return [replace(g, measures={name: smoothed[name][i] for name in measures},
                     interval_factor={name: factors[name][i] for name in measures}) for i, g in enumerate(groups)]
+
+
+def _with_unclamped(accuracy: Any, expr: Any, plan: Plan, group: NoisyGroup) -> Any:
+    """A bare count's accuracy, with its noisy value where the clamp at 0 hid it (`Accuracy.unclamped`)."""
+    agg = plan.aggregate.get(expr.name) if isinstance(expr, exp.Column) else None
+    if not isinstance(accuracy, Accuracy) or agg is None or agg.kind not in COUNTS or agg.chosen:
+        return accuracy
+    noisy = group.measures[agg.measures[0]]
+    return replace(accuracy, unclamped=float(noisy)) if noisy < 0 else accuracy
 
 
 def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:

@@ -33,6 +33,10 @@ class Accuracy:
     lower_bound: float | None = None  # COUNT, SUM, AVG: the least 95% half-width any mechanism at this value's
     # (ε, δ) could promise on every database (mechanisms.lower_bounds)
     error_bound: float | None = None  # and the least expected absolute error it could have
+    unclamped: float | None = None  # a count shown as 0: its noisy value below 0, which aggregates over released
+    # rows read (a sum of clamped counts runs high where the noise is as large as the counts)
+    halfwidth: float | None = None  # a single noisy statistic whose noise is its own (no other row's): its
+    # interval's half-width before the clamp at 0, which the intervals of sums over released rows add up
 
     @property
     def optimality_ratio(self) -> float | None:
@@ -100,7 +104,8 @@ def accuracy_of(expr: exp.Expression, plan: Plan, calibration: Calibration, valu
             if agg.kind in COUNTS:
                 low, high = max(low, 0), max(high, 0)
             bounds = unscaled_bounds if factor == 1.0 else (None, None)
-            return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high), None, None, *bounds)
+            return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high), None, None, *bounds,
+                            halfwidth=float(width) if factor == 1.0 else None)
     try:
         draws = np.asarray(evaluate(expr, simulated), dtype=float)
     except (TypeError, ValueError, KeyError, UnsupportedQuery):  # KeyError: no simulated windows
