@@ -132,20 +132,17 @@ def project_released(outer_sql: str, envs: Sequence[tuple[dict, dict]], reported
     where = tree.args["where"].this if tree.args.get("where") else None
     kept = [(values, acc) for values, acc in envs if where is None or evaluate(where, values)]
     order = tree.args["order"].expressions if tree.args.get("order") else []
-    renamed = {output_name(item): item.unalias() for item in tree.expressions}
+    outputs = [item.unalias() for item in tree.expressions]
+    by_name = {output_name(item): value for item, value in zip(tree.expressions, outputs, strict=True)}
+    terms = [_output_term(o.this, outputs, by_name, set()) for o in order]
 
     def value(pair: tuple, i: int) -> Any:
-        key = order[i].this
-        if isinstance(key, exp.Literal) and key.is_int:
-            key = tree.expressions[int(key.this) - 1].unalias()
-        key = renamed.get(key.name, key) if isinstance(key, exp.Column) and key.name not in pair[0] else key
-        return _plain(evaluate(key, pair[0]))
+        return _plain(evaluate(terms[i], pair[0]))
 
     kept = _ordered_and_cut(tree, kept, value)
     if reported is not None:
         kept = [reported(values, acc) for values, acc in kept]
         sort_rows(kept, value, [(bool(o.args.get("desc")), bool(o.args.get("nulls_first"))) for o in order])
-    outputs = [item.unalias() for item in tree.expressions]
     return ([tuple(_plain(evaluate(o, values)) for o in outputs) for values, _ in kept],
             [tuple(acc.get(o.name) if isinstance(o, exp.Column) else None for o in outputs) for _, acc in kept])
 

@@ -75,6 +75,13 @@ def operands(node: exp.Expression, connector: type[exp.Expression] = exp.And) ->
     return [node]
 
 
+def replace_keeping_precedence(node: exp.Expression, value: exp.Expression) -> None:
+    """Put `value` where `node` stands, in parentheses where `node` is an operator's operand (a + b replacing c
+    in c * 2 keeps its own precedence there)."""
+    operand = isinstance(node.parent, exp.Binary | exp.Unary) and not isinstance(value, exp.Alias)
+    node.replace(exp.Paren(this=value) if operand else value)
+
+
 def output_name(node: exp.Expression) -> str:
     """The column name PostgreSQL gives a select item."""
     if isinstance(node, exp.Alias):

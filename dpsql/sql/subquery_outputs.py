@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.sql.query import AGGREGATES, inside
+from dpsql.sql.query import AGGREGATES, inside, replace_keeping_precedence
 from dpsql.sql.shape import derived_select
 
 HIDDEN = "dpsql_a"  # the names of the aggregates moved out of an expression
@@ -50,8 +50,7 @@ def aggregate_expressions_outside(tree: exp.Select) -> exp.Select:
         value = outside[column.name].copy()
         if isinstance(column.parent, exp.Select) and column.parent is tree:
             value = exp.alias_(value, column.name)  # a bare output keeps the name PostgreSQL gives it
-        operand = isinstance(column.parent, exp.Binary | exp.Unary)  # keeps its precedence there
-        column.replace(exp.Paren(this=value) if operand and not isinstance(value, exp.Alias) else value)
+        replace_keeping_precedence(column, value)
     return tree
 
 

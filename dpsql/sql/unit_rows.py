@@ -28,7 +28,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema, Table
-from dpsql.sql.query import inside
+from dpsql.sql.query import inside, replace_keeping_precedence
 
 
 def unit_row_joined_inside(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
@@ -205,8 +205,7 @@ def _every_unit_inside(tree: exp.Select, alias: str, select: exp.Select, table: 
     for column in readers:
         guarded = exp.Case(ifs=[exp.If(this=exp.GT(this=exp.column(rows, alias), expression=exp.Literal.number(0)),
                                        true=column.copy())])
-        operand = isinstance(column.parent, exp.Binary | exp.Unary)
-        column.replace(exp.Paren(this=guarded) if operand else guarded)
+        replace_keeping_precedence(column, guarded)
 
 
 def _public_tables_joined(joins: list[exp.Join], moved: set[str], schema: PrivacySchema) -> list[exp.Join]:
