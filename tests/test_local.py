@@ -285,6 +285,48 @@ def test_the_share_of_a_randomized_response_boolean_per_public_group(engine, bas
         assert share == pytest.approx((true_reports / n - (1 - keep)) / (2 * keep - 1))
 
 
+def test_the_spellings_of_a_count_or_share_of_a_randomized_response_boolean_are_one_estimate(engine, analyst):
+    """SUM(CASE WHEN smoker THEN 1 ELSE 0 END), COUNT(*) FILTER (WHERE smoker) and COUNT(CASE WHEN smoker THEN 1
+    END) are SUM(smoker::int): the de-biased count of true values, with its interval; NOT smoker counts the false
+    ones (the two add up to the reports); AVG(CASE ... ELSE 0 END) averages over every row. An average of a CASE
+    without ELSE (1 wherever it is not NULL) is refused."""
+    def answered(select: str) -> tuple:
+        answer = engine.query(f"SELECT region, {select} FROM survey GROUP BY region ORDER BY region",
+                              analyst=analyst)
+        assert answer.epsilon == 0 and answer.noisy == [False, True]
+        return [v for row, acc in zip(answer.rows, answer.accuracy, strict=True)
+                for v in (row[1], acc[1].ci_low, acc[1].ci_high)]  # each region's value and interval
+
+    smokers = answered("SUM(smoker::int)")
+    for spelling in ("SUM(CASE WHEN smoker THEN 1 ELSE 0 END)", "COUNT(*) FILTER (WHERE smoker)",
+                     "COUNT(CASE WHEN smoker = true THEN 'y' END)", "SUM(CASE WHEN smoker IS TRUE THEN 1 END)"):
+        assert answered(spelling) == pytest.approx(smokers), spelling
+    others = answered("SUM(CASE WHEN NOT smoker THEN 1 ELSE 0 END)")
+    rows = [row[1] for row in engine.query("SELECT region, COUNT(*) FROM survey GROUP BY region ORDER BY region",
+                                           analyst=analyst).rows]  # every row holds a report
+    assert [a + b for a, b in zip(smokers[::3], others[::3], strict=True)] == pytest.approx(rows)
+    shares = answered("AVG(CASE WHEN smoker THEN 1.0 ELSE 0.0 END)")
+    assert shares[::3] == pytest.approx([count / n for count, n in zip(smokers[::3], rows, strict=True)])
+    with pytest.raises(UnsupportedQuery, match="cannot be estimated"):
+        engine.query("SELECT AVG(CASE WHEN smoker THEN 1 END) FROM survey", analyst=analyst)
+
+
+@pytest.mark.parametrize("where,value", [("smoker", True), ("NOT smoker", False)])
+def test_a_count_of_one_reported_value_per_public_group_is_picked_from_the_counts_per_value(engine, analyst,
+                                                                                          where, value):
+    """GROUP BY public keys with WHERE on the local column: each group's de-biased count of that value, with its
+    interval, read from the counts per (key, value); ORDER BY and LIMIT over the picked rows."""
+    answer = engine.query(f"SELECT region, COUNT(*) AS n FROM survey WHERE {where} AND region <> 'West' "
+                          "GROUP BY 1 ORDER BY n DESC LIMIT 2", analyst=analyst)
+    grouped = engine.query("SELECT region, smoker, COUNT(*) FROM survey WHERE region <> 'West' "
+                           "GROUP BY region, smoker", analyst=analyst)
+    picked = sorted(((row[0], row[2]), acc[2]) for row, acc in zip(grouped.rows, grouped.accuracy, strict=True)
+                    if row[1] is value)
+    best = sorted(picked, key=lambda p: -p[0][1])[:2]
+    assert answer.names == ["region", "n"] and answer.epsilon == 0
+    assert [(tuple(row), acc[1]) for row, acc in zip(answer.rows, answer.accuracy, strict=True)] == best
+
+
 def test_unary_encoded_counts_and_location_cells(engine, analyst):
     symptoms = engine.query("SELECT symptom, COUNT(*) FROM survey GROUP BY symptom", analyst=analyst)
     assert [r[0] for r in symptoms.rows] == ["cough", "fatigue", "fever", "headache", "none"]

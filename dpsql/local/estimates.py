@@ -47,13 +47,15 @@ HINT = ("write SELECT col, COUNT(*) FROM t GROUP BY col (per value of a locally 
 @dataclass(frozen=True)
 class LocalItem:
     name: str
-    kind: str  # key (the local column) | key:<name> (a public key) | count | sum | avg
+    kind: str  # key (the local column) | key:<name> (a public key) | count | sum | avg (over the reports) |
+    # avg_rows (over every row: a report of NULL adds 0)
     type_name: str
+    value: bool = True  # sum, avg, avg_rows: the randomized-response value counted
 
     @property
     def estimated(self) -> bool:
         """Whether the value is an estimate (with an interval); a count without the local key is exact."""
-        return self.kind in ("sum", "avg") or (self.kind == "count" and self.type_name == "float8")
+        return self.kind in ("sum", "avg", "avg_rows") or (self.kind == "count" and self.type_name == "float8")
 
 
 @dataclass
@@ -164,14 +166,53 @@ def _item(node: exp.Expression, name: str, column: Column, local_key: bool, keys
     if isinstance(node, exp.Count) and isinstance(node.this, exp.Star) and not node.args.get("distinct"):
         aggregates[to_sql(node)] = name
         return LocalItem(name, "count", "float8" if local_key else "int8")
-    if isinstance(node, exp.Avg | exp.Sum) and not local_key and column.local.mechanism == "rr":
-        argument = node.this
-        if isinstance(argument, exp.Cast) and isinstance(argument.this, exp.Column) \
-                and argument.this.name == column.name and argument.to.is_type(*exp.DataType.INTEGER_TYPES):
+    if isinstance(node, exp.Avg | exp.Sum | exp.Count) and not local_key and column.local.mechanism == "rr":
+        indicator = _indicator(node.this, column, node)
+        if indicator is not None and not node.args.get("distinct"):
+            value, over_rows = indicator
+            kind = "sum" if not isinstance(node, exp.Avg) else "avg_rows" if over_rows else "avg"
             aggregates[to_sql(node)] = name
-            return LocalItem(name, "avg" if isinstance(node, exp.Avg) else "sum", "float8")
+            return LocalItem(name, kind, "float8", value)
     raise UnsupportedQuery(f"{to_sql(node)} cannot be estimated from the locally randomized reports of "
                            f"{column.name}", HINT)
+
+
+def _indicator(argument: exp.Expression, column: Column, aggregate: exp.Expression) -> tuple[bool, bool] | None:
+    """(the value v counted, whether a NULL report adds 0 to an average) where `aggregate` of `argument` counts
+    or averages the reports of v of a randomized-response boolean: SUM or AVG of `col::int` (v true; NULL stays
+    NULL) or of `CASE WHEN col [= v | IS v] THEN 1 ELSE 0 END` (0 for NULL too), SUM of `CASE WHEN col THEN 1
+    END`, COUNT of `CASE WHEN col THEN <not NULL> END` (COUNT(*) FILTER (WHERE col), as the shape spells it)."""
+    if isinstance(argument, exp.Cast) and argument.to.is_type(*exp.DataType.INTEGER_TYPES):
+        return (True, False) if _names(argument.this, column) and not isinstance(aggregate, exp.Count) else None
+    if not isinstance(argument, exp.Case) or argument.this is not None or len(argument.args.get("ifs") or []) != 1:
+        return None
+    branch, default = argument.args["ifs"][0], argument.args.get("default")
+    value, then = _value_of(branch.this, column), branch.args.get("true")
+    if value is None or not isinstance(then, exp.Literal):
+        return None
+    if isinstance(aggregate, exp.Count):
+        return (value, True) if default is None else None
+    zero = isinstance(default, exp.Literal) and not default.is_string and float(default.this) == 0
+    if then.is_string or float(then.this) != 1 or not (zero or default is None and isinstance(aggregate, exp.Sum)):
+        return None
+    return value, True
+
+
+def _value_of(condition: exp.Expression, column: Column) -> bool | None:
+    """The value a condition asks of the local column: `col`, `NOT col`, `col = true`, `col IS false`."""
+    condition = condition.unnest()
+    if _names(condition, column):
+        return True
+    if isinstance(condition, exp.Not) and _names(condition.this, column):
+        return False
+    if isinstance(condition, exp.EQ | exp.Is) and _names(condition.this, column) \
+            and isinstance(condition.expression, exp.Boolean):
+        return bool(condition.expression.this)
+    return None
+
+
+def _names(node: exp.Expression, column: Column) -> bool:
+    return isinstance(node, exp.Column) and node.name == column.name
 
 
 def _key_type(column: Column) -> str:
@@ -292,17 +333,18 @@ def _estimate_group(plan: LocalQuery, mechanism: Any, shared: dict[str, Any], co
     (rows, reports, true_reports), = counts
     reports, true_reports = float(reports), float(true_reports or 0)
     estimate = mechanism.estimate([reports - true_reports, true_reports], simplex)
-    count, variance = float(estimate.counts[1]), float(estimate.variances[1])
     ci: dict[str, tuple[float, float]] = {}
     for item in plan.items:
+        count, variance = float(estimate.counts[int(item.value)]), float(estimate.variances[int(item.value)])
         if item.kind == "count":
             env[item.name] = int(rows)
         elif item.kind == "sum":
             env[item.name], ci[item.name] = count, _interval(count, variance)
-        elif item.kind == "avg":
-            mean = count / reports if reports else None
+        elif item.kind in ("avg", "avg_rows"):
+            over = reports if item.kind == "avg" else float(rows)
+            mean = count / over if over else None
             env[item.name] = mean
-            ci[item.name] = _interval(mean, variance / reports**2) if reports else (None, None)
+            ci[item.name] = _interval(mean, variance / over**2) if over else (None, None)
     return [(env, ci)]
 
 

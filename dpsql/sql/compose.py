@@ -327,33 +327,71 @@ def _boolean_of(node: exp.Expression) -> tuple[exp.Expression, bool, str] | None
 
 
 def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
-    """`SELECT COUNT(*) FROM t WHERE positive [AND ...]`, positive a locally randomized column: the count of
-    people whose value is the one asked is read from the de-biased counts per reported value (`SELECT positive,
-    COUNT(*) ... GROUP BY positive`, which the analysis answers), the one asked picked with its interval. A
-    filter on the reports themselves would count reports, not people (`analysis.local_columns`)."""
+    """`SELECT [k, ...,] COUNT(*) FROM t WHERE positive [AND ...] [GROUP BY k, ...] [ORDER BY ...] [LIMIT ...]`,
+    positive a locally randomized column: the count of people whose value is the one asked is read from the
+    de-biased counts per reported value (`SELECT [k, ...,] positive, COUNT(*) ... GROUP BY [k, ...,] positive`,
+    which the analysis answers), the rows of the one asked picked with their intervals. A filter on the reports
+    themselves would count reports, not people (`analysis.local_columns`)."""
     table = tree.args["from_"].this if tree.args.get("from_") else None
     where = tree.args.get("where")
-    if (not isinstance(table, exp.Table) or where is None or any(
-            tree.args.get(k) for k in ("group", "having", "joins", "with_", "distinct", "order", "limit", "offset"))
-            or not all(_counts_rows(e.unalias()) for e in tree.expressions)):
+    aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
+    keys = [_resolved(k, aliases, tree.expressions) for k in
+            (tree.args["group"].expressions if tree.args.get("group") else [])]
+    if (not isinstance(table, exp.Table) or where is None
+            or any(tree.args.get(k) for k in ("having", "joins", "with_", "distinct"))
+            or not all(isinstance(k, exp.Column) for k in keys)
+            or not all(_counts_rows(e.unalias()) or _selected_key(e.unalias(), keys) for e in tree.expressions)):
         return None
     declared = schema.tables.get(table.name)
     local = {name for name, column in declared.columns.items() if column.local is not None} if declared else set()
     conditions = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
     asked = [(i, _value_asked(c, local)) for i, c in enumerate(conditions)
              if any(column.name in local for column in c.find_all(exp.Column))]
-    if len(asked) != 1 or asked[0][1] is None:
+    if len(asked) != 1 or asked[0][1] is None or any(k.name in local for k in keys):
         return None
     at, (column, value) = asked[0]
     rest = [c for i, c in enumerate(conditions) if i != at]
     names = [output_name(e) for e in tree.expressions]
-    inner = exp.select(exp.column(column), *(exp.alias_(exp.Count(this=exp.Star()), n) for n in names))
-    inner = inner.from_(table.copy()).group_by(exp.column(column))
+    order = _order_over_outputs(tree, names)
+    if order is None:
+        return None
+    inner = exp.select(exp.column(column),
+                       *(exp.alias_(e.unalias().copy(), n) for e, n in zip(tree.expressions, names, strict=True)))
+    inner = inner.from_(table.copy()).group_by(*(k.copy() for k in keys), exp.column(column))
     if rest:
         inner = inner.where(exp.and_(*(c.copy() for c in rest)))
     outer = exp.select(*(exp.column(n) for n in names)).where(exp.EQ(this=exp.column(column), expression=value))
+    if order:
+        outer.set("order", exp.Order(expressions=order))
+    for clause in ("limit", "offset"):
+        if tree.args.get(clause):
+            outer.set(clause, tree.args[clause].copy())
     return Composition([to_sql(inner)], f"the count of one value of {table.name}.{column}, read from the "
-                       "de-biased counts per reported value", outer=to_sql(outer), picks=True, zero_row=True)
+                       "de-biased counts per reported value", outer=to_sql(outer), picks=True, zero_row=not keys)
+
+
+def _selected_key(value: exp.Expression, keys: list[exp.Expression]) -> bool:
+    return isinstance(value, exp.Column) and any(value.name == k.name and value.table == k.table for k in keys)
+
+
+def _order_over_outputs(tree: exp.Select, names: list[str]) -> list[exp.Ordered] | None:
+    """The statement's ORDER BY over its outputs' names (a position, a name, or an output's own expression), or
+    None where a term is none of these."""
+    spelled = {to_sql(e.unalias()): n for e, n in zip(tree.expressions, names, strict=True)}
+    order = []
+    for ordered in tree.args["order"].expressions if tree.args.get("order") else []:
+        term = ordered.this
+        if isinstance(term, exp.Literal) and term.is_int and 1 <= int(term.this) <= len(names):
+            name = names[int(term.this) - 1]
+        elif isinstance(term, exp.Column) and not term.table and term.name in names:
+            name = term.name
+        else:
+            name = spelled.get(to_sql(term))
+        if name is None:
+            return None
+        order.append(exp.Ordered(this=exp.column(name), desc=ordered.args.get("desc"),
+                                 nulls_first=ordered.args.get("nulls_first")))
+    return order
 
 
 def _counts_rows(value: exp.Expression) -> bool:
