@@ -1524,3 +1524,21 @@ def test_joined_released_rows_a_null_key_matches_nothing_and_left_keeps_the_rest
     rows = joined_rows(composition, [answer(["k", "n"], [("x", 1), (None, 2), ("y", 3)]),
                                      answer(["k", "m"], [("x", 10), (None, 20), ("x", 11)])])
     assert [(r["dpsql_j0_k"], r["dpsql_j1_m"]) for r, _ in rows] == [("x", 10), ("x", 11), (None, None), ("y", None)]
+
+
+def test_round_to_hundreds_is_a_key_of_the_multiples_of_a_hundred(engine, analyst, base_url):
+    """round(x::numeric, -2) takes only multiples of 100: its released keys are those within the declared range
+    (not every whole number in it, each a noisy count of nothing), and every key PostgreSQL finds is among them.
+    round() of a double to digits is PostgreSQL's error 42883, refused before any charge."""
+    sql = "SELECT round(amount::numeric, -2) AS h, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1"
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    upper = int(engine.schema.tables["visits"].columns["amount"].upper)
+    assert [row[0] for row in answer.rows] == list(range(0, upper + 1, 100))
+    with psycopg.connect(base_url) as conn:  # the amounts as the rewrite clamps them to the declared range
+        truth = dict(conn.execute(sql.replace("amount::", f"LEAST(GREATEST(amount, 0), {upper})::")).fetchall())
+    assert set(truth) <= {row[0] for row in answer.rows}
+    spent = engine.budget(analyst).epsilon_spent
+    with pytest.raises(errors.InvalidQuery, match=r"round\(double precision, integer\) does not exist") as refused:
+        engine.query("SELECT round(amount, -2) AS h, COUNT(*) FROM visits GROUP BY 1", analyst=analyst, epsilon=1.0)
+    assert refused.value.sqlstate == "42883" and "::numeric" in refused.value.hint
+    assert engine.budget(analyst).epsilon_spent == spent

@@ -83,6 +83,7 @@ QUERIES = [
     "SELECT floor(income / 10000) AS b, COUNT(*) FROM people GROUP BY b",
     "SELECT SUM(age / 10), SUM(age / -3), SUM((age - 50) / 7) FROM people",
     "SELECT age / 10 * 10 AS d, floor(income / 50000) * 50000 AS i, COUNT(*) FROM people GROUP BY d, i",
+    "SELECT round(amount::numeric, -2) AS h, COUNT(*), SUM(round(amount::numeric, -3)) FROM visits GROUP BY h",
     "SELECT CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END AS band, "
     "SUM(income) FROM people GROUP BY band",
     "SELECT SUM(CASE WHEN category = 'lab' THEN amount ELSE 0 END), SUM(amount * 2 + 1), "

@@ -27,7 +27,7 @@ from itertools import product
 from sqlglot import exp
 
 from dpsql.analysis.clamps import clamp, constant, number, temporal_guard
-from dpsql.errors import UnsupportedQuery
+from dpsql.errors import InvalidQuery, UnsupportedQuery
 from dpsql.schema import INTEGER_TYPES, NUMERIC_TYPES, Column
 from dpsql.schema.model import temporal_value
 from dpsql.sql.patterns import check_regex
@@ -443,10 +443,16 @@ class Expressions:
     def _range_round(self, node: exp.Round) -> Range:
         (a,) = self._operands(node, "this")
         digits = node.args.get("decimals")
-        if digits is not None and not (isinstance(digits, exp.Literal) and not digits.is_string):
-            raise UnsupportedQuery("round()'s number of digits must be a constant",
-                                   "write the digits as a constant: round(x, 2)")
-        places = int(digits.to_py()) if digits is not None else 0
+        number = digits.this if isinstance(digits, exp.Neg) else digits  # round(x, -2): to hundreds
+        if digits is not None and not (isinstance(number, exp.Literal) and number.is_int):
+            raise UnsupportedQuery("round()'s number of digits must be a whole-number constant",
+                                   "write the digits as a constant: round(x, 2), or round(x, -2) for hundreds")
+        column = self.column(node.this.unnest()) if isinstance(node.this.unnest(), exp.Column) else None
+        if digits is not None and column is not None and _type_kind(column.type) == "float":
+            raise InvalidQuery("function round(double precision, integer) does not exist",
+                               f"round a numeric: round({to_sql(node.this)}::numeric, {to_sql(digits)})",
+                               sqlstate="42883")  # as PostgreSQL, which rounds a double only to a whole number
+        places = 0 if digits is None else -int(number.this) if isinstance(digits, exp.Neg) else int(number.this)
         if abs(places) > MAX_ROUND_DIGITS:  # a huge scale fails only on non-NULL values
             raise UnsupportedQuery(f"round()'s number of digits must be between -{MAX_ROUND_DIGITS} and "
                                    f"{MAX_ROUND_DIGITS}", "round to fewer digits, e.g. round(x, 2)")

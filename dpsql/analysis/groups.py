@@ -287,10 +287,20 @@ def _integer_domain(scope: Scope, node: exp.Expression) -> tuple | None:
             if scope.exprs.kind(node) == "integer":  # PostgreSQL truncates toward zero
                 return tuple(dict.fromkeys(int(v / c) if abs(v) < 2**52 else _refuse() for v in inner))
     value_range = scope.exprs.value_range(node)
+    step = _rounded_to(node)
     if (value_range is not None and value_range.integer and value_range.bounded
-            and value_range.hi - value_range.lo < MAX_DOMAIN):
-        return tuple(range(int(value_range.lo), int(value_range.hi) + 1))
+            and (value_range.hi - value_range.lo) / step < MAX_DOMAIN):
+        first = math.ceil(value_range.lo / step) * step
+        return tuple(range(int(first), int(value_range.hi) + 1, step))
     return None
+
+
+def _rounded_to(node: exp.Expression) -> int:
+    """The step between the values of `node`: 100 for round(x, -2), which takes only multiples of it; else 1."""
+    digits = node.args.get("decimals") if isinstance(node, exp.Round) else None
+    if isinstance(digits, exp.Neg) and isinstance(digits.this, exp.Literal) and digits.this.is_int:
+        return 10 ** int(digits.this.this)
+    return 1
 
 
 def _function_domain(scope: Scope, node: exp.Expression) -> tuple | None:

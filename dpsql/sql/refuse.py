@@ -53,6 +53,8 @@ INSTEAD = {
     exp.Median: "PostgreSQL has no median(x): write percentile_cont(0.5) WITHIN GROUP (ORDER BY x)",
     exp.Fetch: "write FETCH FIRST n ROWS ONLY, or LIMIT n: WITH TIES is not answered (which noisy values tie is "
                "noise)",
+    exp.Trunc: "bin with floor or round instead: floor(x / 100) * 100 (toward minus infinity), or round(x::numeric, "
+               "-2) (to the nearest hundred)",
     exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
                      "adds error to the noise",
 }

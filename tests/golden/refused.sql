@@ -1764,7 +1764,7 @@ output_names: ["sum", "sum"]
 
 -- SELECT SUM(round(income, 100000)) FROM people
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s6", "sql": "SELECT SUM(round(income, 100000)) FROM people", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: round()'s number of digits must be between -30 and 30 [DP002]\nHint: round to fewer digits, e.g. round(x, 2)"
+error: "InvalidQuery: function round(double precision, integer) does not exist [DP015]\nHint: round a numeric: round(people.income::numeric, 100000)"
 canonical: "SELECT SUM(ROUND(\"dpsql_t0\".\"income\", 100000)) AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\""
 output_names: ["sum"]
 
