@@ -366,6 +366,9 @@ DERIVED = [
     # a unit's first date, and columns of the unit's own row beside the unit in the subquery's GROUP BY
     "SELECT date_trunc('year', b) AS y, COUNT(*) FROM (SELECT p.person_id, MIN(p.born) AS b, COUNT(v.visit_id) AS n "
     "FROM people p LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY 1",
+    "SELECT m, COUNT(*), SUM(n) FROM (SELECT p.person_id, MIN(date_trunc('month', p.born)::date) AS m, "
+    "COUNT(v.visit_id) AS n FROM people p LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id) t "
+    "GROUP BY m",
     "SELECT sex, COUNT(*), SUM(n) FROM (SELECT p.person_id, p.sex, p.nick, COUNT(v.visit_id) AS n FROM people p "
     "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex, p.nick) t GROUP BY sex",
     "SELECT region, COUNT(*) FROM (SELECT p.person_id, s.region, SUM(v.amount) AS total FROM people p JOIN states s "

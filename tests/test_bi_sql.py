@@ -1542,3 +1542,24 @@ def test_round_to_hundreds_is_a_key_of_the_multiples_of_a_hundred(engine, analys
         engine.query("SELECT round(amount, -2) AS h, COUNT(*) FROM visits GROUP BY 1", analyst=analyst, epsilon=1.0)
     assert refused.value.sqlstate == "42883" and "::numeric" in refused.value.hint
     assert engine.budget(analyst).epsilon_spent == spent
+
+
+@pytest.mark.parametrize("written,same", [
+    ("MIN(date_trunc('month', day))", "date_trunc('month', MIN(day))"),
+    ("MAX(date_trunc('week', day)::date)", "CAST(date_trunc('week', MAX(day)) AS DATE)"),
+])
+def test_a_unit_s_first_month_is_the_month_of_its_first_day(engine, base_url, written, same):
+    """In a per-unit subquery, MIN(date_trunc('month', day)) is date_trunc('month', MIN(day)) (a cohort by first
+    month): the same rewritten query, whose months are PostgreSQL's for the cohort query as written. At the top,
+    the extreme itself is asked for, with a hint that says so."""
+    def cohort(extreme: str) -> str:
+        return (f"SELECT m, COUNT(*) FROM (SELECT person_id, {extreme} AS m FROM visits GROUP BY person_id) t "
+                "GROUP BY 1")
+    prepared = engine.prepare(cohort(written))
+    assert prepared.rewritten.sql == engine.prepare(cohort(same)).rewritten.sql
+    assert not prepared.plan.partition_selection  # the months of the declared days
+    with psycopg.connect(base_url) as conn:
+        months = {row[0] for row in conn.execute(cohort(written))}
+    assert months <= {key[0] for key in prepared.plan.domain}
+    with pytest.raises(errors.UnsupportedQuery, match="ask for the time itself"):
+        engine.prepare(f"SELECT {written} FROM visits")

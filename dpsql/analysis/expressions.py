@@ -225,6 +225,12 @@ class Expressions:
         """The range of `node`, which must be a bounded number."""
         result = self.value_range(node)
         if result is None:
+            truncated = node.this if isinstance(node, exp.Cast) else node
+            if isinstance(truncated, exp.TimestampTrunc | exp.DateTrunc) and what.split()[0] in ("MIN", "MAX"):
+                time = to_sql(truncated.this)  # the first month is the first day's
+                raise UnsupportedQuery(f"{what} {to_sql(node)} is not numeric",
+                                       f"ask for the time itself, {what.split()[0]}({time}), whose month (or week) "
+                                       f"is the one asked; in a per-unit subquery this form is answered as written")
             raise UnsupportedQuery(f"{what} {to_sql(node)} is not numeric",
                                    "use a numeric column, or count a condition: "
                                    "SUM(CASE WHEN x = 'a' THEN 1 ELSE 0 END)")

@@ -258,6 +258,29 @@ def date_function_as_cast(tree: exp.Select) -> exp.Select:
     return _function_respelled(tree, exp.Date, "date", spelled)
 
 
+def extremes_of_truncations(tree: exp.Select) -> exp.Select:
+    """In a subquery, `MIN(date_trunc('month', day))` is `date_trunc('month', MIN(day))` (also under a cast to
+    date, and for MAX): truncation never reorders times, so a person's first month is their first day's, which
+    a per-unit subquery computes (a cohort: `SELECT first_month, COUNT(*) FROM (SELECT person_id,
+    MIN(date_trunc('month', day)) AS first_month ... GROUP BY person_id) t GROUP BY 1`). The column keeps the
+    aggregate's name. (At the top, the extreme is a chosen value, which post-processing does not truncate.)"""
+    def moved(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Min | exp.Max) or node.args.get("expressions") or node.parent_select is tree:
+            return node
+        cast = node.this if isinstance(node.this, exp.Cast) and node.this.to.is_type("date") else None
+        truncated = cast.this if cast is not None else node.this
+        if not isinstance(truncated, exp.TimestampTrunc | exp.DateTrunc):
+            return node
+        inner = truncated.copy()
+        inner.set("this", type(node)(this=truncated.this.copy()))
+        result = exp.Cast(this=inner, to=cast.to.copy()) if cast is not None else inner
+        return exp.alias_(result, output_name(node)) if isinstance(node.parent, exp.Select) \
+            and node in node.parent.expressions else result
+    if not tree.find(exp.Min, exp.Max):
+        return tree
+    return tree.transform(moved, copy=False)
+
+
 def approx_distinct_as_count(tree: exp.Select) -> exp.Select:
     """`approx_count_distinct(c)` (Spark's, BigQuery's, Snowflake's spelling, which BI tools send) is
     `COUNT(DISTINCT c)`: a noisy answer is approximate already, and an exact distinct count costs nothing more.
