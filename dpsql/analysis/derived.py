@@ -189,10 +189,16 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -
                                "MIN or MAX of a column or bounded expression, or the unit column itself",
                                "e.g. SELECT AVG(n) FROM (SELECT <the unit's column>, COUNT(*) AS n FROM t "
                                "GROUP BY 1) s")
-    if kind == "count":
-        return clamp_to(node, 0, k, "integer"), Column(name, "bigint", 0.0, float(k))
-    argument = node.this.this if isinstance(node.this, exp.Distinct) else node.this
+    distinct = node.this.expressions if isinstance(node.this, exp.Distinct) else None
+    argument = distinct[0] if distinct and len(distinct) == 1 else node.this
     declared = scope.declared_column(argument) if isinstance(argument, exp.Column) else None
+    if kind == "count":
+        # COUNT(DISTINCT category) is at most the declared values' number (8), not the unit's rows (100): a
+        # key of it releases only the counts it can take
+        values = None if not isinstance(node.this, exp.Distinct) or declared is None else \
+            len(declared.domain) if declared.domain is not None else 2 if declared.type == "boolean" else None
+        most = k if values is None else min(k, values)
+        return clamp_to(node, 0, most, "integer"), Column(name, "bigint", 0.0, float(most))
     if kind in ("min", "max") and declared is not None and declared.is_temporal and declared.bounded:
         # a unit's first or last date (a cohort): within the column's declared bounds, clamped to them
         guarded = node.copy()
