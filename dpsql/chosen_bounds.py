@@ -79,7 +79,7 @@ def bounds_totals(plan: Plan) -> bool:
     (`Prepared.rows_race`), enforced on the rows the sum keeps."""
     sums = [m for m in plan.measures if m.kind == "sum"]
     return (plan.unit_total is not None and len(sums) == 1 and sums[0].centre == 0 and sums[0].row_range.lo >= 0
-            and all(m.kind == "count" for m in plan.measures if m.kind != "sum")
+            and all(m.kind in ("count", "units") for m in plan.measures if m.kind != "sum")
             and not plan.histograms and not plan.top_k and sums[0].unit_range[1] >= 1)
 
 

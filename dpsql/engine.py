@@ -21,7 +21,7 @@ from dataclasses import astuple, replace
 from typing import Any
 
 from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
-from dpsql.analysis import Plan, analyze
+from dpsql.analysis import COUNTS, Plan, analyze
 from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
@@ -367,7 +367,8 @@ class Engine:
         """With rows per unit chosen from the data, the plan whose race bounds each unit's total of the query's one
         sum instead of its rows (`chosen_bounds.bounds_totals`): analysed with that total unbounded, which shapes an
         AVG as a plain sum over a count. None where the query is not of that kind."""
-        sums = [a for a in plan.aggregates if a.kind != "count"]  # COUNT(*) and COUNT(x) beside: rows raced too
+        sums = [a for a in plan.aggregates if a.kind not in COUNTS]  # COUNT(*), COUNT(x) and COUNT(DISTINCT
+        # unit) beside: rows raced too
         if not raceable(plan, options) or not sums or not all(
                 a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in sums):
             return None

@@ -538,6 +538,8 @@ def test_other_answers_under_the_race_run_their_own_statement(engine, sql):
                                  "SELECT date_trunc('month', day), SUM(amount), AVG(amount) FROM visits GROUP BY 1",
                                  "SELECT SUM(amount) FROM visits WHERE category = 'lab'",
                                  "SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category",
+                                 # the people beside (a unit is in at most the 8 categories, whatever its rows)
+                                 "SELECT category, SUM(amount), COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
                                  # a per-unit table: each unit's one row, its value clamped at the bound
                                  "SELECT SUM(s) FROM (SELECT person_id, SUM(amount) AS s FROM visits "
                                  "GROUP BY person_id HAVING COUNT(*) > 2) t",
