@@ -386,6 +386,10 @@ DERIVED = [
     "ELSE 'some' END AS bucket, SUM(v.amount) / COUNT(v.visit_id) AS spend FROM people p LEFT JOIN visits v "
     "ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY bucket",
     "SELECT v.amount > 100 AS big, COUNT(*), SUM(v.amount) FROM visits v GROUP BY 1",
+    # a subquery by unit and key regrouped by the key, and the people beside a sum
+    "SELECT t.note, COUNT(*), AVG(t.n), SUM(t.s) FROM (SELECT v.person_id, v.note, COUNT(*) AS n, SUM(v.amount) AS s "
+    "FROM visits v WHERE v.amount > 10 GROUP BY 1, 2) t GROUP BY t.note",
+    "SELECT v.category, SUM(v.amount), COUNT(DISTINCT v.person_id) FROM visits v GROUP BY 1",
     # a calendar and a list of keys joined to a table: the table filtered to the list, every listed key released
     "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-03-31', "
     "INTERVAL '1 week') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",

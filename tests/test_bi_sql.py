@@ -1347,9 +1347,10 @@ def test_a_per_unit_subquery_may_group_by_what_the_unit_s_row_holds(engine, anal
            "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex")
     assert not engine.prepare(sql).plan.partition_selection
     assert sorted(row[0] for row in engine.query(sql, analyst=analyst, epsilon=1.0).rows) == ["F", "M"]
-    # a column of a table with many rows per unit would give a unit several rows: refused
+    # a column of a table with many rows per unit would give a unit several rows: refused (where no grouped
+    # query says the same: `test_a_subquery_by_unit_and_key_regrouped_by_the_key_is_one_grouped_query`)
     with pytest.raises(errors.UnsupportedQuery, match="or with columns of a table that holds one row per unit"):
-        engine.prepare("SELECT c, COUNT(*) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n FROM visits v "
+        engine.prepare("SELECT c, MAX(n) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n FROM visits v "
                        "GROUP BY v.person_id, v.category) t GROUP BY c")
 
 
@@ -1563,3 +1564,41 @@ def test_a_unit_s_first_month_is_the_month_of_its_first_day(engine, base_url, wr
     assert months <= {key[0] for key in prepared.plan.domain}
     with pytest.raises(errors.UnsupportedQuery, match="ask for the time itself"):
         engine.prepare(f"SELECT {written} FROM visits")
+
+
+@pytest.mark.parametrize("written,grouped", [
+    ("SELECT category, COUNT(*) FROM (SELECT DISTINCT person_id, category FROM visits) t GROUP BY category",
+     "SELECT category, COUNT(DISTINCT person_id) FROM visits GROUP BY category"),
+    ("SELECT t.category, COUNT(t.person_id), SUM(t.n), AVG(t.n) FROM (SELECT v.person_id, v.category, COUNT(*) AS n "
+     "FROM visits v WHERE v.amount > 20 GROUP BY 1, 2) t WHERE t.category <> 'lab' GROUP BY t.category "
+     "ORDER BY COUNT(*) DESC",
+     "SELECT category, COUNT(DISTINCT person_id), COUNT(*), CAST(COUNT(*) AS NUMERIC) / COUNT(DISTINCT person_id) "
+     "FROM visits WHERE amount > 20 AND category <> 'lab' GROUP BY category ORDER BY COUNT(DISTINCT person_id) DESC"),
+    ("SELECT d.drug, COUNT(*) FROM (SELECT v.person_id, r.drug, SUM(r.cost) AS c FROM prescriptions r JOIN visits v "
+     "ON v.visit_id = r.visit_id GROUP BY v.person_id, r.drug) d GROUP BY d.drug",
+     "SELECT r.drug, COUNT(DISTINCT v.person_id) FROM prescriptions r JOIN visits v ON v.visit_id = r.visit_id "
+     "GROUP BY r.drug"),
+])
+def test_a_subquery_by_unit_and_key_regrouped_by_the_key_is_one_grouped_query(engine, base_url, written, grouped):
+    """Rows of (person, category) counted per category are the people per category; summing a per-(person,
+    category) count is the category's count, averaging it that over the people: the grouped query, rewritten and
+    bounded as that query is, with the names PostgreSQL gives the query as written."""
+    prepared, same = engine.prepare(written), engine.prepare(grouped)
+    assert [m.sensitivity for m in prepared.plan.measures] == [m.sensitivity for m in same.plan.measures]
+    with psycopg.connect(base_url) as conn:
+        names = [d.name for d in conn.execute(written).description]
+        assert sorted(conn.execute(written).fetchall()) == sorted(conn.execute(grouped).fetchall())
+        bounded = [sorted(conn.execute(p.rewritten.sql).fetchall()) for p in (prepared, same)]
+    assert bounded[0] == bounded[1]
+    assert [o.name for o in prepared.plan.outputs] == names
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT category, MAX(n) FROM (SELECT person_id, category, COUNT(*) AS n FROM visits GROUP BY 1, 2) t GROUP BY 1",
+    "SELECT category, AVG(s) FROM (SELECT person_id, category, SUM(amount) AS s FROM visits GROUP BY 1, 2) t "
+    "GROUP BY 1",  # over the people with an amount: a count of people dpsql does not bound
+    "SELECT COUNT(*) FROM (SELECT person_id, category FROM visits GROUP BY 1, 2) t",
+])
+def test_a_subquery_by_unit_and_key_is_refused_where_no_grouped_query_says_the_same(engine, sql):
+    with pytest.raises(errors.UnsupportedQuery, match="GROUP BY the privacy unit alone"):
+        engine.prepare(sql)

@@ -159,6 +159,8 @@ QUERIES = [
     "GROUP BY person_id) t GROUP BY 1",  # a unit's last week: the week of its last date
     "SELECT n, COUNT(*), SUM(s) FROM (SELECT person_id, COUNT(DISTINCT category) AS n, SUM(DISTINCT amount) AS s "
     "FROM visits GROUP BY person_id) t GROUP BY 1",  # at most 8 categories a unit: keys 0 to 8
+    "SELECT t.category, COUNT(*), SUM(t.n), AVG(t.n), SUM(t.s) FROM (SELECT person_id, category, COUNT(*) AS n, "
+    "SUM(amount) AS s FROM visits GROUP BY 1, 2) t GROUP BY t.category",  # regrouped by the key: one grouped query
     "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
     "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex",  # the unit's sex
     # a per-unit subquery joined to the unit's own row (and a public table joined to that row): joined inside it

@@ -51,6 +51,7 @@ from dpsql.sql.shape import (
 )
 from dpsql.sql.subquery_outputs import aggregate_expressions_outside
 from dpsql.sql.times import CLOCKS, fold_times
+from dpsql.sql.unit_key_groups import unit_key_groups_merged
 from dpsql.sql.unit_rows import unit_row_joined_inside
 
 Rule = Callable[[exp.Select, "Context"], exp.Select]
@@ -109,6 +110,7 @@ CHECKS: tuple[Rule, ...] = (
     _tree_only(refuse_unsafe),
     lambda tree, context: qualify_columns(tree, context.schema),
     lambda tree, context: unit_row_joined_inside(tree, context.schema),
+    lambda tree, context: unit_key_groups_merged(tree, context.schema),
     _tree_only(require_flat),
     _tree_only(drop_nulls_under_not_in),
 )
