@@ -425,4 +425,13 @@ QUERY_CLASSES = [
     QueryClass("the same beside an average (the weighed answer: each set of units aggregated apart)",
                query("SELECT line, COUNT(*), AVG(fare) FROM rides GROUP BY line", rows_per_unit="auto"), 1,
                delta=DELTA),
+    QueryClass("a sum of released counts (those shown as 0 read at their noisy value)",
+               query("SELECT SUM(n), AVG(n) FROM (SELECT kind, COUNT(*) AS n FROM trips WHERE fare > 28 "
+                     "GROUP BY kind) t"), 0),
+    QueryClass("the people beside a sum (the race over the units' totals)",
+               query("SELECT kind, SUM(fare), COUNT(DISTINCT person_id) FROM trips GROUP BY kind",
+                     rows_per_unit="auto"), 1),
+    QueryClass("a subquery by unit and key regrouped by the key (one grouped query)",
+               query("SELECT kind, COUNT(*), AVG(n) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips "
+                     "GROUP BY 1, 2) t GROUP BY kind"), 1),
 ]
