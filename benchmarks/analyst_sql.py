@@ -248,6 +248,20 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
                "AND 500"),
     ("answer", "SELECT amount > 100 AS big, COUNT(*) FROM visits GROUP BY 1"),
     ("answer", "SELECT diet, COUNT(*) FROM survey GROUP BY diet ORDER BY 2 DESC"),
+    # found by the 2026-11-27 batches
+    ("answer", "SELECT region, COUNT(*) FROM survey WHERE smoker GROUP BY region ORDER BY 2 DESC"),
+    ("answer", "SELECT region, COUNT(*) FILTER (WHERE smoker), AVG(CASE WHEN smoker THEN 1.0 ELSE 0.0 END) "
+               "FROM survey GROUP BY region"),
+    ("answer", "SELECT round(amount::numeric, -2) AS hundreds, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1"),
+    ("answer", "SELECT first_month, COUNT(*) FROM (SELECT person_id, MIN(date_trunc('month', day)) AS first_month "
+               "FROM visits GROUP BY person_id) t GROUP BY 1 ORDER BY 1"),
+    ("answer", "SELECT category, COUNT(*), AVG(n) FROM (SELECT person_id, category, COUNT(*) AS n FROM visits "
+               "GROUP BY person_id, category) t GROUP BY category"),
+    ("answer", "SELECT category, COUNT(*) FROM (SELECT DISTINCT person_id, category FROM visits) t GROUP BY 1"),
+    ("answer", "SELECT category, COUNT(*) AS visits, COUNT(DISTINCT person_id) AS patients, SUM(amount) AS revenue "
+               "FROM visits GROUP BY 1 ORDER BY revenue DESC"),
+    ("answer", "SELECT EXTRACT(MONTH FROM day) AS m, SUM(n) FROM (SELECT day, COUNT(*) AS n FROM visits "
+               "GROUP BY day) t GROUP BY 1 ORDER BY 1"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),
