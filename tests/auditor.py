@@ -431,6 +431,8 @@ QUERY_CLASSES = [
     QueryClass("the people beside a sum (the race over the units' totals)",
                query("SELECT kind, SUM(fare), COUNT(DISTINCT person_id) FROM trips GROUP BY kind",
                      rows_per_unit="auto"), 1),
+    QueryClass("the people who meet a condition (COUNT(DISTINCT unit) FILTER: 1 a group each)",
+               query("SELECT kind, COUNT(DISTINCT person_id) FILTER (WHERE fare > 10) FROM trips GROUP BY kind"), 1),
     QueryClass("a subquery by unit and key regrouped by the key (one grouped query)",
                query("SELECT kind, COUNT(*), AVG(n) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips "
                      "GROUP BY 1, 2) t GROUP BY kind"), 1),

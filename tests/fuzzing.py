@@ -390,6 +390,8 @@ DERIVED = [
     "SELECT t.note, COUNT(*), AVG(t.n), SUM(t.s) FROM (SELECT v.person_id, v.note, COUNT(*) AS n, SUM(v.amount) AS s "
     "FROM visits v WHERE v.amount > 10 GROUP BY 1, 2) t GROUP BY t.note",
     "SELECT v.category, SUM(v.amount), COUNT(DISTINCT v.person_id) FROM visits v GROUP BY 1",
+    "SELECT v.note, COUNT(DISTINCT v.person_id) FILTER (WHERE v.amount > 10), COUNT(DISTINCT CASE WHEN v.category "
+    "= 'a' THEN v.person_id END) FROM visits v GROUP BY 1",
     # a calendar and a list of keys joined to a table: the table filtered to the list, every listed key released
     "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-03-31', "
     "INTERVAL '1 week') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",

@@ -159,6 +159,10 @@ QUERIES = [
     "GROUP BY person_id) t GROUP BY 1",  # a unit's last week: the week of its last date
     "SELECT n, COUNT(*), SUM(s) FROM (SELECT person_id, COUNT(DISTINCT category) AS n, SUM(DISTINCT amount) AS s "
     "FROM visits GROUP BY person_id) t GROUP BY 1",  # at most 8 categories a unit: keys 0 to 8
+    "SELECT category, COUNT(DISTINCT person_id) FILTER (WHERE amount > 100), COUNT(DISTINCT CASE WHEN day < "
+    "'2024-07-01' THEN person_id END) FROM visits GROUP BY 1",  # people who meet a condition: 1 a group each
+    "SELECT CAST(day AS text) AS d, COUNT(DISTINCT person_id) FILTER (WHERE amount > 10) FROM visits GROUP BY 1",
+    "SELECT COUNT(DISTINCT person_id) FILTER (WHERE category = 'lab'), COUNT(DISTINCT person_id) FROM visits",
     "SELECT t.category, COUNT(*), SUM(t.n), AVG(t.n), SUM(t.s) FROM (SELECT person_id, category, COUNT(*) AS n, "
     "SUM(amount) AS s FROM visits GROUP BY 1, 2) t GROUP BY t.category",  # regrouped by the key: one grouped query
     "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "

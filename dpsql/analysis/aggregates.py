@@ -219,6 +219,14 @@ def _bounded(scope: Scope, arg: exp.Expression, what: str) -> Bounded:
     return Bounded(to_sql(arg), value_range, value)
 
 
+def _units_or_null(scope: Scope, expr: exp.Expression | None) -> bool:
+    """Whether `expr` is a unit's own column or NULL: CASE WHEN c THEN <the unit column> END."""
+    if not isinstance(expr, exp.Case) or expr.this is not None or len(expr.args.get("ifs") or []) != 1:
+        return False
+    default, then = expr.args.get("default"), expr.args["ifs"][0].args.get("true")
+    return (default is None or isinstance(default, exp.Null)) and isinstance(then, exp.Column) and scope.is_unit(then)
+
+
 def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expression | None,
              row_range: Range) -> Measure:
     k, groups = scope.rows_per_unit, scope.max_groups
@@ -228,8 +236,11 @@ def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expressio
     if per_group == 0:  # no mechanism is calibrated to sensitivity 0, and the value needs no data
         raise UnsupportedQuery(f"{label} is the same on every database: given the declared bounds every row "
                                f"contributes {row_range.lo:g}", "aggregate an expression that varies")
-    # a unit counts once in each group it reaches, however its rows are bounded
+    # a unit counts once in each group it reaches, however its rows are bounded; so does a count of the distinct
+    # units that meet a condition (COUNT(DISTINCT person_id) FILTER (WHERE ...)), where that is less than its k
     steps, spread = scope.steps, groups if kind == "units" and scope.stability is None else scope.spread(groups)
+    if kind == "distinct" and scope.stability is None and _units_or_null(scope, expr) and groups < spread * k:
+        unit_range, spread, per_group = (0.0, 1.0), groups, 1.0
     if scope.total_cap is not None and kind == "sum":  # the rewrite scales a unit's totals down to the cap
         if row_range.lo < 0:
             raise ValueError(f"{label}: a unit's total is bounded only for sums of non-negative values")
