@@ -58,7 +58,7 @@ REFUSED = [
     ("SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(3, 1)) > 0", "could overflow"),
     ("SELECT COUNT(*) FROM visits WHERE EXTRACT(HOUR FROM day) = 1", "needs a timestamp"),
     ("SELECT COUNT(*) FROM people WHERE width_bucket(score, 0, 10, 2147483647) = 1", "bucket count"),
-    ("SELECT SUM(round(income, 100000)) FROM people", "number of digits"),
+    ("SELECT SUM(round(income::numeric, 100000)) FROM people", "number of digits"),
     ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state ~ '(a'", "has an unmatched"),
     ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state SIMILAR TO '(a%'", "has an unmatched"),
     ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state ~* '[[:alpha:]]'", "POSIX classes"),
