@@ -34,6 +34,7 @@ from dpsql.schema import Column, PrivacySchema, Table
 from dpsql.schema.model import LocalRandomizer
 from dpsql.sql import CheckedQuery, to_sql
 from dpsql.sql.dialect import Statement
+from dpsql.sql.query import value_asked
 
 Z95 = 1.959963984540054
 LOCAL_INTERVALS = ("the intervals cover the randomization of the reports (each device randomized its own value; a "
@@ -200,15 +201,8 @@ def _indicator(argument: exp.Expression, column: Column, aggregate: exp.Expressi
 
 def _value_of(condition: exp.Expression, column: Column) -> bool | None:
     """The value a condition asks of the local column: `col`, `NOT col`, `col = true`, `col IS false`."""
-    condition = condition.unnest()
-    if _names(condition, column):
-        return True
-    if isinstance(condition, exp.Not) and _names(condition.this, column):
-        return False
-    if isinstance(condition, exp.EQ | exp.Is) and _names(condition.this, column) \
-            and isinstance(condition.expression, exp.Boolean):
-        return bool(condition.expression.this)
-    return None
+    asked = value_asked(condition, {column.name})
+    return bool(asked[1].this) if asked is not None and isinstance(asked[1], exp.Boolean) else None
 
 
 def _names(node: exp.Expression, column: Column) -> bool:

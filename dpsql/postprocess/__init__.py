@@ -24,6 +24,7 @@ from dpsql.mechanisms import noise_first
 from dpsql.noise import Calibration, NoisyGroup
 from dpsql.postprocess.accuracy import (
     Accuracy,
+    Simulated,
     accuracy_of,
     draw_unit_noise,
     exact_interval,
@@ -113,7 +114,8 @@ def _noise_first(groups: list[NoisyGroup], calibration: Calibration) -> list[Noi
                     interval_factor={name: factors[name][i] for name in measures}) for i, g in enumerate(groups)]
 
 
-def _with_unclamped(accuracy: Any, expr: Any, plan: Plan, group: NoisyGroup) -> Any:
+def _with_unclamped(accuracy: Accuracy | Simulated | None, expr: exp.Expression, plan: Plan,
+                    group: NoisyGroup) -> Accuracy | Simulated | None:
     """A bare count's accuracy, with its noisy value where the clamp at 0 hid it (`Accuracy.unclamped`)."""
     agg = plan.aggregate.get(expr.name) if isinstance(expr, exp.Column) else None
     if not isinstance(accuracy, Accuracy) or agg is None or agg.kind not in COUNTS or agg.chosen:

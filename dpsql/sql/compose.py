@@ -26,7 +26,7 @@ from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement
-from dpsql.sql.query import AGGREGATES, limit_clause, operands, output_name, to_sql
+from dpsql.sql.query import AGGREGATES, limit_clause, operands, output_name, to_sql, value_asked
 from dpsql.sql.shape import count_of_distinct_rows, distinct_as_group_by, fetch_as_limit, inline_ctes
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
@@ -345,14 +345,14 @@ def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composi
     declared = schema.tables.get(table.name)
     local = {name for name, column in declared.columns.items() if column.local is not None} if declared else set()
     conditions = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
-    asked = [(i, _value_asked(c, local)) for i, c in enumerate(conditions)
+    asked = [(i, value_asked(c, local)) for i, c in enumerate(conditions)
              if any(column.name in local for column in c.find_all(exp.Column))]
     if len(asked) != 1 or asked[0][1] is None or any(k.name in local for k in keys):
         return None
     at, (column, value) = asked[0]
     rest = [c for i, c in enumerate(conditions) if i != at]
     names = [output_name(e) for e in tree.expressions]
-    order = _order_over_outputs(tree, names)
+    order = _order_over_outputs(tree, names, aliases)
     if order is None:
         return None
     inner = exp.select(exp.column(column),
@@ -374,19 +374,14 @@ def _selected_key(value: exp.Expression, keys: list[exp.Expression]) -> bool:
     return isinstance(value, exp.Column) and any(value.name == k.name and value.table == k.table for k in keys)
 
 
-def _order_over_outputs(tree: exp.Select, names: list[str]) -> list[exp.Ordered] | None:
+def _order_over_outputs(tree: exp.Select, names: list[str],
+                        aliases: dict[str, exp.Expression]) -> list[exp.Ordered] | None:
     """The statement's ORDER BY over its outputs' names (a position, a name, or an output's own expression), or
     None where a term is none of these."""
     spelled = {to_sql(e.unalias()): n for e, n in zip(tree.expressions, names, strict=True)}
     order = []
     for ordered in tree.args["order"].expressions if tree.args.get("order") else []:
-        term = ordered.this
-        if isinstance(term, exp.Literal) and term.is_int and 1 <= int(term.this) <= len(names):
-            name = names[int(term.this) - 1]
-        elif isinstance(term, exp.Column) and not term.table and term.name in names:
-            name = term.name
-        else:
-            name = spelled.get(to_sql(term))
+        name = spelled.get(to_sql(_resolved(ordered.this, aliases, tree.expressions)))
         if name is None:
             return None
         order.append(exp.Ordered(this=exp.column(name), desc=ordered.args.get("desc"),
@@ -396,25 +391,6 @@ def _order_over_outputs(tree: exp.Select, names: list[str]) -> list[exp.Ordered]
 
 def _counts_rows(value: exp.Expression) -> bool:
     return isinstance(value, exp.Count) and isinstance(value.this, exp.Star) and not value.args.get("filter")
-
-
-def _value_asked(condition: exp.Expression, local: set[str]) -> tuple[str, exp.Expression] | None:
-    """(column, value) where `condition` asks a local column for one value: `c`, `NOT c`, `c IS TRUE`,
-    `c = v` or `v = c` with v a literal."""
-    if isinstance(condition, exp.Paren):
-        return _value_asked(condition.this, local)
-    if isinstance(condition, exp.Column) and condition.name in local:
-        return condition.name, exp.true()
-    if isinstance(condition, exp.Not) and isinstance(condition.this, exp.Column) and condition.this.name in local:
-        return condition.this.name, exp.false()
-    if isinstance(condition, exp.Is) and isinstance(condition.this, exp.Column) and isinstance(
-            condition.expression, exp.Boolean) and condition.this.name in local:
-        return condition.this.name, condition.expression.copy()
-    if isinstance(condition, exp.EQ):
-        for column, value in ((condition.this, condition.expression), (condition.expression, condition.this)):
-            if isinstance(column, exp.Column) and column.name in local and isinstance(value, exp.Literal | exp.Boolean):
-                return column.name, value.copy()
-    return None
 
 
 SCALAR = "dpsql_scalar_"

@@ -82,6 +82,25 @@ def replace_keeping_precedence(node: exp.Expression, value: exp.Expression) -> N
     node.replace(exp.Paren(this=value) if operand else value)
 
 
+def value_asked(condition: exp.Expression, local: set[str]) -> tuple[str, exp.Expression] | None:
+    """(column, value) where `condition` asks a local column for one value: `c`, `NOT c`, `c IS TRUE`,
+    `c = v` or `v = c` with v a literal."""
+    if isinstance(condition, exp.Paren):
+        return value_asked(condition.this, local)
+    if isinstance(condition, exp.Column) and condition.name in local:
+        return condition.name, exp.true()
+    if isinstance(condition, exp.Not) and isinstance(condition.this, exp.Column) and condition.this.name in local:
+        return condition.this.name, exp.false()
+    if isinstance(condition, exp.Is) and isinstance(condition.this, exp.Column) and isinstance(
+            condition.expression, exp.Boolean) and condition.this.name in local:
+        return condition.this.name, condition.expression.copy()
+    if isinstance(condition, exp.EQ):
+        for column, value in ((condition.this, condition.expression), (condition.expression, condition.this)):
+            if isinstance(column, exp.Column) and column.name in local and isinstance(value, exp.Literal | exp.Boolean):
+                return column.name, value.copy()
+    return None
+
+
 def output_name(node: exp.Expression) -> str:
     """The column name PostgreSQL gives a select item."""
     if isinstance(node, exp.Alias):
