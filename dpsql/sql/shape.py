@@ -390,9 +390,10 @@ def having_of_source_as_where(tree: exp.Select) -> exp.Select:
 
 
 def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
-    """A subquery in WHERE that reads a table under a name the outer query uses too (`FROM visits WHERE person_id IN
-    (SELECT person_id FROM visits WHERE ...)`) reads it under a name of its own: inside the subquery that name means
-    the subquery's table (PostgreSQL's scoping), and the analysis reads one table per name."""
+    """A subquery in WHERE that reads a table under a name the outer query or an earlier subquery uses too (`FROM
+    visits WHERE person_id IN (SELECT person_id FROM visits WHERE ...)`, two `EXISTS (SELECT 1 FROM visits v ...)`)
+    reads it under a name of its own: inside the subquery that name means the subquery's table (PostgreSQL's
+    scoping), and the analysis reads one table per name."""
     outer = {source.alias_or_name for source in tables_read(tree)}
     taken = {t.alias_or_name for t in tree.find_all(exp.Table)}
     for select in semijoin_selects(tree):
@@ -406,6 +407,7 @@ def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
                 if column.table == old and _binding_select(column, old) is select:
                     column.set("table", exp.to_identifier(new))
             source.set("alias", exp.TableAlias(this=exp.to_identifier(new)))
+        outer |= {source.alias_or_name for source in tables_read(select)}
     return tree
 
 
