@@ -297,6 +297,8 @@ def _predicate(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
         unit and f"EXISTS (SELECT 1 FROM visits w WHERE w.person_id = {unit} AND w.amount > 500)",
         unit and f"{unit} NOT IN (SELECT w.person_id FROM visits w WHERE w.amount > 999)",
         unit and f"{unit} IN (SELECT w.person_id FROM visits w WHERE w.category = 'lab')",
+        unit and f"EXISTS (SELECT 1 FROM visits w WHERE w.person_id = {unit} AND w.category = 'lab') AND NOT EXISTS "
+                 f"(SELECT 1 FROM visits w WHERE w.person_id = {unit} AND w.amount > 999)",  # one name, two scopes
         "v" in aliases and "NOT EXISTS (SELECT 1 FROM prescriptions q WHERE q.visit_id = v.visit_id AND q.cost > 100)",
         "p" in aliases and "p.state IN (SELECT code FROM states WHERE region = 'West')",
         "p" in aliases and "p.state NOT IN (SELECT code FROM states WHERE region = 'Nowhere')",
@@ -392,6 +394,11 @@ DERIVED = [
     "SELECT v.category, SUM(v.amount), COUNT(DISTINCT v.person_id) FROM visits v GROUP BY 1",
     "SELECT v.note, COUNT(DISTINCT v.person_id) FILTER (WHERE v.amount > 10), COUNT(DISTINCT CASE WHEN v.category "
     "= 'a' THEN v.person_id END) FROM visits v GROUP BY 1",
+    # sets of people combined by INTERSECT, EXCEPT and UNION (a subquery by person with HAVING, or semijoins)
+    "SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE amount > 10 INTERSECT SELECT w.person_id FROM visits w "
+    "WHERE w.category = 'a' EXCEPT SELECT person_id FROM visits WHERE note = 'x') t",
+    "SELECT p.sex, COUNT(*), SUM(p.income) FROM people p WHERE p.person_id IN (SELECT person_id FROM visits WHERE "
+    "amount > 100 UNION SELECT person_id FROM visits WHERE category = 'a') GROUP BY p.sex",
     # a calendar and a list of keys joined to a table: the table filtered to the list, every listed key released
     "SELECT d::date, COUNT(v.visit_id), SUM(v.amount) FROM generate_series(DATE '2024-01-01', DATE '2024-03-31', "
     "INTERVAL '1 week') d LEFT JOIN visits v ON v.day = d::date GROUP BY 1",

@@ -1602,3 +1602,73 @@ def test_a_subquery_by_unit_and_key_regrouped_by_the_key_is_one_grouped_query(en
 def test_a_subquery_by_unit_and_key_is_refused_where_no_grouped_query_says_the_same(engine, sql):
     with pytest.raises(errors.UnsupportedQuery, match="GROUP BY the privacy unit alone"):
         engine.prepare(sql)
+
+
+RETAINED = ("SELECT person_id FROM visits GROUP BY person_id HAVING COUNT(*) FILTER (WHERE EXTRACT(MONTH FROM day) = 1) "
+            "> 0 AND {} COUNT(*) FILTER (WHERE EXTRACT(MONTH FROM day) = 12) > 0")
+
+
+@pytest.mark.parametrize("written,same", [
+    ("SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 1 INTERSECT "
+     "SELECT v.person_id FROM visits v WHERE EXTRACT(MONTH FROM v.day) = 12) t",
+     f"SELECT COUNT(*) FROM ({RETAINED.format('')}) t"),
+    ("SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 1 EXCEPT "
+     "SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 12) t",
+     f"SELECT COUNT(*) FROM ({RETAINED.format('NOT')}) t"),
+    ("SELECT p.sex, COUNT(*) FROM people p JOIN ((SELECT person_id FROM visits WHERE category = 'lab' UNION "
+     "SELECT person_id FROM visits WHERE category = 'dental') EXCEPT SELECT person_id FROM visits WHERE amount > 900) "
+     "t ON t.person_id = p.person_id GROUP BY p.sex",
+     "SELECT p.sex, COUNT(*) FROM people p JOIN (SELECT person_id FROM visits GROUP BY person_id HAVING "
+     "(COUNT(*) FILTER (WHERE category = 'lab') > 0 OR COUNT(*) FILTER (WHERE category = 'dental') > 0) AND NOT "
+     "COUNT(*) FILTER (WHERE amount > 900) > 0) t ON t.person_id = p.person_id GROUP BY p.sex"),
+    ("SELECT sex, COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits WHERE category = 'lab' "
+     "INTERSECT SELECT person_id FROM screenings EXCEPT (SELECT person_id FROM visits WHERE category = 'dental' "
+     "UNION SELECT person_id FROM visits WHERE amount > 900)) GROUP BY sex",
+     "SELECT sex, COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits WHERE category = 'lab') "
+     "AND person_id IN (SELECT person_id FROM screenings) AND person_id NOT IN (SELECT person_id FROM visits "
+     "WHERE category = 'dental' OR amount > 900) GROUP BY sex"),
+    ("SELECT COUNT(*) FROM (SELECT person_id FROM visits INTERSECT SELECT person_id FROM screenings) t",
+     "SELECT COUNT(*) FROM (SELECT person_id FROM people WHERE person_id IN (SELECT person_id FROM visits) "
+     "AND person_id IN (SELECT person_id FROM screenings)) t"),
+])
+def test_sets_of_people_combined_are_the_query_that_counts_them(engine, base_url, written, same):
+    """The people in two sets (INTERSECT), in one but not the other (EXCEPT) or in either (UNION), each a SELECT of
+    the unit's column from one table: a subquery grouped by the person whose HAVING tests their rows, or
+    semijoins; PostgreSQL's answer, bounded as that query is."""
+    prepared, spelled = engine.prepare(written), engine.prepare(same)
+    assert [m.sensitivity for m in prepared.plan.measures] == [m.sensitivity for m in spelled.plan.measures]
+    with psycopg.connect(base_url) as conn:
+        exact = sorted(conn.execute(written).fetchall())
+        assert exact == sorted(conn.execute(same).fetchall()) and exact[0][-1] > 0
+        assert sorted(conn.execute(prepared.rewritten.sql).fetchall()) == sorted(
+            conn.execute(spelled.rewritten.sql).fetchall())
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE category = 'lab' UNION ALL SELECT person_id FROM "
+    "visits WHERE category = 'dental') t",  # rows, not people
+    "SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM visits "
+    "WHERE amount > 100) t",  # not a set of people
+    "SELECT COUNT(*) FROM (SELECT visit_id FROM visits INTERSECT SELECT visit_id FROM prescriptions) t",
+    "SELECT COUNT(*) FROM (SELECT person_id FROM visits UNION SELECT person_id FROM screenings) t",
+])
+def test_sets_that_are_not_sets_of_people_are_refused_with_the_form_that_is_answered(engine, sql):
+    with pytest.raises(errors.UnsupportedQuery, match="sets of people are answered where each SELECT picks"):
+        engine.prepare(sql)
+
+
+def test_a_set_operation_as_the_whole_statement_is_refused_with_its_count_as_the_hint(engine):
+    with pytest.raises(errors.UnsupportedQuery, match="count them instead: SELECT COUNT") as refused:
+        engine.prepare("SELECT person_id FROM visits INTERSECT SELECT person_id FROM screenings")
+    assert "INTERSECT is not supported as a whole statement" in str(refused.value)
+
+
+def test_two_subqueries_may_give_their_tables_the_same_name(engine, base_url):
+    """Each EXISTS is a scope of its own in PostgreSQL: both may call visits v (the second is read as v_2)."""
+    sql = ("SELECT p.sex, COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
+           "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id AND "
+           "v.category = 'dental') GROUP BY p.sex")
+    prepared = engine.prepare(sql)
+    with psycopg.connect(base_url) as conn:  # the bounded statement gives the keys, the counts, and units over bounds
+        bounded = sorted(row[:2] for row in conn.execute(prepared.rewritten.sql))
+        assert bounded == sorted(conn.execute(sql).fetchall())

@@ -132,6 +132,18 @@ QUERIES = [
     "WHERE cost > 100)",
     "SELECT COUNT(*) FROM prescriptions r1 WHERE EXISTS (SELECT 1 FROM prescriptions r2 "
     "WHERE r2.visit_id = r1.visit_id AND r2.drug <> r1.drug)",
+    # sets of people combined: one table (a subquery by person with HAVING), under IN, and of different tables
+    "SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 1 INTERSECT "
+    "SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 12 EXCEPT SELECT person_id FROM visits "
+    "WHERE amount > 900) t",
+    "SELECT sex, COUNT(*), SUM(income) FROM people WHERE person_id IN (SELECT person_id FROM visits WHERE "
+    "category = 'lab' EXCEPT SELECT person_id FROM screenings) GROUP BY sex",
+    "SELECT p.sex, COUNT(*) FROM people p JOIN (SELECT person_id FROM screenings INTERSECT SELECT person_id "
+    "FROM visits) t ON t.person_id = p.person_id GROUP BY p.sex",
+    # two subqueries that each name their table v (the second is read as v_2)
+    "SELECT sex, COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
+    "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
+    "AND v.category = 'dental') GROUP BY sex",
     "SELECT sex, COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
     "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits w JOIN prescriptions r ON r.visit_id = w.visit_id "
     "WHERE w.person_id = p.person_id) GROUP BY sex",

@@ -53,6 +53,7 @@ from dpsql.sql.subquery_outputs import aggregate_expressions_outside
 from dpsql.sql.times import CLOCKS, fold_times
 from dpsql.sql.unit_key_groups import unit_key_groups_merged
 from dpsql.sql.unit_rows import unit_row_joined_inside
+from dpsql.sql.unit_sets import unit_sets_as_groups
 
 Rule = Callable[[exp.Select, "Context"], exp.Select]
 
@@ -75,7 +76,8 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
 # shape removes (ANY, FILTER, a list of keys joined from VALUES or generate_series, concat(), date(x), ~* and
-# SIMILAR TO, approx_count_distinct(), a WITH query read twice or in a chain, a correlated or joined cohort, a count
+# SIMILAR TO, approx_count_distinct(), a WITH query read twice or in a chain, sets of units combined by INTERSECT,
+# EXCEPT or UNION, a correlated or joined cohort, a count
 # of a subquery's distinct rows, an output computed from a subquery's aggregates, a projection over a grouped
 # subquery, percentile arrays, DISTINCT); each shape only
 # rewrites into constructs the allowlist and the analysis then judge, never past them.
@@ -93,6 +95,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(approx_distinct_as_count),
     _tree_only(regressions_as_moments),
     _tree_only(inline_ctes),
+    lambda tree, context: unit_sets_as_groups(tree, context.schema),
     _tree_only(shadowing_names_renamed),
     _tree_only(correlated_cohorts_as_in),
     _tree_only(cohort_joins_as_in),

@@ -25,7 +25,7 @@ from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
-from dpsql.sql.parse import parse_statement
+from dpsql.sql.parse import parse_statement, set_operation_refused
 from dpsql.sql.query import AGGREGATES, limit_clause, operands, output_name, to_sql, value_asked
 from dpsql.sql.shape import count_of_distinct_rows, distinct_as_group_by, fetch_as_limit, inline_ctes
 
@@ -571,9 +571,7 @@ def _may_compose(sql: str) -> bool:
 
 def _set_operation(tree: exp.SetOperation) -> Composition:
     if not isinstance(tree, exp.Union):
-        raise UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported",
-                               "UNION [ALL] of SELECTs is answered as a whole statement; INTERSECT and EXCEPT "
-                               "are not: run each SELECT separately")
+        raise set_operation_refused(tree)
     branches = _branches(tree)
     if len(branches) > MAX_PARTS:
         raise UnsupportedQuery(f"a UNION of {len(branches)} SELECTs is more than the {MAX_PARTS} dpsql answers",

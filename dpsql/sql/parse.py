@@ -18,10 +18,17 @@ def parse_select(sql: str) -> exp.Select:
     """The one SELECT statement of `sql`."""
     tree = parse_statement(sql)
     if isinstance(tree, exp.SetOperation):
-        raise UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported",
-                               "UNION [ALL] of SELECTs is answered as a whole statement; INTERSECT and EXCEPT "
-                               "are not: run each SELECT separately")
+        raise set_operation_refused(tree)
     return tree
+
+
+def set_operation_refused(tree: exp.SetOperation) -> UnsupportedQuery:
+    """The refusal of a whole statement that is a set operation dpsql does not compose (INTERSECT, EXCEPT)."""
+    return UnsupportedQuery(f"{type(tree).__name__.upper()} is not supported as a whole statement: it would release "
+                            "the rows it selects",
+                            "count them instead: SELECT COUNT(*) FROM (<the same statement>) s, where each SELECT "
+                            "picks the privacy unit's column of one table (a set of people); UNION [ALL] of "
+                            "aggregate SELECTs is answered as a whole statement")
 
 
 def parse_statement(sql: str) -> exp.Select | exp.SetOperation:

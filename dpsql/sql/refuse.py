@@ -35,6 +35,10 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
 
 # what to write instead of functions BI tools send
 LIST_VALUES = "list the values instead: SELECT DISTINCT c FROM t (its declared domain, or the values many units hold)"
+UNIT_SETS = ("sets of people are answered where each SELECT picks the privacy unit's column of one table, "
+             "counted: SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a INTERSECT SELECT <unit column> FROM t "
+             "WHERE b) s, or WHERE <unit column> IN (... EXCEPT ...); UNION ALL of whole aggregate SELECTs is "
+             "answered as one statement")
 INSTEAD = {
     exp.LogicalOr: "bool_or(x) is answered as an output column (SELECT k, bool_or(x) FROM t GROUP BY k); elsewhere "
                    "count the rows instead: HAVING COUNT(*) FILTER (WHERE x) > 0",
@@ -55,6 +59,9 @@ INSTEAD = {
                "noise)",
     exp.Trunc: "bin with floor or round instead: floor(x / 100) * 100 (toward minus infinity), or round(x::numeric, "
                "-2) (to the nearest hundred)",
+    exp.Intersect: UNIT_SETS,
+    exp.Except: UNIT_SETS,
+    exp.Union: UNIT_SETS,
     exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
                      "adds error to the noise",
 }
