@@ -17,7 +17,7 @@ from dpsql.sql.query import DIALECT, to_sql
 
 def qualify_columns(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
     """`tree` over declared tables only, its columns qualified, its mergeable subqueries merged."""
-    _check_tables(tree, schema)
+    check_tables(tree, schema)
     try:
         tree = qualify(tree, schema=schema.sqlglot_schema(), dialect=DIALECT, validate_qualify_columns=True,
                        quote_identifiers=False)
@@ -91,7 +91,8 @@ def _column_message(sqlglot_message: str) -> str:
 
 
 
-def _check_tables(tree: exp.Select, schema: PrivacySchema) -> None:
+def check_tables(tree: exp.Select, schema: PrivacySchema) -> None:
+    """Every table `tree` reads is declared (or one of its WITH queries), as PostgreSQL would say."""
     cte_names = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
         name = table.name.lower()

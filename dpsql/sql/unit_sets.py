@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
+from dpsql.sql.qualify import check_tables
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,11 @@ class _Branch:
 def unit_sets_as_groups(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
     """`tree` with each set operation of sets of units (in FROM or WITH, or under IN) spelled as a per-unit
     subquery or as semijoins."""
-    if schema.row_level:
+    operations = list(tree.find_all(exp.Intersect, exp.Except, exp.Union))
+    if schema.row_level or not operations:
         return tree
-    for operation in list(tree.find_all(exp.Intersect, exp.Except, exp.Union)):
+    check_tables(tree, schema)  # a branch of an undeclared table: PostgreSQL's error, not a refusal of the operation
+    for operation in operations:
         holder = operation.parent
         if operation.root() is not tree or not _distinct(operation):
             continue  # inside an operation replaced already, or a multiset
