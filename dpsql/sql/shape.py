@@ -401,7 +401,7 @@ def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
             old = source.alias_or_name
             if old not in outer:
                 continue
-            new = next(f"{source.name}_{i}" for i in range(2, len(taken) + 3) if f"{source.name}_{i}" not in taken)
+            new = next(f"{old}_{i}" for i in range(2, len(taken) + 3) if f"{old}_{i}" not in taken)
             taken.add(new)
             for column in list(select.find_all(exp.Column)):
                 if column.table == old and _binding_select(column, old) is select:
