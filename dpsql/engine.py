@@ -21,7 +21,7 @@ from dataclasses import astuple, replace
 from typing import Any
 
 from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
-from dpsql.analysis import COUNTS, Plan, analyze
+from dpsql.analysis import COUNTS, SQUARED, Plan, analyze
 from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
@@ -370,7 +370,7 @@ class Engine:
         sums = [a for a in plan.aggregates if a.kind not in COUNTS]  # COUNT(*), COUNT(x) and COUNT(DISTINCT
         # unit) beside: rows raced too
         if not raceable(plan, options) or not sums or not all(
-                a.kind in ("sum", "avg") and a.arg_range is not None and a.arg_range.lo >= 0 for a in sums):
+                a.kind in ("sum", "avg", *SQUARED) and a.arg_range is not None and a.arg_range.lo >= 0 for a in sums):
             return None
         totals = self._remembered(query, ("totals", options.min_frequency), lambda: analyze(
             query, self.schema, self._unique, self.settings.max_groups_per_unit, options.min_frequency,
@@ -438,7 +438,10 @@ class Engine:
         over the cap of 100), and there the declared plan's counts per category came back 7.5-8.7% low."""
         epsilon = prepared.calibration.epsilon - spent
         rows = total = None  # at a race's cap, its declared bound
-        if bound < prepared.race.taus[-1] or margin_reached_cap:
+        # a variance's plain sums at the cap would be noisier than its declared plan's sums centred on the range's
+        # midpoint (an age's variance: sums of squares up to 100², against 50² centred)
+        squares = prepared.race_totals and any(a.kind in SQUARED for a in prepared.plan.aggregates)
+        if bound < prepared.race.taus[-1] or margin_reached_cap and not squares:
             total, rows = (bound, None) if prepared.race_totals else (None, bound)
         if rows_bound is not None and (rows_bound < prepared.rows_race.taus[-1] or margin_reached_cap):
             rows = rows_bound  # the counts beside a sum whose totals are bounded: their own race's rows per unit

@@ -35,6 +35,8 @@ QUESTIONS = {
                         "GROUP BY person_id) t",
     "visits per drug": "SELECT drug, COUNT(DISTINCT visit_id) FROM prescriptions GROUP BY drug",
     "AVG(income) by sex": "SELECT sex, AVG(income) FROM people GROUP BY sex",  # the demo's first question
+    "stddev(amount)": "SELECT stddev(amount) FROM visits",
+    "stddev(amount) by category": "SELECT category, stddev(amount) FROM visits GROUP BY category",
 }
 SMALL = 500  # cells with fewer exact rows are left out of the worst cell (their noise dominates)
 _analysts = itertools.count()

@@ -436,4 +436,9 @@ QUERY_CLASSES = [
     QueryClass("a subquery by unit and key regrouped by the key (one grouped query)",
                query("SELECT kind, COUNT(*), AVG(n) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips "
                      "GROUP BY 1, 2) t GROUP BY kind"), 1),
+    QueryClass("a standard deviation (the race over the units' totals of squares)",
+               query("SELECT stddev(fare), AVG(fare) FROM trips", rows_per_unit="auto"), 0),
+    QueryClass("people in two sets (INTERSECT of the unit's column: a subquery by unit with HAVING)",
+               query("SELECT COUNT(*) FROM (SELECT person_id FROM trips WHERE fare > 20 INTERSECT SELECT person_id "
+                     "FROM trips WHERE kind = 'bus') t"), 0),
 ]

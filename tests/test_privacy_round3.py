@@ -714,3 +714,59 @@ def test_rows_per_unit_auto_answers_within_the_charge_and_says_how(engine, analy
     again = engine.query(sql, analyst=analyst, epsilon=1.0, options=auto)
     assert not first.cached and again.cached and again.rows == first.rows
     assert engine.budget(analyst).epsilon_basic == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("sql", ["SELECT stddev(amount) FROM visits",
+                                 "SELECT category, AVG(amount), variance(amount) FROM visits GROUP BY category",
+                                 "SELECT var_pop(amount), COUNT(*) FROM visits WHERE category <> 'lab'",
+                                 # private keys: partition selection beside the weighed sums
+                                 "SELECT CAST(day AS text) AS d, stddev_pop(amount) FROM visits GROUP BY 1"])
+def test_a_variance_raced_over_its_units_totals_of_squares_moves_within_its_sensitivities(
+        engine, base_url, neighbour_url, sql):
+    """A variance or standard deviation under the race is a count and the plain sums of x and x²: the race bounds
+    each unit's total of x² (the bound B), the unit's sums are scaled down together until that total is at most
+    B, so its sum of x moves by at most sqrt(k·B) (k its rows; Cauchy-Schwarz). What the race reads moves by at
+    most τ; the neighbour's extreme person (5,000 visits at the top of every range) moves each measure of the
+    answer within the sensitivity it is calibrated to."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    cap = prepared.plan.rows_per_unit * 1000 ** 2  # the declared rows times the largest value's square
+    assert prepared.race_totals and prepared.race.taus[-1] == cap and prepared.race.margin == 64
+    values = {}
+    for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+        with psycopg.connect(url) as conn:
+            values[side] = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
+    taus = prepared.race.taus + (prepared.rows_race.taus if prepared.rows_race is not None else ())
+    assert all(abs(a - b) <= tau * (1 + 1e-9) for a, b, tau in zip(values["base"], values["neighbour"], taus,
+                                                                     strict=True))
+    for bound, rows in ((1, 2), (4096, 2), (10**6, 8), (10**6, None)):
+        bounded = engine._bounded_at(prepared, bound, 0.0, rows if prepared.rows_race is not None else None)
+        plan = bounded.plan
+        squares = plan.bounded_sum
+        (plain,) = [m for m in plan.measures if m.kind == "sum" and m is not squares]
+        assert squares.squares_of == plain.name and plan.unit_total == bound and squares.sensitivity == bound
+        assert plain.sensitivity == pytest.approx(min(plan.rows_per_unit * 1000, math.sqrt(plan.rows_per_unit * bound)))
+        keys = len(plan.group_keys)
+        answers = {}
+        for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+            with psycopg.connect(url) as conn:
+                answers[side] = {tuple(r[:keys]): r[keys:] for r in conn.execute(bounded.rewritten.sql).fetchall()}
+        zero = [0] * (len(plan.measures) + 1)
+        groups = set(answers["base"]) | set(answers["neighbour"])
+        for i, measure in enumerate(plan.measures):
+            moved = sum(abs(float(answers["base"].get(k, zero)[i] or 0) - float(answers["neighbour"].get(k, zero)[i]
+                                                                               or 0)) for k in groups)
+            assert moved <= measure.sensitivity * (1 + 1e-9), (sql, bound, measure.label, moved)
+
+
+def test_a_variance_whose_race_reaches_the_cap_keeps_its_declared_plan(engine):
+    """At the cap, a variance's plain sums would be noisier than its declared sums centred on the range's midpoint:
+    the declared plan stands, whether or not the race resolved the data."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare("SELECT category, variance(amount) FROM visits GROUP BY 1",
+                              options=Options(rows_per_unit="auto"))
+    assert prepared.race_totals
+    assert engine._bounded_at(prepared, prepared.race.taus[-1], 0.0, None, None, True).plan is prepared.plan
+    assert engine._bounded_at(prepared, 4096).plan.unit_total == 4096

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from dpsql.analysis import aggregates, derived, groups, local_columns, outputs, relations, top_k, units
+from dpsql.analysis.kinds import SQUARED
 from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Histogram, Measure, Output, Plan, TopK
 from dpsql.analysis.scope import Scope
 from dpsql.schema import PrivacySchema
@@ -84,5 +85,5 @@ def _plan(scope: Scope) -> Plan:
         public_keys=dict(scope.public_keys))
 
 
-__all__ = ["COUNTS", "PASSES", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",
+__all__ = ["COUNTS", "PASSES", "SQUARED", "Aggregate", "GroupKey", "Histogram", "Measure", "Output", "Plan", "TopK",
            "analyze"]

@@ -34,7 +34,7 @@ from sqlglot import exp
 from dpsql.analysis import quantiles
 from dpsql.analysis.clamps import clamp_to
 from dpsql.analysis.expressions import Expressions, Range
-from dpsql.analysis.kinds import KINDS, Bounded, Context
+from dpsql.analysis.kinds import KINDS, SQUARED, Bounded, Context
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
@@ -52,6 +52,9 @@ def measure(scope: Scope) -> None:
         nodes.append(scope.tree.args["having"])
     if scope.tree.args.get("order"):
         nodes.append(scope.tree.args["order"])
+    scope.total_of_squares = scope.total_cap is not None and any(
+        AGGREGATES[type(node)] in SQUARED for top in nodes for node in top.find_all(*AGGREGATES)
+        if not is_window_function(node))
     for top in nodes:
         for node in top.find_all(*AGGREGATES):
             sql = to_sql(node)
@@ -144,11 +147,11 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
     arg = node.this
 
     def measure_of(label: str, measure_kind: str, expr: exp.Expression | None, row_range: Range,
-                   centre: float = 0.0) -> str:
+                   centre: float = 0.0, squares_of: str | None = None) -> str:
         key = f"{measure_kind}:{label if expr is None else to_sql(expr)}:{centre!r}"
         if key not in scope.measures:
             scope.measures[key] = replace(_measure(scope, f"m{len(scope.measures)}", label, measure_kind, expr,
-                                                   row_range), centre=centre)
+                                                   row_range, squares_of), centre=centre, squares_of=squares_of)
         return scope.measures[key].name
 
     if kind == "count":
@@ -228,7 +231,7 @@ def _units_or_null(scope: Scope, expr: exp.Expression | None) -> bool:
 
 
 def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expression | None,
-             row_range: Range) -> Measure:
+             row_range: Range, squares_of: str | None = None) -> Measure:
     k, groups = scope.rows_per_unit, scope.max_groups
     # a unit contributes 1 to "distinct units", else between 0 and k rows' worth of values
     unit_range = (1.0, 1.0) if kind == "units" else (k * min(row_range.lo, 0.0), k * max(row_range.hi, 0.0))
@@ -244,7 +247,12 @@ def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expressio
     if scope.total_cap is not None and kind == "sum":  # the rewrite scales a unit's totals down to the cap
         if row_range.lo < 0:
             raise ValueError(f"{label}: a unit's total is bounded only for sums of non-negative values")
-        unit_range, spread = (0.0, min(unit_range[1], scope.total_cap)), 1
+        cap = scope.total_cap
+        if scope.total_of_squares and squares_of is None:
+            # scaled by the factor g that brings the unit's sum of squares S to at most the cap, its n <= k values
+            # add up to g·Σx <= g·sqrt(n·S) <= sqrt(k·cap) (Cauchy-Schwarz, and g <= 1)
+            cap = math.sqrt(k * cap)
+        unit_range, spread = (0.0, min(unit_range[1], cap)), 1
         per_group = unit_range[1]
         row_range = replace(row_range, integer=False)  # a scaled total is a fraction: released on a grid
     sensitivity = steps * spread * per_group

@@ -9,6 +9,10 @@ Rules the entries rest on:
   so each sum moves by at most the half-range per row; the finish clamps the result to where it can lie;
 - where each unit's total of a sum is bounded (`Scope.total_cap`, chosen by R2T's race), AVG is that plain sum
   over its count: centred on the midpoint, a sum of small values would move by the half-range at every row;
+  a variance or standard deviation is a count and the plain sums of X and X², the race bounding each unit's
+  total of X² and the sum of X bounded through it (`aggregates._measure`): centred on the midpoint of a skewed
+  range (amounts up to 5,000, most near 100), its mean square and squared mean would be two numbers near
+  half-range² whose small difference the noise of either swamps;
 - covariances, correlations and regression slopes and intercepts of (Y, X) are finished from a count and the
   centred sums of X, Y, X·Y, X² and Y² over the rows where both are not NULL, each kept where it can lie
   (|cov| within the half-ranges' product, variances ≥ 0, |corr| ≤ 1).
@@ -27,7 +31,7 @@ from dpsql.analysis.clamps import number
 from dpsql.analysis.expressions import Range
 from dpsql.analysis.plan import Aggregate
 
-MeasureOf = Callable[..., str]  # (label, kind, expr, row range[, centre]) -> the measure's name
+MeasureOf = Callable[..., str]  # (label, kind, expr, row range[, centre, squares_of]) -> the measure's name
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,14 @@ def _sum_measures(measure_of: MeasureOf, x: Bounded, context: Context) -> tuple[
 
 def _moment_measures(squares: bool) -> Callable[..., tuple[tuple[str, ...], bool]]:
     def measures(measure_of: MeasureOf, x: Bounded, context: Context) -> tuple[tuple[str, ...], bool]:
-        if not squares and context.total_cap is not None:  # a plain sum whose units' totals are bounded
-            return (context.count(), measure_of(f"SUM({x.label})", "sum", x.value, x.range)), False
+        if context.total_cap is not None:  # plain sums whose units' totals are bounded
+            plain = measure_of(f"SUM({x.label})", "sum", x.value, x.range)
+            if not squares:
+                return (context.count(), plain), False
+            square = exp.Mul(this=exp.Paren(this=x.value.copy()), expression=exp.Paren(this=x.value.copy()))
+            return (context.count(), plain, measure_of(f"SUM({x.label}^2)", "sum", square,
+                                                       Range(x.range.lo ** 2, x.range.hi ** 2, x.range.integer),
+                                                       squares_of=plain)), False
         # in exact arithmetic the centred sum is SUM(value) - mid·COUNT(value), which shares PostgreSQL's
         # aggregate states with the other measures; a float sum would round differently, so it is summed centred
         centred = exp.Sub(this=x.value.copy(), expression=number(x.mid))
@@ -110,7 +120,7 @@ def _finish_moments(agg: Aggregate, values: list[Any]) -> Any:
     mean_offset = values[1] / n
     if agg.kind == "avg":
         return np.clip(mid + mean_offset, lo, hi)
-    var_pop = np.clip(values[2] / n - mean_offset**2, 0, half * half)
+    var_pop = np.clip(values[2] / n - mean_offset**2, 0, half * half)  # at most (range/2)², centred or not
     if agg.kind in ("var_samp", "stddev_samp"):
         var = np.clip(var_pop * n / np.maximum(n - 1, 1), 0, 2 * half * half)
     else:
@@ -183,11 +193,11 @@ def _finish_regression(agg: Aggregate, values: list[Any]) -> Any:
     return (y_mean + (y_lo + y_hi) / 2) - slope * (x_mean + (x_lo + x_hi) / 2)
 
 
+SQUARED = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")  # the kinds of one argument that sum its squares
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("sum", 1, _sum_measures, _finish_sum),
     Kind("avg", 1, _moment_measures(squares=False), _finish_moments),
-    *(Kind(name, 1, _moment_measures(squares=True), _finish_moments)
-      for name in ("var_pop", "var_samp", "stddev_pop", "stddev_samp")),
+    *(Kind(name, 1, _moment_measures(squares=True), _finish_moments) for name in SQUARED),
     Kind("covar_pop", 2, _pair_measures(""), _finish_covariance),
     Kind("covar_samp", 2, _pair_measures(""), _finish_covariance),
     Kind("corr", 2, _pair_measures("xy"), _finish_corr),

@@ -34,6 +34,9 @@ class Measure:
     l2_sensitivity: float  # L2 over all groups
     coordinates: int  # how many groups one neighbour can change
     centre: float = 0.0  # sum only: the statistic is SUM(expr - centre), computed as SUM(expr) - centre·COUNT(expr)
+    # sum only: the name of the plain sum whose values this one sums the squares of (a variance's); where a race
+    # bounds each unit's total of a sum, this is the sum it bounds (`Plan.bounded_sum`)
+    squares_of: str | None = None
 
     @property
     def integer_valued(self) -> bool:
@@ -208,8 +211,10 @@ class Plan:
 
     @property
     def bounded_sum(self) -> Measure:
-        """The sum whose units' totals are bounded (`unit_total`, or chosen by R2T's race over them): the first."""
-        return next(m for m in self.measures if m.kind == "sum")
+        """The sum whose units' totals are bounded (`unit_total`, or chosen by R2T's race over them): a variance's
+        sum of squares, else the first."""
+        sums = [m for m in self.measures if m.kind == "sum"]
+        return next((m for m in sums if m.squares_of is not None), sums[0])
 
     @cached_property
     def histogram(self) -> dict[str, Histogram]:

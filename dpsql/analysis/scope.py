@@ -57,6 +57,9 @@ class Scope:
     rows_per_unit: int = 1
     rows_cap: int | None = None  # a smaller bound on rows per unit chosen for this query (R2T's race), or None
     total_cap: float | None = None  # a bound on each unit's total of a sum over all groups (R2T's race), or None
+    # the bound is on each unit's total of a variance's sum of squares: the plain sums beside it are bounded by it
+    # (`aggregates._measure`)
+    total_of_squares: bool = False
     unit: exp.Expression | None = None  # the unit of each joined row; None when each row is a whole unit
     direct: bool = False  # whether the rewrite aggregates the joined rows directly (no per-unit stage)
     outer_join: bool = False

@@ -155,8 +155,7 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     """
     unit_order = in_order_of_units(in_unit_order)
     if totals:
-        (measure,) = [m for m in plan.measures if m.kind == "sum"]
-        items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(measure.expr)} AS dpsql_value"]
+        items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(plan.bounded_sum.expr)} AS dpsql_value"]
         thresholds = ", ".join(str(int(c)) for c in caps)
         ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
                 f"dpsql_totals AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_total"
@@ -221,9 +220,10 @@ def _kept_rows_per_group(plan: Plan, ctes: list[str]) -> str:
 def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     """`_kept_rows_per_group` where each unit's total of the one sum is bounded over all groups
     (`Plan.unit_total`): the rows of the units within k rows and the bound are kept as they are (weight 1); the
-    units over either (`ranked_rows_of_over` with `heavier`, few) keep their k lowest-ranked rows, with the sum's
-    values weighed by min(1, bound / their kept total), so a unit's sums over all groups add up to at most the
-    bound. The values are non-negative, so a unit's sum in one group is at most its total and needs no clamp of
+    units over either (`ranked_rows_of_over` with `heavier`, few) keep their k lowest-ranked rows, with the sums'
+    values weighed by min(1, bound / their kept total of the bounded sum), so a unit's bounded sums over all groups
+    add up to at most the bound (and a variance's plain sum beside its sum of squares to what that allows). The
+    values are non-negative, so a unit's sum in one group is at most its total and needs no clamp of
     its own. No aggregate per (unit, group), sort or window over every unit (the scaled form, `_scaled_to_total`,
     took 540 ms against 170 ms for visits by category at 100,000 people), and every row is added once: an
     aggregate over all rows less the heavy units' rows would lose the bound's precision to the cancellation
@@ -239,7 +239,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     def part(source: str, units: str, weighed: bool = False) -> str:
         """The statistics per group over one set of units' rows: each part is PostgreSQL's plain aggregate, and
         the parts' units are disjoint, so adding them up cancels nothing."""
-        sums = [f"SUM({total} * dpsql_weight)" if weighed and m.name == plan.bounded_sum.name
+        sums = [f"SUM({_column(plan, m)} * dpsql_weight)" if weighed and m.kind == "sum"
                 else aggregate(m, _column(plan, m)) for m in plan.measures]
         items = [*keys, *(f"{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
                  units_item(plan, units)]
