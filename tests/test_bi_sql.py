@@ -1604,8 +1604,8 @@ def test_a_subquery_by_unit_and_key_is_refused_where_no_grouped_query_says_the_s
         engine.prepare(sql)
 
 
-RETAINED = ("SELECT person_id FROM visits GROUP BY person_id HAVING COUNT(*) FILTER (WHERE EXTRACT(MONTH FROM day) = 1) "
-            "> 0 AND {} COUNT(*) FILTER (WHERE EXTRACT(MONTH FROM day) = 12) > 0")
+RETAINED = ("SELECT person_id FROM visits GROUP BY person_id HAVING COUNT(*) FILTER (WHERE EXTRACT(MONTH FROM day) "
+            "= 1) > 0 AND {} COUNT(*) FILTER (WHERE EXTRACT(MONTH FROM day) = 12) > 0")
 
 
 @pytest.mark.parametrize("written,same", [
