@@ -262,8 +262,18 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
                "FROM visits GROUP BY 1 ORDER BY revenue DESC"),
     ("answer", "SELECT EXTRACT(MONTH FROM day) AS m, SUM(n) FROM (SELECT day, COUNT(*) AS n FROM visits "
                "GROUP BY day) t GROUP BY 1 ORDER BY 1"),
+    # found by the stop-60 batches: sets of people, sibling subqueries of one name, a standard deviation
+    ("answer", "SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 1 INTERSECT "
+               "SELECT person_id FROM visits WHERE EXTRACT(MONTH FROM day) = 12) t"),
+    ("answer", "SELECT sex, COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits WHERE category = "
+               "'lab' EXCEPT SELECT person_id FROM screenings) GROUP BY sex"),
+    ("answer", "SELECT COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
+               "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id AND "
+               "v.category = 'dental')"),
+    ("answer", "SELECT category, COUNT(*), AVG(amount), stddev(amount) FROM visits GROUP BY 1 ORDER BY 2 DESC"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
+    ("raw", "SELECT person_id FROM visits WHERE category = 'lab' INTERSECT SELECT person_id FROM screenings"),
     ("bad", "SELECT COUNT(*) FROM people WHERE age > 'abc'"),
     ("bad", "SELECT COUNT(*) FROM visits WHERE day >= '2024-13-01'"),
 ]
