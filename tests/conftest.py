@@ -1,4 +1,5 @@
-"""Shared fixtures: one real embedded PostgreSQL per test session, with the demo data and a neighbour."""
+"""Shared fixtures: one real embedded PostgreSQL per test session (per worker under pytest-xdist), with the demo
+data and a neighbour."""
 
 from __future__ import annotations
 
@@ -270,12 +271,16 @@ BACKENDS = {"test_spark": "spark", "test_duckdb": "duckdb"}
 
 
 GOLDEN = "tests/test_golden.py"
+SPARK = "tests/test_spark.py"
+# under pytest-xdist (`-n 2`, the README's command): each worker collects every test and runs the files it is sent
+IN_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The golden replay (pure computation over one process per core) starts now, runs beside the other tests,
-    and its test comes last (see pytest_collection_modifyitems) to wait for it."""
-    if any(item.nodeid.startswith(GOLDEN) for item in session.items):
+    and its test comes last (see pytest_collection_modifyitems) to wait for it. Under xdist the worker that is
+    sent the golden test starts it there, beside the other worker."""
+    if not IN_WORKER and any(item.nodeid.startswith(GOLDEN) for item in session.items):
         from tests import test_golden
 
         test_golden.start_replay(alone=len(session.items) == 1)
@@ -300,4 +305,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: item.nodeid.startswith(GOLDEN))  # stable: only the golden test moves, to the end
+    if IN_WORKER:  # the longest files first, so that no worker is left alone with one at the end: --dist loadfile
+        # sends files in this order
+        items.sort(key=lambda item: not item.nodeid.startswith((SPARK, GOLDEN)))
+    else:
+        items.sort(key=lambda item: item.nodeid.startswith(GOLDEN))  # stable: only the golden test moves, to the end

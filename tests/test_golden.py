@@ -4,7 +4,8 @@ re-record with `python -m tests.golden` after a deliberate change and review the
 
 The replay is pure computation (no database), split over one process per core, and it starts as soon as the
 test is collected (tests/conftest.py), so it runs beside the tests before it instead of after them: on CI's two
-cores this keeps `pytest -m unit` under a minute."""
+cores this keeps `pytest -m unit` under a minute. Under pytest-xdist it starts in the worker sent this file, one
+process beside the other worker."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def stop_replay() -> None:
 
 
 def test_every_golden_query_is_answered_as_recorded() -> None:
-    start_replay()
+    start_replay(alone="PYTEST_XDIST_WORKER" not in os.environ)  # under xdist another worker runs beside it
     entries: list[dict] = _started["entries"]
     futures: list[Future] = _started["futures"]
     assert len(entries) > 500

@@ -23,7 +23,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.M | re.S)
 NOT_RUN = {  # the first line of each block that is not run, and why
     "python3 -m venv .venv && . .venv/bin/activate && pip install . && dpsql demo": "CI installs and runs the demo",
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q":
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q -n 2":
         "this is the test command itself",
     "dpsql analyst add alice --epsilon 5 --delta 1e-5": "a production deployment (tests/test_server.py serves)",
 }
