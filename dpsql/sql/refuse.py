@@ -39,6 +39,8 @@ UNIT_SETS = ("sets of people are answered where each SELECT picks the privacy un
              "counted: SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a INTERSECT SELECT <unit column> FROM t "
              "WHERE b) s, or WHERE <unit column> IN (... EXCEPT ...); UNION ALL of whole aggregate SELECTs is "
              "answered as one statement")
+ARRAY_COLUMN = ("a locally randomized array column is counted per value of its domain: SELECT symptom, COUNT(*) "
+                "FROM survey GROUP BY symptom")
 INSTEAD = {
     exp.LogicalOr: "bool_or(x) is answered as an output column (SELECT k, bool_or(x) FROM t GROUP BY k); elsewhere "
                    "count the rows instead: HAVING COUNT(*) FILTER (WHERE x) > 0",
@@ -98,6 +100,11 @@ def refuse_unsafe(tree: exp.Select) -> None:
                 raise PrivacyRefusal("SELECT ... INTO is not allowed", "dpsql only returns noisy answers")
             if node.args.get("locks"):
                 raise PrivacyRefusal("FOR UPDATE / FOR SHARE is not allowed", "remove the locking clause")
+            if node.args["distinct"].args.get("on") if node.args.get("distinct") else False:
+                raise UnsupportedQuery("SELECT DISTINCT ON releases one raw row per key and is not supported",
+                                       "aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, "
+                                       "COUNT(*) AS n FROM t GROUP BY 1) s; a column of a unit's first row itself "
+                                       "(its category) is not answered")
             if node.args.get("distinct"):
                 raise UnsupportedQuery("SELECT DISTINCT releases raw values and is not supported",
                                        "use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c")
@@ -119,7 +126,8 @@ def refuse_unsafe(tree: exp.Select) -> None:
         if isinstance(node, exp.Interval) and (_in_constant_time(node) or _shifts_a_time(node)):
             continue
         if not isinstance(node, ALLOWED_NODES) and not is_percentile_array(node):
-            named = INSTEAD_OF_NAMED.get(node.name.lower()) if isinstance(node, exp.Anonymous) else None
+            named = INSTEAD_OF_NAMED.get(node.name.lower()) if isinstance(node, exp.Anonymous) else ARRAY_COLUMN \
+                if isinstance(node, exp.Any) and isinstance(node.this.unnest(), exp.Column) else None
             raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
                                    named or INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql "
                                                                     "answers aggregates of declared columns, e.g. "
