@@ -91,6 +91,7 @@ def _moment_measures(squares: bool) -> Callable[..., tuple[tuple[str, ...], bool
             plain = measure_of(f"SUM({x.label})", "sum", x.value, x.range)
             if not squares:
                 return (context.count(), plain), False
+            # (of non-negative values: a unit's total is bounded only for those, so lo² <= x² <= hi²)
             square = exp.Mul(this=exp.Paren(this=x.value.copy()), expression=exp.Paren(this=x.value.copy()))
             return (context.count(), plain, measure_of(f"SUM({x.label}^2)", "sum", square,
                                                        Range(x.range.lo ** 2, x.range.hi ** 2, x.range.integer),

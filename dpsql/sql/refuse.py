@@ -100,12 +100,13 @@ def refuse_unsafe(tree: exp.Select) -> None:
                 raise PrivacyRefusal("SELECT ... INTO is not allowed", "dpsql only returns noisy answers")
             if node.args.get("locks"):
                 raise PrivacyRefusal("FOR UPDATE / FOR SHARE is not allowed", "remove the locking clause")
-            if node.args["distinct"].args.get("on") if node.args.get("distinct") else False:
+            distinct = node.args.get("distinct")
+            if distinct is not None and distinct.args.get("on"):
                 raise UnsupportedQuery("SELECT DISTINCT ON releases one raw row per key and is not supported",
                                        "aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, "
                                        "COUNT(*) AS n FROM t GROUP BY 1) s; a column of a unit's first row itself "
                                        "(its category) is not answered")
-            if node.args.get("distinct"):
+            if distinct is not None:
                 raise UnsupportedQuery("SELECT DISTINCT releases raw values and is not supported",
                                        "use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c")
         elif isinstance(node, exp.CTE) and not isinstance(node.this, exp.Select):
@@ -126,12 +127,17 @@ def refuse_unsafe(tree: exp.Select) -> None:
         if isinstance(node, exp.Interval) and (_in_constant_time(node) or _shifts_a_time(node)):
             continue
         if not isinstance(node, ALLOWED_NODES) and not is_percentile_array(node):
-            named = INSTEAD_OF_NAMED.get(node.name.lower()) if isinstance(node, exp.Anonymous) else ARRAY_COLUMN \
-                if isinstance(node, exp.Any) and isinstance(node.this.unnest(), exp.Column) else None
-            raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql",
-                                   named or INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql "
-                                                                    "answers aggregates of declared columns, e.g. "
-                                                                    "SELECT k, COUNT(*), AVG(x) FROM t GROUP BY k"))
+            raise UnsupportedQuery(f"{_describe(node)} is not supported by dpsql", _instead(node))
+
+
+def _instead(node: exp.Expression) -> str:
+    """What to write instead of a construct that is not allowed."""
+    if isinstance(node, exp.Anonymous) and node.name.lower() in INSTEAD_OF_NAMED:
+        return INSTEAD_OF_NAMED[node.name.lower()]
+    if isinstance(node, exp.Any) and isinstance(node.this.unnest(), exp.Column):
+        return ARRAY_COLUMN
+    return INSTEAD.get(type(node), f"rewrite it without {_describe(node)}: dpsql answers aggregates of declared "
+                                   "columns, e.g. SELECT k, COUNT(*), AVG(x) FROM t GROUP BY k")
 
 
 def _check_window(window: exp.Window, tree: exp.Select) -> None:
