@@ -394,6 +394,8 @@ DERIVED = [
     "SELECT v.category, SUM(v.amount), COUNT(DISTINCT v.person_id) FROM visits v GROUP BY 1",
     "SELECT v.note, COUNT(DISTINCT v.person_id) FILTER (WHERE v.amount > 10), COUNT(DISTINCT CASE WHEN v.category "
     "= 'a' THEN v.person_id END) FROM visits v GROUP BY 1",
+    "SELECT p.sex, COUNT(v.*), AVG(v.amount) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id "
+    "GROUP BY p.sex",  # COUNT(v.*): the rows v matched
     # sets of people combined by INTERSECT, EXCEPT and UNION (a subquery by person with HAVING, or semijoins)
     "SELECT COUNT(*) FROM (SELECT person_id FROM visits WHERE amount > 10 INTERSECT SELECT w.person_id FROM visits w "
     "WHERE w.category = 'a' EXCEPT SELECT person_id FROM visits WHERE note = 'x') t",

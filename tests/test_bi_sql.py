@@ -1672,3 +1672,24 @@ def test_two_subqueries_may_give_their_tables_the_same_name(engine, base_url):
     with psycopg.connect(base_url) as conn:  # the bounded statement gives the keys, the counts, and units over bounds
         bounded = sorted(row[:2] for row in conn.execute(prepared.rewritten.sql))
         assert bounded == sorted(conn.execute(sql).fetchall())
+
+
+@pytest.mark.parametrize("written,same", [
+    ("SELECT p.sex, COUNT(v.*) FROM people p LEFT OUTER JOIN visits v ON p.person_id = v.person_id GROUP BY p.sex",
+     "SELECT p.sex, COUNT(v.person_id) FROM people p LEFT OUTER JOIN visits v ON p.person_id = v.person_id "
+     "GROUP BY p.sex"),
+    ("SELECT p.sex, COUNT(v.*), COUNT(p.*) FROM visits v RIGHT JOIN people p ON v.person_id = p.person_id "
+     "GROUP BY 1",
+     "SELECT p.sex, COUNT(v.person_id), COUNT(*) FROM visits v RIGHT JOIN people p ON v.person_id = p.person_id "
+     "GROUP BY 1"),
+    ("SELECT COUNT(p.*) FROM people p JOIN visits v ON v.person_id = p.person_id",
+     "SELECT COUNT(*) FROM people p JOIN visits v ON v.person_id = p.person_id"),
+])
+def test_a_count_of_a_tables_rows_is_the_count_of_its_joined_rows(engine, base_url, written, same):
+    """COUNT(v.*) counts the rows where v's row is there: all of them where v is inner-joined or preserved, the
+    matched ones where an outer join NULL-extends it (its join column is then not NULL). It used to reach
+    PostgreSQL unrewritten and fail there (reported as a schema mismatch)."""
+    prepared, spelled = engine.prepare(written), engine.prepare(same)
+    assert prepared.rewritten.sql == spelled.rewritten.sql
+    with psycopg.connect(base_url) as conn:
+        assert sorted(conn.execute(written).fetchall()) == sorted(conn.execute(same).fetchall())

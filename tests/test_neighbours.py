@@ -140,6 +140,8 @@ QUERIES = [
     "category = 'lab' EXCEPT SELECT person_id FROM screenings) GROUP BY sex",
     "SELECT p.sex, COUNT(*) FROM people p JOIN (SELECT person_id FROM screenings INTERSECT SELECT person_id "
     "FROM visits) t ON t.person_id = p.person_id GROUP BY p.sex",
+    "SELECT p.sex, COUNT(v.*), COUNT(p.*) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id "
+    "GROUP BY p.sex",  # a table's rows: COUNT(v.person_id) and COUNT(*)
     # two subqueries that each name their table v (the second is read as v_2)
     "SELECT sex, COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
     "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "

@@ -31,6 +31,7 @@ from dpsql.sql.shape import (
     approx_distinct_as_count,
     cohort_joins_as_in,
     concat_as_pipes,
+    count_of_a_tables_rows,
     count_of_distinct_rows,
     date_function_as_cast,
     derived_select,
@@ -76,11 +77,10 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # The check stage, in order (after parsing and binding). First one spelling per construct: the refusal allowlist
 # is written for these forms, so each shape runs before it rather than the allowlist knowing every spelling a
 # shape removes (ANY, FILTER, a list of keys joined from VALUES or generate_series, concat(), date(x), ~* and
-# SIMILAR TO, approx_count_distinct(), a WITH query read twice or in a chain, sets of units combined by INTERSECT,
-# EXCEPT or UNION, a correlated or joined cohort, a count
-# of a subquery's distinct rows, an output computed from a subquery's aggregates, a projection over a grouped
-# subquery, percentile arrays, DISTINCT); each shape only
-# rewrites into constructs the allowlist and the analysis then judge, never past them.
+# SIMILAR TO, approx_count_distinct(), COUNT(t.*), a WITH query read twice or in a chain, sets of units combined
+# by INTERSECT, EXCEPT or UNION, a correlated or joined cohort, a count of a subquery's distinct rows, an output
+# computed from a subquery's aggregates, a projection over a grouped subquery, percentile arrays, DISTINCT); each
+# shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
     _tree_only(any_as_in),
@@ -93,6 +93,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(extremes_of_truncations),
     _tree_only(patterns_as_regex),
     _tree_only(approx_distinct_as_count),
+    _tree_only(count_of_a_tables_rows),
     _tree_only(regressions_as_moments),
     _tree_only(inline_ctes),
     lambda tree, context: unit_sets_as_groups(tree, context.schema),
