@@ -53,13 +53,15 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
     ("SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS c FROM visits ORDER BY "
      "person_id, day) t GROUP BY 1", "DISTINCT ON", "MIN(day) AS first_day"),
     ("SELECT COUNT(*) FILTER (WHERE 'fever' = ANY(symptom)) FROM survey", "ANY", "SELECT symptom, COUNT(*)"),
+    ("SELECT date_trunc('week', day AT TIME ZONE 'UTC') AS t, COUNT(*) FROM visits GROUP BY 1",
+     "day AT TIME ZONE 'UTC'", "date_trunc('week', day)"),
     ("SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM "
      "visits WHERE amount > 100) t", "INTERSECT", "SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a "
      "INTERSECT"),
 ])
 def test_a_refusal_of_a_construct_says_the_form_dpsql_answers(engine, analyst, sql, construct, instead):
-    """DISTINCT ON (a unit's first row), ANY over an array column, a set operation that is not of sets of people:
-    each refusal names the construct and the nearest form that is answered."""
+    """DISTINCT ON (a unit's first row), ANY over an array column, AT TIME ZONE, a set operation that is not of
+    sets of people: each refusal names the construct as written and the nearest form that is answered."""
     with pytest.raises(errors.UnsupportedQuery) as refused:
         engine.query(sql, analyst=analyst)
     assert construct in str(refused.value) and instead in refused.value.hint

@@ -61,6 +61,8 @@ INSTEAD = {
                "noise)",
     exp.Trunc: "bin with floor or round instead: floor(x / 100) * 100 (toward minus infinity), or round(x::numeric, "
                "-2) (to the nearest hundred)",
+    exp.AtTimeZone: "group by the time as stored (its periods are public keys in the database's time zone): "
+                    "date_trunc('week', day)",
     exp.Intersect: UNIT_SETS,
     exp.Except: UNIT_SETS,
     exp.Union: UNIT_SETS,
@@ -252,7 +254,7 @@ def _describe(node: exp.Expression) -> str:
         return "function median()"
     if isinstance(node, exp.Fetch):  # the one kind left after `shape.fetch_as_limit`
         return "FETCH ... WITH TIES"
-    if isinstance(node, exp.Interval | exp.Array | exp.TableSample):  # as written, to say which one
+    if isinstance(node, exp.Interval | exp.Array | exp.TableSample | exp.AtTimeZone):  # as written: which one
         return to_sql(node)
     if isinstance(node, exp.Func):
         text = to_sql(node)  # an operator (x ~ 'a') or a keyword (CURRENT_TIMESTAMP) has no parenthesis
