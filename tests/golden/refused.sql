@@ -276,7 +276,7 @@ error: "UnsupportedQuery: SELECT DISTINCT releases raw values and is not support
 
 -- SELECT DISTINCT ON (sex) sex FROM people
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT DISTINCT ON (sex) sex FROM people", "unique": []}
-error: "UnsupportedQuery: SELECT DISTINCT releases raw values and is not supported [DP002]\nHint: use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c"
+error: "UnsupportedQuery: SELECT DISTINCT ON releases one raw row per key and is not supported [DP002]\nHint: aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, COUNT(*) AS n FROM t GROUP BY 1) s; a column of a unit's first row itself (its category) is not answered"
 
 -- SELECT MAX(person_id) FROM people
 input: {"max_groups": null, "not_null": [["checkins", "checkin_id"], ["checkins", "hour"], ["people", "person_id"], ["prescriptions", "drug"], ["prescriptions", "prescription_id"], ["prescriptions", "visit_id"], ["screenings", "person_id"], ["states", "code"], ["states", "name"], ["states", "region"], ["survey", "region"], ["survey", "respondent_id"], ["visits", "category"], ["visits", "day"], ["visits", "person_id"], ["visits", "visit_id"]], "params": null, "schema": "s0", "sql": "SELECT MAX(person_id) FROM people", "unique": [["checkins", "checkin_id"], ["people", "person_id"], ["prescriptions", "prescription_id"], ["screenings", "person_id"], ["states", "code"], ["survey", "respondent_id"], ["visits", "visit_id"]]}
