@@ -71,8 +71,8 @@ TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answe
 MANY_CELLS_TOTALS_MARGIN = 4
 # A unit's total of squares is heavier-tailed still: the answer keeps 64 times the chosen τ. On the demo data
 # (ε = 1, 100 answers each, /tmp scripts), stddev(amount) over 20,000 people (the race's τ about 262,144) was
-# 7.3% off (median) with 13% coverage at 8 times τ, 2.3% with 75% at 32, and is 2.4% with 95% at 64 (bias -1.3%);
-# over 3,000 people 6.5% with 97%; at 128 times, 3.4% and 8.5% (more noise, no less bias). Before the race it was
+# 7.3% off (median) with 13% coverage at 8 times τ, 2.3% with 75% at 32, and is 2.1% with 93% at 64 (300
+# answers); over 3,000 people 7.3% with 93%; at 128 times, 3.4% and 8.5% (more noise, no less bias). Before it was
 # 100% off: sums centred on the declared midpoint (2,500 for amounts mostly near 100) leave the variance as the
 # difference of two numbers near 2,500² that the noise of either swamps.
 SQUARES_MARGIN = 64
