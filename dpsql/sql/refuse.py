@@ -152,8 +152,15 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
         place = place.parent
     in_order = isinstance(place, exp.Ordered) and place.parent is not None and place.parent.parent is tree
     if not (place is tree or in_order) or window.find_ancestor(exp.Window, *AGGREGATES):
+        if window.args.get("partition_by"):  # a row of each unit's (its first by ROW_NUMBER(), a running total)
+            raise UnsupportedQuery(f"{to_sql(window)} outside the outer SELECT list reads each partition's raw rows",
+                                   "aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, "
+                                   "COUNT(*) AS n FROM t GROUP BY 1) s; a window over the answer's own rows runs "
+                                   "in the outer SELECT (rank() OVER (ORDER BY COUNT(*) DESC))")
         raise UnsupportedQuery("a window function may appear only in the outer SELECT list or ORDER BY",
-                               "dpsql computes windows over the released rows, after noise")
+                               "dpsql computes windows over the released rows, after noise: write it in the outer "
+                               "SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t "
+                               "GROUP BY k")
     window_frame(window)  # a frame dpsql computes, or refused
     if not isinstance(window.this, WINDOW_FUNCTIONS):
         raise UnsupportedQuery(f"{_describe(window.this)} is not supported as a window function",

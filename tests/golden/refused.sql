@@ -182,7 +182,7 @@ output_names: ["count"]
 
 -- SELECT COUNT(*) FROM visits WHERE ROW_NUMBER() OVER () > 1
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits WHERE ROW_NUMBER() OVER () > 1", "unique": []}
-error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise"
+error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise: write it in the outer SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t GROUP BY k"
 
 -- SELECT COUNT(*) FROM visits WHERE visit_id * 2 > 5
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM visits WHERE visit_id * 2 > 5", "unique": [["people", "person_id"], ["states", "code"]]}
@@ -336,7 +336,7 @@ error: "UnsupportedQuery: function bool_or() is not supported by dpsql [DP002]\n
 
 -- SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3", "unique": []}
-error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise"
+error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise: write it in the outer SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t GROUP BY k"
 
 -- SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category", "unique": [["people", "person_id"], ["states", "code"]]}
@@ -368,7 +368,7 @@ output_names: ["mode"]
 
 -- SELECT n FROM (SELECT category, COUNT(*) OVER () AS n FROM visits) s
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT n FROM (SELECT category, COUNT(*) OVER () AS n FROM visits) s", "unique": []}
-error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise"
+error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise: write it in the outer SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t GROUP BY k"
 
 -- SELECT n FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT n FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t", "unique": [["people", "person_id"], ["states", "code"]]}
