@@ -39,6 +39,9 @@ UNIT_SETS = ("sets of people are answered where each SELECT picks the privacy un
              "counted: SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a INTERSECT SELECT <unit column> FROM t "
              "WHERE b) s, or WHERE <unit column> IN (... EXCEPT ...); UNION ALL of whole aggregate SELECTs is "
              "answered as one statement")
+# a unit's first or last row (DISTINCT ON, ROW_NUMBER() per unit): what is answered instead
+PER_UNIT = ("aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, COUNT(*) AS n FROM t "
+            "GROUP BY 1) s")
 ARRAY_COLUMN = ("a locally randomized array column is counted per value of its domain: SELECT symptom, COUNT(*) "
                 "FROM survey GROUP BY symptom")
 INSTEAD = {
@@ -105,9 +108,8 @@ def refuse_unsafe(tree: exp.Select) -> None:
             distinct = node.args.get("distinct")
             if distinct is not None and distinct.args.get("on"):
                 raise UnsupportedQuery("SELECT DISTINCT ON releases one raw row per key and is not supported",
-                                       "aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, "
-                                       "COUNT(*) AS n FROM t GROUP BY 1) s; a column of a unit's first row itself "
-                                       "(its category) is not answered")
+                                       f"{PER_UNIT}; a column of a unit's first row itself (its category) is not "
+                                       "answered")
             if distinct is not None:
                 raise UnsupportedQuery("SELECT DISTINCT releases raw values and is not supported",
                                        "use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c")
@@ -154,9 +156,8 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
     if not (place is tree or in_order) or window.find_ancestor(exp.Window, *AGGREGATES):
         if window.args.get("partition_by"):  # a row of each unit's (its first by ROW_NUMBER(), a running total)
             raise UnsupportedQuery(f"{to_sql(window)} outside the outer SELECT list reads each partition's raw rows",
-                                   "aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, "
-                                   "COUNT(*) AS n FROM t GROUP BY 1) s; a window over the answer's own rows runs "
-                                   "in the outer SELECT (rank() OVER (ORDER BY COUNT(*) DESC))")
+                                   f"{PER_UNIT}; a window over the answer's own rows runs in the outer SELECT "
+                                   "(rank() OVER (ORDER BY COUNT(*) DESC))")
         raise UnsupportedQuery("a window function may appear only in the outer SELECT list or ORDER BY",
                                "dpsql computes windows over the released rows, after noise: write it in the outer "
                                "SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t "

@@ -42,6 +42,9 @@ class _Branch:
     name: str  # the branch's output column name
     condition: exp.Expression | None
 
+    def unit_column(self) -> exp.Column:
+        return exp.column(self.unit, table=self.table.alias_or_name)
+
 
 def unit_sets_as_groups(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
     """`tree` with each set operation of sets of units (in FROM or WITH, or under IN) spelled as a per-unit
@@ -78,7 +81,7 @@ def _per_unit(operation: exp.Expression, schema: PrivacySchema) -> exp.Select | 
     if branches is None:
         return None
     first = branches[0]
-    unit = exp.column(first.unit, table=first.table.alias_or_name)
+    unit = first.unit_column()
     having = _condition(operation, iter(branches))
     return (exp.select(exp.alias_(unit.copy(), first.name)).from_(first.table.copy())
             .group_by(unit.copy()).having(having))
@@ -139,7 +142,7 @@ def _one_branch(node: exp.Expression, schema: PrivacySchema) -> exp.Select | Non
     if branches is None or not all(isinstance(n, exp.Union) for n in _operations(node)):
         return None
     first = branches[0]
-    select = exp.select(exp.column(first.unit, table=first.table.alias_or_name)).from_(first.table.copy())
+    select = exp.select(first.unit_column()).from_(first.table.copy())
     if all(b.condition is not None for b in branches):  # a branch without WHERE holds every unit of the table
         select = select.where(exp.or_(*[exp.Paren(this=b.condition) for b in branches]))
     return select
