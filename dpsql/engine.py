@@ -25,7 +25,7 @@ from dpsql.analysis import COUNTS, SQUARED, Plan, analyze
 from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
-from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, lent, plan_race, race_note, raceable
+from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, kept_epsilon, lent, plan_race, race_note, raceable
 from dpsql.combining import check_joined, combine, scalar_values, stand_in_row, stand_ins
 from dpsql.config import Settings
 from dpsql.errors import (
@@ -40,7 +40,7 @@ from dpsql.errors import (
 )
 from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
-from dpsql.noise import add_noise, calibrate, noisy_bounds_effect, released_key
+from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
     describe_selection,
     describe_units_over,
@@ -436,7 +436,6 @@ class Engine:
         declared plan would cap them at max_groups_per_unit and drop the rows of a unit's other groups, a bias no
         interval shows: on the peers' data the race for visits by category picks τ = 32 in some answers (k = 128,
         over the cap of 100), and there the declared plan's counts per category came back 7.5-8.7% low."""
-        epsilon = prepared.calibration.epsilon - spent
         rows = total = None  # at a race's cap, its declared bound
         # a variance's plain sums at the cap would be noisier than its declared plan's sums centred on the range's
         # midpoint (an age's variance: sums of squares up to 100², against 50² centred)
@@ -453,9 +452,11 @@ class Engine:
                 prepared.query, ("bounded", prepared.options.min_frequency, rows, total, voters),
                 lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total, voters,
                                        prepared.plan.public_keys))
-        calibration = prepared.calibration if not spent and plan is prepared.plan else calibrate(
-            plan, epsilon, self.settings.delta, self.settings.selection_share, prepared.options.mechanism,
-            prepared.options.histogram)
+        def calibrated(epsilon: float) -> Calibration:
+            return calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,
+                             prepared.options.mechanism, prepared.options.histogram)
+        calibration = prepared.calibration if not spent and plan is prepared.plan else calibrated(
+            kept_epsilon(prepared.calibration.cost, spent, calibrated))
         return replace(prepared, plan=plan, rewritten=rewritten, calibration=calibration, race=None,
                        race_statement=None, rows_race=None)
 

@@ -770,3 +770,49 @@ def test_a_variance_whose_race_reaches_the_cap_keeps_its_declared_plan(engine):
     assert prepared.race_totals
     assert engine._bounded_at(prepared, prepared.race.taus[-1], 0.0, None, None, True).plan is prepared.plan
     assert engine._bounded_at(prepared, 4096).plan.unit_total == 4096
+
+
+_LENDERS = {
+    "one sum, public keys": ("SELECT category, SUM(amount) FROM visits GROUP BY category", None),
+    "partition selection (a δ)": ("SELECT CAST(day AS text) AS d, SUM(amount) FROM visits GROUP BY 1", None),
+    "the Gaussian mechanism (a δ, ρ far below ε²/2)": ("SELECT category, COUNT(*), AVG(amount) FROM visits "
+                                                       "GROUP BY category", "gaussian"),
+    "eight measures": ("SELECT COUNT(*), " + ", ".join(
+        f"SUM(amount) FILTER (WHERE category = '{c}')" for c in ("checkup", "dental", "emergency", "lab", "pharmacy",
+                                                                  "physio", "specialist")) + " FROM visits", None),
+}
+
+
+@pytest.mark.parametrize("label", _LENDERS)
+def test_what_an_answer_lends_the_races_choice_leaves_it_within_its_charge_in_both_accounts(engine, label):
+    """Where the race cannot resolve the data, the answer lends a share of its ε to the sparse vector's choice
+    and to counting the units over the bound (pure ε, ε²/2 of ρ each), and is calibrated again with what is
+    left: that calibration beside what was lent costs no more than the charge, in basic composition and in zCDP.
+    Answers with a δ lend too (before, partition selection kept the declared cap: SUM(amount) by a text key over
+    3,000 people was 807% off). Eight measures split ε into parts whose ρ, Σε_i²/2, saves less than the lent
+    ε²/2, and a Gaussian answer's ρ is far below its ε²/2: there the answer keeps less than ε minus what it
+    lent."""
+    from dataclasses import astuple
+
+    from dpsql.accounting import Cost
+    from dpsql.chosen_bounds import lent
+    from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE
+    from dpsql.session import Options
+
+    sql, mechanism = _LENDERS[label]
+    prepared = engine.prepare(sql, epsilon=1.0, options=Options(rows_per_unit="auto", mechanism=mechanism))
+    charged = prepared.calibration.cost
+    most = lent(prepared.calibration, FALLBACK_SHARE) + lent(prepared.calibration, EFFECT_SHARE)
+    assert most > 0
+    for share in (FALLBACK_SHARE, EFFECT_SHARE):  # each share of ε costs at most its share of ρ
+        assert lent(prepared.calibration, share) ** 2 / 2 <= share * charged.rho * (1 + 1e-9)
+    for spent in (most / 4, most):
+        bounded = engine._bounded_at(prepared, prepared.race.taus[3], spent)
+        cost = bounded.calibration.cost + Cost.pure(spent)
+        assert all(got <= limit * (1 + 1e-9) for got, limit in zip(astuple(cost), astuple(charged), strict=True)), \
+            (cost, charged)
+        kept = bounded.calibration.epsilon
+        if label != "one sum, public keys" and label != "partition selection (a δ)" and spent == most:
+            assert kept < charged.epsilon - spent  # basic composition alone would have overspent ρ
+        else:
+            assert kept == pytest.approx(charged.epsilon - spent)
