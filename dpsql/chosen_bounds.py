@@ -20,8 +20,9 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
     """R2T's race for the rows per unit of `plan`, when the options ask for it and the plan bounds a unit's rows
     (a per-unit stage with more than one row allowed; row-level joins and locally randomized keys keep the
     declared bound). The race reads the query's joined rows whatever it computes from them, so quantiles and
-    top-k selections take its bound as counts and sums do: the chosen τ is public before the answer runs."""
-    if not raceable(plan, options) or not (plan.measures or plan.histograms):
+    top-k selections beside counts or sums take its bound as they do: the chosen τ is public before the answer
+    runs. Values chosen alone run no race (`chosen_values_rows`)."""
+    if not raceable(plan, options) or not plan.measures:  # values chosen alone keep `chosen_values_rows`
         return None
     if not plan.grouped and not plan.histograms and all(m.kind == "units" for m in plan.measures):
         return None  # an ungrouped count of units: each adds at most 1, whatever its rows
@@ -34,8 +35,7 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
                                       many_cells_margin=SQUARES_MARGIN // 2 if squares else MANY_CELLS_TOTALS_MARGIN)
     if plan.rows_per_unit <= 1:
         return None
-    margin = MARGIN if plan.measures else CHOSEN_MARGIN
-    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps, margin=margin)
+    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps, margin=MARGIN)
 
 
 def lent(calibration: Calibration, share: float) -> float:
@@ -73,16 +73,35 @@ def raceable(plan: Plan, options: Options) -> bool:
             and plan.stability is None and not plan.local_key)
 
 
-# A plan of values chosen from histograms only (percentiles, MIN, MAX, mode()) keeps the race's τ itself. The
-# margin buys back the rows a count loses to truncation, a bias its interval would not show; a chosen value's
-# error is its rank error, proportional to the bound, and the rows a unit keeps beyond τ move its rank by at
-# most what the race already weighed against its noise (R2T's objective: rows kept less the noise of keeping
-# them). Measured on the demo data at ε = 1, 30 answers each (tests/test_accuracy.py keeps the first): the median
-# amount by category over 20,000 people was 7.1% off (median of the answers; 38% at their 90th percentile, 14.5
-# percentile ranks) at four times τ, and is 1.5% (8.7%, 4 ranks) at τ; over 3,000 people it was noise (every
-# answer a uniform draw from the range, 29 times the truth), and is 9.7% off (median); the 90th percentile of
-# amount went from 12% to 3.8%.
-CHOSEN_MARGIN = 1
+# A plan of values chosen from histograms only (percentiles, MIN, MAX, mode()) runs no race: it keeps at most
+# CHOSEN_ROWS rows per unit, or the declared bound where smaller (`chosen_values_rows`). A chosen value's error is
+# its rank error: one unit moves each rank by at most its k rows, so the exponential mechanism's error in ranks
+# grows as k/ε, and as a share of the Q(k) = Σ_u min(c_u, k) rows kept it grows with k for any data (Q(k)/k only
+# falls). Truncation costs a chosen value little: a unit's rows beyond k go in the keyed hash's order, a sample
+# of its rows, which moves a quantile only where a heavy unit's values differ from a light one's. So the least k
+# is best for the noise, and a few rows each cut the error of sampling one row per unit. R2T's race weighs rows
+# against a count's noise instead, and chose 16 or 32 rows a person on 3,000 demo people, at the cost of 20% of
+# ε (and a quarter more where it could not resolve the data). Measured on the demo data at ε = 1 (the median
+# amount by category, 20 answers of 8 cells each; /tmp scripts of the session): over 3,000 people the race gave
+# 9.9% median error with 2,209% at the 90th percentile (a fifth of the cells a uniform draw from the range), 1
+# row 4.5% (15.7%), 4 rows 4.3% (11.3%), 8 rows 4.5% (13.7%); over 20,000 people the race 1.5% (8.7%), 1 row 1.5%
+# (6.2%), 4 rows 1.2% (2.2%), 8 and 16 rows 1.2% (5.4%, 6.2%).
+CHOSEN_ROWS = 4
+
+
+def chosen_values_rows(plan: Plan, options: Options) -> int | None:
+    """The rows per unit that a plan of values chosen from histograms only keeps where the options ask for bounds
+    chosen per query: CHOSEN_ROWS where the declared bound is larger; None for any other plan."""
+    if raceable(plan, options) and plan.histograms and not plan.measures and plan.rows_per_unit > CHOSEN_ROWS:
+        return CHOSEN_ROWS
+    return None
+
+
+def chosen_values_note(rows: int, declared: int) -> str:
+    """What explain says of `chosen_values_rows`."""
+    return (f"rows per unit: {rows} (below the declared {declared}) for values chosen from histograms: one unit "
+            f"moves each rank by its rows, so fewer rows mean less noise in ranks, and a unit's rows beyond them "
+            f"go in the keyed hash's order, a sample of its rows; no race is run (dpsql.rows_per_unit = auto)")
 TOTALS_MARGIN = 8  # a unit's totals are heavier-tailed than its rows: the answer keeps 8 times the chosen τ
 # An answer of more cells than FEW_CELLS keeps half that: each cell carries the whole bound's noise but only its
 # share of what the bound cuts, so the cut hides in the noise (the same reason the fallback keeps less for many

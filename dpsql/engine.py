@@ -25,7 +25,17 @@ from dpsql.analysis import COUNTS, SQUARED, Plan, analyze
 from dpsql.answer import Answer, Released, Statistic
 from dpsql.backends import Cancellation, Session, open_backend
 from dpsql.cached_answers import answer_key, decode_answer, encode_answer
-from dpsql.chosen_bounds import RACE_SHARE, bounds_totals, kept_epsilon, lent, plan_race, race_note, raceable
+from dpsql.chosen_bounds import (
+    RACE_SHARE,
+    bounds_totals,
+    chosen_values_note,
+    chosen_values_rows,
+    kept_epsilon,
+    lent,
+    plan_race,
+    race_note,
+    raceable,
+)
 from dpsql.combining import check_joined, combine, scalar_values, stand_in_row, stand_ins
 from dpsql.config import Settings
 from dpsql.errors import (
@@ -106,6 +116,12 @@ class Engine:
         query, plan, rewritten = self._plan(sql, params, options.min_frequency)
         if isinstance(plan, LocalQuery | PublishedQuery):
             return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
+        fixed_rows = chosen_values_rows(plan, options)
+        if fixed_rows is not None:
+            declared = plan.rows_per_unit
+            plan, rewritten = self._remembered(query, ("chosen values", options.min_frequency), lambda: self._analysed(
+                query, options.min_frequency, fixed_rows, public_keys=plan.public_keys))
+            plan = replace(plan, notes=[*plan.notes, chosen_values_note(fixed_rows, declared)])  # a copy: cached
         totals = self._totals_plan(query, plan, options)
         # the counts beside the sum, and partition selection (the groups a unit reaches), need its rows bounded too:
         # raced in the same pass, at half the race's share
@@ -122,7 +138,7 @@ class Engine:
                          self.settings.selection_share, plan.max_groups, self._schema_digest,
                          *([plan.min_units] if plan.min_units > 1 else []),
                          *([options.local_estimate] if plan.local_key else []),
-                         *(["rows per unit: auto"] if race is not None else []))
+                         *(["rows per unit: auto"] if race is not None or fixed_rows is not None else []))
         race_statement, race_answers = None, False
         if race is not None:
             rows_caps = rows_race.taus if rows_race is not None else ()

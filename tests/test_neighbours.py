@@ -478,11 +478,20 @@ def _histogram_pairs(prepared, kind: str, base_url: str, neighbour_url: str):
         yield agg, histogram, [(before.get(k, empty), after.get(k, empty)) for k in before.keys() | after.keys()]
 
 
+@pytest.mark.parametrize("rows_per_unit", ["declared", "auto"])
 @pytest.mark.parametrize("sql", QUANTILE_QUERIES)
-def test_neighbour_moves_quantile_scores_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
+def test_neighbour_moves_quantile_scores_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql,
+                                                                    rows_per_unit):
+    """Under `auto`, values chosen alone keep at most `chosen_bounds.CHOSEN_ROWS` rows per unit and run no race."""
+    from dpsql.chosen_bounds import CHOSEN_ROWS
     from dpsql.mechanisms import rank_scores
+    from dpsql.session import Options
 
-    for agg, histogram, pairs in _histogram_pairs(engine.prepare(sql), "quantile", base_url, neighbour_url):
+    prepared = engine.prepare(sql, options=Options(rows_per_unit=rows_per_unit))
+    if rows_per_unit == "auto":
+        assert prepared.race is None and prepared.plan.rows_per_unit <= CHOSEN_ROWS
+        assert prepared.calibration.epsilon == pytest.approx(prepared.options.epsilon)  # no race to pay for
+    for agg, histogram, pairs in _histogram_pairs(prepared, "quantile", base_url, neighbour_url):
         moves = []
         for old_cells, new_cells in pairs:
             old, new = rank_scores(old_cells, agg.quantile), rank_scores(new_cells, agg.quantile)

@@ -477,7 +477,7 @@ def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_
                 "SELECT SUM(amount) FROM visits", "SELECT category, AVG(amount), SUM(amount) FROM visits GROUP BY 1",
                 "SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category",
                 "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE p.age > 30",
-                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits",
+                "SELECT COUNT(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits",
                 "SELECT category, COUNT(*) FROM visits GROUP BY category ORDER BY COUNT(*) DESC LIMIT 2"]:
         prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
         totals = "SUM(amount)" in sql or "AVG(amount)" in sql
@@ -524,7 +524,7 @@ def test_an_answer_read_from_the_race_is_the_bounded_statements_own(engine, base
 @pytest.mark.parametrize("sql", ["SELECT category, COUNT(*) FROM visits GROUP BY category",
                                  "SELECT COUNT(amount) FROM visits", "SELECT AVG(amount) FROM visits",
                                  "SELECT COUNT(*), SUM(amount) FROM visits",
-                                 "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits"])
+                                 "SELECT COUNT(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits"])
 def test_other_answers_under_the_race_run_their_own_statement(engine, sql):
     """Groups, COUNT(col) (the race counts every row), an AVG's count beside its sum, several measures and
     histograms are answered by their own bounded statement."""
@@ -623,14 +623,17 @@ def test_partition_selection_counts_only_the_rows_of_units_within_the_races_tau(
 
 def test_selection_over_a_units_kept_groups_alone_keeps_counting_every_kept_unit(engine):
     """With no count or sum (MIN alone) the statement reads each group's kept units, not rows: selection over the
-    units within a smaller τ does not apply, and the plan says so (the neighbour fuzzer's seed 50, query 483)."""
+    units within a smaller τ does not apply, and the plan says so (the neighbour fuzzer's seed 50, query 483).
+    Values chosen alone run no race: they keep `CHOSEN_ROWS` rows per unit."""
+    from dpsql.chosen_bounds import CHOSEN_ROWS
     from dpsql.session import Options
 
-    prepared = engine.prepare("SELECT CAST(day AS text) AS d, MIN(amount) FROM visits GROUP BY 1",
-                              options=Options(rows_per_unit="auto"))
-    bounded = engine._bounded_at(prepared, 4, 0.0, None, 1)
-    assert bounded.plan.partition_selection and bounded.plan.selection_rows is None
-    assert bounded.plan.selection_moves == (4, 4)
+    sql = "SELECT CAST(day AS text) AS d, MIN(amount) FROM visits GROUP BY 1"
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race is None and prepared.plan.rows_per_unit == CHOSEN_ROWS
+    assert prepared.plan.partition_selection and prepared.plan.selection_rows is None
+    assert prepared.plan.selection_moves == (CHOSEN_ROWS, CHOSEN_ROWS)
+    assert prepared.key != engine.prepare(sql, options=Options(rows_per_unit="declared")).key
 
 
 @pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, COUNT(*) FROM visits GROUP BY 1",

@@ -44,7 +44,7 @@ def bound_rows(scope: Scope) -> None:
         semijoins.check(scope)
         k = k_private * fanout
         if scope.rows_cap is not None and scope.rows_cap < k:  # chosen privately for this query, below the declared
-            scope.notes.append(f"rows per unit: {scope.rows_cap}, chosen from the data (R2T) below the declared {k}")
+            scope.notes.append(f"rows per unit: {scope.rows_cap}, chosen for this query below the declared {k}")
             k = scope.rows_cap
         outer = any(j.side for j in scope.joins)
         # a per-unit table's row is its unit's, but a bound on its units' totals (R2T's race) is enforced per unit
