@@ -229,8 +229,26 @@ def add_noise(plan: Plan, calibration: Calibration, rows: Iterable[Sequence[Any]
             cells = counts[histogram.name].get(key, [0] * histogram.cells)
             scores = rank_scores(cells, agg.quantile) if agg.score == "rank" else cells
             choices[agg.name] = histogram.value(chooser.select(scores))
-        groups.append(NoisyGroup(key, noisy, choices, key_gap))
+        groups.append(NoisyGroup(key, noisy, _in_rank_order(choices, chosen), key_gap))
     return groups
+
+
+def _in_rank_order(choices: dict[str, Any], chosen: list) -> dict[str, Any]:
+    """`choices` with the quantiles of one histogram and kind (percentile_cont(ARRAY[0.25, 0.5, 0.75]), or MIN
+    beside MAX) in the order of their ranks: the chosen values sorted and handed out by rank. The truth is
+    ordered so, and sorting estimates of an ordered truth moves none further from it (the rearrangement
+    inequality); on 3,000 demo people a third of the quartile arrays by category came back out of order.
+    Post-processing of released values: no ε."""
+    runs: dict[tuple[str, str], list] = {}
+    for agg, histogram, _ in chosen:
+        if agg.score == "rank" and agg.quantile is not None:
+            runs.setdefault((histogram.name, agg.kind), []).append(agg)
+    for aggs in runs.values():
+        if len(aggs) > 1:
+            values = sorted(choices[a.name] for a in aggs)
+            for agg, value in zip(sorted(aggs, key=lambda a: a.quantile), values, strict=True):
+                choices[agg.name] = value
+    return choices
 
 
 def _selected(selection: PartitionSelection, candidates: list) -> list:

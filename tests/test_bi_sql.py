@@ -947,6 +947,17 @@ def test_several_percentiles_at_once_come_back_as_postgresql_s_array(engine, ana
             assert [type(v) for v in dates] == [datetime.date, datetime.date]
 
 
+def test_several_percentiles_come_back_in_the_order_of_their_ranks(engine, analyst):
+    """The quantiles of one histogram are post-processed into the order of their ranks, whatever order the array
+    asks them in: at ε = 0.05 the exponential mechanism's choices for 0.1, 0.5 and 0.9 often come out of order."""
+    sql = ("SELECT category, percentile_cont(ARRAY[0.9, 0.1, 0.5]) WITHIN GROUP (ORDER BY amount), MIN(amount), "
+           "MAX(amount) FROM visits GROUP BY category")
+    for run in range(5):
+        answer = engine.query(sql.replace("visits", f"visits WHERE {run} = {run}"), analyst=analyst, epsilon=0.05)
+        for _, (q90, q10, q50), low, high in answer.rows:
+            assert q10 <= q50 <= q90 and low <= high
+
+
 def test_count_distinct_of_a_declared_domain_counts_the_values_surely_present(engine, analyst, served):
     """How many of the 8 declared categories occur: read from a noisy count of units per category (every one
     released), counting those whose 95% interval is above zero; one charge, and the same through the wire."""
