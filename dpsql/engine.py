@@ -69,6 +69,7 @@ from dpsql.session import OPTION_NAMES, Options
 from dpsql.sql import CheckedQuery, check_query
 from dpsql.sql.compose import Composition, compose
 from dpsql.sql.public_keys import MAX_PUBLIC_KEYS, public_key_statements
+from dpsql.sql.times import check_time_zones
 
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
@@ -94,6 +95,7 @@ class Engine:
         self._unique_sets = catalog.unique_sets if catalog is not None else frozenset()
         self._not_null = catalog.not_null if catalog is not None else frozenset()
         self._time_zone = self.backend.time_zone()
+        self._zones: tuple[frozenset[str] | None] | None = None  # read when a query first names a zone
         self._indexed = self.backend.indexed_columns()
         self._hash_seed = int(self.ledger.setting("hash_seed", new_hash_seed))
         self._schema_digest = hashlib.sha256(repr(schema).encode()).hexdigest()
@@ -163,6 +165,7 @@ class Engine:
         if entry is not None:
             return entry
         query = check_query(sql, self.schema, params)
+        check_time_zones(query.tree, self._time_zone_names)
         private = plan_published(query, self.schema) or plan_local(query, self.schema)
         # released data, or reports randomized on the devices, need no noise; anything else is analysed
         entry = (query, private, None) if private is not None else (query, *self._analysed(query, min_frequency))
@@ -170,6 +173,11 @@ class Engine:
             return entry
         self._plans.put(cache_key, entry)
         return entry
+
+    def _time_zone_names(self) -> frozenset[str] | None:
+        if self._zones is None:
+            self._zones = (self.backend.time_zone_names(),)
+        return self._zones[0]
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
                   total_cap: float | None = None, selection_rows: int | None = None,

@@ -56,14 +56,14 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
     ("SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY person_id "
      "ORDER BY day) AS rn FROM visits) t WHERE rn = 1 GROUP BY 1", "ROW_NUMBER() OVER (PARTITION BY person_id",
      "MIN(day) AS first_day"),
-    ("SELECT date_trunc('week', day AT TIME ZONE 'UTC') AS t, COUNT(*) FROM visits GROUP BY 1",
-     "day AT TIME ZONE 'UTC'", "date_trunc('week', day)"),
+    ("SELECT date_trunc('week', day AT TIME ZONE p.state) AS t, COUNT(*) FROM visits v JOIN people p "
+     "ON v.person_id = p.person_id GROUP BY 1", "AT TIME ZONE p.state", "day AT TIME ZONE 'America/New_York'"),
     ("SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM "
      "visits WHERE amount > 100) t", "INTERSECT", "SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a "
      "INTERSECT"),
 ])
 def test_a_refusal_of_a_construct_says_the_form_dpsql_answers(engine, analyst, sql, construct, instead):
-    """DISTINCT ON (a unit's first row), ANY over an array column, AT TIME ZONE, a set operation that is not of
+    """DISTINCT ON (a unit's first row), ANY over an array column, AT TIME ZONE a column, a set operation not of
     sets of people: each refusal names the construct as written and the nearest form that is answered."""
     with pytest.raises(errors.UnsupportedQuery) as refused:
         engine.query(sql, analyst=analyst)

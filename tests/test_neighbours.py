@@ -285,6 +285,21 @@ def test_neighbour_moves_exact_answers_by_at_most_the_sensitivity(engine, base_u
     _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
 
 
+# PostgreSQL only (the zones are the ones it lists): a time at a zone keeps its column's bounds, a day wider
+ZONED_QUERIES = [
+    "SELECT date_trunc('month', day AT TIME ZONE 'America/New_York') AS m, COUNT(*), SUM(amount) FROM visits "
+    "GROUP BY 1",
+    "SELECT EXTRACT(HOUR FROM CAST(day AS timestamp) AT TIME ZONE 'Asia/Tokyo') AS h, COUNT(*) FROM visits GROUP BY 1",
+    "SELECT COUNT(*) FROM visits WHERE day AT TIME ZONE 'UTC' >= TIMESTAMP '2024-06-01'",
+    "SELECT to_char(day AT TIME ZONE 'Europe/Paris', 'YYYY-MM') AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
+]
+
+
+@pytest.mark.parametrize("sql", ZONED_QUERIES)
+def test_a_time_at_a_zone_moves_within_the_sensitivity(engine, base_url, neighbour_url, sql):
+    _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
+
+
 MIN_FREQUENCY = 50
 MIN_FREQUENCY_QUERIES = [
     "SELECT state, COUNT(*) FROM people GROUP BY state",  # the neighbour's own state ZZ has one unit

@@ -3,6 +3,8 @@ for the column exactly (dpsql/sql/times.py): checked against PostgreSQL itself."
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
 from sqlglot import exp
@@ -146,3 +148,35 @@ def test_to_char_of_a_released_key_is_post_processing(engine, analyst, base_url)
     assert [row[0] for row in answer.rows] == months and answer.types == ["text", "int8"]
     with pytest.raises(errors.UnsupportedQuery, match="over a GROUP BY key or a number, not a noisy date"):
         engine.prepare("SELECT category, to_char(MIN(day), 'YYYY') FROM visits GROUP BY category")
+
+
+def test_a_time_at_a_named_zone_is_answered_with_its_periods_and_a_zone_postgresql_lacks_costs_nothing(
+        engine, analyst, base_url):
+    """`day AT TIME ZONE 'America/New_York'` keeps the day's declared bounds, a day wider on either side (every
+    zone PostgreSQL lists is within a day of UTC), so date_trunc of it releases the months of that span; at UTC
+    in a UTC session the span is the column's own. A zone PostgreSQL does not list ('UTC+100', a POSIX zone
+    over four days off, or a misspelt name) is refused with 22023 before anything runs, and a zone that is not
+    a constant with a hint; a number at a zone is PostgreSQL's 42883."""
+    with psycopg.connect(base_url) as conn:
+        zone = conn.execute("SHOW TimeZone").fetchone()[0]
+    months = "SELECT date_trunc('month', day AT TIME ZONE '{}') AS m, COUNT(*) FROM visits GROUP BY 1"
+    new_york = engine.query(months.format("America/New_York"), analyst=analyst, epsilon=1.0)
+    assert [str(row[0].date()) for row in new_york.rows[:2]] == ["2023-12-01", "2024-01-01"]
+    assert new_york.types[0] == "timestamp" and len(new_york.rows) == 14
+    utc = engine.query(months.format("UTC"), analyst=analyst, epsilon=1.0)
+    assert len(utc.rows) == (12 if zone.lower() in ("utc", "etc/utc") else 14)
+    spent = engine.budget(analyst).epsilon_basic
+    for bad in ("UTC+100", "Mars/Olympus"):
+        refused = re.escape(f'time zone "{bad}" is not one PostgreSQL lists')
+        with pytest.raises(errors.InvalidConstant, match=refused) as err:
+            engine.query(f"SELECT COUNT(*) FROM visits WHERE day AT TIME ZONE '{bad}' > TIMESTAMP '2024-06-01'",
+                         analyst=analyst, epsilon=1.0)
+        assert err.value.sqlstate == "22023"
+    with pytest.raises(errors.UnsupportedQuery, match="AT TIME ZONE") as err:
+        engine.query("SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id "
+                     "WHERE day AT TIME ZONE p.state > TIMESTAMP '2024-06-01'", analyst=analyst, epsilon=1.0)
+    assert "AT TIME ZONE 'America/New_York'" in err.value.hint
+    with pytest.raises(errors.InvalidQuery, match="reads a date or a time") as err:
+        engine.query("SELECT COUNT(*) FROM people WHERE age AT TIME ZONE 'UTC' > 3", analyst=analyst, epsilon=1.0)
+    assert err.value.sqlstate == "42883"
+    assert engine.budget(analyst).epsilon_basic == spent  # none of them charged

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 
@@ -47,6 +48,10 @@ INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT:
                    exp.DataType.Type.BIGINT: 2**63 - 1}
 FLOAT_CASTS = {exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT}
 TIMESTAMP_CASTS = {exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ}
+UTC_ZONES = {"utc", "etc/utc", "gmt", "etc/gmt", "z", "zulu", "uct", "universal", "etc/universal", "etc/uct",
+             "etc/zulu", "gmt0", "etc/gmt0", "gmt+0", "gmt-0", "etc/gmt+0", "etc/gmt-0", "greenwich", "etc/greenwich"}
+TIME_CASTS = {exp.DataType.Type.DATE: "date", exp.DataType.Type.TIMESTAMP: "timestamp",
+              exp.DataType.Type.TIMESTAMPTZ: "timestamptz"}
 EPOCH_TIMESTAMPS = (-210_866_803_200, 9_224_318_015_999)  # the seconds to_timestamp accepts (4714 BC to 294276 AD)
 TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week", "month", "quarter",
                "year", "decade", "century", "millennium")
@@ -95,8 +100,9 @@ def _width_bucket(value: float, low: float, high: float, count: int) -> tuple[in
 class Expressions:
     """Ranges and guards for the expressions of one query, given how to find each column's declaration."""
 
-    def __init__(self, lookup) -> None:
+    def __init__(self, lookup, session_zone: Callable[[], str | None] = lambda: None) -> None:
         self.column = lookup  # exp.Column -> its declared schema Column, or None
+        self.session_zone = session_zone  # the backend session's TimeZone, once the analysis knows it
 
     # --- guard ------------------------------------------------------------------------------------------
 
@@ -118,6 +124,8 @@ class Expressions:
             node.set("this", self._clamped_times(node.this))
             if not isinstance(node.expression, exp.Interval):
                 node.set("expression", self._clamped_times(node.expression))
+        if isinstance(node, exp.AtTimeZone):  # the time read within its declared bounds: the shift cannot overflow
+            node.set("this", self._clamped_times(node.this))
         if isinstance(node, exp.Extract):
             declared = self._declared_epoch(node)
             node.set("expression", clamp(node.expression, declared) if declared is not None
@@ -359,6 +367,9 @@ class Expressions:
             return "timestamp" if self.time_type(node.this) == "timestamp" else "timestamptz"
         if isinstance(node, exp.UnixToTime):
             return "timestamptz"
+        if isinstance(node, exp.AtTimeZone):  # a date is read as a timestamptz first; the zone turns the one into
+            inner = self._zoned_type(node.this)  # the other
+            return None if inner is None else "timestamptz" if inner == "timestamp" else "timestamp"
         if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
             inner = self.time_type(node.this)
             return "timestamp" if inner == "date" else inner  # a date plus an interval is a timestamp
@@ -387,6 +398,8 @@ class Expressions:
             low, high = (datetime.datetime.combine(v, datetime.time()) if type(v) is datetime.date else v
                          for v in inner)
             return _within_years(low - span, high + datetime.timedelta(days=1))  # a day of time zones to spare
+        if isinstance(node, exp.AtTimeZone):
+            return self._zoned_bounds(node)
         if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
             inner, step = self.time_bounds(node.this), interval_step(node.expression)
             if inner is None or step is None:
@@ -549,7 +562,7 @@ class Expressions:
 
     def _is_timestamp(self, node: exp.Expression) -> bool:
         """Whether `node` is certainly a timestamp (with or without time zone), not a date."""
-        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime):
+        if isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.UnixToTime | exp.AtTimeZone):
             return True
         if isinstance(node, exp.Cast):
             return node.to.this in TIMESTAMP_CASTS
@@ -582,6 +595,37 @@ class Expressions:
 
     def _is_temporal(self, node: exp.Expression) -> bool:
         return self.time_type(node) is not None
+
+    def _zoned_type(self, node: exp.Expression) -> str | None:
+        """The type of a time that AT TIME ZONE reads: `time_type`, or the type it is cast to (day::timestamp)."""
+        inner = _uncast_time(node)
+        if inner is node.unnest():
+            return self.time_type(inner)
+        return TIME_CASTS[node.unnest().to.this] if self.time_type(inner) is not None else None
+
+    def _zoned_bounds(self, node: exp.AtTimeZone) -> tuple[Time, Time] | None:
+        """`time_bounds` of a time at a zone PostgreSQL lists (`times.check_time_zones`): within a day of the time
+        read, as every listed zone is within a day of UTC; the time itself where no offset applies (UTC, and a
+        date or timestamptz read in a session at UTC), so that no empty period is released at either end."""
+        inner = self.time_bounds(_uncast_time(node.this)) if self.time_type(node) is not None else None
+        if inner is None:
+            return None
+        low, high = (datetime.datetime.combine(v, datetime.time()) if type(v) is datetime.date else v for v in inner)
+        utc = node.args["zone"].name.lower() in UTC_ZONES and (
+            self._zoned_type(node.this) == "timestamp" or (self.session_zone() or "").lower() in UTC_ZONES)
+        slack = datetime.timedelta(days=0 if utc else 1)
+        return _within_years(low - slack, high + slack)
+
+    def _range_attimezone(self, node: exp.AtTimeZone) -> None:
+        """Not a number: refused where the time it reads has no declared bounds (its shift could overflow)."""
+        if self.time_type(node) is None:  # PostgreSQL's own error, whatever the data
+            raise InvalidQuery(f"{to_sql(node)}: AT TIME ZONE reads a date or a time, and {to_sql(node.this)} is "
+                               "neither", "convert a date or a timestamp: day AT TIME ZONE 'UTC'", sqlstate="42883")
+        if self.time_bounds(node) is None:
+            raise UnsupportedQuery(f"{to_sql(node)}: AT TIME ZONE is answered for a date or timestamp column with "
+                                   "declared bounds (or a cast of one)",
+                                   "declare lower and upper for the column in the privacy schema")
+        return None
 
     def _range_widthbucket(self, node: exp.WidthBucket) -> Range:
         self._require_constant(node, ("min_value", "max_value", "num_buckets"), "width_bucket's bounds and count")
@@ -720,6 +764,15 @@ def _ancestors(node: exp.Expression):
     while node.parent is not None:
         node = node.parent
         yield node
+
+
+def _uncast_time(node: exp.Expression) -> exp.Expression:
+    """The time under a cast to date, timestamp or timestamptz (`day::timestamp AT TIME ZONE 'UTC'`): its bounds are
+    the cast's, read as dates or naive datetimes; anything else as it is."""
+    node = node.unnest()
+    if isinstance(node, exp.Cast) and node.to.this in TIME_CASTS:
+        return node.this.unnest()
+    return node
 
 
 def _within_years(low: Time, high: Time) -> tuple[Time, Time] | None:

@@ -220,9 +220,11 @@ def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     or timestamp column shifted by an interval, the periods of the shifted bounds (a timestamp, truncated as it
     stands); of a date column plus a number of days, those of the shifted dates."""
     shifted = node.this.unnest()
-    shifted_type = scope.exprs.time_type(shifted) if isinstance(shifted, exp.Add | exp.Sub) else None
-    if shifted_type is not None and (shifted_type, isinstance(shifted.expression, exp.Interval)) in (
-            ("timestamp", True), ("date", False)) and node.args.get("unit") is not None:
+    shifted_type = scope.exprs.time_type(shifted) if isinstance(shifted, exp.Add | exp.Sub | exp.AtTimeZone) \
+        else None
+    zoned = isinstance(shifted, exp.AtTimeZone)  # a timestamp in the zone's wall time, or a timestamptz
+    if shifted_type is not None and (zoned or (shifted_type, isinstance(shifted.expression, exp.Interval)) in (
+            ("timestamp", True), ("date", False))) and node.args.get("unit") is not None:
         bounds = scope.exprs.time_bounds(shifted)
         if bounds is None:
             return None

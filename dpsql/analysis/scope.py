@@ -92,7 +92,7 @@ class Scope:
     local_key: tuple[int, LocalRandomizer] | None = None  # a locally randomized group key: (position, randomizer)
 
     def __post_init__(self) -> None:
-        self.exprs = Expressions(self.declared_column)
+        self.exprs = Expressions(self.declared_column, lambda: self.time_zone)
 
     @property
     def tree(self) -> exp.Select:

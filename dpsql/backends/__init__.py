@@ -49,6 +49,10 @@ class Backend(Protocol):
     def time_zone(self) -> str | None:
         """The session time zone in which dates are truncated, or None where it is not known."""
 
+    def time_zone_names(self) -> frozenset[str] | None:
+        """The zones AT TIME ZONE may name, in lower case (names and abbreviations, each within a day of UTC), or
+        None where the backend lists none."""
+
     def indexed_columns(self) -> frozenset[tuple[str, str]] | None:
         """(table, column) pairs that lead an index, which lets the engine read a table's units in order."""
 

@@ -275,6 +275,9 @@ class DuckDBBackend:
     def time_zone(self) -> None:
         return None  # date_trunc's periods are not computed for DuckDB's timestamps: its keys stay private
 
+    def time_zone_names(self) -> None:
+        return None  # AT TIME ZONE is answered on PostgreSQL, whose zones the analysis knows
+
     def indexed_columns(self) -> None:
         return None
 

@@ -248,11 +248,19 @@ class PostgresBackend:
         """The TimeZone of the sessions that run the queries (the server's or the database's default)."""
         return str(self.execute("SHOW TimeZone")[0][0])
 
+    def time_zone_names(self) -> frozenset[str]:
+        """The zone names and abbreviations PostgreSQL lists, in lower case (it matches them regardless of case),
+        whose offset from UTC is under a day (all of them: a POSIX zone, 'UTC+100', is not listed)."""
+        return frozenset(str(name).lower() for (name,) in self.execute(TIME_ZONE_NAMES))
+
     def close(self) -> None:
         self._pool.close()
 
 
 EXPLAIN = "EXPLAIN (COSTS OFF) "
+TIME_ZONE_NAMES = """
+    SELECT name FROM pg_timezone_names WHERE abs(extract(epoch FROM utc_offset)) < 86400
+    UNION SELECT abbrev FROM pg_timezone_abbrevs WHERE abs(extract(epoch FROM utc_offset)) < 86400"""
 CATALOG_COLUMNS = """
     SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull AND c.relkind IN ('r', 'p'),
            t.typtype = 'e'

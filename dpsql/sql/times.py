@@ -21,11 +21,12 @@ from __future__ import annotations
 import calendar
 import datetime
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dpsql.errors import InvalidConstant
+from dpsql.errors import InvalidConstant, UnsupportedQuery
 from dpsql.schema import PrivacySchema
 
 CLOCKS = (exp.CurrentTimestamp, exp.CurrentDate, exp.Localtimestamp)
@@ -236,3 +237,22 @@ def literal(value: Time) -> exp.Expression:
 
 
 __all__ = ["CLOCKS", "fold_times", "literal", "time_value"]
+
+
+def check_time_zones(tree: exp.Select, listed: Callable[[], frozenset[str] | None]) -> None:
+    """Refuse, before anything is charged, AT TIME ZONE with a zone that PostgreSQL does not list (`listed()`, lower
+    case, as `Backend.time_zone_names` reads them, asked for only where a zone is named; None where the backend
+    lists none). PostgreSQL would fail on it only where a row reaches it, after the charge. A listed name or
+    abbreviation is within a day of UTC, which `Expressions.time_bounds` allows for; a POSIX zone ('UTC+100') may
+    be days off and is refused with the rest."""
+    zones = [node.args["zone"].name for node in tree.find_all(exp.AtTimeZone)]
+    names = listed() if zones else None
+    for zone in zones:
+        if names is None:
+            raise UnsupportedQuery(f"AT TIME ZONE '{zone}' is answered on PostgreSQL only",
+                                   "group by the time as stored: date_trunc('month', day)")
+        if zone.lower() not in names:
+            raise InvalidConstant(f'time zone "{zone}" is not one PostgreSQL lists in pg_timezone_names or '
+                                  "pg_timezone_abbrevs; nothing was run or charged",
+                                  "name a listed zone, e.g. AT TIME ZONE 'America/New_York' or 'UTC'",
+                                  sqlstate="22023")
