@@ -27,9 +27,9 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
     if not plan.grouped and not plan.histograms and all(m.kind == "units" for m in plan.measures):
         return None  # an ungrouped count of units: each adds at most 1, whatever its rows
     steps = 2 if plan.neighbouring == "replace" else 1
-    if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value
-        cap = math.ceil(plan.bounded_sum.unit_range[1])
-        squares = plan.bounded_sum.squares_of is not None
+    if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value, each sum
+        cap = math.ceil(sum(m.unit_range[1] for m in plan.bounded_sums))
+        squares = plan.bounded_sums[0].squares_of is not None
         return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
                                       margin=SQUARES_MARGIN if squares else TOTALS_MARGIN,
                                       many_cells_margin=SQUARES_MARGIN // 2 if squares else MANY_CELLS_TOTALS_MARGIN)
@@ -121,17 +121,24 @@ SQUARES_MARGIN = 64
 
 
 def bounds_totals(plan: Plan) -> bool:
-    """Whether the race bounds each unit's total of the query's sum rather than its rows: SUMs, AVGs, variances
+    """Whether the race bounds each unit's total of the query's sums rather than its rows: SUMs, AVGs, variances
     and standard deviations of one non-negative value (one sum measure, or its sum and its sum of squares, whose
-    total the race then bounds; beside counts), no top-k or quantile.
+    total the race then bounds; beside counts), or several sums of values of one declared range (a pivot's
+    SUM(amount) FILTER (WHERE category = 'lab'), ... columns, or a share SUM(CASE WHEN c THEN x ELSE 0 END) /
+    SUM(x): the race bounds each unit's total of all of them together, `Plan.bounded_sums`), no top-k or
+    quantile. Sums of different ranges keep the race over rows: a bound on the total of SUM(amount) beside
+    SUM(age) would give the ages the amounts' noise. Measured on the demo data at ε = 1 (10 answers of 8
+    cells, /tmp scripts): SUM(amount) by category for each half of the year, two FILTER columns, had 237%
+    median error over 20,000 people and 64% over 100,000 (a rows race at up to 100 visits of 5,000 each).
     A unit's total is what moves the sum; its rows bound it only through their number times the largest value,
     which for a heavy-tailed value is far above what most units hold (a visit's amount is declared up to
     5,000, a heavy user's year totals a few thousand). The counts beside it (an AVG's, a COUNT(*)) and partition
     selection (the groups a unit reaches) get the rows per unit of a race of their own in the same pass
     (`Prepared.rows_race`), enforced on the rows the sum keeps."""
     sums = [m for m in plan.measures if m.kind == "sum"]
-    one_value = len(sums) == 1 or len(sums) == 2 and sums[1].squares_of == sums[0].name
-    return (plan.unit_total is not None and one_value and all(
+    squares = len(sums) == 2 and sums[1].squares_of == sums[0].name
+    one_range = all(s.squares_of is None and s.row_range.hi == sums[0].row_range.hi for s in sums)
+    return (plan.unit_total is not None and (squares or one_range) and all(
                 s.centre == 0 and s.row_range.lo >= 0 and s.unit_range[1] >= 1 for s in sums)
             and all(m.kind in ("count", "units") for m in plan.measures if m.kind != "sum")
             and not plan.histograms and not plan.top_k)
@@ -141,7 +148,8 @@ def race_note(plan: Plan, totals: Plan | None, race: RaceToTheTop, rows_race: Ra
               calibration: Calibration, race_answers: bool, epsilon: float) -> str:
     """What explain says of a bound chosen from the data: which race, at what ε, and what its fallback and the
     answer read."""
-    chosen = (f"each unit's total of {totals.bounded_sum.label} over all groups: chosen at query time from "
+    summed = " + ".join(m.label for m in totals.bounded_sums) if totals else ""
+    chosen = (f"each unit's total of {summed} over all groups: chosen at query time from "
               f"the data below {race.taus[-1]:,} (its rows times the declared range)" if totals else
               f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
     read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \

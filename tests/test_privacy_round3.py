@@ -746,7 +746,7 @@ def test_a_variance_raced_over_its_units_totals_of_squares_moves_within_its_sens
     for bound, rows in ((1, 2), (4096, 2), (10**6, 8), (10**6, None)):
         bounded = engine._bounded_at(prepared, bound, 0.0, rows if prepared.rows_race is not None else None)
         plan = bounded.plan
-        squares = plan.bounded_sum
+        (squares,) = plan.bounded_sums
         (plain,) = [m for m in plan.measures if m.kind == "sum" and m is not squares]
         assert squares.squares_of == plain.name and plan.unit_total == bound and squares.sensitivity == bound
         assert plain.sensitivity == pytest.approx(min(plan.rows_per_unit * 1000, math.sqrt(plan.rows_per_unit * bound)))
@@ -819,3 +819,50 @@ def test_what_an_answer_lends_the_races_choice_leaves_it_within_its_charge_in_bo
             assert kept < charged.epsilon - spent  # basic composition alone would have overspent ρ
         else:
             assert kept == pytest.approx(charged.epsilon - spent)
+
+
+@pytest.mark.parametrize("per_day", [1, 5, 25])
+@pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, stddev_pop(amount) FROM visits GROUP BY 1",
+                                 "SELECT CAST(day AS text) AS d, SUM(amount) FILTER (WHERE category = 'lab'), "
+                                 "SUM(CASE WHEN category <> 'lab' THEN amount ELSE 0 END) FROM visits GROUP BY 1",
+                                 "SELECT SUM(amount) FILTER (WHERE category = 'lab') / SUM(amount) FROM visits"])
+def test_a_units_sums_weighed_down_to_a_total_move_within_their_sensitivities_however_its_rows_gather(
+        base_url, sql, per_day):
+    """With the shipped schema (100 visits a person), private keys and the rows per unit at their cap, each unit
+    keeps 4 groups, and its sums are scaled per unit and group (`per_unit._scaled_to_total`). A neighbour with
+    100 visits of 5,000 gathered 1, 5 or 25 to a day moves every measure within its sensitivity, at bounds from
+    10^5 to 10^7 below the race's cap. Before, each sum was clamped per group and scaled by its own total: a variance's plain sum
+    moved by up to 4 times its sensitivity sqrt(k·B) (25 a day, B = 10^7: 126,491 against 31,623). Several sums
+    of one range (a pivot's FILTER columns, a share) are weighed down together by their combined total."""
+    import datetime
+
+    from tests.conftest import SHIPPED_SCHEMA
+
+    person = 777_777_777
+    engine = Engine(Settings(database=base_url), load_schema(SHIPPED_SCHEMA))
+    try:
+        prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+        assert prepared.race_totals
+        for bound in (b for b in (10**5, 4 * 10**5, 10**7) if b < prepared.race.taus[-1]):  # below the cap
+            bounded = engine._bounded_at(prepared, bound, 0.0, None)
+            plan = bounded.plan
+            assert plan.unit_total == bound and len(plan.bounded_sums) == (1 if "stddev" in sql else 2)
+            keys = len(plan.group_keys)
+            answers = {}
+            with psycopg.connect(base_url) as conn:  # the neighbour, added in a transaction rolled back
+                answers["base"] = {tuple(r[:keys]): r[keys:] for r in conn.execute(bounded.rewritten.sql).fetchall()}
+                conn.execute("INSERT INTO people VALUES (%s, 40, 'M', 'CA', 1000)", (person,))
+                rows = [(person * 1000 + i, person, datetime.date(2024, 3, 1) + datetime.timedelta(days=i // per_day),
+                         "lab" if i % 2 else "dental", 5000.0) for i in range(100)]
+                conn.cursor().executemany("INSERT INTO visits VALUES (%s, %s, %s, %s, %s)", rows)
+                answers["neighbour"] = {tuple(r[:keys]): r[keys:]
+                                        for r in conn.execute(bounded.rewritten.sql).fetchall()}
+                conn.rollback()
+            zero = [0] * (len(plan.measures) + 1)
+            groups = set(answers["base"]) | set(answers["neighbour"])
+            for i, measure in enumerate(plan.measures):
+                moved = sum(abs(float(answers["base"].get(k, zero)[i] or 0)
+                                - float(answers["neighbour"].get(k, zero)[i] or 0)) for k in groups)
+                assert moved <= measure.sensitivity * (1 + 1e-9), (bound, measure.label, moved)
+    finally:
+        engine.close()

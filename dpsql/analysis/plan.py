@@ -35,7 +35,7 @@ class Measure:
     coordinates: int  # how many groups one neighbour can change
     centre: float = 0.0  # sum only: the statistic is SUM(expr - centre), computed as SUM(expr) - centre·COUNT(expr)
     # sum only: the name of the plain sum whose values this one sums the squares of (a variance's); where a race
-    # bounds each unit's total of a sum, this is the sum it bounds (`Plan.bounded_sum`)
+    # bounds each unit's total of a sum, this is the sum it bounds (`Plan.bounded_sums`)
     squares_of: str | None = None
 
     @property
@@ -210,11 +210,14 @@ class Plan:
         return [m.name for m in self.measures if m.kind == "count" and m.expr is None]
 
     @property
-    def bounded_sum(self) -> Measure:
-        """The sum whose units' totals are bounded (`unit_total`, or chosen by R2T's race over them): a variance's
-        sum of squares, else the first."""
+    def bounded_sums(self) -> list[Measure]:
+        """The sums whose per-row values add up to what a unit's bounded total counts (`unit_total`, or chosen by
+        R2T's race over it): a variance's sum of squares alone, else every sum (several only where their values
+        share one declared range, `chosen_bounds.bounds_totals`: a pivot's SUM(x) FILTER (WHERE ...) columns).
+        Each unit's sums are weighed down together until that total is at most the bound, so each sum's total
+        over all groups is at most the bound too (its values are non-negative and part of the total)."""
         sums = [m for m in self.measures if m.kind == "sum"]
-        return next((m for m in sums if m.squares_of is not None), sums[0])
+        return [m for m in sums if m.squares_of is not None][:1] or sums
 
     @cached_property
     def histogram(self) -> dict[str, Histogram]:

@@ -49,11 +49,13 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if _column(plan, m) == m.name)]
     per_unit = ["dpsql_unit", *keys]
     for m in plan.measures:
+        total = aggregate(m, _column(plan, m)) if m.kind != "units" else None
         if m.kind == "units":
             per_unit.append(f"1 AS {m.name}")
+        elif plan.unit_total is not None and m.kind == "sum":  # weighed down with the unit's other sums, unclamped
+            per_unit.append(f"COALESCE({total}, 0) AS {m.name}")  # (`_scaled_to_total`)
         else:  # the unit's total, clamped to what k rows could give
             lo, hi = (literal(v) for v in m.unit_range)
-            total = aggregate(m, _column(plan, m))
             per_unit.append(f"LEAST(GREATEST(COALESCE({total}, 0), {lo}), {hi}) AS {m.name}")
     ctes = [rows_cte(plan, rows, present(plan.unit), hash_seed)]
     rows_of_units = "dpsql_rows"
@@ -61,7 +63,7 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
         columns = ["dpsql_unit", *keys, *(m.name for m in plan.measures if _column(plan, m) == m.name)]
         form = _rows_total_form(plan)
         if form == "weighed":
-            heavier = f"SUM({_column(plan, plan.bounded_sum)}) > {literal(plan.unit_total)}"
+            heavier = f"SUM({_bounded_total(plan)}) > {literal(plan.unit_total)}"
             return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(
                 columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order,
                 voters_up_to=plan.selection_rows))
@@ -79,7 +81,7 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     ctes.append(f"dpsql_per_unit AS (SELECT {', '.join(per_unit)} FROM {rows_of_units}"
                 f"{group_by(['dpsql_unit', *keys])}{unit_order})")
     source, where = "dpsql_per_unit", ""
-    if plan.unit_total is not None and keys:
+    if plan.unit_total is not None:
         ctes.append(_scaled_to_total(plan, keys))
         source = "dpsql_scaled"
     if plan.cap_groups:
@@ -90,6 +92,24 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
         source, where = "dpsql_capped", f" WHERE dpsql_rank <= {plan.max_groups}"
     select = ", ".join([*keys, *(f"SUM({m.name}) AS {m.name}" for m in plan.measures), units_item(plan)])
     return f"WITH {', '.join(ctes)} SELECT {select} FROM {source}{where}{group_by(keys)}"
+
+
+def _bounded_total(plan: Plan, per_unit: bool = False) -> str:
+    """A row's value of what each unit's total is bounded for (`Plan.bounded_sums`): the one sum's column of
+    `dpsql_rows`, or its sums' columns added up, each NULL as 0; `per_unit`: of `dpsql_per_unit`, whose sums are
+    never NULL."""
+    columns = [m.name if per_unit else _column(plan, m) for m in plan.bounded_sums]
+    if len(columns) == 1:
+        return columns[0]
+    return " + ".join(columns if per_unit else (f"COALESCE({c}, 0)" for c in columns))
+
+
+def _fraction(cap: float) -> str:
+    """The bound as the numerator of a weight, written with a decimal point: PostgreSQL's SUM of bigints is a
+    numeric, but the types sqlglot gives it on the way to DuckDB are integers, and there an integral numerator
+    made the weight an integer division (a weight of 0 for a heavy unit; the neighbour fuzzer's seed 2026)."""
+    text = literal(cap)
+    return text if any(c in text for c in ".eE") else f"{text}.0"
 
 
 def _column(plan: Plan, measure: Measure) -> str | None:
@@ -126,13 +146,18 @@ def _votes() -> str:
 
 
 def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
-    """`dpsql_scaled`: each unit's per-group sums times min(1, cap / the unit's sum over all its groups), so
-    one unit's totals add up to at most the cap over all groups (`Plan.unit_total`): the sensitivity of every
-    group's sum together, however many groups the unit reaches. The totals are non-negative (the analysis
-    allows the bound only for sums of non-negative values); a unit whose total is 0 is kept as it is."""
-    cap = literal(plan.unit_total)
-    scaled = [f"{m.name} * LEAST(1.0, {cap} / NULLIF(SUM({m.name}) OVER (PARTITION BY dpsql_unit), 0)) AS {m.name}"
-              if m.kind == "sum" else m.name for m in plan.measures]  # counts keep their k rows over all groups
+    """`dpsql_scaled`: each unit's per-group sums times one factor, min(1, cap / the unit's bounded total over all
+    its groups, `Plan.bounded_sums`), so that total adds up to at most the cap over all groups
+    (`Plan.unit_total`): the sensitivity of every group's sum together, however many groups the unit reaches,
+    and of each sum that is part of it. A variance's plain sum takes its sum of squares' factor g, so it adds up
+    to at most g·sqrt(n·S) <= sqrt(k·cap) over the unit's n <= k rows (Cauchy-Schwarz), the sensitivity the
+    analysis gives it. Before, each sum was clamped per group and scaled by its own total: a person with 25
+    visits on each of 4 days moved a plain sum by 4 times its sensitivity. The totals are non-negative (the
+    analysis allows the bound only for sums of non-negative values); a unit whose total is 0 is kept as it is."""
+    factor = (f"LEAST(1.0, {_fraction(plan.unit_total)} / NULLIF(SUM({_bounded_total(plan, per_unit=True)}) "
+              "OVER (PARTITION BY dpsql_unit), 0))")
+    scaled = [f"{m.name} * {factor} AS {m.name}" if m.kind == "sum" else m.name
+              for m in plan.measures]  # counts keep their k rows over all groups
     return f"dpsql_scaled AS (SELECT {', '.join(['dpsql_unit', *keys, *scaled])} FROM dpsql_per_unit)"
 
 
@@ -155,7 +180,9 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     """
     unit_order = in_order_of_units(in_unit_order)
     if totals:
-        items = [f"{sql(plan.unit)} AS dpsql_unit", f"{sql(plan.bounded_sum.expr)} AS dpsql_value"]
+        values = [sql(m.expr) for m in plan.bounded_sums]
+        value = values[0] if len(values) == 1 else " + ".join(f"COALESCE({v}, 0)" for v in values)
+        items = [f"{sql(plan.unit)} AS dpsql_unit", f"{value} AS dpsql_value"]
         thresholds = ", ".join(str(int(c)) for c in caps)
         ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),
                 f"dpsql_totals AS (SELECT COALESCE(SUM(dpsql_value), 0) AS dpsql_total"
@@ -233,7 +260,7 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     selection reads each group's rows of the units with at most g rows (`dpsql_vote`); a group only other units
     reach is returned with 0 (`Plan.selection_uncounted_groups`)."""
     keys = [k.name for k in plan.group_keys]
-    total, cap = _column(plan, plan.bounded_sum), literal(plan.unit_total)
+    total, cap = _bounded_total(plan), _fraction(plan.unit_total)
     voting = plan.selects_on_voters
 
     def part(source: str, units: str, weighed: bool = False) -> str:
