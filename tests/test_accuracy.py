@@ -146,10 +146,10 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
 
 
 def test_a_median_by_category_lands_within_its_rank_error_of_the_asked_rank(shipped, people_url):
-    """A percentile is chosen from a histogram whose rank error is proportional to the rows each unit keeps: 4
+    """A percentile is chosen from a histogram whose rank error is proportional to the rows each unit keeps: 8
     (`chosen_bounds.CHOSEN_ROWS`), not a race's choice. At four times the race's τ the demo's median amount by
-    category was 7.1% off (median of 30 answers; 38% at the 90th percentile), at τ 1.5% (8.7%), at 4 rows 1.2%
-    (2.2%). Each answer's
+    category was 7.1% off (median of 30 answers; 38% at the 90th percentile), at τ 1.5% (8.7%), at 8 rows 1.2%
+    (5.4%). Each answer's
     rank in the exact data is within its reported rank error of the asked rank (the rows the bound leaves out
     move it little: the demo's heavy people spend as others do) in at least 93% of the cells, and the median error
     is a few percent."""
