@@ -292,6 +292,9 @@ ZONED_QUERIES = [
     "SELECT EXTRACT(HOUR FROM CAST(day AS timestamp) AT TIME ZONE 'Asia/Tokyo') AS h, COUNT(*) FROM visits GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day AT TIME ZONE 'UTC' >= TIMESTAMP '2024-06-01'",
     "SELECT to_char(day AT TIME ZONE 'Europe/Paris', 'YYYY-MM') AS m, COUNT(DISTINCT person_id) FROM visits GROUP BY 1",
+    "SELECT (DATE(day AT TIME ZONE 'UTC')) AS d, COUNT(*) FROM visits GROUP BY 1",  # Looker's day
+    "SELECT date_trunc('week', CAST(day AS timestamp)) AS w, COUNT(*), SUM(amount) FROM visits "
+    "WHERE day >= DATE '2024-03-01' GROUP BY 1",  # Metabase's week of a date column
 ]
 
 

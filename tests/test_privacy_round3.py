@@ -831,9 +831,9 @@ def test_a_units_sums_weighed_down_to_a_total_move_within_their_sensitivities_ho
     """With the shipped schema (100 visits a person), private keys and the rows per unit at their cap, each unit
     keeps 4 groups, and its sums are scaled per unit and group (`per_unit._scaled_to_total`). A neighbour with
     100 visits of 5,000 gathered 1, 5 or 25 to a day moves every measure within its sensitivity, at bounds from
-    10^5 to 10^7 below the race's cap. Before, each sum was clamped per group and scaled by its own total: a variance's plain sum
-    moved by up to 4 times its sensitivity sqrt(k·B) (25 a day, B = 10^7: 126,491 against 31,623). Several sums
-    of one range (a pivot's FILTER columns, a share) are weighed down together by their combined total."""
+    10^5 to 10^7 below the race's cap. Before, each sum was clamped per group and scaled by its own total: a
+    variance's plain sum moved by up to 4 times its sensitivity sqrt(k·B) (25 a day, B = 10^7: 126,491 against
+    31,623). Several sums of one range (a pivot's FILTER columns, a share) are weighed down by their total."""
     import datetime
 
     from tests.conftest import SHIPPED_SCHEMA

@@ -132,8 +132,13 @@ def _bound_rows_over_groups(scope: Scope, k: int, domain: list[tuple] | None) ->
 
 def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) -> tuple | None:
     """The public values of a key expression, or None when they are not declared."""
+    node = node.unnest()  # Looker parenthesizes its keys: (DATE(day AT TIME ZONE 'UTC'))
     if isinstance(node, exp.Cast) and node.to.is_type("date") and scope.exprs.time_type(node.this) == "date":
         return key_domain(scope, node.this, value_range)  # date(day): the date itself
+    if isinstance(node, exp.Cast) and node.to.is_type("date") and _moved_time(scope, node.this.unnest()):
+        # the day of a moved time (Looker's DATE(day AT TIME ZONE 'UTC')): date_trunc('day', …)::date's dates
+        return _period_dates(scope, exp.Cast(this=exp.TimestampTrunc(this=node.this, unit=exp.var("day")),
+                                             to=exp.DataType.build("date")))
     if isinstance(node, exp.Column):
         column = scope.declared_column(node)
         if column is not None and column.domain is not None:
@@ -218,24 +223,26 @@ def _shifted_domain(scope: Scope, node: exp.Add | exp.Sub) -> tuple | None:
 def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     """The periods of date_trunc(unit, column) over a column with declared bounds (`calendar.periods`); of a date
     or timestamp column shifted by an interval, the periods of the shifted bounds (a timestamp, truncated as it
-    stands); of a date column plus a number of days, those of the shifted dates."""
-    shifted = node.this.unnest()
-    shifted_type = scope.exprs.time_type(shifted) if isinstance(shifted, exp.Add | exp.Sub | exp.AtTimeZone) \
-        else None
-    zoned = isinstance(shifted, exp.AtTimeZone)  # a timestamp in the zone's wall time, or a timestamptz
-    if shifted_type is not None and (zoned or (shifted_type, isinstance(shifted.expression, exp.Interval)) in (
-            ("timestamp", True), ("date", False))) and node.args.get("unit") is not None:
-        bounds = scope.exprs.time_bounds(shifted)
-        if bounds is None:
-            return None
-        low, high = (temporal_number(shifted_type, v) for v in bounds)
-        return periods(shifted_type, low, high, node.args["unit"].name, scope.time_zone, MAX_DOMAIN)
-    column = scope.declared_column(node.this) if isinstance(node.this, exp.Column) else None
+    stands); of a date column plus a number of days, those of the shifted dates; of a date column cast to a
+    timestamp, the periods of its midnights. A column's bounds are narrowed by the WHERE's comparisons of it
+    with constants."""
     unit = node.args.get("unit")
-    if column is None or not column.is_temporal or column.lower is None or column.upper is None or unit is None:
+    inner = node.this.unnest()
+    if unit is None:
+        return None
+    cast = isinstance(inner, exp.Cast) and inner.to.is_type("timestamp") and isinstance(inner.this.unnest(), exp.Column)
+    moved = _moved_time(scope, inner) if not cast else None
+    if moved is not None:
+        moved_type, bounds = moved
+        low, high = (temporal_number(moved_type, v) for v in bounds)
+        return periods(moved_type, low, high, unit.name, scope.time_zone, MAX_DOMAIN)
+    column_node = inner.this.unnest() if cast else inner
+    column = scope.declared_column(column_node) if isinstance(column_node, exp.Column) else None
+    if column is None or not column.is_temporal or column.lower is None or column.upper is None \
+            or cast and column.type != "date":
         return None
     lower, upper = column.lower, column.upper
-    for op, constant in _comparisons(scope, node.this):
+    for op, constant in _comparisons(scope, column_node):
         value = calendar_number(column.type, constant, scope.time_zone)
         if value is None:
             continue
@@ -246,11 +253,37 @@ def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
             upper = min(upper, value - strict)
     if lower > upper:
         return ()
+    if cast:  # the dates' midnights, truncated as timestamps (Metabase: date_trunc('week', CAST(day AS timestamp)))
+        return periods("timestamp", lower * 86400, upper * 86400, unit.name, scope.time_zone, MAX_DOMAIN)
     return periods(column.type, lower, upper, unit.name, scope.time_zone, MAX_DOMAIN)
 
 
 FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
 COMPARISONS = {exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=", exp.EQ: "="}
+
+
+def _moved_time(scope: Scope, node: exp.Expression) -> tuple[str, tuple] | None:
+    """The type and bounds of a time that is not a column itself but keeps a column's declared bounds, moved: a
+    timestamp ± an interval, a date ± days, a time at a zone, or a date cast to a timestamp (its midnight, as
+    Metabase truncates a date column: date_trunc('week', CAST(day AS timestamp))); None for anything else."""
+    exprs = scope.exprs
+    if isinstance(node, exp.Add | exp.Sub):
+        moved_type = exprs.time_type(node)
+        if (moved_type, isinstance(node.expression, exp.Interval)) not in (("timestamp", True), ("date", False)):
+            return None
+    elif isinstance(node, exp.AtTimeZone):  # a timestamp in the zone's wall time, or a timestamptz
+        moved_type = exprs.time_type(node)
+    elif isinstance(node, exp.Cast) and node.to.is_type("timestamp") and exprs.time_type(node.this) == "date":
+        moved_type, node = "timestamp", node.this  # (a column's own: `_period_domain`, narrowed by the WHERE)
+    else:
+        return None
+    bounds = exprs.time_bounds(node) if moved_type is not None else None
+    if bounds is None:
+        return None
+    if moved_type != "date":
+        bounds = tuple(datetime.datetime.combine(v, datetime.time()) if type(v) is datetime.date else v
+                       for v in bounds)
+    return moved_type, bounds
 
 
 def _comparisons(scope: Scope, column: exp.Column) -> list[tuple[str, exp.Expression]]:
