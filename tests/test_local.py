@@ -392,6 +392,32 @@ def test_a_count_of_one_reported_value_is_picked_from_the_counts_per_value(engin
     assert (answer.rows[0][0], answer.accuracy[0][0]) == picked
 
 
+@pytest.mark.parametrize("asked,read", [
+    ("AVG(s.positive::int)", lambda n: n[True] / (n[True] + n[False])),
+    ("COUNT(*) FILTER (WHERE s.positive) * 1.0 / COUNT(*)", lambda n: n[True] / (n[True] + n[False])),
+    ("COUNT(*) FILTER (WHERE NOT s.positive)", lambda n: n[False]),
+    ("SUM(CASE WHEN s.positive THEN 1 ELSE 0 END)", lambda n: n[True])])
+def test_aggregates_of_a_private_tables_reports_are_read_from_the_counts_per_value(engine, analyst, asked, read):
+    """A positivity rate over a private table's randomized-response boolean (`AVG(positive::int)`, a FILTER
+    count over COUNT(*), a count of one value): read from the de-biased counts per reported value, which are
+    the one part charged; asked again, those counts are the same answer, free. An average that counts a NULL
+    report as 0 is refused (the counts per value leave NULL reports out)."""
+    sql = (f"SELECT p.sex, {asked} AS v FROM screenings s JOIN people p ON p.person_id = s.person_id "
+           "WHERE p.age >= 18 GROUP BY 1")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.epsilon == pytest.approx(1.0)
+    counts = engine.query("SELECT p.sex, s.positive, COUNT(*) AS dpsql_reports FROM screenings s JOIN people p "
+                          "ON p.person_id = s.person_id WHERE p.age >= 18 GROUP BY p.sex, s.positive",
+                          analyst=analyst, epsilon=1.0)
+    assert counts.epsilon == 0  # the same released counts
+    per_sex: dict = {}
+    for sex, positive, n in counts.rows:
+        per_sex.setdefault(sex, {})[positive] = n
+    assert {sex: pytest.approx(read(n)) for sex, n in per_sex.items()} == dict(answer.rows)
+    with pytest.raises(UnsupportedQuery, match="AVG\\(positive::int\\)"):
+        engine.query("SELECT AVG(CASE WHEN positive THEN 1 ELSE 0 END) FROM screenings", analyst=analyst)
+
+
 def test_a_count_of_a_value_no_report_has_is_zero(engine, analyst):
     answer = engine.query("SELECT COUNT(*) FROM survey WHERE diet = 'carnivore'", analyst=analyst)
     assert answer.rows == [(0,)] and answer.epsilon == 0

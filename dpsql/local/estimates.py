@@ -34,7 +34,7 @@ from dpsql.schema import Column, PrivacySchema, Table
 from dpsql.schema.model import LocalRandomizer
 from dpsql.sql import CheckedQuery, to_sql
 from dpsql.sql.dialect import Statement
-from dpsql.sql.query import value_asked
+from dpsql.sql.query import indicator_of
 
 Z95 = 1.959963984540054
 LOCAL_INTERVALS = ("the intervals cover the randomization of the reports (each device randomized its own value; a "
@@ -168,7 +168,7 @@ def _item(node: exp.Expression, name: str, column: Column, local_key: bool, keys
         aggregates[to_sql(node)] = name
         return LocalItem(name, "count", "float8" if local_key else "int8")
     if isinstance(node, exp.Avg | exp.Sum | exp.Count) and not local_key and column.local.mechanism == "rr":
-        indicator = _indicator(node.this, column, node)
+        indicator = indicator_of(node.this, column.name, node)
         if indicator is not None and not node.args.get("distinct"):
             value, over_rows = indicator
             kind = "sum" if not isinstance(node, exp.Avg) else "avg_rows" if over_rows else "avg"
@@ -176,37 +176,6 @@ def _item(node: exp.Expression, name: str, column: Column, local_key: bool, keys
             return LocalItem(name, kind, "float8", value)
     raise UnsupportedQuery(f"{to_sql(node)} cannot be estimated from the locally randomized reports of "
                            f"{column.name}", HINT)
-
-
-def _indicator(argument: exp.Expression, column: Column, aggregate: exp.Expression) -> tuple[bool, bool] | None:
-    """(the value v counted, whether a NULL report adds 0 to an average) where `aggregate` of `argument` counts
-    or averages the reports of v of a randomized-response boolean: SUM or AVG of `col::int` (v true; NULL stays
-    NULL) or of `CASE WHEN col [= v | IS v] THEN 1 ELSE 0 END` (0 for NULL too), SUM of `CASE WHEN col THEN 1
-    END`, COUNT of `CASE WHEN col THEN <not NULL> END` (COUNT(*) FILTER (WHERE col), as the shape spells it)."""
-    if isinstance(argument, exp.Cast) and argument.to.is_type(*exp.DataType.INTEGER_TYPES):
-        return (True, False) if _names(argument.this, column) and not isinstance(aggregate, exp.Count) else None
-    if not isinstance(argument, exp.Case) or argument.this is not None or len(argument.args.get("ifs") or []) != 1:
-        return None
-    branch, default = argument.args["ifs"][0], argument.args.get("default")
-    value, then = _value_of(branch.this, column), branch.args.get("true")
-    if value is None or not isinstance(then, exp.Literal):
-        return None
-    if isinstance(aggregate, exp.Count):
-        return (value, True) if default is None else None
-    zero = isinstance(default, exp.Literal) and not default.is_string and float(default.this) == 0
-    if then.is_string or float(then.this) != 1 or not (zero or default is None and isinstance(aggregate, exp.Sum)):
-        return None
-    return value, True
-
-
-def _value_of(condition: exp.Expression, column: Column) -> bool | None:
-    """The value a condition asks of the local column: `col`, `NOT col`, `col = true`, `col IS false`."""
-    asked = value_asked(condition, {column.name})
-    return bool(asked[1].this) if asked is not None and isinstance(asked[1], exp.Boolean) else None
-
-
-def _names(node: exp.Expression, column: Column) -> bool:
-    return isinstance(node, exp.Column) and node.name == column.name
 
 
 def _key_type(column: Column) -> str:

@@ -26,7 +26,15 @@ from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.cohorts import correlated_cohorts_as_in
 from dpsql.sql.parse import parse_statement, set_operation_refused
-from dpsql.sql.query import AGGREGATES, limit_clause, operands, output_name, to_sql, value_asked
+from dpsql.sql.query import (
+    AGGREGATES,
+    indicator_of,
+    limit_clause,
+    operands,
+    output_name,
+    to_sql,
+    value_asked,
+)
 from dpsql.sql.shape import count_of_distinct_rows, distinct_as_group_by, fetch_as_limit, inline_ctes
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
@@ -114,7 +122,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     if isinstance(tree, exp.Select) and schema is not None:
         bound = bind_parameters(tree, params)
         return (_over_released(bound, schema) or _picked_after_windows(bound, schema)
-                or _joined_released(bound, schema) or _count_of_reported_value(bound, schema))
+                or _joined_released(bound, schema) or _count_of_reported_value(bound, schema)
+                or _aggregates_of_reports(bound, schema))
     return None
 
 
@@ -368,6 +377,123 @@ def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composi
             outer.set(clause, tree.args[clause].copy())
     return Composition([to_sql(inner)], f"the count of one value of {table.name}.{column}, read from the "
                        "de-biased counts per reported value", outer=to_sql(outer), picks=True, zero_row=not keys)
+
+
+REPORTS = "dpsql_reports"
+
+
+def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`SELECT [k, ...,] AVG(positive::int), COUNT(*) FILTER (WHERE positive), COUNT(*) FROM t ... [GROUP BY k,
+    ...]`, positive a private table's randomized-response boolean: each aggregate read from the de-biased counts
+    per reported value (`SELECT [k, ...,] positive, COUNT(*) ... GROUP BY [k, ...,] positive`, which the analysis
+    answers), as a public table's reports are (`dpsql.local.estimates`): a count of v is the estimated count of
+    v, COUNT(*) the two added, an average of `positive::int` the count of true over both. An average that counts
+    a NULL report as 0 (CASE ... ELSE 0) needs the NULL reports too, which the counts per value leave out: it
+    stays refused, as does any use of the reports outside such an aggregate (`analysis.local_columns`)."""
+    if any(tree.args.get(k) for k in ("having", "with_", "distinct")) or tree.find(exp.Window) \
+            or not isinstance(tree.args["from_"].this if tree.args.get("from_") else None, exp.Table):
+        return None
+    local = _reported_column(tree, schema)
+    if local is None:
+        return None
+    alias, column = local
+    aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
+    keys = [_resolved(k, aliases, tree.expressions) for k in
+            (tree.args["group"].expressions if tree.args.get("group") else [])]  # GROUP BY 1 and output names too
+    if not all(isinstance(k, exp.Column) and k.name != column for k in keys):
+        return None
+    names = [output_name(e) for e in tree.expressions]
+    outputs = []
+    for item in (e.unalias() for e in tree.expressions):
+        estimate = _estimates_in(item, column) if not isinstance(item, exp.Column) else None
+        if estimate is None and not _selected_key(item, keys):
+            return None
+        outputs.append(estimate if estimate is not None else exp.column(item.name))
+    order = _order_over_outputs(tree, names, aliases)
+    if order is None or not any(isinstance(o, exp.Sum) or o.find(exp.Sum) for o in outputs):
+        return None
+    reported = exp.column(column, table=alias)
+    inner = tree.copy()
+    inner.set("expressions", [*(exp.column(k.name, table=k.table) for k in keys), reported,
+                              exp.alias_(exp.Count(this=exp.Star()), REPORTS)])
+    inner.set("group", exp.Group(expressions=[*(k.copy() for k in keys), reported.copy()]))
+    for clause in ("order", "limit", "offset"):
+        inner.set(clause, None)
+    outer = exp.select(*(exp.alias_(o, n) for o, n in zip(outputs, names, strict=True)))
+    if keys:
+        outer.set("group", exp.Group(expressions=[exp.column(k.name) for k in keys]))
+    if order:
+        outer.set("order", exp.Order(expressions=order))
+    for clause in ("limit", "offset"):
+        if tree.args.get(clause):
+            outer.set(clause, tree.args[clause].copy())
+    return Composition([to_sql(inner)], f"estimates from the de-biased counts per reported value of {column}",
+                       outer=to_sql(outer))
+
+
+def _reported_column(tree: exp.Select, schema: PrivacySchema) -> tuple[str, str] | None:
+    """(alias, column) of the one randomized-response boolean of a private table the statement reads, where it
+    reads it only inside aggregates; None otherwise."""
+    tables = {t.alias_or_name: schema.tables.get(t.name) for t in tree.find_all(exp.Table)}
+    found = set()
+    for node in tree.find_all(exp.Column):
+        table = tables.get(node.table) if node.table else next(
+            (t for t in tables.values() if t is not None and node.name in t.columns), None)
+        declared = table.columns.get(node.name) if table is not None else None
+        if declared is not None and declared.local is not None:
+            if table.public or declared.local.mechanism != "rr" or node.find_ancestor(*AGGREGATES, exp.Filter) is None:
+                return None
+            found.add((node.table, node.name))
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _estimates_in(item: exp.Expression, column: str) -> exp.Expression | None:
+    """`item` with each of its aggregates read from the counts per reported value (`_estimate_of_reports`:
+    `COUNT(*) FILTER (WHERE positive) * 1.0 / COUNT(*)`, a share); None where one cannot be, or where a column
+    is read outside them."""
+    found: list[bool] = []
+
+    def read(node: exp.Expression) -> exp.Expression:
+        aggregate = isinstance(node, tuple(AGGREGATES)) and not isinstance(node.parent, exp.Filter)
+        if isinstance(node, exp.Filter) or aggregate:
+            estimate = _estimate_of_reports(node, column)
+            found.append(estimate is not None)
+            return estimate if estimate is not None else node
+        return node
+    estimated = item.copy().transform(read)
+    if not found or not all(found):
+        return None
+    reads = {c.name for c in estimated.find_all(exp.Column)}
+    return estimated if reads <= {column, REPORTS} else None
+
+
+def _estimate_of_reports(item: exp.Expression, column: str) -> exp.Expression | None:
+    """What one select item reads from the released counts per reported value (`REPORTS` by `column`): COUNT(*)
+    their sum, a count or sum of the reports of v (`query.indicator_of`) the count of v, an average of
+    `column::int` the count of true over the sum; None for anything else."""
+    every = exp.Sum(this=exp.column(REPORTS))
+    if isinstance(item, exp.Count) and isinstance(item.this, exp.Star) and not item.args.get("distinct"):
+        return every
+    if isinstance(item, exp.Filter) and isinstance(item.this, exp.Count) and isinstance(item.this.this, exp.Star):
+        asked = value_asked(item.expression.this, {column})
+        value = asked[1] if asked is not None and isinstance(asked[1], exp.Boolean) else None
+        indicator = (bool(value.this), True) if value is not None else None
+        item = exp.Sum()  # counted as a sum of the reports of v
+    elif isinstance(item, exp.Avg | exp.Sum | exp.Count) and not item.args.get("distinct"):
+        indicator = indicator_of(item.this, column, item)
+    else:
+        return None
+    if indicator is not None and isinstance(item, exp.Avg) and indicator[1]:  # NULL reports: not released
+        raise UnsupportedQuery(f"{to_sql(item)} counts a NULL report of {column} as 0, and the counts per reported "
+                               "value leave NULL reports out", f"average the reports themselves: AVG({column}::int)")
+    if indicator is None:
+        return None
+    reports = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.column(column), expression=exp.Boolean(this=indicator[0])),
+                                   true=exp.column(REPORTS))], default=exp.Literal.number(0))
+    counted = exp.Sum(this=reports)
+    if isinstance(item, exp.Avg):
+        return exp.Div(this=exp.Mul(this=counted, expression=exp.Literal.number("1.0")), expression=every)
+    return counted
 
 
 def _selected_key(value: exp.Expression, keys: list[exp.Expression]) -> bool:

@@ -101,6 +101,30 @@ def value_asked(condition: exp.Expression, local: set[str]) -> tuple[str, exp.Ex
     return None
 
 
+def indicator_of(argument: exp.Expression, column: str, aggregate: exp.Expression) -> tuple[bool, bool] | None:
+    """(the value v counted, whether a NULL report adds 0 to an average) where `aggregate` of `argument` counts
+    or averages the reports of v of a randomized-response boolean `column`: SUM or AVG of `col::int` (v true;
+    NULL stays NULL) or of `CASE WHEN col [= v | IS v] THEN 1 ELSE 0 END` (0 for NULL too), SUM of `CASE WHEN col
+    THEN 1 END`, COUNT of `CASE WHEN col THEN <not NULL> END` (COUNT(*) FILTER (WHERE col), as the shape spells
+    it)."""
+    if isinstance(argument, exp.Cast) and argument.to.is_type(*exp.DataType.INTEGER_TYPES):
+        named = isinstance(argument.this, exp.Column) and argument.this.name == column
+        return (True, False) if named and not isinstance(aggregate, exp.Count) else None
+    if not isinstance(argument, exp.Case) or argument.this is not None or len(argument.args.get("ifs") or []) != 1:
+        return None
+    branch, default = argument.args["ifs"][0], argument.args.get("default")
+    asked, then = value_asked(branch.this, {column}), branch.args.get("true")
+    value = bool(asked[1].this) if asked is not None and isinstance(asked[1], exp.Boolean) else None
+    if value is None or not isinstance(then, exp.Literal):
+        return None
+    if isinstance(aggregate, exp.Count):
+        return (value, True) if default is None else None
+    zero = isinstance(default, exp.Literal) and not default.is_string and float(default.this) == 0
+    if then.is_string or float(then.this) != 1 or not (zero or default is None and isinstance(aggregate, exp.Sum)):
+        return None
+    return value, True
+
+
 def output_name(node: exp.Expression) -> str:
     """The column name PostgreSQL gives a select item."""
     if isinstance(node, exp.Alias):
