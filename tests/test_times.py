@@ -196,3 +196,35 @@ def test_days_and_weeks_of_a_moved_date_are_public_keys(engine, base_url):
     assert not weeks.partition_selection
     assert [str(w) for (w,) in weeks.domain] == ["2024-11-25 00:00:00", "2024-12-02 00:00:00", "2024-12-09 00:00:00",
                                                  "2024-12-16 00:00:00", "2024-12-23 00:00:00", "2024-12-30 00:00:00"]
+
+
+@pytest.mark.parametrize("condition,first,last", [
+    ("day >= '2024-06-15 12:00:00'", "2024-06", "2024-12"),  # day >= 2024-06-16
+    ("day > TIMESTAMP '2024-06-30 00:00:00'", "2024-07", "2024-12"),
+    ("day < TIMESTAMP '2024-03-01 00:00:01'", "2024-01", "2024-03"),  # day <= 2024-03-01
+    ("day BETWEEN TIMESTAMP WITH TIME ZONE '2024-01-01 00:00:00.000Z' AND "
+     "TIMESTAMP WITH TIME ZONE '2024-03-31 23:59:59.999Z'", "2024-01", "2024-03"),  # Metabase's range
+    ("day = TIMESTAMP '2024-05-05 10:00:00'", None, None),  # no date is that time: nothing to release
+])
+def test_a_date_keys_periods_are_narrowed_by_comparisons_with_times(engine, base_url, condition, first, last):
+    """A date compares with a time as its midnight (in the session's zone for a timestamptz), so a condition on a
+    date column with a time between two midnights narrows its periods to whole days (day >= '2024-06-15 12:00'
+    is day >= 2024-06-16). Before, such a condition narrowed nothing: every month of the declared year was
+    released, the ones outside the filter as noisy zeros."""
+    with psycopg.connect(base_url) as conn:
+        if conn.execute("SHOW TimeZone").fetchone()[0].lower() not in ("utc", "etc/utc"):
+            pytest.skip("the timestamptz case is written for a UTC session")
+        truth = conn.execute(f"SELECT to_char(date_trunc('month', day), 'YYYY-MM') FROM visits WHERE {condition} "
+                             "GROUP BY 1 ORDER BY 1").fetchall()
+    plan = engine.prepare(f"SELECT date_trunc('month', day) AS m, COUNT(*) FROM visits WHERE {condition} "
+                          "GROUP BY 1").plan
+    months = [m.strftime("%Y-%m") for (m,) in plan.domain]
+    span = (months[0], months[-1]) if months else (None, None)
+    assert span == (first, last), months
+    assert {m for (m,) in truth} <= set(months)  # every month PostgreSQL finds rows in is released
+
+
+def test_nested_aggregates_are_postgresql_s_grouping_error(engine, analyst):
+    with pytest.raises(errors.InvalidQuery, match="aggregate function calls cannot be nested") as err:
+        engine.query("SELECT AVG(MAX(amount)) FROM visits GROUP BY category", analyst=analyst)
+    assert err.value.sqlstate == "42803" and "subquery" in err.value.hint

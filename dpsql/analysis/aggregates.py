@@ -37,7 +37,7 @@ from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.kinds import KINDS, SQUARED, Bounded, Context
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
-from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.errors import InvalidQuery, PrivacyRefusal, UnsupportedQuery
 from dpsql.sql import AGGREGATES, to_sql
 
 ONE, BIT = Range(1, 1, True), Range(0, 1, True)  # per-row ranges of COUNT(*) and COUNT(expr)
@@ -61,9 +61,9 @@ def measure(scope: Scope) -> None:
             if sql in found or is_window_function(node):  # a window's SUM runs over released rows
                 continue
             if any(isinstance(n, tuple(AGGREGATES)) for n in node.walk() if n is not node):
-                raise UnsupportedQuery("nested aggregates are not supported",
-                                       "aggregate per unit in a subquery, then outside it: SELECT AVG(n) FROM (SELECT "
-                                       "<the unit's column>, COUNT(*) AS n FROM t GROUP BY 1) s")
+                raise InvalidQuery("aggregate function calls cannot be nested",  # PostgreSQL's own, whatever the data
+                                   "aggregate per unit in a subquery, then outside it: SELECT AVG(n) FROM (SELECT "
+                                   "<the unit's column>, COUNT(*) AS n FROM t GROUP BY 1) s", sqlstate="42803")
             name = f"a{len(found)}"
             if isinstance(node, quantiles.NODES):
                 found[sql] = quantiles.chosen(scope, name, node, sql)

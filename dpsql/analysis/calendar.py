@@ -61,8 +61,9 @@ def calendar_number(type_name: str, node: exp.Expression, time_zone: str | None)
     """A date or timestamp constant ('2024-06-01', DATE '2024-06-01', TIMESTAMP '…') compared with a column of
     `type_name`, as `temporal_number` keeps that column's bounds; None when it is not one (then the condition
     narrows nothing). A date compared with a timestamp column is its midnight, in the session's zone for a
-    timestamptz, as PostgreSQL casts it."""
-    if isinstance(node, exp.Cast) and node.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP):
+    timestamptz, as PostgreSQL casts it; a time compared with a date column is days and their fraction."""
+    if isinstance(node, exp.Cast) and node.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP,
+                                                       exp.DataType.Type.TIMESTAMPTZ):
         node = node.this
     if not (isinstance(node, exp.Literal) and node.is_string):
         return None
@@ -70,10 +71,13 @@ def calendar_number(type_name: str, node: exp.Expression, time_zone: str | None)
         value = datetime.datetime.fromisoformat(node.this.strip())
     except ValueError:
         return None
-    if type_name == "date":
-        if value.time() != datetime.time() or value.tzinfo is not None:
-            return None  # a date column against a time: PostgreSQL compares as timestamps
-        return temporal_number("date", value.date())
+    if type_name == "date":  # a date compares with a time as its midnight (in the session's zone for a
+        if value.tzinfo is not None:  # timestamptz): between two midnights, a fraction of a day, which the caller
+            zone = _zone(time_zone)  # rounds by the operator (day >= '2024-06-15 12:00' is day >= 2024-06-16)
+            if zone is None:
+                return None
+            value = value.astimezone(zone).replace(tzinfo=None)
+        return (value - datetime.datetime(1970, 1, 1)).total_seconds() / 86400
     if type_name == "timestamptz" and value.tzinfo is None:
         zone = _zone(time_zone)
         if zone is None:

@@ -246,11 +246,16 @@ def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
         value = calendar_number(column.type, constant, scope.time_zone)
         if value is None:
             continue
-        strict = 1.0 if column.type == "date" and op in ("<", ">") else 0.0  # a day is one step of a date
+        if column.type == "date":  # days, a time between midnights a fraction (`calendar_number`)
+            if op in (">", ">=", "="):
+                lower = max(lower, math.floor(value) + 1 if op == ">" else math.ceil(value))
+            if op in ("<", "<=", "="):
+                upper = min(upper, math.ceil(value) - 1 if op == "<" else math.floor(value))
+            continue
         if op in (">", ">=", "="):
-            lower = max(lower, value + strict)
+            lower = max(lower, value)
         if op in ("<", "<=", "="):
-            upper = min(upper, value - strict)
+            upper = min(upper, value)
     if lower > upper:
         return ()
     if cast:  # the dates' midnights, truncated as timestamps (Metabase: date_trunc('week', CAST(day AS timestamp)))
