@@ -394,14 +394,14 @@ def test_a_count_of_one_reported_value_is_picked_from_the_counts_per_value(engin
 
 @pytest.mark.parametrize("asked,read", [
     ("AVG(s.positive::int)", lambda n: n[True] / (n[True] + n[False])),
-    ("COUNT(*) FILTER (WHERE s.positive) * 1.0 / COUNT(*)", lambda n: n[True] / (n[True] + n[False])),
+    ("COUNT(*) FILTER (WHERE s.positive) * 1.0 / COUNT(s.positive)", lambda n: n[True] / (n[True] + n[False])),
     ("COUNT(*) FILTER (WHERE NOT s.positive)", lambda n: n[False]),
     ("SUM(CASE WHEN s.positive THEN 1 ELSE 0 END)", lambda n: n[True])])
 def test_aggregates_of_a_private_tables_reports_are_read_from_the_counts_per_value(engine, analyst, asked, read):
     """A positivity rate over a private table's randomized-response boolean (`AVG(positive::int)`, a FILTER
-    count over COUNT(*), a count of one value): read from the de-biased counts per reported value, which are
-    the one part charged; asked again, those counts are the same answer, free. An average that counts a NULL
-    report as 0 is refused (the counts per value leave NULL reports out)."""
+    count over COUNT(positive), a count of one value): read from the de-biased counts per reported value, which
+    are the one part charged; asked again, those counts are the same answer, free. An average that counts a NULL
+    report as 0, and COUNT(*) beside the reports, are refused (the counts per value leave NULL reports out)."""
     sql = (f"SELECT p.sex, {asked} AS v FROM screenings s JOIN people p ON p.person_id = s.person_id "
            "WHERE p.age >= 18 GROUP BY 1")
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
@@ -414,8 +414,12 @@ def test_aggregates_of_a_private_tables_reports_are_read_from_the_counts_per_val
     for sex, positive, n in counts.rows:
         per_sex.setdefault(sex, {})[positive] = n
     assert {sex: pytest.approx(read(n)) for sex, n in per_sex.items()} == dict(answer.rows)
-    with pytest.raises(UnsupportedQuery, match="AVG\\(positive::int\\)"):
+    with pytest.raises(UnsupportedQuery, match="NULL report") as refused:
         engine.query("SELECT AVG(CASE WHEN positive THEN 1 ELSE 0 END) FROM screenings", analyst=analyst)
+    assert "AVG(positive::int)" in refused.value.hint
+    with pytest.raises(UnsupportedQuery, match="NULL reports too") as refused:  # COUNT(*) counts them
+        engine.query("SELECT COUNT(*) FILTER (WHERE positive) * 1.0 / COUNT(*) FROM screenings", analyst=analyst)
+    assert "COUNT(positive)" in refused.value.hint
 
 
 def test_a_count_of_a_value_no_report_has_is_zero(engine, analyst):

@@ -383,13 +383,14 @@ REPORTS = "dpsql_reports"
 
 
 def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
-    """`SELECT [k, ...,] AVG(positive::int), COUNT(*) FILTER (WHERE positive), COUNT(*) FROM t ... [GROUP BY k,
-    ...]`, positive a private table's randomized-response boolean: each aggregate read from the de-biased counts
-    per reported value (`SELECT [k, ...,] positive, COUNT(*) ... GROUP BY [k, ...,] positive`, which the analysis
-    answers), as a public table's reports are (`dpsql.local.estimates`): a count of v is the estimated count of
-    v, COUNT(*) the two added, an average of `positive::int` the count of true over both. An average that counts
-    a NULL report as 0 (CASE ... ELSE 0) needs the NULL reports too, which the counts per value leave out: it
-    stays refused, as does any use of the reports outside such an aggregate (`analysis.local_columns`)."""
+    """`SELECT [k, ...,] AVG(positive::int), COUNT(*) FILTER (WHERE positive), COUNT(positive) FROM t ... [GROUP
+    BY k, ...]`, positive a private table's randomized-response boolean: each aggregate read from the de-biased
+    counts per reported value (`SELECT [k, ...,] positive, COUNT(*) ... GROUP BY [k, ...,] positive`, which the
+    analysis answers), as a public table's reports are (`dpsql.local.estimates`): a count of v is the estimated
+    count of v, COUNT(positive) the two added, an average of `positive::int` the count of true over both.
+    COUNT(*) and an average that counts a NULL report as 0 (CASE ... ELSE 0) need the NULL reports too, which the
+    counts per value leave out: they are refused with a hint, as is any use of the reports outside such an
+    aggregate (`analysis.local_columns`)."""
     if any(tree.args.get(k) for k in ("having", "with_", "distinct")) or tree.find(exp.Window) \
             or not isinstance(tree.args["from_"].this if tree.args.get("from_") else None, exp.Table):
         return None
@@ -468,12 +469,16 @@ def _estimates_in(item: exp.Expression, column: str) -> exp.Expression | None:
 
 
 def _estimate_of_reports(item: exp.Expression, column: str) -> exp.Expression | None:
-    """What one select item reads from the released counts per reported value (`REPORTS` by `column`): COUNT(*)
-    their sum, a count or sum of the reports of v (`query.indicator_of`) the count of v, an average of
-    `column::int` the count of true over the sum; None for anything else."""
+    """What one select item reads from the released counts per reported value (`REPORTS` by `column`):
+    COUNT(column) their sum, a count or sum of the reports of v (`query.indicator_of`) the count of v, an average
+    of `column::int` the count of true over the sum; None for anything else. COUNT(*) would count the NULL
+    reports too, which the counts per value leave out: refused, with COUNT(column) as the hint."""
     every = exp.Sum(this=exp.column(REPORTS))
-    if isinstance(item, exp.Count) and isinstance(item.this, exp.Star) and not item.args.get("distinct"):
-        return every
+    if isinstance(item, exp.Count) and not item.args.get("distinct") and isinstance(item.this, exp.Star | exp.Column):
+        if isinstance(item.this, exp.Star):
+            raise UnsupportedQuery(f"COUNT(*) beside the reports of {column} counts NULL reports too, and the counts "
+                                   "per reported value leave them out", f"count the reports: COUNT({column})")
+        return every if item.this.name == column else None
     if isinstance(item, exp.Filter) and isinstance(item.this, exp.Count) and isinstance(item.this.this, exp.Star):
         asked = value_asked(item.expression.this, {column})
         value = asked[1] if asked is not None and isinstance(asked[1], exp.Boolean) else None
