@@ -96,12 +96,15 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
 
 def _bounded_total(plan: Plan, per_unit: bool = False) -> str:
     """A row's value of what each unit's total is bounded for (`Plan.bounded_sums`): the one sum's column of
-    `dpsql_rows`, or its sums' columns added up, each NULL as 0; `per_unit`: of `dpsql_per_unit`, whose sums are
-    never NULL."""
-    columns = [m.name if per_unit else _column(plan, m) for m in plan.bounded_sums]
-    if len(columns) == 1:
-        return columns[0]
-    return " + ".join(columns if per_unit else (f"COALESCE({c}, 0)" for c in columns))
+    `dpsql_rows`, or its sums' columns added up; `per_unit`: of `dpsql_per_unit`, whose sums are never NULL."""
+    return _added([m.name if per_unit else _column(plan, m) for m in plan.bounded_sums], nullable=not per_unit)
+
+
+def _added(values: list[str], nullable: bool = True) -> str:
+    """One SQL value, or several added up (each NULL as 0 where `nullable`: SUM skips a NULL, + does not)."""
+    if len(values) == 1:
+        return values[0]
+    return " + ".join(f"COALESCE({v}, 0)" if nullable else v for v in values)
 
 
 def _fraction(cap: float) -> str:
@@ -180,8 +183,7 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     """
     unit_order = in_order_of_units(in_unit_order)
     if totals:
-        values = [sql(m.expr) for m in plan.bounded_sums]
-        value = values[0] if len(values) == 1 else " + ".join(f"COALESCE({v}, 0)" for v in values)
+        value = _added([sql(m.expr) for m in plan.bounded_sums])
         items = [f"{sql(plan.unit)} AS dpsql_unit", f"{value} AS dpsql_value"]
         thresholds = ", ".join(str(int(c)) for c in caps)
         ctes = [rows_cte(plan, items, present(plan.unit), hash_seed),

@@ -411,7 +411,7 @@ def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema) -> Compositi
             return None
         outputs.append(estimate if estimate is not None else exp.column(item.name))
     order = _order_over_outputs(tree, names, aliases)
-    if order is None or not any(isinstance(o, exp.Sum) or o.find(exp.Sum) for o in outputs):
+    if order is None:
         return None
     reported = exp.column(column, table=alias)
     inner = tree.copy()
@@ -479,24 +479,25 @@ def _estimate_of_reports(item: exp.Expression, column: str) -> exp.Expression | 
             raise UnsupportedQuery(f"COUNT(*) beside the reports of {column} counts NULL reports too, and the counts "
                                    "per reported value leave them out", f"count the reports: COUNT({column})")
         return every if item.this.name == column else None
+    average = isinstance(item, exp.Avg)
     if isinstance(item, exp.Filter) and isinstance(item.this, exp.Count) and isinstance(item.this.this, exp.Star):
-        asked = value_asked(item.expression.this, {column})
-        value = asked[1] if asked is not None and isinstance(asked[1], exp.Boolean) else None
-        indicator = (bool(value.this), True) if value is not None else None
-        item = exp.Sum()  # counted as a sum of the reports of v
+        asked = value_asked(item.expression.this, {column})  # COUNT(*) FILTER (WHERE positive): the reports of v
+        value = bool(asked[1].this) if asked is not None and isinstance(asked[1], exp.Boolean) else None
     elif isinstance(item, exp.Avg | exp.Sum | exp.Count) and not item.args.get("distinct"):
         indicator = indicator_of(item.this, column, item)
+        if indicator is not None and average and indicator[1]:  # NULL reports as 0: they are not released
+            raise UnsupportedQuery(f"{to_sql(item)} counts a NULL report of {column} as 0, and the counts per "
+                                   "reported value leave NULL reports out",
+                                   f"average the reports themselves: AVG({column}::int)")
+        value = indicator[0] if indicator is not None else None
     else:
         return None
-    if indicator is not None and isinstance(item, exp.Avg) and indicator[1]:  # NULL reports: not released
-        raise UnsupportedQuery(f"{to_sql(item)} counts a NULL report of {column} as 0, and the counts per reported "
-                               "value leave NULL reports out", f"average the reports themselves: AVG({column}::int)")
-    if indicator is None:
+    if value is None:
         return None
-    reports = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.column(column), expression=exp.Boolean(this=indicator[0])),
+    reports = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.column(column), expression=exp.Boolean(this=value)),
                                    true=exp.column(REPORTS))], default=exp.Literal.number(0))
     counted = exp.Sum(this=reports)
-    if isinstance(item, exp.Avg):
+    if average:
         return exp.Div(this=exp.Mul(this=counted, expression=exp.Literal.number("1.0")), expression=every)
     return counted
 
