@@ -1139,7 +1139,7 @@ def test_to_char_of_a_noisy_number_is_postgresql_s(base_url):
     PostgreSQL's own: blank or zero digits, the sign before the first digit, FM's trimming, '#' for overflow."""
     from decimal import Decimal
 
-    from dpsql.postprocess.to_char import number_to_char
+    from dpsql.sql.to_char import number_to_char
 
     readers = {"float8": float, "numeric": lambda v: Decimal(repr(v)), "int8": int}
     with psycopg.connect(base_url) as conn:

@@ -57,6 +57,8 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    # the months of a declared date as text, every one released (Looker's month: its public keys)
+    "SELECT to_char(day, 'YYYY-MM') AS m, COUNT(*), SUM(amount) FROM visits WHERE day >= '2024-03-01' GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE date_trunc('month', day) + INTERVAL '5000 years' > DATE '7024-06-01'",
     # seconds since 1970 of a declared date, clamped to its bounds (Grafana's time axis in milliseconds)
     "SELECT EXTRACT(EPOCH FROM day) * 1000 AS t, SUM(amount) FROM visits GROUP BY 1",

@@ -2,8 +2,9 @@
 
 Rules:
 - a key's values are public when the schema declares them (a column's domain, a boolean, a CASE whose
-  results are constants, a bounded integer expression with fewer than MAX_DOMAIN values, or date_trunc of a
-  bounded date or timestamp: the periods its bounds span, `calendar`), when the WHERE lists them, or when the
+  results are constants, a bounded integer expression with fewer than MAX_DOMAIN values, date_trunc of a
+  bounded date or timestamp: the periods its bounds span, `calendar`, or to_char of such a time: the texts of
+  those periods, `sql.to_char`), when the WHERE lists them, or when the
   key is a column of a public table: the values that table holds, which the engine read (`sql.public_keys`;
   public data, and no private row adds a value to them). A WHERE condition
   on the key itself (`k IN (...)`, `k = c`, `k <> c`, `k NOT IN (...)`, ANDed with the rest) narrows those
@@ -42,6 +43,7 @@ from dpsql.schema.model import temporal_number
 from dpsql.sql import AGGREGATES, to_sql
 from dpsql.sql.query import MAX_DOMAIN, bytewise, operands
 from dpsql.sql.times import interval_step
+from dpsql.sql.to_char import finest_period, template_of, to_char
 
 CONTINUOUS_TYPES = {"double precision", "real"}  # as the schema names them
 
@@ -166,6 +168,8 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
         return stepped
     if isinstance(node.unnest(), exp.Add | exp.Sub) and isinstance(node.unnest().expression, exp.Interval):
         return _shifted_domain(scope, node.unnest())
+    if isinstance(node, exp.TimeToStr) and scope.exprs.time_type(node.this) is not None:
+        return _formatted_domain(scope, node)
     found = _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
         else _period_dates(scope, node) if _is_period_date(node) else _function_domain(scope, node)
     return found if found is not None else _listed_domain(scope, node)
@@ -183,6 +187,24 @@ def _period_dates(scope: Scope, node: exp.Cast) -> tuple | None:
     if found is None or any(p.time() != datetime.time() for p in found):
         return None
     return tuple(dict.fromkeys(p.date() for p in found))
+
+
+def _formatted_domain(scope: Scope, node: exp.TimeToStr) -> tuple | None:
+    """The texts of to_char(t, template) over a time with public values (Looker's months, to_char(date_trunc(
+    'month', day), 'YYYY-MM')), or over the periods of the shortest unit the template reads (to_char(day,
+    'YYYY-MM') prints each day as its month's start does), each as PostgreSQL prints it (`to_char`)."""
+    template = template_of(node)
+    unit = finest_period(template)
+    if unit is None:
+        return None
+    if unit in ("hour", "minute") and scope.exprs.time_type(node.this) == "date":
+        unit = "day"  # a date prints as its midnight
+    times = key_domain(scope, node.this.unnest(), None) if not isinstance(node.this.unnest(), exp.Column) else None
+    if times is None or len(times) > MAX_DOMAIN:
+        times = key_domain(scope, exp.TimestampTrunc(this=node.this, unit=exp.var(unit)), None)
+    if times is None or not all(isinstance(t, datetime.date) for t in times):
+        return None
+    return tuple(dict.fromkeys(to_char(t, template) for t in times))
 
 
 def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:

@@ -13,9 +13,9 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
-from dpsql.postprocess.to_char import number_to_char, template_of, to_char
 from dpsql.schema import TEMPORAL_TYPES, temporal_value
 from dpsql.sql import to_sql
+from dpsql.sql.to_char import number_to_char, template_of, to_char
 
 
 def typed(value: Any, type_name: str) -> Any:

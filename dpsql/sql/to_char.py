@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import functools
 import math
+from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 
 from sqlglot import exp
@@ -74,6 +75,21 @@ def to_char(value: datetime.date, template: str) -> str:
     if not isinstance(value, datetime.datetime):
         value = datetime.datetime(value.year, value.month, value.day)
     out: list[str] = []
+    for pattern, fill, suffix in _parts(template):
+        if fill is None:  # copied text, or a modifier
+            out.append(pattern if suffix != "modifier" else "")
+            continue
+        text, number = _field(pattern, value, fill)
+        if number is not None and suffix:
+            text += _ordinal(number).upper() if suffix == "TH" else _ordinal(number)
+        out.append(text)
+    return "".join(out)
+
+
+def _parts(template: str) -> Iterator[tuple[str, bool | None, str]]:
+    """The template read as PostgreSQL reads it: (pattern, whether it is padded, its TH or th suffix) for each
+    field, (text, None, "") for what is copied, (fx, tm or sp, None, "modifier") for a modifier that prints
+    nothing itself."""
     i, fill = 0, True
     while i < len(template):
         rest = template[i:]
@@ -81,34 +97,56 @@ def to_char(value: datetime.date, template: str) -> str:
             fill, i = False, i + 2
             continue
         if rest[:2].lower() in ("fx", "tm", "sp"):  # exact matching, translation, spelling: nothing in C output
+            yield rest[:2].lower(), None, "modifier"
             i += 2
             continue
         if rest[0] == '"':
             end = i + 1
             while end < len(template) and template[end] != '"':
                 end += 2 if template[end] == "\\" else 1
-            out.append(template[i + 1:end].replace('\\"', '"'))
+            yield template[i + 1:end].replace('\\"', '"'), None, ""
             i = end + 1
             continue
         if rest[0] == "\\" and len(rest) > 1:
-            out.append(rest[1])
+            yield rest[1], None, ""
             i += 2
             continue
         pattern = next((p for p in _PATTERNS if (rest.startswith(p) if p in _WORDS else rest[:len(p)].lower() == p)),
                        None)
         if pattern is None:
-            out.append(rest[0])
+            yield rest[0], None, ""
             i += 1
             continue
-        text, number = _field(pattern, value, fill)
         i += len(pattern)
-        if number is not None and template[i:i + 2] in ("TH", "th"):
-            suffix = _ordinal(number)
-            text += suffix.upper() if template[i:i + 2] == "TH" else suffix
-            i += 2
-        out.append(text)
+        numeric = pattern.lower() in _NUMBERS or pattern.lower() == "y,yyy"
+        suffix = template[i:i + 2] if numeric and template[i:i + 2] in ("TH", "th") else ""
+        i += len(suffix)
+        yield pattern, fill, suffix
         fill = True
-    return "".join(out)
+
+
+# the period each pattern reads (a time truncated to it prints the same): an ISO year or week is its Monday's
+_PERIODS = {"year": ("yyyy", "yyy", "yy", "y", "y,yyy", "cc", "ad", "bc", "a.d.", "b.c."),
+            "quarter": ("q",), "month": ("mm", "month", "mon", "rm"), "week": ("iyyy", "iyy", "iy", "i", "iw"),
+            "day": ("ddd", "dd", "d", "id", "iddd", "day", "dy", "ww", "w", "j"),
+            "hour": ("hh24", "hh12", "hh", "am", "pm", "a.m.", "p.m."), "minute": ("mi",)}
+_FINER_FIRST = ("minute", "hour", "day", "week", "month", "quarter", "year")
+
+
+def finest_period(template: str) -> str | None:
+    """The shortest period (date_trunc's unit) whose start prints as every time in it does under `template`:
+    to_char(t, template) = to_char(date_trunc(unit, t), template). None where a pattern reads seconds or a time
+    zone, or names are translated (TM: the database's locale, which Python does not know)."""
+    read = set()
+    for pattern, fill, suffix in _parts(template):
+        if suffix == "modifier" and pattern == "tm":
+            return None
+        if fill is not None:
+            unit = next((u for u, patterns in _PERIODS.items() if pattern.lower() in patterns), None)
+            if unit is None:
+                return None
+            read.add(unit)
+    return next((u for u in _FINER_FIRST if u in read), "year")
 
 
 def _field(pattern: str, t: datetime.datetime, fill: bool) -> tuple[str, int | None]:
