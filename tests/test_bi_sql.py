@@ -549,6 +549,35 @@ def test_a_period_cast_to_a_date_is_a_public_key(engine, analyst):
     assert [row[0] for row in answer.rows] == [datetime.date(2024, m, 1) for m in range(1, 5)]
 
 
+def test_a_released_period_cast_or_grouped_in_parentheses_reads_as_postgresql_s(engine, analyst):
+    """Looker groups by its key in parentheses and selects it bare (`GROUP BY (date_trunc('month', day))`), which
+    was refused as a raw column; a released timestamp key cast to a date in the SELECT list came back a timestamp
+    typed float8. Both are PostgreSQL's now: the months, as dates."""
+    for grouped in ("(date_trunc('month', day))", "date_trunc('month', day)"):
+        answer = engine.query(f"SELECT date_trunc('month', day)::date AS m, TO_CHAR(DATE_TRUNC('month', day), "
+                              f"'YYYY-MM') AS label, COUNT(*) FROM visits GROUP BY {grouped}", analyst=analyst)
+        assert [row[0] for row in answer.rows] == [datetime.date(2024, m, 1) for m in range(1, 13)]
+        assert [row[1] for row in answer.rows] == [f"2024-{m:02d}" for m in range(1, 13)]
+        assert answer.types[:2] == ["date", "text"]
+    midnights = engine.query("SELECT CAST(day AS timestamp) AS t, COUNT(*) FROM visits WHERE day >= DATE "
+                             "'2024-12-30' GROUP BY day", analyst=analyst)
+    assert [row[0] for row in midnights.rows] == [datetime.datetime(2024, 12, d) for d in (30, 31)]
+    assert midnights.types[0] == "timestamp"
+
+
+def test_an_integer_cast_of_an_integer_key_keeps_its_values(demo_schema):
+    """EXTRACT(MONTH FROM day)::int is 1 to 12: the cast's range was widened by half a step on each side, so 0 and
+    13 were released as noisy counts of months that do not exist."""
+    def values(sql: str) -> list:
+        return [v for (v,) in plan(sql, demo_schema).domain]
+
+    assert values("SELECT EXTRACT(MONTH FROM day)::int AS m, COUNT(*) FROM visits GROUP BY 1") == list(range(1, 13))
+    assert values("SELECT CAST(EXTRACT(DOW FROM day) AS integer) AS d, COUNT(*) FROM visits GROUP BY 1") == \
+        list(range(7))
+    # 0.5 may round to 0 or 1, 50 to 50
+    assert values("SELECT CAST(age / 2.0 AS integer) AS h, COUNT(*) FROM people GROUP BY 1") == list(range(51))
+
+
 def test_every_day_of_a_calendar_is_released(engine, analyst):
     sql = ("SELECT d::date AS day, COUNT(v.visit_id) AS n FROM generate_series(DATE '2024-03-01', DATE '2024-03-31', "
            "INTERVAL '1 day') d LEFT JOIN visits v ON v.day = d::date AND v.amount > 4000 GROUP BY 1 ORDER BY 1")

@@ -536,7 +536,8 @@ class Expressions:
             if not inner.bounded or inner.magnitude + 1 > INT_CAST_LIMITS[target]:
                 raise UnsupportedQuery(f"{to_sql(node)} could overflow",
                                        "cast to bigint or double precision, or declare tighter bounds")
-            return Range(math.floor(inner.lo - 0.5), math.ceil(inner.hi + 0.5), True)
+            # the nearest integers (PostgreSQL rounds, a half either way): an integer range keeps its bounds
+            return Range(math.ceil(inner.lo - 0.5), math.floor(inner.hi + 0.5), True)
         if target in FLOAT_CASTS:
             if inner is None and not constant(node.this):
                 raise UnsupportedQuery(f"cast of non-numeric {to_sql(node.this)} to a number "

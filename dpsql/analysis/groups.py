@@ -469,8 +469,9 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
         if _is_text(scope.exprs, node):
             guarded = bytewise(guarded)
         domain = key_domain(scope, node, value_range)
+        # spelled without its parentheses, as the SELECT list reads it (Looker groups by (date_trunc(...)))
         keys.append(GroupKey(f"g{i}", guarded, domain if domain is None else _admitted(scope, node, domain),
-                             to_sql(node)))
+                             to_sql(node.unnest())))
     return keys
 
 

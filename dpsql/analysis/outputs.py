@@ -31,9 +31,10 @@ def post_process(scope: Scope) -> None:
         def swap(n: exp.Expression) -> exp.Expression:
             if isinstance(n, tuple(AGGREGATES)) and not is_window_function(n):
                 return exp.column(by_sql[to_sql(n)].name)
-            if to_sql(n) in key_sql and not isinstance(n, exp.Ordered):  # (an ascending ORDER BY item prints
+            spelled = to_sql(n.unnest())  # keys are spelled without parentheses (`groups._group_keys`)
+            if spelled in key_sql and not isinstance(n, exp.Ordered):  # (an ascending ORDER BY item prints
                 # as its key, and stays an item)
-                return exp.column(key_sql[to_sql(n)].name)
+                return exp.column(key_sql[spelled].name)
             if isinstance(n, exp.Column):
                 raise PrivacyRefusal(f'column "{to_sql(n)}" must appear in GROUP BY or be used '
                                      "in an aggregate", "dpsql never releases raw values")
@@ -157,6 +158,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "int8"
         if expr.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return "text"
+        if expr.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP):
+            return "date" if expr.to.this == exp.DataType.Type.DATE else "timestamp"
     if isinstance(expr, exp.Paren | exp.Neg | exp.Add | exp.Sub | exp.Mul | exp.Div):
         # sums, differences and products of whole numbers are whole, as PostgreSQL types them (COUNT(*) * 2 is a
         # bigint); with a numeric (a window's SUM of counts) they are numeric

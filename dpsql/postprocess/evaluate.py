@@ -36,6 +36,16 @@ def typed(value: Any, type_name: str) -> Any:
     return value
 
 
+def _time_cast(value: datetime.date, to: exp.DataType.Type) -> datetime.date:
+    """A released date or time cast as PostgreSQL casts it: to a date, its day (a timestamptz's in the session's
+    zone, which the released value carries); to a timestamp, its wall time (a date's midnight)."""
+    if to == exp.DataType.Type.DATE:
+        return value.date() if isinstance(value, datetime.datetime) else value
+    if not isinstance(value, datetime.datetime):
+        return datetime.datetime.combine(value, datetime.time())
+    return value.replace(tzinfo=None)
+
+
 def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
     """to_char of a released date or time (a group key) or of a noisy number (`to_char(SUM(x), 'FM999,990')`:
     text, so it has no interval). A time Python cannot hold arrives as PostgreSQL's text ('infinity', whose
@@ -209,6 +219,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
             return np.round(value)
         if node.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
             return str(value.item() if isinstance(value, np.generic) else value)
+        if node.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP) and isinstance(value, datetime.date):
+            return _time_cast(value, node.to.this)
         scale = node.to.expressions[1:2] if node.to.this == exp.DataType.Type.DECIMAL else []
         if scale:  # numeric(p, s) rounds half away from zero to s digits, as PostgreSQL does
             factor = 10.0 ** int(scale[0].this.this)
