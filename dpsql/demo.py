@@ -46,7 +46,7 @@ CREATE TABLE prescriptions (prescription_id bigint PRIMARY KEY, visit_id bigint 
 CREATE TABLE survey (respondent_id bigint PRIMARY KEY, region text NOT NULL, smoker boolean, diet text,
                      symptom boolean[]);
 CREATE TABLE checkins (checkin_id bigint PRIMARY KEY, hour integer NOT NULL, cell integer);
-CREATE TABLE screenings (person_id bigint PRIMARY KEY REFERENCES people(person_id), positive boolean);
+CREATE TABLE screenings (person_id bigint PRIMARY KEY REFERENCES people(person_id), positive boolean NOT NULL);
 """
 REGIONS = ["Midwest", "Northeast", "South", "West"]
 DIETS = ["omnivore", "pescatarian", "vegetarian", "vegan"]

@@ -400,8 +400,7 @@ def test_a_count_of_one_reported_value_is_picked_from_the_counts_per_value(engin
 def test_aggregates_of_a_private_tables_reports_are_read_from_the_counts_per_value(engine, analyst, asked, read):
     """A positivity rate over a private table's randomized-response boolean (`AVG(positive::int)`, a FILTER
     count over COUNT(positive), a count of one value): read from the de-biased counts per reported value, which
-    are the one part charged; asked again, those counts are the same answer, free. An average that counts a NULL
-    report as 0, and COUNT(*) beside the reports, are refused (the counts per value leave NULL reports out)."""
+    are the one part charged; asked again, those counts are the same answer, free."""
     sql = (f"SELECT p.sex, {asked} AS v FROM screenings s JOIN people p ON p.person_id = s.person_id "
            "WHERE p.age >= 18 GROUP BY 1")
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
@@ -414,11 +413,24 @@ def test_aggregates_of_a_private_tables_reports_are_read_from_the_counts_per_val
     for sex, positive, n in counts.rows:
         per_sex.setdefault(sex, {})[positive] = n
     assert {sex: pytest.approx(read(n)) for sex, n in per_sex.items()} == dict(answer.rows)
+
+
+def test_count_of_rows_beside_reports_is_answered_where_every_row_holds_a_report(engine, analyst):
+    """COUNT(*) beside the reports, and an average that reads a NULL report as 0, count the rows without a
+    report too, which the counts per reported value leave out. Where the catalog declares the column NOT NULL
+    (the demo's screenings.positive) and no outer join adds a row without it, they are the reports' own count and
+    average; under a LEFT JOIN they are refused, each with a hint."""
+    rate = engine.query("SELECT AVG(positive::int) AS r, COUNT(positive) AS n FROM screenings", analyst=analyst)
+    for written in ("SELECT AVG(CASE WHEN positive THEN 1 ELSE 0 END) AS r, COUNT(*) AS n FROM screenings",
+                    "SELECT COUNT(*) FILTER (WHERE positive) * 1.0 / COUNT(*) AS r, COUNT(*) AS n FROM screenings"):
+        answer = engine.query(written, analyst=analyst)
+        assert answer.epsilon == 0 and answer.rows[0] == pytest.approx(rate.rows[0])  # the same released counts
+    left = "FROM people p LEFT JOIN screenings s ON s.person_id = p.person_id"
     with pytest.raises(UnsupportedQuery, match="NULL report") as refused:
-        engine.query("SELECT AVG(CASE WHEN positive THEN 1 ELSE 0 END) FROM screenings", analyst=analyst)
+        engine.query(f"SELECT AVG(CASE WHEN s.positive THEN 1 ELSE 0 END) {left}", analyst=analyst)
     assert "AVG(positive::int)" in refused.value.hint
-    with pytest.raises(UnsupportedQuery, match="NULL reports too") as refused:  # COUNT(*) counts them
-        engine.query("SELECT COUNT(*) FILTER (WHERE positive) * 1.0 / COUNT(*) FROM screenings", analyst=analyst)
+    with pytest.raises(UnsupportedQuery, match="NULL reports too") as refused:
+        engine.query(f"SELECT COUNT(*) FILTER (WHERE s.positive) * 1.0 / COUNT(*) {left}", analyst=analyst)
     assert "COUNT(positive)" in refused.value.hint
 
 

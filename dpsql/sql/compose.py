@@ -91,10 +91,12 @@ class Composition:
 
 
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
-            schema: PrivacySchema | None = None) -> Composition | None:
+            schema: PrivacySchema | None = None,
+            not_null: frozenset[tuple[str, str]] = frozenset()) -> Composition | None:
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement or of scalar subqueries, or the one
     query behind a post-processed statement (the module's docstring); None for any other statement (which the
-    ordinary stages check, and refuse if they must)."""
+    ordinary stages check, and refuse if they must). `not_null`: the (table, column) pairs the catalog declares
+    NOT NULL."""
     distinct = schema is not None and "DISTINCT" in sql.upper()
     if not (_may_compose(sql) or distinct or _may_read_reports(sql, schema)):  # most statements: spare a parse
         return None
@@ -123,7 +125,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         bound = bind_parameters(tree, params)
         return (_over_released(bound, schema) or _picked_after_windows(bound, schema)
                 or _joined_released(bound, schema) or _count_of_reported_value(bound, schema)
-                or _aggregates_of_reports(bound, schema))
+                or _aggregates_of_reports(bound, schema, not_null))
     return None
 
 
@@ -382,15 +384,17 @@ def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composi
 REPORTS = "dpsql_reports"
 
 
-def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema,
+                           not_null: frozenset[tuple[str, str]] = frozenset()) -> Composition | None:
     """`SELECT [k, ...,] AVG(positive::int), COUNT(*) FILTER (WHERE positive), COUNT(positive) FROM t ... [GROUP
     BY k, ...]`, positive a private table's randomized-response boolean: each aggregate read from the de-biased
     counts per reported value (`SELECT [k, ...,] positive, COUNT(*) ... GROUP BY [k, ...,] positive`, which the
     analysis answers), as a public table's reports are (`dpsql.local.estimates`): a count of v is the estimated
     count of v, COUNT(positive) the two added, an average of `positive::int` the count of true over both.
     COUNT(*) and an average that counts a NULL report as 0 (CASE ... ELSE 0) need the NULL reports too, which the
-    counts per value leave out: they are refused with a hint, as is any use of the reports outside such an
-    aggregate (`analysis.local_columns`)."""
+    counts per value leave out: they are refused with a hint, unless the catalog declares the column NOT NULL
+    and no outer join can add a row without a report (then they count the reports), as is any use of the reports
+    outside such an aggregate (`analysis.local_columns`)."""
     if any(tree.args.get(k) for k in ("having", "with_", "distinct")) or tree.find(exp.Window) \
             or not isinstance(tree.args["from_"].this if tree.args.get("from_") else None, exp.Table):
         return None
@@ -398,6 +402,10 @@ def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema) -> Compositi
     if local is None:
         return None
     alias, column = local
+    tables = [t for t in tree.find_all(exp.Table) if t.alias_or_name == alias or not alias and t.name in
+              schema.tables and column in schema.tables[t.name].columns]
+    outer_joins = any(j.side for j in tree.args.get("joins") or [])
+    every_row_reports = not outer_joins and len(tables) == 1 and (tables[0].name, column) in not_null
     aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
     keys = [_resolved(k, aliases, tree.expressions) for k in
             (tree.args["group"].expressions if tree.args.get("group") else [])]  # GROUP BY 1 and output names too
@@ -406,7 +414,7 @@ def _aggregates_of_reports(tree: exp.Select, schema: PrivacySchema) -> Compositi
     names = [output_name(e) for e in tree.expressions]
     outputs = []
     for item in (e.unalias() for e in tree.expressions):
-        estimate = _estimates_in(item, column) if not isinstance(item, exp.Column) else None
+        estimate = _estimates_in(item, column, every_row_reports) if not isinstance(item, exp.Column) else None
         if estimate is None and not _selected_key(item, keys):
             return None
         outputs.append(estimate if estimate is not None else exp.column(item.name))
@@ -448,7 +456,7 @@ def _reported_column(tree: exp.Select, schema: PrivacySchema) -> tuple[str, str]
     return next(iter(found)) if len(found) == 1 else None
 
 
-def _estimates_in(item: exp.Expression, column: str) -> exp.Expression | None:
+def _estimates_in(item: exp.Expression, column: str, every_row_reports: bool = False) -> exp.Expression | None:
     """`item` with each of its aggregates read from the counts per reported value (`_estimate_of_reports`:
     `COUNT(*) FILTER (WHERE positive) * 1.0 / COUNT(*)`, a share); None where one cannot be, or where a column
     is read outside them."""
@@ -457,7 +465,7 @@ def _estimates_in(item: exp.Expression, column: str) -> exp.Expression | None:
     def read(node: exp.Expression) -> exp.Expression:
         aggregate = isinstance(node, tuple(AGGREGATES)) and not isinstance(node.parent, exp.Filter)
         if isinstance(node, exp.Filter) or aggregate:
-            estimate = _estimate_of_reports(node, column)
+            estimate = _estimate_of_reports(node, column, every_row_reports)
             found.append(estimate is not None)
             return estimate if estimate is not None else node
         return node
@@ -468,24 +476,26 @@ def _estimates_in(item: exp.Expression, column: str) -> exp.Expression | None:
     return estimated if reads <= {column, REPORTS} else None
 
 
-def _estimate_of_reports(item: exp.Expression, column: str) -> exp.Expression | None:
+def _estimate_of_reports(item: exp.Expression, column: str, every_row_reports: bool = False) -> exp.Expression | None:
     """What one select item reads from the released counts per reported value (`REPORTS` by `column`):
     COUNT(column) their sum, a count or sum of the reports of v (`query.indicator_of`) the count of v, an average
     of `column::int` the count of true over the sum; None for anything else. COUNT(*) would count the NULL
-    reports too, which the counts per value leave out: refused, with COUNT(column) as the hint."""
+    reports too, which the counts per value leave out: refused, with COUNT(column) as the hint, unless
+    `every_row_reports` (the column is NOT NULL and no outer join adds a row without it): then it is COUNT(column),
+    and an average that would read a NULL report as 0 is the average of the reports."""
     every = exp.Sum(this=exp.column(REPORTS))
     if isinstance(item, exp.Count) and not item.args.get("distinct") and isinstance(item.this, exp.Star | exp.Column):
-        if isinstance(item.this, exp.Star):
+        if isinstance(item.this, exp.Star) and not every_row_reports:
             raise UnsupportedQuery(f"COUNT(*) beside the reports of {column} counts NULL reports too, and the counts "
                                    "per reported value leave them out", f"count the reports: COUNT({column})")
-        return every if item.this.name == column else None
+        return every if isinstance(item.this, exp.Star) or item.this.name == column else None
     average = isinstance(item, exp.Avg)
     if isinstance(item, exp.Filter) and isinstance(item.this, exp.Count) and isinstance(item.this.this, exp.Star):
         asked = value_asked(item.expression.this, {column})  # COUNT(*) FILTER (WHERE positive): the reports of v
         value = bool(asked[1].this) if asked is not None and isinstance(asked[1], exp.Boolean) else None
     elif isinstance(item, exp.Avg | exp.Sum | exp.Count) and not item.args.get("distinct"):
         indicator = indicator_of(item.this, column, item)
-        if indicator is not None and average and indicator[1]:  # NULL reports as 0: they are not released
+        if indicator is not None and average and indicator[1] and not every_row_reports:  # NULL reports as 0
             raise UnsupportedQuery(f"{to_sql(item)} counts a NULL report of {column} as 0, and the counts per "
                                    "reported value leave NULL reports out",
                                    f"average the reports themselves: AVG({column}::int)")
