@@ -60,6 +60,21 @@ class Answer:
         return replace(self, names=names, types=types, rows=rows, accuracy=accuracy,
                        noisy=[measure is None and noisy[i] for i, measure in picks])
 
+    def without_interval_noted(self) -> Answer:
+        """The answer with a note naming each noisy column that has no interval, rank error or count gap in any
+        row (an expression over released rows whose noise is not combined), unless a note already says why: its
+        uncertainty is not shown, and the analyst should know that rather than read the value as exact."""
+        noisy = self.noisy or [False] * len(self.names)
+        bare = [name for i, name in enumerate(self.names) if noisy[i] and self.rows and all(
+            acc[i] is None or acc[i].ci_low is None and acc[i].rank_error is None and acc[i].count_gap is None
+            for acc in self.accuracy) and not any(name in note and "interval" in note for note in self.notes)]
+        if not bare:
+            return self
+        spelled = ", ".join(bare)
+        return replace(self, notes=[*self.notes, f"{spelled} {'has' if len(bare) == 1 else 'have'} no 95% interval: "
+                                    "the noise of the values it is computed from is not combined here; ask for "
+                                    "those values themselves to see their intervals"])
+
 
 @dataclass(frozen=True)
 class Statistic:

@@ -290,6 +290,10 @@ class Engine:
             raise
         except Exception as exc:  # a dpsql bug, before anything ran or was charged
             raise _internal(exc, "the query did not run and was not charged") from exc
+        return self._answer_parts(composition, parts, analyst, cancel).without_interval_noted()
+
+    def _answer_parts(self, composition: Composition | None, parts: list[Prepared], analyst: str,
+                      cancel: Cancellation | None) -> Answer:
         if composition is None:
             return self._with_bounds_effect(self._query(parts[0], analyst, cancel), parts[0], analyst)
         unpaid = [p for p in parts if not p.free and self.ledger.answers.get(analyst, p.key) is None]

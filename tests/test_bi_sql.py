@@ -1020,6 +1020,22 @@ def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its
     assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
 
 
+def test_a_noisy_value_without_an_interval_is_said_to_have_none(engine, analyst):
+    """A noisy column with no interval in any row (an expression over a chosen value, a rate over a private
+    table's reports) is named in a note, so that it is not read as exact; a column with intervals, or one a note
+    already explains, is not."""
+    doubled = engine.query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) * 2 AS twice, COUNT(*) AS n "
+                           "FROM visits", analyst=analyst)
+    assert [n for n in doubled.notes if "interval" in n] == [
+        "twice has no 95% interval: the noise of the values it is computed from is not combined here; ask for those "
+        "values themselves to see their intervals"]
+    rate = engine.query("SELECT AVG(positive::int) AS rate FROM screenings", analyst=analyst)
+    assert any(n.startswith("rate has no 95% interval") for n in rate.notes)
+    share = engine.query("SELECT COUNT(*) * 1.0 / (SELECT COUNT(*) FROM visits) AS share FROM visits",
+                         analyst=analyst)
+    assert not any(n.startswith("share has no") for n in share.notes)  # the scalar subquery's note says why
+
+
 def test_cohorts_are_units_picked_by_their_own_rows(engine, analyst, demo_schema):
     """People with more than 5 visits, as IN (… GROUP BY person_id HAVING …) or as a join to that subquery: the
     condition reads each unit's own rows (neighbour tests in tests/test_neighbours.py). A subquery grouped by a
