@@ -65,7 +65,18 @@ def duck_engine(within_bounds, tmp_path_factory):
 CONSTRUCTS = [  # spellings that reach the backend as PostgreSQL wrote them
     "SELECT COUNT(*) FROM visits WHERE day < date_trunc('month', DATE '2024-03-15') - INTERVAL '1 day'",
     "SELECT COUNT(*), SUM((amount > 100)::int) FROM visits WHERE category IS DISTINCT FROM 'lab'",
+    "SELECT to_char(day, 'YYYY-MM') AS m, to_char(day, 'YYYY/MM/DD HH24:MI:SS') AS t, COUNT(*) FROM visits "
+    "GROUP BY 1, 2",
 ]
+
+
+@pytest.mark.parametrize("written", ["Day", "FMMonth YYYY", "Mon DD", "IYYY-IW", "DDth", 'YYYY"Q"Q'])
+def test_a_to_char_duckdb_would_print_otherwise_is_refused_before_its_charge(duck_engine, written):
+    """sqlglot spells names, FM, TH, ISO fields and quoted letters wrongly for DuckDB's strftime: to_char(day,
+    'Day') came back '7ay', a key no PostgreSQL would print. Such templates are refused when the query is
+    prepared; the numeric fields with separators are printed alike (CONSTRUCTS)."""
+    with pytest.raises(UnsupportedQuery, match="printed differently by this backend"):
+        duck_engine.prepare(f"SELECT to_char(day, '{written}') AS k, COUNT(*) FROM visits GROUP BY 1")
 
 
 @pytest.mark.parametrize("sql", QUERIES + [q for q in NEIGHBOUR_QUERIES if q not in QUERIES] + CONSTRUCTS)

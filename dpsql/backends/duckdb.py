@@ -47,6 +47,7 @@ from dpsql.backends.transpile import (
     bytewise,
     plain_numbers,
     plain_value,
+    portable_time_formats,
     shifts_wall_clock,
     wide_decimals,
 )
@@ -73,8 +74,8 @@ CATALOG_KEYS = ("SELECT database_name, table_name, constraint_type, constraint_c
 def to_duckdb(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     """A rewritten statement in DuckDB's SQL, with the rules of this module's docstring."""
     tree = dialect.spell(tree.copy(), SPELLINGS)
-    tree = tree.transform(wide_decimals).transform(bytewise).transform(plain_numbers).transform(bands) \
-        .transform(_width_buckets)
+    tree = tree.transform(portable_time_formats).transform(wide_decimals).transform(bytewise) \
+        .transform(plain_numbers).transform(bands).transform(_width_buckets)
     schema = {table: {**columns, "rowid": "bigint"} for table, columns in schema.items()}  # every table has one
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")

@@ -78,6 +78,7 @@ from dpsql.backends.transpile import (
     bytewise,
     plain_numbers,
     plain_value,
+    portable_time_formats,
     shifts_wall_clock,
     wide_decimals,
 )
@@ -102,7 +103,7 @@ def to_spark(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     where Spark's differ, with the rules of this module's docstring."""
     tree = _dialect_nodes(tree.copy(), schema)
     tree = tree.transform(wide_decimals).transform(_unhinted).transform(bytewise).transform(plain_numbers) \
-        .transform(_finite).transform(_spark_patterns).transform(bands)
+        .transform(_finite).transform(portable_time_formats).transform(bands)
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences) \
@@ -189,16 +190,6 @@ def _identified(table: exp.Table, columns: dict[str, str]) -> exp.Expression:
                       exp.alias_(ctid, "ctid")).from_(
         exp.Subquery(this=texts, alias=exp.TableAlias(this=exp.to_identifier("dpsql_c"))))
     return exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier(table.alias_or_name)))
-
-
-def _spark_patterns(node: exp.Expression) -> exp.Expression:
-    # Spark's datetime patterns have no ISO week-numbering fields: sqlglot leaves them as strftime codes, which
-    # Spark would reject only when the query runs, after its charge; refused here, before it
-    if isinstance(node, exp.TimeToStr) and isinstance(node.args.get("format"), exp.Literal) \
-            and re.search(r"%[GgVu]", node.args["format"].this):
-        raise UnsupportedQuery("to_char's ISO week fields (IYYY, IW, ID) have no Spark datetime pattern",
-                               "use EXTRACT(WEEK FROM ...) or date_trunc('week', ...) as the key")
-    return node
 
 
 def _finite(node: exp.Expression) -> exp.Expression:

@@ -14,7 +14,9 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.errors import UnsupportedQuery
 from dpsql.sql import dialect
+from dpsql.sql.to_char import portable, template_of
 
 FAILED, FAILED_HINT = "the query failed in the backend", "the failure was logged; the charge stands"
 # `dialect.earliest()` and `latest()` on an engine whose dates run from year 1 to 9999, where none of its date
@@ -24,6 +26,19 @@ EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 WALL_CLOCK = (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP)  # PostgreSQL's date and timestamp, no zone
+
+
+def portable_time_formats(node: exp.Expression) -> exp.Expression:
+    """Refuses, before any charge, to_char with a template the engine would print otherwise than PostgreSQL
+    (`to_char.portable`): DuckDB printed to_char(day, 'Day') as '7ay', and Spark rejects ISO week fields only
+    when the query runs, after its charge."""
+    if isinstance(node, exp.TimeToStr) and isinstance(node.args.get("format"), exp.Literal):
+        template = template_of(node)
+        if not portable(template):
+            raise UnsupportedQuery(f"to_char template '{template}' is printed differently by this backend",
+                                   "format with YYYY, MM, DD, HH24, MI and SS (to_char(day, 'YYYY-MM')), or group "
+                                   "by date_trunc('month', day) or EXTRACT(DOW FROM day) instead of names")
+    return node
 
 
 def shifts_wall_clock(node: exp.Expression) -> bool:

@@ -125,6 +125,19 @@ def _parts(template: str) -> Iterator[tuple[str, bool | None, str]]:
         fill = True
 
 
+# the fields and separators that sqlglot spells alike in strftime (DuckDB) and in Java's patterns (Spark): names,
+# FM, TH, ISO fields and letters in quoted text have no faithful spelling there ('Day' became '%uay')
+_PORTABLE_FIELDS = ("yyyy", "mm", "dd", "hh24", "mi", "ss")
+_PORTABLE_TEXT = set(" -/:.,_")
+
+
+def portable(template: str) -> bool:
+    """Whether an engine that is not PostgreSQL prints `template` as PostgreSQL does (`_PORTABLE_FIELDS`)."""
+    return all(fill is True and not suffix and pattern.lower() in _PORTABLE_FIELDS if fill is not None
+               else suffix != "modifier" and set(pattern) <= _PORTABLE_TEXT
+               for pattern, fill, suffix in _parts(template))
+
+
 # the period each pattern reads (a time truncated to it prints the same): an ISO year or week is its Monday's
 _PERIODS = {"year": ("yyyy", "yyy", "yy", "y", "y,yyy", "cc", "ad", "bc", "a.d.", "b.c."),
             "quarter": ("q",), "month": ("mm", "month", "mon", "rm"), "week": ("iyyy", "iyy", "iy", "i", "iw"),
