@@ -63,11 +63,11 @@ def main() -> int:
     print(f"\nneighbour fuzz on {args.backend}, seed {args.seed} (batch b of a world uses seed "
           f"{args.seed} * 1000003 + b)\n")
     print("| world | queries | refused before execution | neighbour pairs | respellings sharing a cache key | "
-          "answers read from the race | selections over the units within a smaller τ | violations | time (s) |")
+          "answers read from the race | bounded answers with weighted selection | violations | time (s) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, (report, seconds) in results.items():
         print(f"| {name} | {report.queries} | {report.refused} | {report.pairs} | {report.respelled} | "
-              f"{report.race_reads} | {report.voted} | {len(report.violations)} | {seconds:.0f} |")
+              f"{report.race_reads} | {report.weighted} | {len(report.violations)} | {seconds:.0f} |")
     violations = [v for report, _ in results.values() for v in report.violations]
     for violation in violations:
         print(violation)

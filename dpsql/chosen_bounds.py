@@ -166,9 +166,5 @@ def race_note(plan: Plan, totals: Plan | None, race: RaceToTheTop, rows_race: Ra
         f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
         f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "
         f"ε = {rows_race.epsilon:.4g})")
-    if plan.partition_selection and plan.rows_counted_and_summed:  # (`counts_voters` at the chosen bound)
-        read += ("; below the cap, partition selection counts only the rows of the units within the τ the "
-                 "race over rows chose (before its margin), so its threshold pays for τ rows, not the "
-                 "answer's")
     return (f"{chosen} (R2T's race over {', '.join(map(str, race.taus))}, ε = {race.epsilon:.4g} of the "
             f"query's {epsilon:g}){beside}{read}; the plan shown is the declared bound's")

@@ -62,7 +62,7 @@ from dpsql.prepared import Prepared
 from dpsql.recent import Recent
 from dpsql.released_rows import aggregate_released, pick_released
 from dpsql.releases.published import PublishedQuery, exact_rows, plan_published
-from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contributions, counts_voters, rewrite
+from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contributions, rewrite
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
@@ -180,18 +180,13 @@ class Engine:
         return self._zones[0]
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
-                  total_cap: float | None = None, selection_rows: int | None = None,
+                  total_cap: float | None = None,
                   public_keys: dict[str, tuple] | None = None) -> tuple[Plan, Rewritten]:
         """The plan and rewrite of `query`; `public_keys` as an earlier plan of it read them (None: read them now,
         before anything is charged)."""
         public_keys = self._public_keys(query) if public_keys is None else public_keys
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
                        self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets, public_keys)
-        if selection_rows is not None and selection_rows < plan.rows_per_unit and counts_voters(plan):
-            plan.selection_rows = selection_rows
-            plan.notes.append(f"partition selection counts the rows of the units with at most {selection_rows} "
-                              f"row(s) (the race's choice before its margin): one unit moves its counts by at most "
-                              f"{selection_rows} in all, where the answer keeps {plan.rows_per_unit} rows per unit")
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -440,25 +435,20 @@ class Engine:
         rows_decision = rows_race.decide(rows_truncated, fallback, cells=cells) \
             if rows_race is not None else None
         rows_bound = rows_decision.bound if rows_decision is not None else None
-        # partition selection counts the rows of the units within the τ the race over rows chose (no margin)
-        over_rows = rows_decision or (None if prepared.race_totals else decision)
         resolved = all(d.tau is not None for d in (decision, rows_decision) if d is not None)
         spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
-        bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound,
-                                   over_rows.tau if over_rows is not None else None, resolved)
+        bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound, resolved)
         note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,
-                    selection_rows: int | None = None, margin_reached_cap: bool = False) -> Prepared:
+                    margin_reached_cap: bool = False) -> Prepared:
         """`prepared` answered with at most `bound` rows per unit, or `bound` as each unit's total of its sum (the
         race's choice): analysed, rewritten and calibrated again at the ε the answer keeps, less `spent` where
         the choice took some of it (`RaceToTheTop.decide`); its cost is unchanged (it was charged). Where a race
         could not resolve the data, its cap is the declared bound and the declared plan stands as prepared.
         `rows_bound`: beside a bound on each unit's total, the rows per unit of the counts
-        beside the sum (`Prepared.rows_race`), enforced on the same kept rows. `selection_rows`: the τ that race
-        chose before its margin; where the rows are bounded below the cap, partition selection counts only the rows
-        of the units with at most that many (`Plan.selection_rows`), so its threshold pays for τ rows, not k.
+        beside the sum (`Prepared.rows_race`), enforced on the same kept rows.
         `margin_reached_cap`: every race resolved the data, so a bound at a cap is a τ times the margin, not the
         fallback to the declared bound: it is analysed as chosen, with no cap on the groups a unit reaches. The
         declared plan would cap them at max_groups_per_unit and drop the rows of a unit's other groups, a bias no
@@ -475,10 +465,9 @@ class Engine:
         if rows is None and total is None:
             plan, rewritten = prepared.plan, prepared.rewritten
         else:
-            voters = selection_rows if rows is not None else None
             plan, rewritten = self._remembered(
-                prepared.query, ("bounded", prepared.options.min_frequency, rows, total, voters),
-                lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total, voters,
+                prepared.query, ("bounded", prepared.options.min_frequency, rows, total),
+                lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total,
                                        prepared.plan.public_keys))
         def calibrated(epsilon: float) -> Calibration:
             return calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,

@@ -77,7 +77,7 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"Partition selection: ε {cost.selection_epsilon:.6g}, δ {cost.cost.approx_delta:.3g}, "
                      f"keep a group when its noisy count of "
                      f"{'units (the released count itself, with all of ε)' if cost.selected_by else counted} "
-                     f"reaches {sel.threshold}"
+                     f"reaches {sel.threshold if cost.selected_by else plan.selection_threshold(sel.threshold)}"
                      + (f" (min_frequency = {sel.min_units}: a group of fewer units is released with probability "
                         f"at most δ)" if sel.min_units > 1 else ""))
     lines.append("Output columns:")

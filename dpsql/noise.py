@@ -95,7 +95,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
         step_delta = selection_delta if steps == 1 else selection_delta / (1 + math.exp(step_epsilon))
         per_group, total = plan.selection_moves  # what one neighbour moves in the counts selection reads
         selection = PartitionSelection(plan.selection_groups, step_epsilon, step_delta, per_group, total,
-                                       plan.min_units, plan.selection_uncounted_groups)
+                                       plan.min_units)
         cost = Cost(selection_epsilon, selection_delta, selection_epsilon**2 / 2, selection_delta)
     chosen = [a for a in plan.aggregates if a.chosen]
     parts = len(plan.measures) + len(chosen) + (plan.top_k is not None)  # none when the keys' domain is listed

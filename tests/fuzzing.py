@@ -684,13 +684,13 @@ class Report:
     refused: int = 0
     respelled: int = 0  # respellings that got the query's cache key, their exact rows compared
     race_reads: int = 0  # answers read from the race's pass compared with their bounded statement
-    voted: int = 0  # bounded answers whose partition selection counts only the units within a smaller τ
+    weighted: int = 0  # bounded answers whose partition selection weighs each unit's kept rows
     violations: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"{self.queries} queries ({self.refused} refused before execution), {self.pairs} neighbour pairs "
                 f"compared, {self.respelled} respellings sharing a cache key compared, {self.race_reads} answers "
-                f"read from the race compared, {self.voted} selections over the units within a smaller τ, "
+                f"read from the race compared, {self.weighted} bounded answers with weighted selection, "
                 f"{len(self.violations)} violations")
 
 
@@ -749,12 +749,9 @@ def fuzz(engine: Engine, generate: Callable[[random.Random], str], base: Postgre
                                   for v in race_violations(auto, base, neighbours)]
             tau = rows_rng.choice(auto.race.taus)
             rows_tau = rows_rng.choice(auto.rows_race.taus) if auto.rows_race is not None else None
-            # and partition selection over the rows of the units within a smaller τ (`Plan.selection_rows`)
-            rows_race = auto.rows_race or (None if auto.race_totals else auto.race)
-            voters = rows_rng.choice([None, *(rows_race.taus if rows_race is not None else ())])
             # at a cap, the fallback's declared plan, or the margin's reach analysed as chosen
-            bounded = engine._bounded_at(auto, tau, 0.0, rows_tau, voters, rows_rng.random() < 0.5)
-            report.voted += bounded.plan.selection_rows is not None
+            bounded = engine._bounded_at(auto, tau, 0.0, rows_tau, rows_rng.random() < 0.5)
+            report.weighted += bounded.plan.selects_on_weights
             exact = run_exact(bounded, base)
             report.violations += [f"{where} (at {bounded.plan.rows_per_unit} rows per unit): {v}" for v in
                                   _neighbour_violations(bounded, exact, base, neighbours, report)]

@@ -325,13 +325,13 @@ def test_minimum_frequency_releases_groups_of_fewer_units_at_rate_at_most_delta(
     selection, plan = prepared.calibration.selection, prepared.plan
     assert plan.partition_selection and selection.min_units == MIN_FREQUENCY
     q = math.exp(-1 / float(selection.scale))
-    small = 0
+    small, per_unit = 0, plan.selection_moves[0]  # (rows weighed: a unit's weigh at most SELECTION_WEIGHT)
     for url in (base_url, neighbour_url):
         for row in _exact(url, prepared.rewritten.sql, len(plan.group_keys)).values():
-            units = int(row[-1])
-            if units < MIN_FREQUENCY:  # P(units + Z >= T) = q^(T − units) / (1 + q)
+            counted = int(row[-1])
+            if counted <= per_unit * (MIN_FREQUENCY - 1):  # P(counted + Z >= T) = q^(T − counted) / (1 + q)
                 small += 1
-                assert plan.max_groups * q ** (selection.threshold - units) / (1 + q) <= selection.delta
+                assert plan.selection_groups * q ** (selection.threshold - counted) / (1 + q) <= selection.delta
     assert small > 0  # the data has such groups: the check is not empty
 
 

@@ -582,48 +582,43 @@ def test_a_units_total_bounded_from_the_data_moves_every_group_together_by_at_mo
 
 @pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, COUNT(*) FROM visits GROUP BY 1",
                                  "SELECT CAST(day AS text) AS d, COUNT(*), AVG(amount) FROM visits GROUP BY 1"])
-def test_partition_selection_counts_only_the_rows_of_units_within_the_races_tau(engine, base_url, neighbour_url,
-                                                                                 sql):
-    """With rows per unit chosen from the data and private keys, partition selection counts only the rows of the
-    units with at most g rows (the τ the race chose, before the margin that gives the answer its k rows): the
-    neighbour's extreme person (5,000 visits, in groups no one else reaches) moves no selection count (a group
-    only it reaches is there at 0), the measures move within their sensitivity, and the threshold pays for g
-    rows instead of k."""
+def test_partition_selection_weighs_each_units_kept_rows_one_unit_in_all(engine, base_url, neighbour_url, sql):
+    """With private keys and at most k rows per unit over all groups, partition selection counts each kept row
+    as SELECTION_WEIGHT // (its unit's kept rows): the selection counts add up to every unit's weight (at most
+    SELECTION_WEIGHT each), the neighbour's extreme person (5,000 visits, in groups no one else reaches) moves
+    them by at most SELECTION_WEIGHT in all, and the measures within their sensitivity."""
+    from dpsql.analysis.plan import SELECTION_WEIGHT
     from dpsql.session import Options
 
     prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
     assert prepared.plan.partition_selection and prepared.race_totals == ("AVG" in sql)
-    for rows, voters in ((4, 1), (8, 2), (8, 4)):  # below the declared 10
+    for rows in (1, 4, 8):  # below the declared 10
         bound, rows_bound = (4096, rows) if prepared.race_totals else (rows, None)
-        bounded = engine._bounded_at(prepared, bound, 0.0, rows_bound, voters)
-        every_row = engine._bounded_at(prepared, bound, 0.0, rows_bound)
-        plan = bounded.plan
-        assert plan.rows_per_unit == rows and plan.selection_rows == voters and every_row.plan.selection_rows is None
-        assert plan.selection_moves == (voters, voters) and plan.selection_groups == voters
-        assert bounded.calibration.selection.threshold < every_row.calibration.selection.threshold / 2
+        plan = (bounded := engine._bounded_at(prepared, bound, 0.0, rows_bound)).plan
+        assert plan.rows_per_unit == rows and plan.selects_on_weights
+        assert plan.selection_moves == (SELECTION_WEIGHT, SELECTION_WEIGHT) and plan.selection_groups == rows
         keys = len(plan.group_keys)
         answers = {}
         for side, url in (("base", base_url), ("neighbour", neighbour_url)):
             with psycopg.connect(url) as conn:
                 answers[side] = {tuple(r[:keys]): r[keys:] for r in conn.execute(bounded.rewritten.sql).fetchall()}
-                (voted,) = conn.execute("SELECT COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n FROM visits "
-                                        "GROUP BY person_id HAVING COUNT(*) <= %s) AS v", (voters,)).fetchone()
-            assert sum(r[-1] for r in answers[side].values()) == voted  # the voters' rows, each once
-        # the extreme person votes nowhere: a group only its kept rows reach comes with a selection count of 0
-        # (which of its rows it keeps follows the keyed hash), and every other group's count is unchanged
-        assert answers["neighbour"].keys() >= answers["base"].keys()
+                (weight,) = conn.execute("SELECT SUM(LEAST(n, %s) * (%s / LEAST(n, %s))) FROM (SELECT COUNT(*) AS n "
+                                         "FROM visits GROUP BY person_id) AS u", (rows, SELECTION_WEIGHT, rows)
+                                         ).fetchone()
+            assert sum(r[-1] for r in answers[side].values()) == weight  # each unit's kept rows, weighed
         zero = [0] * (len(plan.measures) + 1)
-        groups = answers["neighbour"].keys()
-        assert all(answers["neighbour"][key][-1] == answers["base"].get(key, zero)[-1] for key in groups)
+        groups = answers["neighbour"].keys() | answers["base"].keys()
+        moves = [abs(answers["neighbour"].get(key, zero)[-1] - answers["base"].get(key, zero)[-1]) for key in groups]
+        assert sum(moves) <= SELECTION_WEIGHT and sum(m > 0 for m in moves) <= rows
         for i, measure in enumerate(plan.measures):
-            moved = sum(abs(float(answers["base"].get(key, zero)[i] or 0) - float(answers["neighbour"][key][i] or 0))
-                        for key in groups)
+            moved = sum(abs(float(answers["base"].get(key, zero)[i] or 0)
+                            - float(answers["neighbour"].get(key, zero)[i] or 0)) for key in groups)
             assert moved <= measure.sensitivity * (1 + 1e-9), (sql, rows, measure.label, moved)
 
 
 def test_selection_over_a_units_kept_groups_alone_keeps_counting_every_kept_unit(engine):
-    """With no count or sum (MIN alone) the statement reads each group's kept units, not rows: selection over the
-    units within a smaller τ does not apply, and the plan says so (the neighbour fuzzer's seed 50, query 483).
+    """With no count or sum (MIN alone) the statement reads each group's kept units, not rows: selection's weights
+    do not apply, and the plan says so (the neighbour fuzzer's seed 50, query 483).
     Values chosen alone run no race: they keep `CHOSEN_ROWS` rows per unit."""
     from dpsql.chosen_bounds import CHOSEN_ROWS
     from dpsql.session import Options
@@ -631,7 +626,7 @@ def test_selection_over_a_units_kept_groups_alone_keeps_counting_every_kept_unit
     sql = "SELECT CAST(day AS text) AS d, MIN(amount) FROM visits GROUP BY 1"
     prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
     assert prepared.race is None and prepared.plan.rows_per_unit == CHOSEN_ROWS
-    assert prepared.plan.partition_selection and prepared.plan.selection_rows is None
+    assert prepared.plan.partition_selection and not prepared.plan.selects_on_weights
     assert prepared.plan.selection_moves == (CHOSEN_ROWS, CHOSEN_ROWS)
     assert prepared.key != engine.prepare(sql, options=Options(rows_per_unit="declared")).key
 
@@ -650,10 +645,10 @@ def test_a_cap_the_margin_reached_is_answered_as_chosen(engine, base_url, neighb
     cap = prepared.race.taus[-1]
     # the declared plan (here 10 rows, whose groups are not capped: 10 is under 4 times max_groups_per_unit)
     assert engine._bounded_at(prepared, cap).plan is prepared.plan
-    chosen = engine._bounded_at(prepared, cap, 0.0, None, 2, True)
+    chosen = engine._bounded_at(prepared, cap, 0.0, None, True)
     assert chosen.plan is not prepared.plan
     assert chosen.plan.rows_per_unit == cap and not chosen.plan.cap_groups and chosen.plan.rows_total
-    assert chosen.plan.selection_rows == (2 if "DISTINCT" not in sql else None)
+    assert chosen.plan.selects_on_weights == ("DISTINCT" not in sql)
     keys = len(chosen.plan.group_keys)
     answers = {}
     for side, url in (("base", base_url), ("neighbour", neighbour_url)):
@@ -771,7 +766,7 @@ def test_a_variance_whose_race_reaches_the_cap_keeps_its_declared_plan(engine):
     prepared = engine.prepare("SELECT category, variance(amount) FROM visits GROUP BY 1",
                               options=Options(rows_per_unit="auto"))
     assert prepared.race_totals
-    assert engine._bounded_at(prepared, prepared.race.taus[-1], 0.0, None, None, True).plan is prepared.plan
+    assert engine._bounded_at(prepared, prepared.race.taus[-1], 0.0, None, True).plan is prepared.plan
     assert engine._bounded_at(prepared, 4096).plan.unit_total == 4096
 
 

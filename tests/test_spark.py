@@ -72,22 +72,21 @@ def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine
 
 @pytest.mark.parametrize("sql", ["SELECT CAST(day AS text) AS d, COUNT(*) FROM visits GROUP BY 1",
                                  "SELECT CAST(day AS text) AS d, COUNT(*), AVG(amount) FROM visits GROUP BY 1"])
-def test_selection_over_the_units_within_a_smaller_tau_reads_alike_on_spark(spark_engine, within_bounds, sql):
-    """Partition selection over the rows of the units within the race's τ (`Plan.selection_rows`): the answer's
-    statement releases the same groups with the same selection counts on Spark as on PostgreSQL. (Which of a
-    unit's rows beyond k are kept follows each engine's keyed hash, so the measures of its groups may differ.)"""
+def test_weighted_selection_reads_alike_on_spark(spark_engine, within_bounds, sql):
+    """Partition selection over each unit's kept rows, weighed (`Plan.selects_on_weights`): the answer's statement
+    releases the same groups with the same selection counts on Spark as on PostgreSQL (the data is within its
+    bounds: no unit has more rows than it keeps, so no keyed hash decides which rows count)."""
     from dpsql.session import Options
 
     prepared = spark_engine.prepare(sql, options=Options(rows_per_unit="auto"))
-    bound, rows = (4096, 8) if prepared.race_totals else (8, None)
-    bounded = spark_engine._bounded_at(prepared, bound, 0.0, rows, 2)
-    assert bounded.plan.selection_rows == 2
-    # (a group only non-voters reach is there at 0 where one of their kept rows falls, which follows the hash)
+    bound, rows = (4096, 10) if prepared.race_totals else (10, None)
+    bounded = spark_engine._bounded_at(prepared, bound, 0.0, rows, True)  # k = the cap, as chosen
+    assert bounded.plan.selects_on_weights and bounded.plan.rows_per_unit == 10
     with psycopg.connect(within_bounds) as conn:
-        expected = {row[0]: int(row[-1]) for row in conn.execute(bounded.rewritten.sql).fetchall() if row[-1]}
+        expected = {row[0]: int(row[-1]) for row in conn.execute(bounded.rewritten.sql).fetchall()}
     with spark_engine.backend.session() as session:
-        got = {row[0]: int(row[-1]) for row in session.run(bounded.rewritten.statement) if row[-1]}
-    assert got == expected and len(got) > 300, sql  # 366 days, a few of them without a voter
+        got = {row[0]: int(row[-1]) for row in session.run(bounded.rewritten.statement)}
+    assert got == expected and len(got) > 300, sql  # 366 days
 
 
 def test_a_parent_link_needs_a_key_spark_cannot_verify(spark_engine):

@@ -26,7 +26,6 @@ class PartitionSelection:
     per_group: int = 1  # how far one unit moves one group's count (1: counts of distinct units)
     total: int | None = None  # how far it moves all counts together (default max_groups · per_group)
     min_units: int = 1  # the minimum frequency: a group of fewer units is released with probability ≤ δ
-    uncounted_groups: int = 0  # groups one unit may add without counting in them (present, with a count of 0)
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -48,12 +47,7 @@ class PartitionSelection:
         t = float(self.scale)
         q = math.exp(-1 / t)
         m = math.ceil(t * math.log(self.max_groups / (self.delta * (1 + q))))
-        counted = self.per_group * max(self.min_units - 1, 1) + max(m, 1)
-        if not self.uncounted_groups:
-            return counted
-        # a unit that counts nowhere may still bring up to `uncounted_groups` groups at 0: each must pass by
-        # noise alone, with uncounted_groups · P(Z >= T) <= δ (one unit either counts or adds such groups)
-        return max(counted, math.ceil(t * math.log(self.uncounted_groups / (self.delta * (1 + q)))), 1)
+        return self.per_group * max(self.min_units - 1, 1) + max(m, 1)
 
     def keep(self, distinct_units: int, rng: Randomness = SYSTEM_RANDOM) -> bool:
         """Whether to release a group that `distinct_units` units contributed to."""

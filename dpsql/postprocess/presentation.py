@@ -68,7 +68,8 @@ def describe_selection(plan: Plan, calibration: Calibration | None) -> str | Non
     if selection is None:
         return None
     counted = "units" if calibration.selected_by else plan.selection_counts
-    text = (f"groups are released only where a noisy count of their {counted} reaches {selection.threshold} (DP "
+    threshold = str(selection.threshold) if calibration.selected_by else plan.selection_threshold(selection.threshold)
+    text = (f"groups are released only where a noisy count of their {counted} reaches {threshold} (DP "
             f"partition selection at ε = {calibration.selection_epsilon:.3g}), so groups with fewer may be missing")
     return f"{text}; to release every group, {plan.every_group}" if plan.every_group else text
 

@@ -68,11 +68,5 @@ def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:
     return per_unit.answered_by_contributions(plan, totals)
 
 
-def counts_voters(plan: Plan) -> bool:
-    """Whether the statement for `plan` can count, for partition selection, only the rows of the units with at
-    most `Plan.selection_rows` rows (`per_unit.counts_voters`)."""
-    return plan.unit is not None and per_unit.counts_voters(plan)
-
-
-__all__ = ["BoundsStatement", "Rewritten", "Statement", "answered_by_contributions", "contributions", "counts_voters",
+__all__ = ["BoundsStatement", "Rewritten", "Statement", "answered_by_contributions", "contributions",
            "rewrite"]

@@ -6,6 +6,7 @@ from sqlglot import exp
 
 from dpsql.analysis import Measure, Plan
 from dpsql.analysis.clamps import number
+from dpsql.analysis.plan import SELECTION_WEIGHT
 from dpsql.sql import dialect, to_sql
 
 UNITS = "dpsql_units"  # the column counting distinct units (or rows) per group
@@ -54,17 +55,16 @@ def within_rows_per_unit(columns: list[str], k: int, seed: int, in_unit_order: b
 
 
 def ranked_rows_of_over(columns: list[str], k: int, seed: int, distinct: bool = False,
-                        heavier: str | None = None, in_unit_order: bool = False,
-                        voters_up_to: int | None = None) -> list[str]:
+                        heavier: str | None = None, in_unit_order: bool = False, sizes: bool = False) -> list[str]:
     """CTEs over `dpsql_rows` ending in `dpsql_ranked`: the rows of the units with more than k rows, each with
     its `dpsql_rank` by the keyed hash that `within_rows_per_unit` cuts at, for statistics that correct the
     aggregate over all rows by those units' rows alone. `distinct`: their distinct rows are ranked (a unit then
     keeps k distinct rows; only a unit with more than k rows can have more than k distinct ones). `heavier`:
     a condition on a unit's rows (`SUM(m1) > 500`) that also makes its rows ranked (its total to be bounded).
-    `in_unit_order`: the units are grouped in the index's order (`in_order_of_units`). `voters_up_to` (g, below
-    k): also `dpsql_nonvoters`, the units with more than g rows, whose rows partition selection does not count
-    (`Plan.selection_rows`), found by the same grouping."""
-    return [*_over(k, heavier, in_unit_order, voters_up_to),
+    `in_unit_order`: the units are grouped in the index's order (`in_order_of_units`). `sizes`: also
+    `dpsql_sizes`, every unit with its rows' weight in partition selection (`dpsql_share`), from the same
+    grouping."""
+    return [*_over(k, heavier, in_unit_order, sizes),
             f"dpsql_ranked AS ({_ranked_rows_of_over(columns, seed, distinct)})"]
 
 
@@ -76,28 +76,25 @@ def in_order_of_units(in_unit_order: bool) -> str:
     return " ORDER BY dpsql_unit" if in_unit_order else ""
 
 
-def _over(k: int, heavier: str | None = None, in_unit_order: bool = False,
-          voters_up_to: int | None = None) -> list[str]:
-    """`dpsql_over`, the units with more than k rows (or `heavier`); with `voters_up_to` (g), also
-    `dpsql_nonvoters`, the units with more than g rows, from one grouping by unit (`dpsql_flagged`)."""
+def _over(k: int, heavier: str | None = None, in_unit_order: bool = False, sizes: bool = False) -> list[str]:
+    """`dpsql_over`, the units with more than k rows (or `heavier`); with `sizes`, from `dpsql_sizes`: every
+    unit with whether it is over and what each of its kept rows weighs in partition selection (`dpsql_share`,
+    SELECTION_WEIGHT // its kept rows: the weights of its at most k kept rows add up to at most SELECTION_WEIGHT;
+    computed once a unit, in a double, whose quotient of integers below 2^53 floors exactly)."""
     # MATERIALIZED: the few units over k are found once and read by every branch (inlined, each would group again)
     over = f"COUNT(*) > {int(k)}{f' OR {heavier}' if heavier else ''}"
-    if voters_up_to is None and not in_unit_order:
+    if sizes:
+        share = f"CAST(FLOOR(CAST({SELECTION_WEIGHT} AS DOUBLE PRECISION) / LEAST(COUNT(*), {int(k)})) AS BIGINT)"
+        grouped = (f"SELECT dpsql_unit, {share} AS dpsql_share, {over} AS dpsql_is_over FROM dpsql_rows "
+                   f"GROUP BY dpsql_unit{in_order_of_units(in_unit_order)}")
+        return [f"dpsql_sizes AS MATERIALIZED ({grouped})",
+                "dpsql_over AS (SELECT dpsql_unit FROM dpsql_sizes WHERE dpsql_is_over)"]
+    if not in_unit_order:
         return [f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM dpsql_rows GROUP BY dpsql_unit HAVING {over})"]
-    flags, wanted, having = f"{over} AS dpsql_is_over", "dpsql_is_over", over
-    if voters_up_to is not None:
-        no_vote = f"COUNT(*) > {int(voters_up_to)}"
-        flags, wanted, having = f"{flags}, {no_vote} AS dpsql_no_vote", f"{wanted} OR dpsql_no_vote", \
-            f"{over} OR {no_vote}"
-    grouped = f"SELECT dpsql_unit, {flags} FROM dpsql_rows GROUP BY dpsql_unit"
+    grouped = f"SELECT dpsql_unit, {over} AS dpsql_is_over FROM dpsql_rows GROUP BY dpsql_unit"
     # in order, behind OFFSET 0: pushed in as a HAVING, the condition would make PostgreSQL hash the units again
-    found = f"SELECT * FROM ({grouped}{in_order_of_units(True)} OFFSET 0) AS dpsql_sizes WHERE {wanted}" \
-        if in_unit_order else f"{grouped} HAVING {having}"
-    if voters_up_to is None:
-        return [f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM ({found}) AS dpsql_found)"]
-    return [f"dpsql_flagged AS MATERIALIZED ({found})",
-            "dpsql_over AS (SELECT dpsql_unit FROM dpsql_flagged WHERE dpsql_is_over)",
-            "dpsql_nonvoters AS (SELECT dpsql_unit FROM dpsql_flagged WHERE dpsql_no_vote)"]
+    found = f"SELECT * FROM ({grouped}{in_order_of_units(True)} OFFSET 0) AS dpsql_sizes WHERE dpsql_is_over"
+    return [f"dpsql_over AS MATERIALIZED (SELECT dpsql_unit FROM ({found}) AS dpsql_found)"]
 
 
 def _ranked_rows_of_over(columns: list[str], seed: int, distinct: bool = False) -> str:

@@ -8,10 +8,9 @@ sensitivity, k groups of 1 each, without dropping a group whose rows all ranked 
 Where the plan bounds each unit's total of its sums over all groups (`unit_total`, chosen from the data), the
 unit's per-group sums are scaled down together until they add up to the bound (`_scaled_to_total`).
 
-Where a race chose the k rows, partition selection may count only the rows of the units with at most g rows,
-g the race's τ before its margin (`Plan.selection_rows`, `counts_voters`): a unit then moves the counts selection
-reads by at most g in all, so its threshold pays for g rows rather than k, and the units with more rows keep
-their k rows in the answer without a say in which groups appear.
+Where partition selection counts rows (`Plan.selects_on_weights`), each kept row weighs
+SELECTION_WEIGHT // (its unit's kept rows), from the grouping that finds the units over k (`dpsql_sizes`): a
+unit's rows weigh at most SELECTION_WEIGHT in all, in at most k groups.
 
 Why it is sound: after the clamp, one unit moves each group's sum by at most its per-unit range, in at most
 G groups: exactly the sensitivity the analysis computed; after the scaling, by the bound over all groups.
@@ -22,6 +21,7 @@ no row escapes the bound.
 from __future__ import annotations
 
 from dpsql.analysis import Measure, Plan
+from dpsql.analysis.plan import SELECTION_WEIGHT
 from dpsql.rewrite.fragments import (
     UNITS,
     aggregate,
@@ -43,8 +43,6 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
     """Per group: the keys, one exact sum per measure over the bounded per-unit totals, and the unit count.
     `in_unit_order`: an index leads with the unit's column, so the units are grouped in its order
     (`in_order_of_units`) where one grouping by unit alone finds them."""
-    if plan.selection_rows is not None and not counts_voters(plan):
-        raise ValueError("partition selection over the rows of units with few rows has no statement of this form")
     keys = [k.name for k in plan.group_keys]
     rows = [*unit_and_keys(plan), *(f"{sql(m.expr)} AS {m.name}" for m in plan.measures if _column(plan, m) == m.name)]
     per_unit = ["dpsql_unit", *keys]
@@ -66,13 +64,13 @@ def statistics(plan: Plan, hash_seed: int, in_unit_order: bool = False) -> str:
             heavier = f"SUM({_bounded_total(plan)}) > {literal(plan.unit_total)}"
             return _kept_rows_weighed(plan, columns, ctes + ranked_rows_of_over(
                 columns, plan.rows_per_unit, hash_seed, heavier=heavier, in_unit_order=in_unit_order,
-                voters_up_to=plan.selection_rows))
+                sizes=plan.selects_on_weights))
         if form == "corrected":
             # distinct units read only which groups a unit is in: it keeps k of its groups, not k of its rows
             units_only = all(m.kind == "units" for m in plan.measures)
             return _all_rows_corrected(plan, ctes + ranked_rows_of_over(
                 columns, plan.rows_per_unit, hash_seed, distinct=units_only, in_unit_order=in_unit_order,
-                voters_up_to=plan.selection_rows), units_only)
+                sizes=plan.selects_on_weights), units_only)
         ctes += within_rows_per_unit(columns, plan.rows_per_unit, hash_seed, in_unit_order)
         rows_of_units = "dpsql_kept"
         if form == "kept":
@@ -130,22 +128,6 @@ def _rows_total_form(plan: Plan) -> str:
     if plan.unit_total is not None:
         return "weighed" if plan.group_keys and plan.rows_counted_and_summed else "per unit"
     return "kept" if any(m.kind == "distinct" for m in plan.measures) else "corrected"
-
-
-def counts_voters(plan: Plan) -> bool:
-    """Whether `statistics` can give partition selection the rows of only the units with at most
-    `Plan.selection_rows` rows (the voters) instead of every kept row: private keys, at most k rows per unit over
-    all groups and no cap on its groups, counts and sums only (the forms "weighed" and "corrected"; with no
-    measure, or a count of units, the latter reads each group's kept units instead of rows). A unit with more
-    rows still keeps its k rows in the measures; it only has no say in which groups appear."""
-    return (plan.partition_selection and plan.rows_total and plan.stability is None and plan.rows_counted_and_summed
-            and _rows_total_form(plan) in ("weighed", "corrected"))
-
-
-def _votes() -> str:
-    """1 for a row of `dpsql_ranked` whose unit may vote in partition selection, 0 for one of `dpsql_nonvoters`."""
-    return ("CASE WHEN EXISTS (SELECT 1 FROM dpsql_nonvoters WHERE dpsql_nonvoters.dpsql_unit = "
-            "dpsql_ranked.dpsql_unit) THEN 0 ELSE 1 END")
 
 
 def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
@@ -258,34 +240,32 @@ def _kept_rows_weighed(plan: Plan, columns: list[str], ctes: list[str]) -> str:
     aggregate over all rows less the heavy units' rows would lose the bound's precision to the cancellation
     of sums far larger than it (the neighbour fuzzer's heavy person moved a sum bounded at 1 by more than 1), so
     the sets of units are aggregated apart and added (visits by category at 100,000 people: 140 ms against 150
-    ms for one aggregate over their rows with a weight each). With `Plan.selection_rows` (g), partition
-    selection reads each group's rows of the units with at most g rows (`dpsql_vote`); a group only other units
-    reach is returned with 0 (`Plan.selection_uncounted_groups`)."""
+    ms for one aggregate over their rows with a weight each). With weights for partition selection
+    (`Plan.selects_on_weights`), each part reads its rows' weight from `dpsql_sizes` (`fragments._over`)."""
     keys = [k.name for k in plan.group_keys]
     total, cap = _bounded_total(plan), _fraction(plan.unit_total)
-    voting = plan.selects_on_voters
+    weighted = plan.selects_on_weights
+    share = "SUM(dpsql_share)" if weighted else "COUNT(*)"
 
-    def part(source: str, units: str, weighed: bool = False) -> str:
+    def part(source: str, weighed: bool = False) -> str:
         """The statistics per group over one set of units' rows: each part is PostgreSQL's plain aggregate, and
         the parts' units are disjoint, so adding them up cancels nothing."""
         sums = [f"SUM({_column(plan, m)} * dpsql_weight)" if weighed and m.kind == "sum"
                 else aggregate(m, _column(plan, m)) for m in plan.measures]
         items = [*keys, *(f"{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
-                 units_item(plan, units)]
+                 units_item(plan, share)]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
-    if voting:  # the units within both bounds that may not vote are few: their rows are read apart, no lookup per row
-        parts = [part("dpsql_rows WHERE NOT EXISTS (SELECT 1 FROM dpsql_flagged WHERE dpsql_flagged.dpsql_unit = "
-                      "dpsql_rows.dpsql_unit)", "COUNT(*)"),
-                 part("dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_flagged WHERE NOT dpsql_is_over)",
-                      "0")]
+    if weighted:  # every unit's rows are in dpsql_sizes, with whether it is over either bound
+        parts = [part("dpsql_rows JOIN dpsql_sizes USING (dpsql_unit) WHERE NOT dpsql_is_over")]
     else:
         parts = [part("dpsql_rows WHERE NOT EXISTS (SELECT 1 FROM dpsql_over WHERE dpsql_over.dpsql_unit = "
-                      "dpsql_rows.dpsql_unit)", "COUNT(*)")]
+                      "dpsql_rows.dpsql_unit)")]
+    ranked = "dpsql_ranked JOIN dpsql_sizes USING (dpsql_unit)" if weighted else "dpsql_ranked"
     weights = (f"SELECT {', '.join(columns)}, LEAST(1.0, {cap} / NULLIF(SUM({total}) OVER (PARTITION BY dpsql_unit), "
-               f"0)) AS dpsql_weight{f', {_votes()} AS dpsql_vote' if voting else ''} FROM dpsql_ranked "
+               f"0)) AS dpsql_weight{', dpsql_share' if weighted else ''} FROM {ranked} "
                f"WHERE dpsql_rank <= {int(plan.rows_per_unit)}")
-    parts.append(part(f"({weights}) AS dpsql_weighed", "SUM(dpsql_vote)" if voting else "COUNT(*)", weighed=True))
+    parts.append(part(f"({weights}) AS dpsql_weighed", weighed=True))
     # counts stay bigint: a sum of bigints would be numeric
     totals = [f"SUM({m.name}) AS {m.name}" if m.kind == "sum" else f"CAST(SUM({m.name}) AS BIGINT) AS {m.name}"
               for m in plan.measures]
@@ -302,37 +282,31 @@ def _all_rows_corrected(plan: Plan, ctes: list[str], units_only: bool = False) -
     only the rows of units over k are ranked. A group left with no kept row is not
     returned, as by the other form, so partition selection never sees a group that only dropped rows held.
     `units_only`: the units over k keep k distinct groups, and what partition selection reads per group is its
-    kept units, not rows (an over unit's rows beyond its kept groups would count otherwise). With
-    `Plan.selection_rows` (g), what selection reads is each group's rows less those of the units with more than
-    g rows (`dpsql_nonvoters`), and a group is returned while it keeps a row, with 0 if only other units reach it
-    (`Plan.selection_uncounted_groups`)."""
+    kept units, not rows (an over unit's rows beyond its kept groups would count otherwise). With weights for
+    partition selection (`Plan.selects_on_weights`), the rows are read with their weight (`dpsql_sizes`), and
+    the rows a unit over k drops take back the weight each of its rows had, SELECTION_WEIGHT // k."""
     keys = [k.name for k in plan.group_keys]
     sums = ["COUNT(DISTINCT dpsql_unit)" if m.kind == "units" else aggregate(m, _column(plan, m))
             for m in plan.measures]
 
-    voting = plan.selects_on_voters
-
-    def part(source: str, sign: str, units: str | None = None, measured: bool = True) -> str:
+    def part(source: str, sign: str, units: str | None = None) -> str:
         kept = f"{sign}{'COUNT(DISTINCT dpsql_unit)' if units_only else 'COUNT(*)'}"
-        items = [*keys, *(f"{sign}{s} AS {m.name}" if measured else f"0 AS {m.name}"
-                          for s, m in zip(sums, plan.measures, strict=True)), f"{units or kept} AS {UNITS}"]
-        if voting:  # the kept rows, apart from what selection counts: a group is returned if it keeps one
-            items.append(f"{kept if measured else '0'} AS dpsql_kept")
+        items = [*keys, *(f"{sign}{s} AS {m.name}" for s, m in zip(sums, plan.measures, strict=True)),
+                 f"{units or kept} AS {UNITS}"]
         return f"SELECT {', '.join(items)} FROM {source}{group_by(keys)}"
 
     k = int(plan.rows_per_unit)
     if units_only or any(m.kind == "units" for m in plan.measures):  # distinct counts do not subtract row by row
         parts = [part("dpsql_rows", ""), part("dpsql_ranked", "-"), part(f"dpsql_ranked WHERE dpsql_rank <= {k}", "")]
-    elif voting:  # selection counts every row less those of the units with over g rows
-        parts = [part("dpsql_rows", ""), part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-", "0"),
-                 part("dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_nonvoters)", "", "-COUNT(*)",
-                      measured=False)]
+    elif plan.selects_on_weights:  # (a unit over k: n > k, so each of its rows weighs as one of k)
+        parts = [part("dpsql_rows JOIN dpsql_sizes USING (dpsql_unit)", "", "SUM(dpsql_share)"),
+                 part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-", f"-{SELECTION_WEIGHT // k} * COUNT(*)")]
     else:  # less the rows a unit over k drops: one pass over its ranked rows (Spark would rank them twice)
         parts = [part("dpsql_rows", ""), part(f"dpsql_ranked WHERE dpsql_rank > {k}", "-")]
     # counts stay bigint: a sum of bigints would be numeric
     totals = [f"SUM({m.name}) AS {m.name}" if m.kind == "sum" else f"CAST(SUM({m.name}) AS BIGINT) AS {m.name}"
               for m in plan.measures]
     units = f"CAST(SUM({UNITS}) AS BIGINT)" if plan.partition_selection else "0"
-    having = f" HAVING SUM({'dpsql_kept' if voting else UNITS}) > 0" if keys else ""
+    having = f" HAVING SUM({UNITS}) > 0" if keys else ""
     return (f"WITH {', '.join(ctes)} SELECT {', '.join([*keys, *totals, f'{units} AS {UNITS}'])} FROM "
             f"({' UNION ALL '.join(parts)}) AS dpsql_parts{group_by(keys)}{having}")
