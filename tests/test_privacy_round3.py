@@ -534,6 +534,29 @@ def test_other_answers_under_the_race_run_their_own_statement(engine, sql):
     assert prepared.race is not None and not prepared.race_answers
 
 
+def test_a_sum_under_a_units_total_keeps_the_clamp_its_rows_give_where_its_rows_are_not_cut(
+        engine, base_url, neighbour_url):
+    """Ungrouped, a unit's rows are not cut at the k rows the count beside chose: the sum's sensitivity is the
+    smaller of k rows' worth and the bound on its total, so its per-unit total is clamped to k rows' worth before
+    it is weighed down to the bound. Without the clamp (the neighbour fuzzer's seed 114), the extreme person
+    moved SUM(CASE WHEN amount > 50 THEN 1 ELSE 0 END) by the bound, 2, against a sensitivity of 1."""
+    from dpsql.session import Options
+
+    sql = "SELECT COUNT(category), SUM(CASE WHEN amount > 50 THEN 1 ELSE 0 END) FROM visits"
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race_totals and prepared.rows_race is not None
+    for bound, rows in ((2, 1), (4, 2), (8, 4)):  # below the cap, 10 visits of at most 1
+        bounded = engine._bounded_at(prepared, bound, 0.0, rows)
+        assert bounded.plan.unit_total == bound and not bounded.plan.rows_total
+        exact = {}
+        for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+            with psycopg.connect(url) as conn:
+                exact[side] = conn.execute(bounded.rewritten.sql).fetchone()
+        for i, measure in enumerate(bounded.plan.measures):
+            assert measure.sensitivity == min(rows, bound)
+            assert abs(float(exact["neighbour"][i]) - float(exact["base"][i])) <= measure.sensitivity * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("sql", ["SELECT category, SUM(amount) FROM visits GROUP BY category",
                                  "SELECT date_trunc('month', day), SUM(amount), AVG(amount) FROM visits GROUP BY 1",
                                  "SELECT SUM(amount) FROM visits WHERE category = 'lab'",
