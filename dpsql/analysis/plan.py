@@ -254,8 +254,9 @@ class Plan:
         over all groups without a cap on its groups, counts and sums only (`rewrite.per_unit`). Counting rows, the
         threshold paid for k rows of one unit where a unit with a few rows gave each group one; weighted, a unit
         with n rows gives each row 1/n of the threshold's one unit. On 3,000 demo people without a declared
-        category domain, visits by category released 116 of 8 categories × 20 answers counting the rows of the
-        units within the race's τ, and 160 weighted."""
+        category domain (benchmarks/results/private_keys.md), 20 answers each released 116, 53 and 25 of the
+        160 (answer, category) cells of COUNT, SUM and AVG by category counting the rows of the units within the
+        race's τ, and 160 of 160 weighted."""
         return (self.partition_selection and self.rows_total and not self.cap_groups and self.stability is None
                 and self.rows_counted_and_summed)
 
