@@ -409,7 +409,7 @@ QUERY_CLASSES = [
                query("SELECT kind, COUNT(DISTINCT fare) FROM trips GROUP BY kind", rows_per_unit="auto"), 1),
     QueryClass("a median over several rows per unit, at the race's τ itself",
                query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips", rows_per_unit="auto"), 0),
-    QueryClass("partition selection over the rows of the units within the race's τ",
+    QueryClass("partition selection over each unit's kept rows, weighed (the race's k rows)",
                query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
     QueryClass("a public table's values as keys (every line released, the neighbour's own too)",
                query("SELECT l.code, COUNT(r.person_id) FROM lines l LEFT JOIN rides r ON r.line = l.code "
