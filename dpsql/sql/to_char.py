@@ -12,6 +12,7 @@ import functools
 import math
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
+from typing import NamedTuple
 
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
@@ -75,21 +76,26 @@ def to_char(value: datetime.date, template: str) -> str:
     if not isinstance(value, datetime.datetime):
         value = datetime.datetime(value.year, value.month, value.day)
     out: list[str] = []
-    for pattern, fill, suffix in _parts(template):
-        if fill is None:  # copied text, or a modifier
-            out.append(pattern if suffix != "modifier" else "")
+    for part in _parts(template):
+        if part.kind != "field":  # copied text; a modifier prints nothing
+            out.append(part.text if part.kind == "text" else "")
             continue
-        text, number = _field(pattern, value, fill)
-        if number is not None and suffix:
-            text += _ordinal(number).upper() if suffix == "TH" else _ordinal(number)
+        text, number = _field(part.text, value, part.fill)
+        if number is not None and part.suffix:
+            text += _ordinal(number).upper() if part.suffix == "TH" else _ordinal(number)
         out.append(text)
     return "".join(out)
 
 
-def _parts(template: str) -> Iterator[tuple[str, bool | None, str]]:
-    """The template read as PostgreSQL reads it: (pattern, whether it is padded, its TH or th suffix) for each
-    field, (text, None, "") for what is copied, (fx, tm or sp, None, "modifier") for a modifier that prints
-    nothing itself."""
+class _Part(NamedTuple):
+    kind: str  # "field" (a pattern), "text" (copied) or "modifier" (fx, tm, sp: nothing printed)
+    text: str  # the pattern as written, the text copied, or the modifier in lower case
+    fill: bool = True  # a field: padded (no FM before it)
+    suffix: str = ""  # a numeric field's TH or th
+
+
+def _parts(template: str) -> Iterator[_Part]:
+    """The template read as PostgreSQL reads it, part by part."""
     i, fill = 0, True
     while i < len(template):
         rest = template[i:]
@@ -97,31 +103,31 @@ def _parts(template: str) -> Iterator[tuple[str, bool | None, str]]:
             fill, i = False, i + 2
             continue
         if rest[:2].lower() in ("fx", "tm", "sp"):  # exact matching, translation, spelling: nothing in C output
-            yield rest[:2].lower(), None, "modifier"
+            yield _Part("modifier", rest[:2].lower())
             i += 2
             continue
         if rest[0] == '"':
             end = i + 1
             while end < len(template) and template[end] != '"':
                 end += 2 if template[end] == "\\" else 1
-            yield template[i + 1:end].replace('\\"', '"'), None, ""
+            yield _Part("text", template[i + 1:end].replace('\\"', '"'))
             i = end + 1
             continue
         if rest[0] == "\\" and len(rest) > 1:
-            yield rest[1], None, ""
+            yield _Part("text", rest[1])
             i += 2
             continue
         pattern = next((p for p in _PATTERNS if (rest.startswith(p) if p in _WORDS else rest[:len(p)].lower() == p)),
                        None)
         if pattern is None:
-            yield rest[0], None, ""
+            yield _Part("text", rest[0])
             i += 1
             continue
         i += len(pattern)
         numeric = pattern.lower() in _NUMBERS or pattern.lower() == "y,yyy"
         suffix = template[i:i + 2] if numeric and template[i:i + 2] in ("TH", "th") else ""
         i += len(suffix)
-        yield pattern, fill, suffix
+        yield _Part("field", pattern, fill, suffix)
         fill = True
 
 
@@ -133,9 +139,8 @@ _PORTABLE_TEXT = set(" -/:.,_")
 
 def portable(template: str) -> bool:
     """Whether an engine that is not PostgreSQL prints `template` as PostgreSQL does (`_PORTABLE_FIELDS`)."""
-    return all(fill is True and not suffix and pattern.lower() in _PORTABLE_FIELDS if fill is not None
-               else suffix != "modifier" and set(pattern) <= _PORTABLE_TEXT
-               for pattern, fill, suffix in _parts(template))
+    return all(part.fill and not part.suffix and part.text.lower() in _PORTABLE_FIELDS if part.kind == "field"
+               else part.kind == "text" and set(part.text) <= _PORTABLE_TEXT for part in _parts(template))
 
 
 # the period each pattern reads (a time truncated to it prints the same): an ISO year or week is its Monday's
@@ -151,11 +156,11 @@ def finest_period(template: str) -> str | None:
     to_char(t, template) = to_char(date_trunc(unit, t), template). None where a pattern reads seconds or a time
     zone, or names are translated (TM: the database's locale, which Python does not know)."""
     read = set()
-    for pattern, fill, suffix in _parts(template):
-        if suffix == "modifier" and pattern == "tm":
+    for part in _parts(template):
+        if part.kind == "modifier" and part.text == "tm":
             return None
-        if fill is not None:
-            unit = next((u for u, patterns in _PERIODS.items() if pattern.lower() in patterns), None)
+        if part.kind == "field":
+            unit = next((u for u, patterns in _PERIODS.items() if part.text.lower() in patterns), None)
             if unit is None:
                 return None
             read.add(unit)
