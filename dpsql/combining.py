@@ -61,9 +61,9 @@ def _no_key(columns: tuple[int, ...]) -> Any:
     return None if len(columns) == 1 else (None,) * len(columns)
 
 
-RELEASED_ROWS_NOTE = ("computed from the released rows of the subquery (post-processing): a SUM or AVG of its counts "
-                      "or sums has a 95% interval that adds up their noise, the rows released taken as given; other "
-                      "values computed from them have none")
+RELEASED_ROWS_NOTE = ("computed from the released rows of the subquery (post-processing): SUM and AVG of its counts "
+                      "or sums, and their sums, differences, multiples and ratios, have 95% intervals that add up "
+                      "their noise, the rows released taken as given; other values computed from them have none")
 
 
 def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],
@@ -74,9 +74,7 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     if composition is not None and composition.values_present is not None:
         return [composition.values_present], ["int8"], [True]
     if composition is not None and composition.outer is not None:
-        inner = parts[0].outputs
-        names, types = outer_columns(composition.outer, [o.name for o in inner], [o.type_name for o in inner])
-        return names, types, [True] * len(names)
+        return outer_columns(composition.outer, parts[0].outputs)
     if composition is not None and composition.joined_outer is not None:
         return _joined_columns(composition, parts)
     if composition is not None and composition.sequential:
@@ -117,7 +115,8 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
                        epsilon=sum(a.epsilon for a in answers), delta=sum(a.delta for a in answers),
                        cached=all(a.cached for a in answers), budget=answers[-1].budget)
     if composition.outer is not None:  # post-processing of the inner answer's rows: sums carry their noise
-        rows, accuracy = aggregate_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy)
+        rows, accuracy = aggregate_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
+                                             answers[0].noisy)
         return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy,
                        notes=[*answers[0].notes, RELEASED_ROWS_NOTE])
     shown = answers[-1:] if composition.sequential else answers

@@ -68,7 +68,9 @@ class NoisyGroup:
     choices: dict[str, Any]  # quantile/mode aggregate name -> the chosen value
     key_gap: float | None = None  # top-k: with 95% probability this key's count is within this of the best left
     interval_factor: dict[str, float] = field(default_factory=dict)  # measure -> how much narrower its noise
-    # interval is than its mechanism's (smoothed histograms: noise averaged over a bucket)
+    # interval is than its mechanism's (smoothed histograms: noise averaged over a bucket; de-biased reports)
+    noise_shared: bool = False  # smoothed bins: a bin's noise is its bucket's, shared with its neighbours, so
+    # sums over released rows cannot add it up as each row's own
 
 
 def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float | None,
@@ -262,7 +264,7 @@ def _structure_first_release(plan: Plan, structure: StructureFirstPlan, candidat
     StructureFirst would lose (`structure_first_or_noise_first`), each with its interval's scale factor."""
     name = plan.measures[0].name
     released, factors, _ = structure_first_or_noise_first([float(value[0][0]) for _, value in candidates], structure)
-    return [NoisyGroup(key, {name: value}, {}, interval_factor={name: factor})
+    return [NoisyGroup(key, {name: value}, {}, interval_factor={name: factor}, noise_shared=True)
             for (key, _), value, factor in zip(candidates, released, factors, strict=True)]
 
 

@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.analysis.plan import Output
 from dpsql.postprocess import Accuracy, evaluate, sort_rows
+from dpsql.postprocess.evaluate import truthy
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import output_name
 
@@ -22,31 +24,37 @@ Reported = Callable[[dict, dict], tuple[dict, dict]]  # a picked row's values an
 AGGREGATE_KINDS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
 
-def outer_columns(outer_sql: str, inner_names: Sequence[str], inner_types: Sequence[str]) -> tuple[list[str],
-                                                                                                  list[str]]:
-    """The outer query's column names and types, known before anything runs: a COUNT is int8, a bare inner
-    column keeps its type, anything else is float8."""
+def outer_columns(outer_sql: str, inner: Sequence[Output]) -> tuple[list[str], list[str], list[bool]]:
+    """The outer query's column names, types and noisiness, known before anything runs: a COUNT is int8, a bare
+    inner column keeps its type, anything else is float8; a value is noisy unless it reads only inner columns
+    that are not (a group's key) outside any aggregate."""
     tree = parse_select(outer_sql)
-    kinds = dict(zip(inner_names, inner_types, strict=True))
-    names, types = [], []
+    by_name = {o.name: o for o in inner}
+    names, types, noisy = [], [], []
     for item in tree.expressions:
         value = item.unalias()
         names.append(output_name(item))
         types.append("int8" if isinstance(value, exp.Count) else
-                     kinds.get(value.name, "float8") if isinstance(value, exp.Column) else "float8")
-    return names, types
+                     by_name[value.name].type_name if isinstance(value, exp.Column) and value.name in by_name
+                     else "float8")
+        noisy.append(value.find(*AGGREGATE_KINDS) is not None or any(
+            c.name not in by_name or by_name[c.name].noisy for c in value.find_all(exp.Column)))
+    return names, types, noisy
 
 
 def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
-                       accuracy: Sequence[tuple] | None = None) -> tuple[list[tuple], list[tuple]]:
+                       accuracy: Sequence[tuple] | None = None,
+                       noisy: Sequence[bool] | None = None) -> tuple[list[tuple], list[tuple]]:
     """The outer query's rows over `rows` (the inner answer's, with column `names` and each value's `accuracy`),
     each value with its accuracy. A count shown as 0 enters SUM and AVG as its noisy value
-    (`Accuracy.unclamped`): a sum of clamped counts would run high. Filters and keys read the values shown. A
-    bare SUM or AVG of a column whose values each carry noise of their own has an interval: the root of the sum
-    of their squared half-widths (the released rows it reads taken as given; exact for Gaussian noise, and wider
-    than 95% needs for a sum of several Laplace draws); other outputs have none."""
+    (`Accuracy.unclamped`): a sum of clamped counts would run high. Filters and keys read the values shown.
+    `noisy`: which inner columns carry noise (by default, those with an accuracy in some row). A SUM or AVG of
+    values that each carry noise of their own, and sums, differences, multiples and ratios of such aggregates,
+    have an interval (`_interval`; the released rows read taken as given); other outputs have none."""
     tree = parse_select(outer_sql)
     accuracy = accuracy or [(None,) * len(names)] * len(rows)
+    noisy_names = ({n for n, is_noisy in zip(names, noisy, strict=True) if is_noisy} if noisy is not None else
+                   {n for i, n in enumerate(names) if any(acc[i] is not None for acc in accuracy)})
     members = [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
                 dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
     if tree.args.get("where"):
@@ -70,22 +78,185 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
         if having is not None and not evaluate(_named(having), env):
             continue
         values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
-        intervals = tuple(_interval(o, value, group) for o, value in zip(outputs, values, strict=True))
+        forms = Forms(group, env, noisy_names)
+        intervals = tuple(_interval(o, value, forms) for o, value in zip(outputs, values, strict=True))
         found.append((values, intervals, [_plain(evaluate(_named(o), env)) for o in order]))
     found = _ordered_and_cut(tree, found, lambda row, i: row[2][i])
     return [values for values, _, _ in found], [intervals for _, intervals, _ in found]
 
 
-def _interval(output: exp.Expression, value: Any, group: list[tuple[dict, dict, dict]]) -> Accuracy | None:
-    """A bare SUM or AVG of a noisy column's 95% interval: its rows' noise added up (see `aggregate_released`)."""
-    if not isinstance(output, (exp.Sum, exp.Avg)) or not isinstance(output.this, exp.Column) or value is None:
+def _interval(output: exp.Expression, value: Any, forms: Forms) -> Accuracy | None:
+    """An output's 95% interval from the noise of the released values it reads (`aggregate_released`): a linear
+    form of them (SUM, AVG, their sums, differences and constant multiples) is its value ± their half-widths
+    added up (`_spread`); a ratio of two (a share: `SUM(CASE WHEN k = 'a' THEN n ELSE 0 END) * 1.0 / SUM(n)`) is
+    bounded over the box of its two parts (`_ratio_range`). None for anything else, or an exact value."""
+    if value is None:
         return None
-    name = output.this.name
-    read = [acc.get(name) for shown, _, acc in group if shown.get(name) is not None]
-    if not read or any(a is None or a.halfwidth is None for a in read):
+    node, factor = _scaled(output, forms.env)
+    if node is None:
         return None
-    halfwidth = math.sqrt(sum(a.halfwidth ** 2 for a in read)) / (len(read) if isinstance(output, exp.Avg) else 1)
-    return Accuracy(None, value - halfwidth, value + halfwidth)
+    terms = forms.of(node)
+    if terms is not None:
+        spread = abs(factor) * _spread(terms, forms.halfwidths)
+        return Accuracy(None, value - spread, value + spread) if terms else None
+    if not isinstance(node, exp.Div):
+        return None
+    parts = forms.of(node.this), forms.of(node.expression)
+    if parts[0] is None or not parts[1]:
+        return None
+    found = _ratio_range(*parts, forms.value(node.this), forms.value(node.expression), forms.halfwidths)
+    if found is None:
+        return None
+    low, high = sorted((factor * found[0], factor * found[1]))
+    return Accuracy(None, low, high)
+
+
+Terms = dict[tuple[int, str], float]  # a linear form of released values: (row, column) -> coefficient
+
+# A ratio's two parts each take a 97.5% interval, so that both hold at once with 95% probability whatever their
+# dependence (a union bound). Our noise (Laplace, Gaussian, a binomial's, and sums of them) has a symmetric
+# log-concave law, whose 97.5% half-width is at most ln(40)/ln(20) times its 95% one (with an exponential tail,
+# the widest case, exactly that).
+UNION_OF_TWO = math.log(40) / math.log(20)
+
+
+class Forms:
+    """Values over one group of released rows as linear forms of their noisy values (`Terms`): {} for an exact
+    value, None where a value is not linear in them or reads one without a half-width of its own."""
+
+    def __init__(self, group: list[tuple[dict, dict, dict]], env: dict[str, Any], noisy: set[str]) -> None:
+        self.group, self.env, self.noisy = group, env, noisy  # (noisy: the inner columns that carry noise)
+        self.halfwidths = {(i, name): a.halfwidth for i, (_, _, acc) in enumerate(group)
+                           for name, a in acc.items() if a is not None and a.halfwidth is not None}
+
+    def value(self, node: exp.Expression) -> Any:
+        return _plain(evaluate(_named(node), self.env))
+
+    def of(self, node: exp.Expression) -> Terms | None:
+        """An output's part: aggregates over the group's rows, constants and keys, in linear arithmetic."""
+        return _linear(node, self._aggregate, self.value)
+
+    def _aggregate(self, node: exp.Expression) -> Terms | None:
+        if isinstance(node, exp.Sum | exp.Avg):
+            found: Terms = {}
+            rows = 0
+            for i, (shown, _, acc) in enumerate(self.group):
+                if _plain(evaluate(node.this, shown)) is None:
+                    continue  # (SUM and AVG skip a NULL)
+                row = _linear(node.this, lambda n, i=i, shown=shown, acc=acc: self._in_row(n, i, shown, acc),
+                              lambda n, shown=shown: _plain(evaluate(n, shown)))
+                if row is None:
+                    return None
+                rows += 1
+                for key, coefficient in row.items():
+                    found[key] = found.get(key, 0.0) + coefficient
+            return _times(found, 1 / rows) if isinstance(node, exp.Avg) and rows else found
+        if isinstance(node, exp.Count) or isinstance(node, exp.Column) and node.name not in self.noisy:
+            return {}  # the released rows taken as given; a key of the group
+        return None
+
+    def _in_row(self, node: exp.Expression, i: int, shown: dict, acc: dict) -> Terms | None:
+        """A value of one released row: its noisy column, a constant or key, or the branch of a CASE its shown
+        values take."""
+        if isinstance(node, exp.Column):
+            if (i, node.name) in self.halfwidths:
+                return {(i, node.name): 1.0}
+            return None if node.name in self.noisy else {}
+        if isinstance(node, exp.Case) and node.this is None:
+            branch = next((b.args["true"] for b in node.args.get("ifs", []) if truthy(evaluate(b.this, shown))),
+                          node.args.get("default"))
+            if branch is None:
+                return {}
+            return _linear(branch, lambda n: self._in_row(n, i, shown, acc), lambda n: _plain(evaluate(n, shown)))
+        return None
+
+
+def _linear(node: exp.Expression, leaf: Callable[[exp.Expression], Terms | None],
+            value: Callable[[exp.Expression], Any]) -> Terms | None:
+    """`node` as a linear form: sums, differences, negations, numeric casts, and products and quotients by an
+    exact value (`value` computes it) of the forms `leaf` gives."""
+    if isinstance(node, exp.Literal | exp.Null | exp.Boolean):
+        return {}
+    if isinstance(node, exp.Paren) or isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.NUMERIC_TYPES):
+        return _linear(node.this, leaf, value)
+    if isinstance(node, exp.Neg):
+        inner = _linear(node.this, leaf, value)
+        return None if inner is None else _times(inner, -1.0)
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+        left, right = _linear(node.this, leaf, value), _linear(node.expression, leaf, value)
+        if left is None or right is None:
+            return None
+        if isinstance(node, exp.Add | exp.Sub):
+            sign = 1.0 if isinstance(node, exp.Add) else -1.0
+            return {k: left.get(k, 0.0) + sign * right.get(k, 0.0) for k in {**left, **right}}
+        if isinstance(node, exp.Mul) and not left:
+            left, right, exact = right, left, value(node.this)
+        else:
+            exact = value(node.expression)
+        if right or exact is None or isinstance(node, exp.Div) and not exact:
+            return None
+        return _times(left, float(exact) if isinstance(node, exp.Mul) else 1 / float(exact))
+    return leaf(node)
+
+
+def _times(terms: Terms, factor: float) -> Terms:
+    return {key: coefficient * factor for key, coefficient in terms.items()}
+
+
+def _scaled(output: exp.Expression, env: dict[str, Any]) -> tuple[exp.Expression | None, float]:
+    """The output without the ROUND, casts and constant factors around it, and the factor: `ROUND(100.0 *
+    SUM(a) / SUM(n), 1)` is 100 times SUM(a) / SUM(n) (rounding moves the value less than the noise does)."""
+    factor = 1.0
+    while True:
+        if isinstance(output, exp.Round | exp.Paren) or isinstance(output, exp.Cast) and output.to.is_type(
+                *exp.DataType.NUMERIC_TYPES):
+            output = output.this
+        elif isinstance(output, exp.Mul | exp.Div) and not _reads_aggregates(output.expression):
+            exact = _plain(evaluate(_named(output.expression), env))
+            if exact is None or not exact:
+                return None, factor
+            factor = factor * float(exact) if isinstance(output, exp.Mul) else factor / float(exact)
+            output = output.this
+        elif isinstance(output, exp.Mul) and not _reads_aggregates(output.this):
+            output = exp.Mul(this=output.expression, expression=output.this)
+        else:
+            return output, factor
+
+
+def _reads_aggregates(node: exp.Expression) -> bool:
+    return node.find(*AGGREGATE_KINDS) is not None
+
+
+def _spread(terms: Terms, halfwidths: dict[tuple[int, str], float]) -> float:
+    """The half-width of a linear form of released values: the root of the sum of their squared half-widths
+    times their coefficients, as for independent noise (wider than 95% needs for a sum of Laplace draws); the
+    plain sum where coefficients differ in sign, since values of one group (de-biased counts of reports) may
+    err in opposite directions, and a difference of them then errs by both."""
+    spreads = [coefficient * halfwidths[key] for key, coefficient in terms.items() if coefficient]
+    if all(s > 0 for s in spreads) or all(s < 0 for s in spreads):
+        return math.sqrt(sum(s * s for s in spreads))
+    return sum(abs(s) for s in spreads)
+
+
+def _ratio_range(numerator: Terms, denominator: Terms, top: float, bottom: float,
+                 halfwidths: dict[tuple[int, str], float]) -> tuple[float, float] | None:
+    """The range of numerator / denominator where each of two independent-looking parts lies within its 97.5%
+    interval (`UNION_OF_TWO`): the denominator is λ·x + y, x the numerator and y what is left of the
+    denominator (λ its share of the numerator, so that a share's y is the rest: `a / (a + b)` reads x = a,
+    y = b, whose errors a shared total would otherwise count twice). x / (λx + y) has no extremum inside a box
+    on which its denominator keeps its sign, and is monotone along each edge, so its range is its values at the
+    corners. None where the denominator's box reaches 0."""
+    norm = sum((c * halfwidths[k]) ** 2 for k, c in numerator.items())
+    share = sum(c * denominator.get(k, 0.0) * halfwidths[k] ** 2 for k, c in numerator.items()) / norm if norm else 0.0
+    rest = {k: denominator.get(k, 0.0) - share * numerator.get(k, 0.0) for k in {**numerator, **denominator}}
+    x, y = float(top), float(bottom) - share * float(top)
+    wide_x, wide_y = UNION_OF_TWO * _spread(numerator, halfwidths), UNION_OF_TWO * _spread(rest, halfwidths)
+    corners = [(x + dx, y + dy) for dx in (-wide_x, wide_x) for dy in (-wide_y, wide_y)]
+    below = [share * cx + cy for cx, cy in corners]
+    if min(below) <= 0 <= max(below):
+        return None
+    values = [cx / b for (cx, _), b in zip(corners, below, strict=True)]
+    return min(values), max(values)
 
 
 def _unclamped(row: tuple, accuracy: tuple) -> tuple:

@@ -256,8 +256,8 @@ def test_sums_over_released_counts_read_them_unclamped_and_add_up_their_noise():
     """A count shown as 0 enters SUM and AVG at its noisy value (a sum of clamped counts runs high where the noise
     is as large as the counts; measured: monthly sums of daily counts at 3,000 people came back about twice the
     truth); MIN and MAX read what was shown. A bare SUM's interval is the root of the sum of its rows' squared
-    half-widths, an AVG's that over their number; a row with no noise of its own (a simulated interval) leaves
-    the sum without one."""
+    half-widths, an AVG's that over their number, a SUM plus a constant the SUM's; a row with no noise of its own
+    (a simulated interval) leaves the sum without one."""
     from dpsql.released_rows import aggregate_released
 
     rows = [("a", 0), ("b", 7), ("c", 5)]
@@ -269,11 +269,35 @@ def test_sums_over_released_counts_read_them_unclamped_and_add_up_their_noise():
     assert (intervals[0].ci_low, intervals[0].ci_high) == pytest.approx((8 - math.sqrt(34), 8 + math.sqrt(34)))
     assert (intervals[1].ci_low, intervals[1].ci_high) == pytest.approx((8 / 3 - math.sqrt(34) / 3,
                                                                          8 / 3 + math.sqrt(34) / 3))
-    assert intervals[2:] == (None, None, None)
+    assert (intervals[3].ci_low, intervals[3].ci_high) == pytest.approx((9 - math.sqrt(34), 9 + math.sqrt(34)))
+    assert intervals[2] is None and intervals[4] is None
     simulated = [*accuracy[:2], (None, Accuracy(None, 1.0, 9.0))]
     assert aggregate_released("SELECT SUM(n) FROM t", ["k", "n"], rows, simulated)[1] == [(None,)]
     assert aggregate_released("SELECT SUM(n) FROM t WHERE k <> 'c'", ["k", "n"], rows, simulated)[1][0][0] \
         is not None  # the rows kept are what count
+
+
+def test_shares_and_differences_of_released_counts_carry_their_noise():
+    """A share of released counts (`SUM(CASE WHEN k = 'a' THEN n ELSE 0 END) * 100.0 / SUM(n)`) is x / (x + y),
+    x the counts of the rows asked for and y the rest: its interval is its range over both parts' 97.5%
+    intervals (which hold together with 95% probability, whatever their dependence). A difference of two
+    groups' counts adds up their half-widths (released values of one group may err in opposite directions); a
+    sum of several their root sum of squares. A CASE reads the branch its row's shown values take."""
+    from dpsql.released_rows import UNION_OF_TWO, aggregate_released
+
+    rows = [("a", 100), ("b", 300), ("c", 600)]
+    accuracy = [(None, Accuracy(None, n - w, n + w, halfwidth=w)) for n, w in ((100, 30.0), (300, 40.0), (600, 0.0))]
+    sql = ("SELECT ROUND(SUM(CASE WHEN k = 'a' THEN n ELSE 0 END) * 100.0 / SUM(n), 1) AS pct, "
+           "SUM(CASE WHEN k IN ('a', 'b') THEN n END) AS ab, SUM(CASE WHEN k = 'a' THEN n ELSE -n END) AS d, "
+           "MAX(n) / SUM(n) AS top FROM t")
+    (values,), (intervals,) = aggregate_released(sql, ["k", "n"], rows, accuracy)
+    assert values[:3] == (10.0, 400, -800)
+    x, y = (100 - 30 * UNION_OF_TWO, 100 + 30 * UNION_OF_TWO), (900 - 40 * UNION_OF_TWO, 900 + 40 * UNION_OF_TWO)
+    assert (intervals[0].ci_low, intervals[0].ci_high) == pytest.approx(
+        (100 * x[0] / (x[0] + y[1]), 100 * x[1] / (x[1] + y[0])))
+    assert (intervals[1].ci_low, intervals[1].ci_high) == pytest.approx((350, 450))
+    assert (intervals[2].ci_low, intervals[2].ci_high) == pytest.approx((-870, -730))
+    assert intervals[3] is None  # MAX is a choice among noisy values: no interval of its own
 
 
 def test_a_sum_of_released_daily_counts_is_their_noisy_total_with_its_interval(engine, analyst):
@@ -1021,16 +1045,20 @@ def test_a_value_computed_from_a_scalar_subquery_has_no_interval_that_misses_its
 
 
 def test_a_noisy_value_without_an_interval_is_said_to_have_none(engine, analyst):
-    """A noisy column with no interval in any row (an expression over a chosen value, a rate over a private
-    table's reports) is named in a note, so that it is not read as exact; a column with intervals, or one a note
-    already explains, is not."""
+    """A noisy column with no interval in any row (an expression over a chosen value, the spread of released
+    counts) is named in a note, so that it is not read as exact; a column with intervals (a rate over a private
+    table's reports), or one a note already explains, is not."""
     doubled = engine.query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) * 2 AS twice, COUNT(*) AS n "
                            "FROM visits", analyst=analyst)
     assert [n for n in doubled.notes if "interval" in n] == [
         "twice has no 95% interval: the noise of the values it is computed from is not combined here; ask for those "
         "values themselves to see their intervals"]
     rate = engine.query("SELECT AVG(positive::int) AS rate FROM screenings", analyst=analyst)
-    assert any(n.startswith("rate has no 95% interval") for n in rate.notes)
+    assert rate.accuracy[0][0].ci_low < rate.rows[0][0] < rate.accuracy[0][0].ci_high
+    assert not any(n.startswith("rate has no") for n in rate.notes)
+    spread = engine.query("SELECT MAX(n) - MIN(n) AS spread FROM (SELECT category, COUNT(*) AS n FROM visits "
+                          "GROUP BY category) t", analyst=analyst)
+    assert any(n.startswith("spread has no 95% interval") for n in spread.notes)
     share = engine.query("SELECT COUNT(*) * 1.0 / (SELECT COUNT(*) FROM visits) AS share FROM visits",
                          analyst=analyst)
     assert not any(n.startswith("share has no") for n in share.notes)  # the scalar subquery's note says why

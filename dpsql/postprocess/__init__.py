@@ -111,7 +111,8 @@ def _noise_first(groups: list[NoisyGroup], calibration: Calibration) -> list[Noi
         smoothed[name], partition = noise_first(values, calibration.mechanisms[name].variance)
         factors[name] = [1 / math.sqrt(end - start) for start, end in partition.buckets for _ in range(end - start)]
     return [replace(g, measures={name: smoothed[name][i] for name in measures},
-                    interval_factor={name: factors[name][i] for name in measures}) for i, g in enumerate(groups)]
+                    interval_factor={name: factors[name][i] for name in measures}, noise_shared=True)
+            for i, g in enumerate(groups)]
 
 
 def _with_unclamped(accuracy: Accuracy | Simulated | None, expr: exp.Expression, plan: Plan,

@@ -35,8 +35,9 @@ class Accuracy:
     error_bound: float | None = None  # and the least expected absolute error it could have
     unclamped: float | None = None  # a count shown as 0: its noisy value below 0, which aggregates over released
     # rows read (a sum of clamped counts runs high where the noise is as large as the counts)
-    halfwidth: float | None = None  # a single noisy statistic whose noise is its own (no other row's): its
-    # interval's half-width before the clamp at 0, which the intervals of sums over released rows add up
+    halfwidth: float | None = None  # a single noisy statistic whose noise is its own (no other row's; a de-biased
+    # count's errors and its group's other values' move opposite ways): its interval's half-width before the clamp
+    # at 0, which the intervals of sums over released rows add up
 
     @property
     def optimality_ratio(self) -> float | None:
@@ -104,8 +105,9 @@ def accuracy_of(expr: exp.Expression, plan: Plan, calibration: Calibration, valu
             if agg.kind in COUNTS:
                 low, high = max(low, 0), max(high, 0)
             bounds = unscaled_bounds if factor == 1.0 else (None, None)
+            own = factor == 1.0 or not group.noise_shared  # (a de-biased count's noise is its own)
             return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high), None, None, *bounds,
-                            halfwidth=float(width) if factor == 1.0 else None)
+                            halfwidth=float(width) if own else None)
     try:
         draws = np.asarray(evaluate(expr, simulated), dtype=float)
     except (TypeError, ValueError, KeyError, UnsupportedQuery):  # KeyError: no simulated windows

@@ -105,6 +105,16 @@ def _as_text(value: Any) -> str:
     return str(value)  # text, a whole number, a numeric, a date or a time: as PostgreSQL writes them
 
 
+def _in_list(value: Any, items: list[Any]) -> Any:
+    """`value IN (items)` as PostgreSQL reads it: NULL for a NULL value, or where no item matches and one is
+    NULL."""
+    if value is None:
+        return None
+    matches = [np.equal(value, item) for item in items if item is not None]
+    found = np.logical_or.reduce(matches) if matches else np.False_
+    return None if None in items and np.ndim(found) == 0 and not found else found
+
+
 def truthy(value: Any) -> bool:
     return value is not None and bool(value)
 
@@ -182,6 +192,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return None if value is None else _UNARY[type(node)](value)
     if isinstance(node, exp.Array):
         return [evaluate(e, env) for e in node.expressions]
+    if isinstance(node, exp.In) and not node.args.get("query") and not node.args.get("unnest"):
+        return _in_list(evaluate(node.this, env), [evaluate(e, env) for e in node.expressions])
     if isinstance(node, exp.Round):
         decimals = node.args.get("decimals")
         number = decimals.this if isinstance(decimals, exp.Neg) else decimals
