@@ -5,6 +5,8 @@ it is post-processing of released answers."""
 from __future__ import annotations
 
 import datetime
+import math
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,9 +15,15 @@ from sqlglot import exp
 
 from dpsql.analysis.plan import Output
 from dpsql.answer import Answer
-from dpsql.postprocess import sort_rows
+from dpsql.postprocess import Accuracy, sort_rows
 from dpsql.prepared import Prepared
-from dpsql.released_rows import Reported, aggregate_released, outer_columns, pick_released, project_released
+from dpsql.released_rows import (
+    Reported,
+    aggregate_released,
+    outer_columns,
+    pick_released,
+    project_released,
+)
 from dpsql.sql.compose import SCALAR, Composition
 from dpsql.sql.parse import parse_statement
 
@@ -133,15 +141,65 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     if from_scalars:
         repeated = {i: answers[which].accuracy[0][0] if answers[which].accuracy else None
                     for i, which in from_scalars.items() if which is not None}
-        rows = [(row, tuple(repeated.get(i, None if i in from_scalars else a)
+        outputs = parse_statement(composition.parts[-1]).expressions
+        scalars = {f"{SCALAR}{i}": (answer.rows[0][0] if answer.rows else None,
+                                    answer.accuracy[0][0] if answer.accuracy else None)
+                   for i, answer in enumerate(answers[:composition.scalars])}
+        rows = [(row, tuple(repeated[i] if i in repeated else
+                            _through_scalar(outputs[i].unalias(), row[i], a, scalars) if i in from_scalars else a
                             for i, a in enumerate(accuracy))) for row, accuracy in rows]
-        unknown = [names[i] for i, which in from_scalars.items() if which is None]
+        unknown = [names[i] for i, which in from_scalars.items() if which is None
+                   and any(accuracy[i] is None for _, accuracy in rows)]
         if unknown:
             notes.append(f"no 95% interval for {', '.join(unknown)}: computed from a scalar subquery's noisy "
                          "answer, whose noise an interval of the outer query alone would not cover")
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes)
+
+
+_OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul, exp.Div: operator.truediv}
+
+
+def _through_scalar(output: exp.Expression, value: Any, accuracy: Accuracy | None,
+                    scalars: dict[str, tuple[Any, Accuracy | None]]) -> Accuracy | None:
+    """The 95% interval of an output computed from one scalar subquery's noisy value s and the outer query's
+    noisy value x, as x + s, x - s, x · s or x / s (either way round; `COUNT(*) * 100.0 / (SELECT COUNT(*) …)`,
+    `AVG(income) - (SELECT AVG(income) …)`). The two are released by separate mechanisms, so their noise is
+    independent: each side of the interval is the root of the sum of the squares of how far each moves the
+    output there, x within the output's own interval (computed at the released s) and s within its interval,
+    the other held at its released value (exact for sums of Gaussian noise, first order for a ratio). None
+    for any other form, where either value has no interval, or where s's interval reaches a division by 0."""
+    node = _unwrapped(output)
+    if type(node) not in _OPERATIONS or value is None or accuracy is None or accuracy.ci_low is None:
+        return None
+    left, right = _unwrapped(node.this), _unwrapped(node.expression)
+    scalar_first = isinstance(left, exp.Placeholder)
+    placeholder, other = (left, right) if scalar_first else (right, left)
+    if not isinstance(placeholder, exp.Placeholder) or other.find(exp.Placeholder) is not None:
+        return None
+    released, interval = scalars.get(placeholder.name, (None, None))
+    if released is None or interval is None or interval.ci_low is None:
+        return None
+    kind, e, s = type(node), float(value), float(released)
+    if kind in (exp.Mul, exp.Div) and interval.ci_low <= 0 <= interval.ci_high:
+        return None  # (x · s: x is read back from e / s)
+    x = {exp.Add: e - s, exp.Sub: s - e if scalar_first else e + s, exp.Mul: e / s,
+         exp.Div: (s / e if e else None) if scalar_first else e * s}[kind]
+    if x is None or kind is exp.Div and scalar_first and not x:
+        return None
+    operation = _OPERATIONS[kind]
+    moved = [(operation(end, x) if scalar_first else operation(x, end)) - e
+             for end in (interval.ci_low, interval.ci_high)]
+    down, up = max(0.0, -min(moved)), max(0.0, max(moved))
+    return Accuracy(None, e - math.hypot(e - accuracy.ci_low, down), e + math.hypot(accuracy.ci_high - e, up))
+
+
+def _unwrapped(node: exp.Expression) -> exp.Expression:
+    """`node` without the parentheses, casts and ROUND around it (rounding moves a value less than its noise)."""
+    while isinstance(node, exp.Paren | exp.Cast | exp.Round):
+        node = node.this
+    return node
 
 
 def _remeasured(keys: tuple[str, ...], measured: Answer | None) -> Reported | None:
