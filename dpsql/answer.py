@@ -27,6 +27,8 @@ class Answer:
     intervals_cover: str = INTERVALS_COVER  # what the 95% intervals account for, said beside them
     bounds_effect: dict | None = None  # asked for (dpsql.bounds_epsilon): how many units the bounds cut or clamp
     notes: list[str] = field(default_factory=list)  # for the analyst, beside the rows (why groups may be missing)
+    explained: tuple[str, ...] = ()  # noisy columns without an interval whose note says what they are instead
+    # (a decision read off an interval, a count of the values present)
 
     def cost(self) -> dict[str, Any]:
         """What this answer cost and what is left, for scripts (JSON output, a DataFrame's attrs)."""
@@ -62,12 +64,13 @@ class Answer:
 
     def without_interval_noted(self) -> Answer:
         """The answer with a note naming each noisy column that has no interval, rank error or count gap in any
-        row (an expression over released rows whose noise is not combined), unless a note already says why: its
-        uncertainty is not shown, and the analyst should know that rather than read the value as exact."""
+        row (an expression over released rows whose noise is not combined), unless its own note says what it is
+        (`explained`): its uncertainty is not shown, and the analyst should know that rather than read the value
+        as exact."""
         noisy = self.noisy or [False] * len(self.names)
-        bare = [name for i, name in enumerate(self.names) if noisy[i] and self.rows and all(
-            acc[i] is None or acc[i].ci_low is None and acc[i].rank_error is None and acc[i].count_gap is None
-            for acc in self.accuracy) and not any(name in note and "interval" in note for note in self.notes)]
+        bare = [name for i, name in enumerate(self.names) if noisy[i] and self.rows and name not in self.explained
+                and all(acc[i] is None or acc[i].ci_low is None and acc[i].rank_error is None
+                        and acc[i].count_gap is None for acc in self.accuracy)]
         if not bare:
             return self
         spelled = ", ".join(bare)

@@ -148,11 +148,6 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         rows = [(row, tuple(repeated[i] if i in repeated else
                             _through_scalar(outputs[i].unalias(), row[i], a, scalars) if i in from_scalars else a
                             for i, a in enumerate(accuracy))) for row, accuracy in rows]
-        unknown = [names[i] for i, which in from_scalars.items() if which is None
-                   and any(accuracy[i] is None for _, accuracy in rows)]
-        if unknown:
-            notes.append(f"no 95% interval for {', '.join(unknown)}: computed from a scalar subquery's noisy "
-                         "answer, whose noise an interval of the outer query alone would not cover")
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes)
@@ -163,36 +158,54 @@ _OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.m
 
 def _through_scalar(output: exp.Expression, value: Any, accuracy: Accuracy | None,
                     scalars: dict[str, tuple[Any, Accuracy | None]]) -> Accuracy | None:
-    """The 95% interval of an output computed from one scalar subquery's noisy value s and the outer query's
-    noisy value x, as x + s, x - s, x · s or x / s (either way round; `COUNT(*) * 100.0 / (SELECT COUNT(*) …)`,
-    `AVG(income) - (SELECT AVG(income) …)`). The two are released by separate mechanisms, so their noise is
-    independent: each side of the interval is the root of the sum of the squares of how far each moves the
-    output there, x within the output's own interval (computed at the released s) and s within its interval,
-    the other held at its released value (exact for sums of Gaussian noise, first order for a ratio). None
-    for any other form, where either value has no interval, or where s's interval reaches a division by 0."""
+    """The 95% interval of an output computed from scalar subqueries' noisy values and the outer query's, as
+    a + b, a - b, a · b or a / b, each side a subquery's value or the outer query's (`COUNT(*) * 100.0 /
+    (SELECT COUNT(*) …)`, `AVG(income) - (SELECT AVG(income) …)`, `(SELECT …)::float / (SELECT …)`). The values
+    are released by separate mechanisms, so their noise is independent: each side of the interval is the root
+    of the sum of the squares of how far each value moves the output there, within its own interval, the other
+    held at its released value (the outer query's within the output's own interval, computed at the released
+    subquery's value); exact for sums of Gaussian noise, first order for a ratio. None for any other form, where
+    a value has no interval, or where a divisor's interval reaches 0."""
     node = _unwrapped(output)
-    if type(node) not in _OPERATIONS or value is None or accuracy is None or accuracy.ci_low is None:
+    if type(node) not in _OPERATIONS or value is None:
         return None
-    left, right = _unwrapped(node.this), _unwrapped(node.expression)
-    scalar_first = isinstance(left, exp.Placeholder)
-    placeholder, other = (left, right) if scalar_first else (right, left)
-    if not isinstance(placeholder, exp.Placeholder) or other.find(exp.Placeholder) is not None:
+    sides = [_unwrapped(node.this), _unwrapped(node.expression)]
+    known = [scalars.get(side.name) if isinstance(side, exp.Placeholder) else None for side in sides]
+    outer = [i for i, k in enumerate(known) if k is None]
+    exact = bool(outer) and sides[outer[0]].find(exp.Column, exp.AggFunc) is None  # a constant: (SELECT …) / 8
+    if (any(sides[i].find(exp.Placeholder) is not None for i in outer) or len(outer) == 2
+            or any(k is not None and (k[0] is None or k[1] is None or k[1].ci_low is None) for k in known)
+            or outer and not exact and (accuracy is None or accuracy.ci_low is None)):
+        return None  # a subquery inside a function, none at all, or a value without an interval
+    kind, e, operation = type(node), float(value), _OPERATIONS[type(node)]
+    if kind is exp.Div and known[1] is not None and known[1][1].ci_low <= 0 <= known[1][1].ci_high:
         return None
-    released, interval = scalars.get(placeholder.name, (None, None))
-    if released is None or interval is None or interval.ci_low is None:
-        return None
-    kind, e, s = type(node), float(value), float(released)
-    if kind in (exp.Mul, exp.Div) and interval.ci_low <= 0 <= interval.ci_high:
-        return None  # (x · s: x is read back from e / s)
-    x = {exp.Add: e - s, exp.Sub: s - e if scalar_first else e + s, exp.Mul: e / s,
-         exp.Div: (s / e if e else None) if scalar_first else e * s}[kind]
-    if x is None or kind is exp.Div and scalar_first and not x:
-        return None
-    operation = _OPERATIONS[kind]
-    moved = [(operation(end, x) if scalar_first else operation(x, end)) - e
-             for end in (interval.ci_low, interval.ci_high)]
-    down, up = max(0.0, -min(moved)), max(0.0, max(moved))
-    return Accuracy(None, e - math.hypot(e - accuracy.ci_low, down), e + math.hypot(accuracy.ci_high - e, up))
+    values = [float(k[0]) if k is not None else 0.0 for k in known]
+    if outer:  # the outer query's value, read back from the output at the subquery's released value
+        values[outer[0]] = _solved(kind, e, values[1 - outer[0]], outer[0] == 0)
+        if values[outer[0]] is None:
+            return None
+    downs, ups = [], []
+    for i, k in enumerate(known):
+        if k is None:
+            moved = [0.0] if exact else [accuracy.ci_low - e, accuracy.ci_high - e]
+        else:
+            moved = [operation(*(end if j == i else v for j, v in enumerate(values))) - e
+                     for end in (k[1].ci_low, k[1].ci_high)]
+        downs.append(max(0.0, -min(moved)))
+        ups.append(max(0.0, max(moved)))
+    return Accuracy(None, e - math.hypot(*downs), e + math.hypot(*ups))
+
+
+def _solved(kind: type, e: float, other: float, first: bool) -> float | None:
+    """x such that x op other = e (`first`) or other op x = e; None where no finite one is read back."""
+    if kind is exp.Add:
+        return e - other
+    if kind is exp.Sub:
+        return e + other if first else other - e
+    if kind is exp.Mul:
+        return e / other if other else None
+    return e * other if first else (other / e if e else None)
 
 
 def _unwrapped(node: exp.Expression) -> exp.Expression:
@@ -240,7 +253,8 @@ def _decided(booleans: tuple[tuple[int, bool], ...], counts: Answer) -> Answer:
     note = (f"{spelled}: read off a noisy count of the rows that hold the condition (bool_or) or fail it (bool_and, "
             "every): decided where its 95% interval lies above zero (or below one), NULL where the noise cannot "
             "tell a few rows from none")
-    return replace(counts, rows=rows, accuracy=accuracy, notes=[*counts.notes, note])
+    return replace(counts, rows=rows, accuracy=accuracy, notes=[*counts.notes, note],
+                   explained=tuple(counts.names[i] for i, _ in booleans))
 
 
 def _values_present(name: str, counts: Answer) -> Answer:
@@ -251,6 +265,7 @@ def _values_present(name: str, counts: Answer) -> Answer:
     note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
             f"(each count ±{_halfwidth(counts):.3g}); values held by fewer units may be missed, so the count leans low")
     return replace(counts, names=[name], types=["int8"], rows=[(present,)], accuracy=[(None,)], noisy=[True],
+                   explained=(name,),
                    notes=[*counts.notes, note])
 
 
