@@ -370,6 +370,11 @@ def test_first_below_threshold_draws_the_threshold_once_then_one_noise_per_value
                 expected = index
                 break
         assert sparse.first_below(values, 0.0, random.Random(seed)) == expected
+    monotone = FirstBelowThreshold.calibrate(1, 0.5, monotone=True)  # ε₁ = 2ε/3, ν at Δ/ε₂ with ε₂ = ε/3
+    assert monotone.grid == sparse.grid and monotone.monotone
+    assert monotone.threshold_scale == Fraction(steps) / (Fraction(0.5) * 2 / 3)
+    assert monotone.value_scale == Fraction(steps) / (Fraction(0.5) / 3)
+    assert monotone.epsilon == pytest.approx(0.5)
 
 
 def test_first_below_threshold_spends_no_more_than_its_epsilon_on_neighbouring_values():
@@ -378,19 +383,19 @@ def test_first_below_threshold_spends_no_more_than_its_epsilon_on_neighbouring_v
     from dpsql.mechanisms.sparse import FirstBelowThreshold
     from tests.auditor import epsilon_lower_bound
 
-    sparse = FirstBelowThreshold.calibrate(1, 1.0)
     base, neighbour = [6.0, 4.0, 2.0, 1.0, 0.0, 0.0], [7.0, 5.0, 3.0, 2.0, 1.0, 1.0]
     draws = 6000
-    rng = random.Random(7)
-    first = [((str(sparse.first_below(base, 0.0, rng)),),) for _ in range(draws)]
-    second = [((str(sparse.first_below(neighbour, 0.0, rng)),),) for _ in range(draws)]
-    labels = sorted({o[0][0] for o in first + second})
-    events = [(f"index {label}", lambda output, label=label: output[0][0] == label) for label in labels]
-    events += [(f"index <= {label}", lambda output, label=label: output[0][0] != "None" and
-                float(output[0][0]) <= float(label)) for label in labels if label != "None"]
-    for a, b, swapped in ((first, second, False), (second, first, True)):
-        bound, event = epsilon_lower_bound(a, b, draws // 2, events, 0.0, 0.05, swapped)
-        assert bound <= sparse.epsilon, event
+    for sparse in (FirstBelowThreshold.calibrate(1, 1.0), FirstBelowThreshold.calibrate(1, 1.0, monotone=True)):
+        rng = random.Random(7)  # (the neighbour moves every value up: monotone)
+        first = [((str(sparse.first_below(base, 0.0, rng)),),) for _ in range(draws)]
+        second = [((str(sparse.first_below(neighbour, 0.0, rng)),),) for _ in range(draws)]
+        labels = sorted({o[0][0] for o in first + second})
+        events = [(f"index {label}", lambda output, label=label: output[0][0] == label) for label in labels]
+        events += [(f"index <= {label}", lambda output, label=label: output[0][0] != "None" and
+                    float(output[0][0]) <= float(label)) for label in labels if label != "None"]
+        for a, b, swapped in ((first, second, False), (second, first, True)):
+            bound, event = epsilon_lower_bound(a, b, draws // 2, events, 0.0, 0.05, swapped)
+            assert bound <= sparse.epsilon, (sparse.monotone, event)
 
 
 def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolve_the_data():
@@ -407,8 +412,9 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
         bound, spent, over, tau = race.decide(few, 0.05, random.Random(seed))
         draws = random.Random(seed)
         race._shifted(few, draws)  # the race's own draws come first
-        sparse = FirstBelowThreshold.calibrate(1, 0.05)
-        index = sparse.first_below(race.units_above(few), FALLBACK_THRESHOLD * sparse.value_noise, draws)
+        sparse = FirstBelowThreshold.calibrate(1, 0.05, monotone=True)  # add-remove: the counts move together
+        threshold = FALLBACK_THRESHOLD * FirstBelowThreshold.calibrate(1, 0.05).value_noise  # an even split's
+        index = sparse.first_below(race.units_above(few), threshold, draws)
         assert spent == pytest.approx(0.05)
         assert bound == (1024 if index is None else min(FALLBACK_MARGIN * race.taus[index], 1024))
         assert tau == (None if index is None else race.taus[index])  # the τ itself, before the margin

@@ -43,29 +43,29 @@ tail is light: TPC-H's customer queries at ε = 0.1 (ratios 9 and up, nothing lo
 0.05-0.08% to 0.11-0.28% median error (two runs), Q11 and Q20 at ε = 0.8 from 0.13% to 0.12-0.23%
 (benchmarks/results/tpch_r2t.md). At 16 shifts and more (the demo at ε = 1: 53) nothing changes.
 
-Where the race cannot resolve the data, answering at the cap would cost noise thousands of times the answer
-(TPC-H Q11 and Q20 at ε = 0.1: 4,650% and 100% median error when it did). `decide` spends a share of the
-answer's ε on the sparse vector technique instead (`FirstBelowThreshold`, one ε however many τ it compares):
-for each τ but the last, how many units hold more than τ, counted fractionally as (Q(τ') − Q(τ)) / (τ' − τ)
-with τ' the next τ (each unit adds between 0 and 1 to each, so each has sensitivity 1, 2 under replace), and
-the first τ where that count falls below one scale of the comparisons' noise (FALLBACK_THRESHOLD), where the
-noise can no longer tell it from a few units, is taken, times FALLBACK_MARGIN. With a threshold of 0 an empty τ
-was passed half the time, so the search ran on through the empty τ above the data, doubling the bound each
-time, and reached the cap in one answer in 2^(empty τ): TPC-H Q11 at ε = 0.1 chose from 512 to 262,144 (0.87%
-median error) and Q20 up to 262,144 (1.17%); at one scale they choose 512 to 2,048 (0.45% and 0.48%), and on the
-demo at ε = 0.1 SUM(amount) by quarter went from 8.1% median error (worst answer 1,007%) to 4.8-6.3% (152-744%),
-AVG(amount) from 8.2% to 2.5-4.7%, the lab and dental count from 5.7% to 2.4-3.1% (`bench_accuracy.py --epsilon
-0.1`, three runs of 60 answers; `bench_tpch_r2t.py`, 25). The price is coverage where the tail is heavy: the
-demo's sums' intervals held the truth in 83-93% of answers (92-95% before), since the search now stops where
-about one noise scale of units still hold more. Measured alternatives: half a scale gave 87-95% coverage but
-Q11 and Q20 at 0.69% and 0.76% with a run to 8,388,608; a margin of 4 gave 95-98% coverage but the demo's
-median errors back at 5-12% and Q20 at 1.14%. The search still stops late rather than early (its noise is larger
-than the counts it stops at), so the margin is smaller than the race's: on the
-demo data at ε = 0.1 (tests/test_accuracy.py's classes, 40 answers each, with MIN_RESOLUTION at 8 so that
-counts took this path too) twice the chosen τ kept coverage at 91-97% with median errors of 2-12%, the race's
-margins (4 and 8) gave 7-31%, and the τ itself (no margin) let coverage fall to 70-88%. The race's own values
-cost their ε either way; this choice is (the share)-DP, taken from the answer's ε, so the query's ε is
-unchanged. Measured in benchmarks/results/tpch_r2t.md and accuracy_eps0.1.md.
+Where the race cannot resolve the data, answering at the cap would cost noise thousands of times the answer (TPC-H
+Q11 and Q20 at ε = 0.1: 4,650% and 100% median error when it did). `decide` spends a share of the answer's ε on the
+sparse vector technique instead (`FirstBelowThreshold`, one ε however many τ it compares): for each τ but the last,
+how many units hold more than τ, counted fractionally as (Q(τ') − Q(τ)) / (τ' − τ) with τ' the next τ (each unit
+adds between 0 and 1 to each, so each has sensitivity 1, 2 under replace), and the first τ where that count falls
+below one scale of the comparisons' noise (FALLBACK_THRESHOLD; the noise an even split of the ε gives them, though
+under add-remove the counts move together and the search draws less, `sparse`), where the noise can no longer tell
+it from a few units, is taken, times FALLBACK_MARGIN. With a threshold of 0 an empty τ was passed half the time, so
+the search ran on through the empty τ above the data, doubling the bound each time, and reached the cap in one
+answer in 2^(empty τ): TPC-H Q11 at ε = 0.1 chose from 512 to 262,144 (0.87% median error) and Q20 up to 262,144
+(1.17%); at one scale they choose 512 to 2,048 (0.45% and 0.48%), and on the demo at ε = 0.1 SUM(amount) by quarter
+went from 8.1% median error (worst answer 1,007%) to 4.8-6.3% (152-744%), AVG(amount) from 8.2% to 2.5-4.7%, the
+lab and dental count from 5.7% to 2.4-3.1% (`bench_accuracy.py --epsilon 0.1`, three runs of 60 answers;
+`bench_tpch_r2t.py`, 25). The price is coverage where the tail is heavy: the demo's sums' intervals held the truth
+in 83-93% of answers (92-95% before), since the search now stops where about one noise scale of units still hold
+more. Measured alternatives: half a scale gave 87-95% coverage but Q11 and Q20 at 0.69% and 0.76% with a run to
+8,388,608; a margin of 4 gave 95-98% coverage but the demo's median errors back at 5-12% and Q20 at 1.14%. The
+search still stops late rather than early (its noise is larger than the counts it stops at), so the margin is
+smaller than the race's: on the demo data at ε = 0.1 (tests/test_accuracy.py's classes, 40 answers each, with
+MIN_RESOLUTION at 8 so that counts took this path too) twice the chosen τ kept coverage at 91-97% with median
+errors of 2-12%, the race's margins (4 and 8) gave 7-31%, and the τ itself (no margin) let coverage fall to 70-88%.
+The race's own values cost their ε either way; this choice is (the share)-DP, taken from the answer's ε, so the
+query's ε is unchanged. Measured in benchmarks/results/tpch_r2t.md and accuracy_eps0.1.md.
 
 An answer of a few cells (one without GROUP BY, or at most FEW_CELLS declared groups: `cells`) keeps twice that
 margin. A grouped answer spreads what the bound cuts over its groups while each group keeps the whole noise, so
@@ -112,7 +112,8 @@ COARSE_RESOLUTION = 16  # below this many shifts the race resolves the data coar
 FALLBACK_MARGIN = 2  # the sparse vector's choice overshoots already: the answer keeps twice it (module docstring)
 FEW_CELLS = 4  # an answer of at most this many cells keeps twice FALLBACK_MARGIN
 FALLBACK_SHARE = 0.25  # of the answer's ε, spent choosing the bound where the race cannot resolve the data
-FALLBACK_THRESHOLD = 1  # the fallback stops below this many of its comparisons' noise scales (module docstring)
+FALLBACK_THRESHOLD = 1  # the fallback stops below this many noise scales of an even split's comparisons (module
+# docstring; `fallback_threshold`)
 EFFECT_SHARE = 0.05  # of the answer's ε, spent counting the units that hold more than the chosen bound
 
 
@@ -209,8 +210,9 @@ class RaceToTheTop:
         elif fallback_epsilon <= 0 or len(self.taus) < 2:
             bound, spent = self.taus[-1], 0.0
         else:
-            sparse = FirstBelowThreshold.calibrate(self.steps, fallback_epsilon)
-            index = sparse.first_below(self.units_above(truncated), FALLBACK_THRESHOLD * sparse.value_noise, rng)
+            # one unit added or removed moves every count of units above τ the same way (`units_above`)
+            sparse = FirstBelowThreshold.calibrate(self.steps, fallback_epsilon, monotone=self.steps == 1)
+            index = sparse.first_below(self.units_above(truncated), self.fallback_threshold(fallback_epsilon), rng)
             tau = None if index is None else self.taus[index]
             margin = FALLBACK_MARGIN * (2 if few_cells(cells) else 1)
             bound = self.taus[-1] if tau is None else min(margin * tau, self.taus[-1])
@@ -219,6 +221,11 @@ class RaceToTheTop:
             return Decision(bound, spent, tau=tau)
         over = self.units_over(truncated, bound, effect_epsilon, shifted[0] + self.shift(0), rng)
         return Decision(bound, spent + over.epsilon, over, tau)
+
+    def fallback_threshold(self, epsilon: float) -> float:
+        """Where the sparse vector's search stops: FALLBACK_THRESHOLD scales of the noise an even split of
+        `epsilon` gives each comparison, where it was measured (a monotone search draws less, `sparse`)."""
+        return FALLBACK_THRESHOLD * FirstBelowThreshold.calibrate(self.steps, epsilon).value_noise
 
     def units_over(self, truncated: Sequence[float], bound: int, epsilon: float, units_read: float,
                    rng: Randomness = SYSTEM_RANDOM) -> UnitsOver:

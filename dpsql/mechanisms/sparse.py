@@ -7,6 +7,21 @@ compared with the noisy threshold; the first below it is reported and the search
 statistics are compared, the report is (ε₁ + ε₂)-DP: this is what makes it cheaper than releasing each of J
 statistics at ε/J when only the place where a curve flattens is wanted.
 
+Where the statistics are monotone (on any two neighbours, every one of them moves the same way, as the counts
+of units above each τ do when one unit is added or removed), ν needs only scale Δ/ε₂ (Lyu et al., Section 3):
+against a neighbour whose statistics are larger, shifting ρ by Δ keeps every comparison before the reported one
+and shifting the reported one's ν by Δ keeps it below; against one whose statistics are smaller, the earlier
+comparisons hold unshifted and the reported one's ν shifts by Δ. Such a search gives the threshold two thirds
+of ε and the comparisons one third (`calibrate`): its noise ρ is what lets a search run on past the end of the
+data (with ρ low, statistics of 0 must each draw their own way below it), so it takes the larger share. On the
+demo's totals at 3,000 people (`race.units_above`, 6,000 seeded searches at ε = 0.2, the threshold at one
+scale of an even split's comparisons) the searches that stopped at 4 or more times the usual τ went from 6.9%
+to 4.3%, those that ran to the end from 0.9% to 0.5%, and the usual τ stayed the usual one. Through the
+engine, SUM(amount) by category at 3,000 people and ε = 1 (200 answers each, `race.decide`'s fallback): bounds
+of twice the one that keeps every total (8,192) or more went from 26% of answers (4 at the cap) to 13.5% (none),
+and the errors' 99th percentile from 220% to 144%, their root mean square from 74% to 65%, at the same median
+(9.1% and 9.4%) and coverage (95.3% and 94.5%).
+
 Values and threshold are compared on one power-of-two grid, as the Laplace mechanism releases them: each value
 is rounded to the grid, which moves it by at most one grid step more than its exact change between
 neighbours, so the sensitivity in grid steps is floor(Δ / grid) + 1. The noise is discrete Laplace in grid steps;
@@ -32,16 +47,20 @@ class FirstBelowThreshold:
     grid: float  # values and threshold are compared in steps of this spacing
     threshold_scale: Fraction  # ρ's scale, in grid steps
     value_scale: Fraction  # each ν's scale, in grid steps
+    monotone: bool = False  # the statistics move together on neighbours: ν's scale is Δ/ε₂, not 2Δ/ε₂
 
     @classmethod
-    def calibrate(cls, sensitivity: float, epsilon: float) -> FirstBelowThreshold:
+    def calibrate(cls, sensitivity: float, epsilon: float, monotone: bool = False) -> FirstBelowThreshold:
         """ε split evenly between the threshold's noise and the statistics' (Lyu et al.'s choice for one
-        positive answer is close to this; an even split keeps the proof plain)."""
+        positive answer is close to this; an even split keeps the proof plain); for `monotone` statistics,
+        two thirds to the threshold and ν at Δ/ε₂ (the module's text)."""
         check_positive("epsilon", epsilon)
         check_positive("sensitivity", sensitivity)
         unscaled = cls(sensitivity, grid_for(sensitivity / epsilon), Fraction(1), Fraction(1))
-        steps, half = Fraction(unscaled.sensitivity_units), Fraction(epsilon) / 2
-        return cls(sensitivity, unscaled.grid, steps / half, 2 * steps / half)
+        steps, total = Fraction(unscaled.sensitivity_units), Fraction(epsilon)
+        if monotone:
+            return cls(sensitivity, unscaled.grid, steps / (total * 2 / 3), steps / (total / 3), True)
+        return cls(sensitivity, unscaled.grid, steps / (total / 2), 2 * steps / (total / 2))
 
     @property
     def sensitivity_units(self) -> int:
@@ -57,7 +76,7 @@ class FirstBelowThreshold:
     def epsilon(self) -> float:
         """The privacy map: ε₁ + ε₂, from the two noise scales."""
         steps = self.sensitivity_units
-        return float(steps / self.threshold_scale + 2 * steps / self.value_scale)
+        return float(steps / self.threshold_scale + (1 if self.monotone else 2) * steps / self.value_scale)
 
     def first_below(self, values: Sequence[float], threshold: float, rng: Randomness = SYSTEM_RANDOM) -> int | None:
         """The index of the first value whose noisy copy lies below the noisy threshold; None if none does.
