@@ -20,9 +20,11 @@ from dpsql.prepared import Prepared
 from dpsql.released_rows import (
     Reported,
     aggregate_released,
+    numeric_value,
     outer_columns,
     pick_released,
     project_released,
+    unwrapped,
 )
 from dpsql.sql.compose import SCALAR, Composition
 from dpsql.sql.parse import parse_statement
@@ -166,10 +168,10 @@ def _through_scalar(output: exp.Expression, value: Any, accuracy: Accuracy | Non
     held at its released value (the outer query's within the output's own interval, computed at the released
     subquery's value); exact for sums of Gaussian noise, first order for a ratio. None for any other form, where
     a value has no interval, or where a divisor's interval reaches 0."""
-    node = _unwrapped(output)
+    node = unwrapped(output)
     if type(node) not in _OPERATIONS or value is None:
         return None
-    sides = [_unwrapped(node.this), _unwrapped(node.expression)]
+    sides = [unwrapped(node.this), unwrapped(node.expression)]
     known = [scalars.get(side.name) if isinstance(side, exp.Placeholder) else None for side in sides]
     outer = [i for i, k in enumerate(known) if k is None]
     exact = bool(outer) and sides[outer[0]].find(exp.Column, exp.AggFunc) is None  # a constant: (SELECT …) / 8
@@ -177,10 +179,12 @@ def _through_scalar(output: exp.Expression, value: Any, accuracy: Accuracy | Non
             or any(k is not None and (k[0] is None or k[1] is None or k[1].ci_low is None) for k in known)
             or outer and not exact and (accuracy is None or accuracy.ci_low is None)):
         return None  # a subquery inside a function, none at all, or a value without an interval
-    kind, e, operation = type(node), float(value), _OPERATIONS[type(node)]
+    kind, e, operation = type(node), numeric_value(value), _OPERATIONS[type(node)]
+    if e is None or any(k is not None and numeric_value(k[0]) is None for k in known):
+        return None  # a date, a text: no interval of this kind
     if kind is exp.Div and known[1] is not None and known[1][1].ci_low <= 0 <= known[1][1].ci_high:
         return None
-    values = [float(k[0]) if k is not None else 0.0 for k in known]
+    values = [numeric_value(k[0]) if k is not None else 0.0 for k in known]
     if outer:  # the outer query's value, read back from the output at the subquery's released value
         values[outer[0]] = _solved(kind, e, values[1 - outer[0]], outer[0] == 0)
         if values[outer[0]] is None:
@@ -206,13 +210,6 @@ def _solved(kind: type, e: float, other: float, first: bool) -> float | None:
     if kind is exp.Mul:
         return e / other if other else None
     return e * other if first else (other / e if e else None)
-
-
-def _unwrapped(node: exp.Expression) -> exp.Expression:
-    """`node` without the parentheses, casts and ROUND around it (rounding moves a value less than its noise)."""
-    while isinstance(node, exp.Paren | exp.Cast | exp.Round):
-        node = node.this
-    return node
 
 
 def _remeasured(keys: tuple[str, ...], measured: Answer | None) -> Reported | None:

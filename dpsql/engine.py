@@ -190,9 +190,17 @@ class Engine:
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
-        for expr in [*(o.expr for o in plan.outputs), plan.having, *(o[0] for o in plan.order), *windows]:
-            if expr is not None:  # refuse post-processing we cannot compute before anything is spent
+        computed = [*((f"column {o.name}", o.expr) for o in plan.outputs), ("the HAVING condition", plan.having),
+                    *(("the ORDER BY", o[0]) for o in plan.order), *(("a window", w) for w in windows)]
+        for label, expr in computed:
+            if expr is None:
+                continue
+            try:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
+            except TypeError:  # values of types that do not combine (a noisy date less a subquery's date)
+                raise UnsupportedQuery(f"{label} cannot be computed from the noisy values it reads: their types do "
+                                       "not combine after noise", "select those values themselves and combine "
+                                       "them in your tool, e.g. SELECT MAX(day), MIN(day) FROM visits") from None
         rewritten = rewrite(plan, self._hash_seed, self._in_unit_order(plan))
         for statement in [rewritten.statement, *rewritten.histogram_statements.values()]:
             self._checked(statement)

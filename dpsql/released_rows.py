@@ -7,6 +7,7 @@ MIN, MAX), filter groups (HAVING), order and limit, over the inner query's outpu
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -90,6 +91,7 @@ def _interval(output: exp.Expression, value: Any, forms: Forms) -> Accuracy | No
     form of them (SUM, AVG, their sums, differences and constant multiples) is its value ± their half-widths
     added up (`_spread`); a ratio of two (a share: `SUM(CASE WHEN k = 'a' THEN n ELSE 0 END) * 1.0 / SUM(n)`) is
     bounded over the box of its two parts (`_ratio_range`). None for anything else, or an exact value."""
+    value = numeric_value(value)
     if value is None:
         return None
     node, factor = _scaled(output, forms.env)
@@ -104,7 +106,8 @@ def _interval(output: exp.Expression, value: Any, forms: Forms) -> Accuracy | No
     parts = forms.of(node.this), forms.of(node.expression)
     if parts[0] is None or not parts[1]:
         return None
-    found = _ratio_range(*parts, forms.value(node.this), forms.value(node.expression), forms.halfwidths)
+    top, bottom = numeric_value(forms.value(node.this)), numeric_value(forms.value(node.expression))
+    found = None if top is None or bottom is None else _ratio_range(*parts, top, bottom, forms.halfwidths)
     if found is None:
         return None
     low, high = sorted((factor * found[0], factor * found[1]))
@@ -193,9 +196,10 @@ def _linear(node: exp.Expression, leaf: Callable[[exp.Expression], Terms | None]
             left, right, exact = right, left, value(node.this)
         else:
             exact = value(node.expression)
+        exact = numeric_value(exact)
         if right or exact is None or isinstance(node, exp.Div) and not exact:
             return None
-        return _times(left, float(exact) if isinstance(node, exp.Mul) else 1 / float(exact))
+        return _times(left, exact if isinstance(node, exp.Mul) else 1 / exact)
     return leaf(node)
 
 
@@ -203,19 +207,33 @@ def _times(terms: Terms, factor: float) -> Terms:
     return {key: coefficient * factor for key, coefficient in terms.items()}
 
 
+def unwrapped(node: exp.Expression) -> exp.Expression:
+    """`node` without the parentheses, numeric casts and ROUND around it (rounding moves a value less than its
+    noise; a cast to text makes a value that has no interval)."""
+    while isinstance(node, exp.Round | exp.Paren) or isinstance(node, exp.Cast) and node.to.is_type(
+            *exp.DataType.NUMERIC_TYPES):
+        node = node.this
+    return node
+
+
+def numeric_value(value: Any) -> float | None:
+    """A released value as a float where it is a number (a count, a sum, a numeric's Decimal); None otherwise (a
+    date, a text, a boolean), which has no interval of this kind."""
+    return float(value) if isinstance(value, numbers.Number) and not isinstance(value, bool | complex) else None
+
+
 def _scaled(output: exp.Expression, env: dict[str, Any]) -> tuple[exp.Expression | None, float]:
     """The output without the ROUND, casts and constant factors around it, and the factor: `ROUND(100.0 *
     SUM(a) / SUM(n), 1)` is 100 times SUM(a) / SUM(n) (rounding moves the value less than the noise does)."""
     factor = 1.0
     while True:
-        if isinstance(output, exp.Round | exp.Paren) or isinstance(output, exp.Cast) and output.to.is_type(
-                *exp.DataType.NUMERIC_TYPES):
-            output = output.this
+        if output is not unwrapped(output):
+            output = unwrapped(output)
         elif isinstance(output, exp.Mul | exp.Div) and not _reads_aggregates(output.expression):
-            exact = _plain(evaluate(_named(output.expression), env))
-            if exact is None or not exact:
+            exact = numeric_value(_plain(evaluate(_named(output.expression), env)))
+            if not exact:
                 return None, factor
-            factor = factor * float(exact) if isinstance(output, exp.Mul) else factor / float(exact)
+            factor = factor * exact if isinstance(output, exp.Mul) else factor / exact
             output = output.this
         elif isinstance(output, exp.Mul) and not _reads_aggregates(output.this):
             output = exp.Mul(this=output.expression, expression=output.this)
@@ -363,4 +381,4 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-__all__ = ["aggregate_released", "outer_columns", "pick_released", "project_released"]
+__all__ = ["aggregate_released", "numeric_value", "outer_columns", "pick_released", "project_released", "unwrapped"]

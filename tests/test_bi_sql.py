@@ -1051,6 +1051,14 @@ def test_a_value_computed_from_a_scalar_subquery_carries_both_noises(engine, ana
     filtered = engine.query("SELECT COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people)",
                             analyst=analyst, epsilon=1.0)
     assert filtered.accuracy[0][0].ci_low is not None and not filtered.notes  # filtered by it: its own noise
+    text = engine.query("SELECT CAST(COUNT(*) * 1.0 / (SELECT COUNT(*) FROM visits) AS TEXT) AS t FROM visits",
+                        analyst=analyst, epsilon=1.0)
+    assert text.accuracy == [(None,)] and isinstance(text.rows[0][0], str)  # a text has no interval
+    left = engine.ledger.budget(analyst).epsilon_left
+    with pytest.raises(errors.UnsupportedQuery, match="column span cannot be computed") as refused:
+        engine.query("SELECT MAX(day) - (SELECT MIN(day) FROM visits) AS span FROM visits", analyst=analyst)
+    assert "SELECT MAX(day), MIN(day)" in refused.value.hint  # (it was an internal error before anything ran)
+    assert engine.ledger.budget(analyst).epsilon_left == left
 
 
 @pytest.mark.parametrize("written,truth", [("COUNT(*) * 100.0 / %(dpsql_scalar_0)s", lambda x, s: 100 * x / s),
