@@ -148,7 +148,7 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
                                     answer.accuracy[0][0] if answer.accuracy else None)
                    for i, answer in enumerate(answers[:composition.scalars])}
         rows = [(row, tuple(repeated[i] if i in repeated else
-                            _through_scalar(outputs[i].unalias(), row[i], a, scalars) if i in from_scalars else a
+                            _through_scalars(outputs[i].unalias(), row[i], a, scalars) if i in from_scalars else a
                             for i, a in enumerate(accuracy))) for row, accuracy in rows]
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
@@ -156,6 +156,16 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
 
 
 _OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul, exp.Div: operator.truediv}
+
+
+def _through_scalars(output: exp.Expression, value: Any, accuracy: Accuracy | None,
+                     scalars: dict[str, tuple[Any, Accuracy | None]]) -> Accuracy | None:
+    """`_through_scalar`, or no interval where its arithmetic fails (an overflow): the answer is charged and
+    released by now, and an interval it cannot give is said to be missing rather than lose the answer."""
+    try:
+        return _through_scalar(output, value, accuracy, scalars)
+    except ArithmeticError:
+        return None
 
 
 def _through_scalar(output: exp.Expression, value: Any, accuracy: Accuracy | None,

@@ -176,12 +176,12 @@ class Forms:
 
 def _linear(node: exp.Expression, leaf: Callable[[exp.Expression], Terms | None],
             value: Callable[[exp.Expression], Any]) -> Terms | None:
-    """`node` as a linear form: sums, differences, negations, numeric casts, and products and quotients by an
-    exact value (`value` computes it) of the forms `leaf` gives."""
+    """`node` as a linear form: sums, differences, negations, numeric casts, ROUND, and products and quotients
+    by an exact value (`value` computes it) of the forms `leaf` gives."""
     if isinstance(node, exp.Literal | exp.Null | exp.Boolean):
         return {}
-    if isinstance(node, exp.Paren) or isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.NUMERIC_TYPES):
-        return _linear(node.this, leaf, value)
+    if node is not unwrapped(node):  # (a rounded value as the value itself: rounding moves it less than its noise)
+        return _linear(unwrapped(node), leaf, value)
     if isinstance(node, exp.Neg):
         inner = _linear(node.this, leaf, value)
         return None if inner is None else _times(inner, -1.0)
@@ -258,8 +258,8 @@ def _spread(terms: Terms, halfwidths: dict[tuple[int, str], float]) -> float:
 
 def _ratio_range(numerator: Terms, denominator: Terms, top: float, bottom: float,
                  halfwidths: dict[tuple[int, str], float]) -> tuple[float, float] | None:
-    """The range of numerator / denominator where each of two independent-looking parts lies within its 97.5%
-    interval (`UNION_OF_TWO`): the denominator is λ·x + y, x the numerator and y what is left of the
+    """The range of numerator / denominator where each of its two parts lies within its 97.5% interval
+    (`UNION_OF_TWO`): the denominator is λ·x + y, x the numerator and y what is left of the
     denominator (λ its share of the numerator, so that a share's y is the rest: `a / (a + b)` reads x = a,
     y = b, whose errors a shared total would otherwise count twice). x / (λx + y) has no extremum inside a box
     on which its denominator keeps its sign, and is monotone along each edge, so its range is its values at the
