@@ -1063,7 +1063,8 @@ def test_a_value_computed_from_a_scalar_subquery_carries_both_noises(engine, ana
 
 @pytest.mark.parametrize("written,truth", [("COUNT(*) * 100.0 / %(dpsql_scalar_0)s", lambda x, s: 100 * x / s),
                                            ("AVG(x) - %(dpsql_scalar_0)s", lambda x, s: x - s),
-                                           ("%(dpsql_scalar_0)s / COUNT(*)", lambda x, s: s / x)])
+                                           ("%(dpsql_scalar_0)s / COUNT(*)", lambda x, s: s / x),
+                                           ("%(dpsql_scalar_0)s / 8", lambda x, s: s / 8)])
 def test_an_interval_through_a_scalar_covers_both_noises(written, truth):
     """Over seeded draws of two independent Laplace noises (the outer value's and the scalar's), the interval
     `_through_scalar` gives holds the truth in about 95% of answers (Laplace tails: a little more)."""
@@ -1080,7 +1081,7 @@ def test_an_interval_through_a_scalar_covers_both_noises(written, truth):
         found = _through_scalar(output, value, Accuracy(None, *ends), {
             "dpsql_scalar_0": (noisy_s, Accuracy(scale_s, noisy_s - z * scale_s, noisy_s + z * scale_s))})
         covered += found.ci_low <= truth(x, s) <= found.ci_high
-    assert 0.94 <= covered / runs <= 0.985  # measured: 95.1%, 95.5%, 95.1%
+    assert 0.94 <= covered / runs <= 0.985  # measured: 95.1%, 95.5%, 95.1% (the constant: the subquery's alone)
 
 
 def test_a_noisy_value_without_an_interval_is_said_to_have_none(engine, analyst):
