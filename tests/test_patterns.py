@@ -5,6 +5,7 @@ does), and every backend reads it alike."""
 from __future__ import annotations
 
 import random
+import re
 
 import duckdb
 import psycopg
@@ -86,6 +87,8 @@ def test_pattern_matches_are_answered_and_a_bad_pattern_costs_nothing(engine, an
     before = engine.budget(analyst)
     with pytest.raises(errors.UnsupportedQuery, match="unmatched"):
         engine.query("SELECT COUNT(*) FROM people WHERE state ~ '(a'", analyst=analyst, epsilon=1.0)
+    with pytest.raises(errors.UnsupportedQuery, match=re.escape("the SIMILAR TO pattern '(a%' (read as")):
+        engine.query("SELECT COUNT(*) FROM people WHERE state SIMILAR TO '(a%'", analyst=analyst, epsilon=1.0)
     with pytest.raises(errors.UnsupportedQuery, match="is not text"):
         engine.query("SELECT COUNT(*) FROM people WHERE age ~ '1'", analyst=analyst, epsilon=1.0)
     assert engine.budget(analyst) == before

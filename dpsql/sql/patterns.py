@@ -38,6 +38,7 @@ HINT = "write it with literal characters, ., [a-z], \\d, \\w, \\s, groups ( ), |
 class _Reader:
     pattern: str
     at: int = 0
+    written: str = ""  # how the analyst wrote the pattern, where it is a translation (SIMILAR TO)
 
     def peek(self, ahead: int = 0) -> str:
         index = self.at + ahead
@@ -49,15 +50,17 @@ class _Reader:
         return char
 
     def refuse(self, what: str) -> UnsupportedQuery:
-        return UnsupportedQuery(f"the regular expression '{self.pattern}' {what}", HINT)
+        written = self.written or f"the regular expression '{self.pattern}'"
+        return UnsupportedQuery(f"{written} {what}", HINT)
 
 
-def check_regex(pattern: str) -> None:
-    """Refuse `pattern` unless it lies in the subset every backend compiles alike (module docstring)."""
+def check_regex(pattern: str, written: str = "") -> None:
+    """Refuse `pattern` unless it lies in the subset every backend compiles alike (module docstring); `written`
+    names it as the analyst wrote it where it is a translation ("the SIMILAR TO pattern '(('")."""
     if len(pattern) > MAX_PATTERN:
         raise UnsupportedQuery(f"the regular expression is {len(pattern)} characters long, over dpsql's "
                                f"{MAX_PATTERN}", "shorten it, or combine shorter conditions with AND and OR")
-    reader = _Reader(pattern, len(CASE_INSENSITIVE) if pattern.startswith(CASE_INSENSITIVE) else 0)
+    reader = _Reader(pattern, len(CASE_INSENSITIVE) if pattern.startswith(CASE_INSENSITIVE) else 0, written)
     _alternatives(reader, depth=0)
     if reader.peek():  # only a ')' stops the top level early
         raise reader.refuse(f"has an unmatched ')' at position {reader.at + 1}")
@@ -214,5 +217,7 @@ def patterns_as_regex(tree: exp.Select) -> exp.Select:
                                    "write the pattern as a string constant: x ~ '^ab'")
         text = CASE_INSENSITIVE + pattern.this if isinstance(node, exp.RegexpILike) \
             else similar_to_regex(pattern.this)
+        if isinstance(node, exp.SimilarTo):  # refused here, in the analyst's words, not in the translation's
+            check_regex(text, f"the SIMILAR TO pattern '{pattern.this}' (read as '{text}')")
         node.replace(exp.RegexpLike(this=node.this, expression=exp.Literal.string(text)))
     return tree
