@@ -169,7 +169,7 @@ class Engine:
         private = plan_published(query, self.schema) or plan_local(query, self.schema)
         # released data, or reports randomized on the devices, need no noise; anything else is analysed
         entry = (query, private, None) if private is not None else (query, *self._analysed(query, min_frequency))
-        if query.timed:  # the clock was read: the same text is another query a moment later
+        if query.fresh:  # the same text is another query a moment later
             return entry
         self._plans.put(cache_key, entry)
         return entry
@@ -421,7 +421,7 @@ class Engine:
         if entry is not None and entry[0] is query:
             return entry[1]
         value = make()
-        if not query.timed:  # the clock was read: the same text is another query a moment later
+        if not query.fresh:  # the same text is another query a moment later
             self._variants.put(key, (query, value))
         return value
 

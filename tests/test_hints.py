@@ -33,7 +33,7 @@ def test_every_refusal_in_the_code_carries_a_hint():
 
 
 @pytest.mark.parametrize("sql", [
-    "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10)",
+    "SELECT COUNT(*) FROM visits TABLESAMPLE SYSTEM (10)",
     "SELECT COUNT(*) FROM visits WHERE category = ANY('{{lab},{dental}}')",  # an array of arrays
     "SELECT SUM(COUNT(*)) FROM visits",
     "SELECT COUNT(*) FROM visits WHERE category LIKE category",
@@ -61,6 +61,7 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
     ("SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM "
      "visits WHERE amount > 100) t", "INTERSECT", "SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a "
      "INTERSECT"),
+    ("SELECT COUNT(*) FROM visits TABLESAMPLE SYSTEM (10)", "TABLESAMPLE SYSTEM (10)", "TABLESAMPLE BERNOULLI (10)"),
 ])
 def test_a_refusal_of_a_construct_says_the_form_dpsql_answers(engine, analyst, sql, construct, instead):
     """DISTINCT ON (a unit's first row), ANY over an array column, AT TIME ZONE a column, a set operation not of

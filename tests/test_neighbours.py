@@ -305,6 +305,21 @@ def test_a_time_at_a_zone_moves_within_the_sensitivity(engine, base_url, neighbo
     _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
 
 
+# PostgreSQL only (the other backends refuse samples): a row sample is a coin per row, the same coins on both
+# databases (the seed drawn once, when the query is checked; the neighbour's rows added beside the others)
+SAMPLED_QUERIES = [
+    "SELECT category, COUNT(*), SUM(amount) FROM visits TABLESAMPLE BERNOULLI (30) GROUP BY category",
+    "SELECT p.sex, COUNT(*), AVG(v.amount) FROM visits v TABLESAMPLE BERNOULLI (50) JOIN people p TABLESAMPLE "
+    "BERNOULLI (80) REPEATABLE (7) ON p.person_id = v.person_id GROUP BY 1",
+    "SELECT COUNT(*) FROM people WHERE person_id IN (SELECT person_id FROM visits TABLESAMPLE BERNOULLI (20))",
+]
+
+
+@pytest.mark.parametrize("sql", SAMPLED_QUERIES)
+def test_a_row_sample_moves_within_the_sensitivity(engine, base_url, neighbour_url, sql):
+    _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
+
+
 MIN_FREQUENCY = 50
 MIN_FREQUENCY_QUERIES = [
     "SELECT state, COUNT(*) FROM people GROUP BY state",  # the neighbour's own state ZZ has one unit

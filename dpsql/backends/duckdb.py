@@ -48,6 +48,7 @@ from dpsql.backends.transpile import (
     plain_numbers,
     plain_value,
     portable_time_formats,
+    row_samples,
     shifts_wall_clock,
     wide_decimals,
 )
@@ -74,7 +75,7 @@ CATALOG_KEYS = ("SELECT database_name, table_name, constraint_type, constraint_c
 def to_duckdb(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     """A rewritten statement in DuckDB's SQL, with the rules of this module's docstring."""
     tree = dialect.spell(tree.copy(), SPELLINGS)
-    tree = tree.transform(portable_time_formats).transform(wide_decimals).transform(bytewise) \
+    tree = tree.transform(row_samples).transform(portable_time_formats).transform(wide_decimals).transform(bytewise) \
         .transform(plain_numbers).transform(bands).transform(_width_buckets)
     schema = {table: {**columns, "rowid": "bigint"} for table, columns in schema.items()}  # every table has one
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)

@@ -79,6 +79,7 @@ from dpsql.backends.transpile import (
     plain_numbers,
     plain_value,
     portable_time_formats,
+    row_samples,
     shifts_wall_clock,
     wide_decimals,
 )
@@ -102,8 +103,8 @@ def to_spark(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     """A rewritten statement in Spark SQL: its dialect nodes spelled for Spark, then PostgreSQL's semantics kept
     where Spark's differ, with the rules of this module's docstring."""
     tree = _dialect_nodes(tree.copy(), schema)
-    tree = tree.transform(wide_decimals).transform(_unhinted).transform(bytewise).transform(plain_numbers) \
-        .transform(_finite).transform(portable_time_formats).transform(bands)
+    tree = tree.transform(row_samples).transform(wide_decimals).transform(_unhinted).transform(bytewise) \
+        .transform(plain_numbers).transform(_finite).transform(portable_time_formats).transform(bands)
     tree = qualify(tree, schema=schema, dialect="postgres", validate_qualify_columns=False)
     tree = annotate_types(tree, schema=schema, dialect="postgres")
     tree = tree.transform(_decimal_sums).transform(_half_even).transform(_epoch).transform(_date_differences) \

@@ -41,6 +41,15 @@ def portable_time_formats(node: exp.Expression) -> exp.Expression:
     return node
 
 
+def row_samples(node: exp.Expression) -> exp.Expression:
+    """Refuses TABLESAMPLE, before any charge: only PostgreSQL's BERNOULLI with a seed is known to meet the same
+    rows at every read of a table in one statement, which the bounds rely on (`sql.with_sample_seeds`)."""
+    if isinstance(node, exp.TableSample):
+        raise UnsupportedQuery("TABLESAMPLE is answered on the PostgreSQL backend only",
+                               "ask over the whole table on this backend: SELECT COUNT(*) FROM visits")
+    return node
+
+
 def shifts_wall_clock(node: exp.Expression) -> bool:
     """Whether `node` is a date or a timestamp without time zone ± an interval: PostgreSQL's is a timestamp without
     time zone, truncated as it stands (Metabase's weeks from Sunday), where sqlglot's types say a date."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.analysis import Plan
+from dpsql.errors import UnsupportedQuery
 from dpsql.rewrite.fragments import sql
 from dpsql.sql import dialect
 
@@ -42,5 +43,9 @@ def _truncated(node: exp.Expression, plan: Plan, hash_seed: int) -> exp.Expressi
     def swap(table: exp.Expression) -> exp.Expression:
         if not isinstance(table, exp.Table) or table.name not in plan.truncate:
             return table
+        if table.args.get("sample") is not None:  # the truncated read would drop it
+            raise UnsupportedQuery(f"TABLESAMPLE on {table.name} is not supported in a join that bounds how often "
+                                   "its keys repeat", f"ask over the whole table: FROM {table.name} without "
+                                   "TABLESAMPLE")
         return dialect.truncated(table.name, hash_seed, plan.truncate[table.name], table.alias_or_name)
     return node.copy().transform(swap, copy=False)

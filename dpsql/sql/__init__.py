@@ -10,6 +10,7 @@ Anything not on the allowlist is refused here, before anything runs on PostgreSQ
 from __future__ import annotations
 
 import datetime
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,7 @@ def check_query(sql: str, schema: PrivacySchema,
                 params: Sequence[Any] | Mapping[str, Any] | None = None) -> CheckedQuery:
     """Parse `sql`, bind `params`, then SPELLINGS and CHECKS in order."""
     tree = bind_parameters(parse_select(sql), params)
+    sampled = with_sample_seeds(tree)  # first: a WITH query read twice is then one sample, as PostgreSQL reads it
     timed = tree.find(*CLOCKS) is not None
     context = Context(schema, datetime.datetime.now(datetime.UTC) if timed else None)
     for rule in SPELLINGS:
@@ -133,7 +135,20 @@ def check_query(sql: str, schema: PrivacySchema,
         tree = rule(tree, context)
     if len(names) != len(tree.expressions):  # a * expanded to the table's columns, named as they are
         names = tuple(output_name(e) for e in tree.expressions)
-    return CheckedQuery(tree, names, canonical_sql(tree), timed)
+    return CheckedQuery(tree, names, canonical_sql(tree), timed or sampled)
+
+
+def with_sample_seeds(tree: exp.Select) -> bool:
+    """Give every TABLESAMPLE without REPEATABLE a seed drawn now (changed in place); whether one was drawn. One
+    statement may read a table more than once (a CTE read twice, a unit's weights beside its rows), and each read
+    must meet the same rows, or a unit could reach more rows than its bound counts; PostgreSQL draws a new sample
+    for every read without a seed, the same sample for every read with one. The seed need not be secret: the
+    guarantee holds for every sample. The seed is part of the query's text: a query that drew one is answered
+    afresh each time it is asked, as PostgreSQL draws a new sample."""
+    unseeded = [sample for sample in tree.find_all(exp.TableSample) if sample.args.get("seed") is None]
+    for sample in unseeded:
+        sample.set("seed", exp.Literal.number(secrets.randbelow(2**31)))
+    return bool(unseeded)
 
 
 __all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "limit_clause", "operands",

@@ -64,7 +64,8 @@ class CheckedQuery:
     tree: exp.Select
     output_names: tuple[str, ...]  # the column names PostgreSQL would give the result
     canonical: str  # one text for every spelling of the query: with ε and the analyst, the answer cache's key
-    timed: bool = False  # it read the clock (now(), current_date), fixed when it was checked
+    fresh: bool = False  # it read the clock (now(), current_date) or drew a sample's seed when it was checked: the
+    # same text is another query a moment later
 
 
 def operands(node: exp.Expression, connector: type[exp.Expression] = exp.And) -> list[exp.Expression]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlglot import exp
 
-from dpsql.errors import PrivacyRefusal, UnsupportedQuery
+from dpsql.errors import InvalidConstant, PrivacyRefusal, UnsupportedQuery
 from dpsql.sql.query import AGGREGATES, to_sql
 from dpsql.sql.shape import is_percentile_array
 from dpsql.sql.times import interval_step
@@ -68,8 +68,6 @@ INSTEAD = {
     exp.Intersect: UNIT_SETS,
     exp.Except: UNIT_SETS,
     exp.Union: UNIT_SETS,
-    exp.TableSample: "ask over the whole table (SELECT COUNT(*) FROM t): a sample spends the same budget and only "
-                     "adds error to the noise",
 }
 
 # what to write instead of functions sqlglot does not know by name
@@ -125,6 +123,9 @@ def refuse_unsafe(tree: exp.Select) -> None:
         if isinstance(node, exp.Window):
             _check_window(node, tree)
             continue
+        if isinstance(node, exp.TableSample):
+            _check_sample(node)
+            continue
         if isinstance(node.parent, exp.Window) and node is node.parent.this and isinstance(node, WINDOW_FUNCTIONS):
             continue
         if isinstance(node, exp.Interval) and (_in_constant_time(node) or _shifts_a_time(node)):
@@ -175,6 +176,46 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
             and (default is None or isinstance(default, exp.Literal | exp.Neg | exp.Null))):
         raise UnsupportedQuery(f"{_describe(function)} needs constants for its offset, default or buckets",
                                "e.g. LAG(n, 1, 0) OVER (ORDER BY month) or NTILE(4) OVER (ORDER BY n)")
+
+
+def _check_sample(sample: exp.TableSample) -> None:
+    """A table read as TABLESAMPLE BERNOULLI (percentage) [REPEATABLE (seed)], with constants: each of its rows is
+    read or not by a coin of its own, whatever the data, so every bound the answer relies on holds for the rows
+    read as for the whole table (and one statement reads the same rows wherever it reads the table: the seed,
+    `sql.with_sample_seeds`). SYSTEM is refused: it reads whole pages, so which other rows it reads would depend on
+    where one person's rows are stored. A percentage outside 0 to 100 fails in PostgreSQL whatever the data."""
+    method, percent = sample.args.get("method"), sample.args.get("percent")
+    # as the analyst wrote it, without a seed dpsql drew (`sql.with_sample_seeds`)
+    written = f"TABLESAMPLE {method.name.upper() if method else ''} ({to_sql(percent) if percent else ''})"
+    if method is None or method.name.upper() != "BERNOULLI" or not isinstance(sample.parent, exp.Table) \
+            or any(sample.args.get(arg) is not None for arg in sample.args if arg not in ("method", "percent", "seed")):
+        raise UnsupportedQuery(f"{written} is not supported by dpsql",
+                               "sample rows, one coin each, with TABLESAMPLE BERNOULLI (percentage) on a table: "
+                               "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10) [REPEATABLE (42)]")
+    share, seed = _constant_number(percent), sample.args.get("seed")
+    if share is None or (seed is not None and _constant_number(seed) is None):
+        raise UnsupportedQuery(f"{written} needs a constant percentage and seed",
+                               "e.g. SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10) REPEATABLE (42)")
+    if not 0 <= share <= 100:
+        raise InvalidConstant("sample percentage must be between 0 and 100",
+                              f"write a percentage from 0 to 100: TABLESAMPLE BERNOULLI (10), not {written}",
+                              sqlstate="2202H")
+
+
+def _constant_number(node: exp.Expression | None) -> float | None:
+    """The value of a number written as a constant (10, 2.5, -1, or '10', which PostgreSQL reads as a number
+    here), else None; a text that is no number fails as PostgreSQL's does."""
+    negative = isinstance(node, exp.Neg)
+    literal = node.this if negative else node
+    if not isinstance(literal, exp.Literal):
+        return None
+    try:
+        value = float(literal.this)
+    except ValueError:
+        raise InvalidConstant(f'invalid input syntax for type real: "{literal.this}"',
+                              "write the number without quotes: TABLESAMPLE BERNOULLI (10) REPEATABLE (42)",
+                              sqlstate="22P02") from None
+    return -value if negative else value
 
 
 def _in_constant_time(interval: exp.Interval) -> bool:
@@ -270,7 +311,7 @@ def _describe(node: exp.Expression) -> str:
         return "function median()"
     if isinstance(node, exp.Fetch):  # the one kind left after `shape.fetch_as_limit`
         return "FETCH ... WITH TIES"
-    if isinstance(node, exp.Interval | exp.Array | exp.TableSample | exp.AtTimeZone):  # as written: which one
+    if isinstance(node, exp.Interval | exp.Array | exp.AtTimeZone):  # as written: which one
         return to_sql(node)
     if isinstance(node, exp.Func):
         text = to_sql(node)  # an operator (x ~ 'a') or a keyword (CURRENT_TIMESTAMP) has no parenthesis
