@@ -479,6 +479,13 @@ def test_row_level_truncation_is_what_holds_the_bound(row_join_engine, base_url,
         assert conn.execute(f"SELECT COUNT(*) FROM visits WHERE person_id = {HEAVY_PERSON}").fetchone()[0] > 4
 
 
+def test_a_sample_of_a_table_read_truncated_is_refused_before_any_charge(row_join_engine):
+    """The truncated read of a join's table would drop its TABLESAMPLE: refused, not answered over every row."""
+    with pytest.raises(errors.UnsupportedQuery, match="TABLESAMPLE on visits"):
+        row_join_engine.prepare("SELECT COUNT(*) FROM visits v TABLESAMPLE BERNOULLI (50) JOIN people p "
+                                "ON v.person_id = p.person_id")
+
+
 QUANTILE_QUERIES = [
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY income) FROM people",
     "SELECT MIN(age), MAX(income) FROM people",
