@@ -57,6 +57,9 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    # and as Metabase writes it when the week is cast to a date: every week a public key
+    "SELECT CAST(date_trunc('week', CAST((day + INTERVAL '1 day') AS timestamp)) AS date) - INTERVAL '1 day' AS w, "
+    "COUNT(*), SUM(amount) FROM visits GROUP BY 1",
     # the months of a declared date as text, every one released (Looker's month: its public keys)
     "SELECT to_char(day, 'YYYY-MM') AS m, COUNT(*), SUM(amount) FROM visits WHERE day >= '2024-03-01' GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE date_trunc('month', day) + INTERVAL '5000 years' > DATE '7024-06-01'",

@@ -367,6 +367,8 @@ class Expressions:
             return "timestamp" if self.time_type(node.this) == "timestamp" else "timestamptz"
         if isinstance(node, exp.UnixToTime):
             return "timestamptz"
+        if isinstance(node, exp.Cast) and node.to.this in TIME_CASTS and self.time_type(node.this) is not None:
+            return TIME_CASTS[node.to.this]  # a time cast to another kind of time (Metabase's CAST(… AS date))
         if isinstance(node, exp.AtTimeZone):  # a date is read as a timestamptz first; the zone turns the one into
             inner = self._zoned_type(node.this)  # the other
             return None if inner is None else "timestamptz" if inner == "timestamp" else "timestamp"
@@ -400,6 +402,8 @@ class Expressions:
             return _within_years(low - span, high + datetime.timedelta(days=1))  # a day of time zones to spare
         if isinstance(node, exp.AtTimeZone):
             return self._zoned_bounds(node)
+        if isinstance(node, exp.Cast) and node.to.this in TIME_CASTS:
+            return self._cast_bounds(node)
         if isinstance(node, exp.Add | exp.Sub) and isinstance(node.expression, exp.Interval):
             inner, step = self.time_bounds(node.this), interval_step(node.expression)
             if inner is None or step is None:
@@ -418,6 +422,23 @@ class Expressions:
             except OverflowError:
                 return None
         return None
+
+    def _cast_bounds(self, node: exp.Cast) -> tuple[Time, Time] | None:
+        """The bounds of a time cast to a date or a timestamp: the inner time's, as dates or midnights; a day wider
+        on each side where the cast moves between a zoned and an unzoned time (the session's zone is at most a day
+        off UTC), as PostgreSQL reads the one in the session's zone."""
+        inner, kind = self.time_bounds(node.this), self.time_type(node.this)
+        if inner is None or kind is None:
+            return None
+        target = TIME_CASTS[node.to.this]
+        low, high = inner
+        if (kind == "timestamptz") != (target == "timestamptz"):
+            day = datetime.timedelta(days=1)
+            low, high = low - day, high + day
+        if target == "date":
+            return _within_years(*(v.date() if isinstance(v, datetime.datetime) else v for v in (low, high)))
+        return _within_years(*(datetime.datetime.combine(v, datetime.time()) if type(v) is datetime.date else v
+                               for v in (low, high)))
 
     def _range_mul(self, node: exp.Mul) -> Range:
         a, b = self._operands(node, "this", "expression")

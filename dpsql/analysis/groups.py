@@ -229,10 +229,12 @@ def _integer_key(scope: Scope, node: exp.Expression) -> bool:
 
 
 def _shifted_domain(scope: Scope, node: exp.Add | exp.Sub) -> tuple | None:
-    """The values of `k ± INTERVAL '…'` where k is a key with public timestamp values (Metabase's weeks from
-    Sunday, date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day'): each shifted, as PostgreSQL shifts a
-    timestamp (`times.Step`)."""
+    """The values of `k ± INTERVAL '…'` where k is a key with public timestamp or date values (Metabase's weeks
+    from Sunday, date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day', or the same of the week cast to a
+    date): each shifted, as PostgreSQL shifts a timestamp (`times.Step`), a date read as its midnight."""
     inner, step = key_domain(scope, node.this, None), interval_step(node.expression)
+    if inner is not None and all(type(v) is datetime.date for v in inner):
+        inner = tuple(datetime.datetime.combine(v, datetime.time()) for v in inner)  # date ± interval: a timestamp
     if inner is None or step is None or not all(type(v) is datetime.datetime and v.tzinfo is None for v in inner):
         return None
     step = step if isinstance(node, exp.Add) else step.negated()
@@ -302,6 +304,9 @@ def _moved_time(scope: Scope, node: exp.Expression) -> tuple[str, tuple] | None:
         moved_type = exprs.time_type(node)
     elif isinstance(node, exp.Cast) and node.to.is_type("timestamp") and exprs.time_type(node.this) == "date":
         moved_type, node = "timestamp", node.this  # (a column's own: `_period_domain`, narrowed by the WHERE)
+    elif isinstance(node, exp.Cast) and node.to.is_type("timestamp") and exprs.time_type(node.this) == "timestamp":
+        return _moved_time(scope, node.this.unnest())  # a cast that changes nothing: CAST(day + INTERVAL … AS
+        # timestamp), as Metabase writes its week from Sunday
     else:
         return None
     bounds = exprs.time_bounds(node) if moved_type is not None else None
