@@ -237,6 +237,10 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     released = engine.query(top, analyst=analyst, epsilon=1.0)
     answer = engine.query(f"SELECT SUM(n) AS total, COUNT(*) AS k FROM ({top}) t", analyst=analyst, epsilon=1.0)
     assert answer.cached and answer.rows == [(sum(row[1] for row in released.rows), len(released.rows))]
+    # the inner query as a WITH query, the way analysts write a monthly figure's average (it was refused: the
+    # subquery did not group by the unit)
+    monthly = engine.query(f"WITH c AS ({inner}) SELECT AVG(n) AS mean FROM c", analyst=analyst, epsilon=1.0)
+    assert monthly.cached and monthly.rows == [(pytest.approx(sum(r[1] for r in counts.rows) / len(counts.rows)),)]
 
 
 def test_released_rows_grouped_by_position_or_output_name_as_postgresql_groups_them():

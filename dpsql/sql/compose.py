@@ -133,7 +133,9 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
     """`SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t GROUP BY k) s`: an aggregate of the released rows of a
     grouped query that is not grouped by the unit (that one bounds a unit's contributions, and the analysis
     answers it): the inner query is the one part, the outer one post-processing of its rows. The inner query
-    may filter, order and cut its groups (HAVING, ORDER BY, LIMIT): answered alone, it releases those rows."""
+    may filter, order and cut its groups (HAVING, ORDER BY, LIMIT): answered alone, it releases those rows. Also
+    as a WITH query (`WITH monthly AS (…) SELECT AVG(s) FROM monthly`)."""
+    tree = inline_ctes(tree.copy(), read_once=True) if tree.args.get("with_") else tree
     source = tree.args["from_"].this if tree.args.get("from_") else None
     inner = source.this if isinstance(source, exp.Subquery) else None
     if isinstance(inner, exp.Select) and inner.args.get("distinct"):  # SELECT DISTINCT k: its GROUP BY k
