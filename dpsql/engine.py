@@ -52,6 +52,7 @@ from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, deb
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
+    describe_cap,
     describe_selection,
     describe_units_over,
     evaluate,
@@ -446,7 +447,8 @@ class Engine:
         resolved = all(d.tau is not None for d in (decision, rows_decision) if d is not None)
         spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
         bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound, resolved)
-        note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures)
+        note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures) \
+            if decision.bound < race.taus[-1] else describe_cap(race.taus[-1], prepared.race_totals)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,

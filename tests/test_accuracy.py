@@ -110,6 +110,15 @@ def test_an_averages_count_shares_the_sparse_vector_choice_where_its_race_cannot
     assert len(rows_below_cap) >= 10, rows_below_cap  # before: none (the cap kept)
 
 
+def test_an_answer_bounded_at_the_cap_says_so(shipped):
+    """Where the race ends at its cap (here every unit holds more than it), the answer's noise is the cap's: it
+    said nothing of its bound before; it names the cap and why its interval is wide."""
+    prepared = shipped.prepare("SELECT SUM(amount) FROM visits", epsilon=1.0)
+    truncated = [1000.0 * tau for tau in prepared.race.taus]  # 1,000 units, each beyond every τ
+    bounded, _ = shipped.bounded_by_race(prepared, truncated)
+    assert bounded.bound_note.startswith(f"bounded at the cap, a total of {prepared.race.taus[-1]:,} per unit")
+
+
 def test_the_schema_sets_the_default_and_a_session_may_declare_instead(shipped):
     """`[privacy] rows_per_unit = "auto"` makes every query choose its bounds; `SET dpsql.rows_per_unit =
     'declared'` answers with the declared caps; another value is refused with what it may be."""

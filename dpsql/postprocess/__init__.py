@@ -37,6 +37,7 @@ from dpsql.postprocess.presentation import (
     INTERVALS_COVER,
     describe_accuracy,
     describe_bounds_effect,
+    describe_cap,
     describe_selection,
     describe_units_over,
     format_value,
@@ -132,5 +133,6 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     return KINDS[agg.kind].finish(agg, values)
 
 
-__all__ = ["INTERVALS_COVER", "Accuracy", "Result", "describe_accuracy", "describe_bounds_effect", "describe_selection",
-           "describe_units_over", "evaluate", "finish", "format_value", "lower_bounds", "sort_rows", "window_inputs"]
+__all__ = ["INTERVALS_COVER", "Accuracy", "Result", "describe_accuracy", "describe_bounds_effect", "describe_cap",
+           "describe_selection", "describe_units_over", "evaluate", "finish", "format_value", "lower_bounds",
+           "sort_rows", "window_inputs"]
