@@ -448,7 +448,7 @@ class Engine:
         spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
         bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound, resolved)
         note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures) \
-            if decision.bound < race.taus[-1] else describe_cap(race.taus[-1], prepared.race_totals)
+            if decision.bound < race.taus[-1] else describe_cap(race.taus[-1], prepared.race_totals, decision.tau)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,

@@ -112,11 +112,17 @@ def test_an_averages_count_shares_the_sparse_vector_choice_where_its_race_cannot
 
 def test_an_answer_bounded_at_the_cap_says_so(shipped):
     """Where the race ends at its cap (here every unit holds more than it), the answer's noise is the cap's: it
-    said nothing of its bound before; it names the cap and why its interval is wide."""
+    said nothing of its bound before; it names the cap and why its interval is wide. Where the margin kept above
+    the bound chosen reaches the cap, it says that instead."""
     prepared = shipped.prepare("SELECT SUM(amount) FROM visits", epsilon=1.0)
     truncated = [1000.0 * tau for tau in prepared.race.taus]  # 1,000 units, each beyond every τ
     bounded, _ = shipped.bounded_by_race(prepared, truncated)
     assert bounded.bound_note.startswith(f"bounded at the cap, a total of {prepared.race.taus[-1]:,} per unit")
+    assert "the data did not show a smaller bound" in bounded.bound_note  # every τ leaves the 1,000 units above
+    counted = shipped.prepare("SELECT COUNT(*) FROM visits", epsilon=1.0)  # every unit holds 50 rows: τ = 64,
+    truncated = [1000.0 * min(tau, 50) for tau in counted.race.taus]  # its margin beyond the cap of 100
+    notes = {shipped.bounded_by_race(counted, truncated)[0].bound_note for _ in range(20)}
+    assert any("bound chosen from the data (64)" in (note or "") for note in notes), notes
 
 
 def test_the_schema_sets_the_default_and_a_session_may_declare_instead(shipped):

@@ -56,11 +56,15 @@ def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool 
     return text
 
 
-def describe_cap(cap: int, totals: bool) -> str:
-    """What an answer bounded at the race's cap says: the data did not show a smaller bound at this ε (the race
-    could not resolve it, or the fallback's search ran to the end), so its noise is the cap's, wide."""
+def describe_cap(cap: int, totals: bool, chosen: int | None) -> str:
+    """What an answer bounded at the race's cap says: the margin kept above the bound `chosen` from the data
+    reaches the cap; or, with none chosen, the data did not show a smaller bound at this ε (the fallback's
+    search ran to the end), so its noise is the cap's, wide."""
     what = f"a total of {cap:,} per unit (its rows times the declared range)" if totals \
         else f"the declared {cap:,} rows per unit"
+    if chosen is not None:
+        return (f"bounded at the cap, {what}: the margin kept above the bound chosen from the data ({chosen:,}) "
+                "reaches it")
     return (f"bounded at the cap, {what}: at this ε the data did not show a smaller bound, so the noise is "
             "that of the cap and the interval wide; a larger ε lets the race choose a smaller bound")
 
