@@ -243,6 +243,39 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     assert monthly.cached and monthly.rows == [(pytest.approx(sum(r[1] for r in counts.rows) / len(counts.rows)),)]
 
 
+@pytest.mark.parametrize("sql", [
+    "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY 1), b AS (SELECT SUM(n) AS t FROM a) "
+    "SELECT a.category, a.n * 100.0 / b.t AS share FROM a, b",
+    "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY 1), b AS (SELECT SUM(n) AS t FROM a) "
+    "SELECT a.category, a.n * 100.0 / t AS share FROM a CROSS JOIN b ORDER BY 2 DESC",
+    "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY 1) "
+    "SELECT x.category, x.n * 100.0 / (SELECT SUM(n) FROM a) AS share FROM a x",
+])
+def test_a_share_of_a_with_query_s_total_is_a_window_over_its_released_rows(engine, analyst, sql):
+    """Analysts write a share of the total with a WITH query of totals joined without a condition, or a scalar
+    subquery over the same WITH query: both were refused ("relation a does not exist", for the second). Where the
+    outer query neither filters nor groups, the total is a window over the same rows (SUM(n) OVER ()), computed
+    over the released rows: one charge, and shares that add up to 100."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert len(answer.rows) == 8 and answer.names == ["category", "share"]
+    assert sum(float(row[1]) for row in answer.rows) == pytest.approx(100.0)
+    assert engine.budget(analyst).epsilon_spent == pytest.approx(1.0)
+    if "ORDER BY" in sql:
+        assert [row[1] for row in answer.rows] == sorted((row[1] for row in answer.rows), reverse=True)
+    filtered = sql.replace(" FROM a, b", " FROM a, b WHERE a.n > 10").replace(" FROM a x", " FROM a x WHERE x.n > 10")
+    if filtered != sql:  # a filter: a window would read fewer rows than the total does
+        with pytest.raises(errors.UnsupportedQuery):
+            engine.query(filtered, analyst=analyst, epsilon=1.0)
+
+
+def test_a_scalar_subquery_of_a_with_query_s_one_aggregate_row_is_answered_as_that_aggregate(engine, analyst):
+    sql = ("WITH t AS (SELECT COUNT(*) AS total FROM visits) SELECT category, COUNT(*) * 1.0 / (SELECT total FROM t) "
+           "AS share FROM visits GROUP BY 1")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert len(answer.rows) == 8 and sum(float(row[1]) for row in answer.rows) == pytest.approx(1.0, abs=0.2)
+    assert all(accuracy[1].ci_low is not None for accuracy in answer.accuracy)  # the subquery's noise carried
+
+
 def test_released_rows_grouped_by_position_or_output_name_as_postgresql_groups_them():
     """GROUP BY 1 and GROUP BY an output's name over released rows group by that output (a position is not the
     constant 1); ORDER BY reads outputs' names and positions; EXTRACT reads a released date's fields."""

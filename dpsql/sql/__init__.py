@@ -50,6 +50,7 @@ from dpsql.sql.shape import (
     require_flat,
     semijoin_selects,
     shadowing_names_renamed,
+    totals_as_windows,
 )
 from dpsql.sql.subquery_outputs import aggregate_expressions_outside
 from dpsql.sql.times import CLOCKS, fold_times
@@ -96,6 +97,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(approx_distinct_as_count),
     _tree_only(count_of_a_tables_rows),
     _tree_only(regressions_as_moments),
+    _tree_only(totals_as_windows),
     _tree_only(inline_ctes),
     lambda tree, context: unit_sets_as_groups(tree, context.schema),
     _tree_only(shadowing_names_renamed),

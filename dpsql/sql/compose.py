@@ -35,7 +35,14 @@ from dpsql.sql.query import (
     to_sql,
     value_asked,
 )
-from dpsql.sql.shape import count_of_distinct_rows, distinct_as_group_by, fetch_as_limit, inline_ctes
+from dpsql.sql.shape import (
+    count_of_distinct_rows,
+    distinct_as_group_by,
+    fetch_as_limit,
+    inline_ctes,
+    one_row_ctes_inlined,
+    totals_as_windows,
+)
 
 MAX_PARTS = 16  # CUBE of four keys; each part gets 1/n of the statement's ε
 
@@ -104,6 +111,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         tree = fetch_as_limit(parse_statement(sql))
     except Exception:  # noqa: BLE001 - a statement that does not parse is the ordinary stages' to report
         return None
+    if isinstance(tree, exp.Select):  # a WITH query's total over its own rows: a window, no part of its own; a
+        tree = one_row_ctes_inlined(totals_as_windows(tree))  # WITH query's one aggregate row: a scalar subquery
     if distinct and isinstance(tree, exp.Select):  # (also as a count of a subquery's distinct rows)
         found = _values_present(count_of_distinct_rows(tree.copy()), schema, params)
         if found is not None:
@@ -672,8 +681,15 @@ def _sequential(tree: exp.Select) -> Composition:
                                "send some of the subqueries as queries of their own, and their answers as constants")
     inner_tables = set()
     parts = []
+    ctes = {cte.alias_or_name for cte in (tree.args["with_"].expressions if tree.args.get("with_") else [])}
     for subquery in subqueries:
         select = subquery.this
+        read = next((t.name for t in select.find_all(exp.Table) if not t.db and t.name in ctes), None)
+        if read is not None:  # answered apart, the subquery would not see the WITH query
+            raise UnsupportedQuery(f"the subquery ({to_sql(select)}) reads the WITH query {read}, whose rows are "
+                                   "released after noise", f"a total over {read}'s rows is a window over them, in a "
+                                   f"query that reads every row of {read} (no WHERE): SELECT k, n * 100.0 / SUM(n) "
+                                   f"OVER () FROM {read}")
         if not isinstance(select, exp.Select) or select.args.get("group") or len(select.expressions) != 1 \
                 or not select.expressions[0].find(*AGGREGATES):
             table = next((t.name for t in select.find_all(exp.Table)), "t")

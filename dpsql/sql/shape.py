@@ -579,6 +579,119 @@ def inline_ctes(tree: exp.Select, read_once: bool = False) -> exp.Select:
     return tree
 
 
+TOTALS = (exp.Sum, exp.Count, exp.Avg, exp.Min, exp.Max)  # the totals a window over released rows computes
+ONE_READ = ("joins", "where", "group", "having", "distinct", "order", "limit", "offset", "with_")
+
+
+def totals_as_windows(tree: exp.Select) -> exp.Select:
+    """A total of the rows a query reads from a WITH query, taken over those same rows, as a window over them
+    (`SUM(n) OVER ()`, which dpsql computes over the released rows): a scalar subquery `(SELECT SUM(n) FROM a)`
+    in a query FROM a, and a WITH query of totals `b AS (SELECT SUM(n) AS t FROM a)` joined to a without a
+    condition (`FROM a, b`, `CROSS JOIN b`, `JOIN b ON TRUE`), the way analysts write a share of the total. Only
+    where the query neither filters nor groups a's rows, so that the window reads every row the total reads."""
+    with_ = tree.args.get("with_")
+    source = tree.args["from_"].this if tree.args.get("from_") else None
+    if with_ is None or with_.args.get("recursive") or not isinstance(source, exp.Table) or source.db \
+            or any(tree.args.get(k) for k in ("where", "group", "having", "distinct")) \
+            or any(a.find_ancestor(exp.Select) is tree for a in tree.find_all(*AGGREGATES)):
+        return tree
+    ctes = {cte.alias_or_name: cte.this for cte in with_.expressions if isinstance(cte.this, exp.Select)}
+    name, alias = source.name, source.alias_or_name
+    if name not in ctes:
+        return tree
+    found = tree.copy()
+    totals: dict[str, dict[str, exp.Expression]] = {}  # a joined WITH query of totals: its outputs
+    for join in found.args.get("joins") or []:
+        joined, on = join.this, join.args.get("on")
+        if not (isinstance(joined, exp.Table) and not joined.db and _totals_of(ctes.get(joined.name), name)
+                and join.args.get("kind") in (None, "CROSS") and not join.args.get("side")
+                and not join.args.get("using") and (on is None or on == exp.true())):
+            return tree
+        totals[joined.alias_or_name] = {output_name(e): e.unalias() for e in ctes[joined.name].expressions}
+    own, changed = {output_name(e) for e in ctes[name].expressions}, bool(totals)
+    for column in list(found.find_all(exp.Column)):
+        owner = column.table or next((t for t, outputs in totals.items() if column.name in outputs
+                                      and column.name not in own), None)
+        if owner in totals:
+            if column.name not in totals[owner]:
+                return tree
+            column.replace(_over_all(totals[owner][column.name], alias))
+    for subquery in list(found.find_all(exp.Subquery)):
+        select = subquery.this
+        if not isinstance(subquery.parent, exp.From | exp.Join | exp.In | exp.Exists) \
+                and _totals_of(select, name) and len(select.expressions) == 1:
+            subquery.replace(_over_all(select.expressions[0].unalias(), alias))
+            changed = True
+    if not changed:
+        return tree
+    found.set("joins", None)
+    for cte in list(found.args["with_"].expressions):  # a WITH query of totals no longer read
+        if cte.alias_or_name in {t for t in ctes if t != name} and not any(
+                t.name == cte.alias_or_name for t in found.find_all(exp.Table)):
+            cte.pop()
+    return found
+
+
+def _totals_of(select: exp.Expression | None, source: str) -> bool:
+    """Whether `select` is one row of totals over every row of the WITH query `source`: SELECT SUM(x) [AS t], …
+    FROM source, and nothing else."""
+    table = select.args["from_"].this if isinstance(select, exp.Select) and select.args.get("from_") else None
+    return (isinstance(table, exp.Table) and not table.db and table.name == source
+            and not any(select.args.get(k) for k in ONE_READ)
+            and all(isinstance(e.unalias(), TOTALS) and not e.find(exp.Distinct, exp.Window)
+                    for e in select.expressions))
+
+
+def one_row_ctes_inlined(tree: exp.Select) -> exp.Select:
+    """A scalar subquery that reads a WITH query of one aggregate row (`WITH t AS (SELECT COUNT(*) AS total FROM
+    visits) … (SELECT total FROM t)`) as that query's own aggregate (`(SELECT COUNT(*) FROM visits)`), which is
+    answered as a scalar subquery is; the WITH query goes where nothing else reads it."""
+    with_ = tree.args.get("with_")
+    if with_ is None or with_.args.get("recursive"):
+        return tree
+    ctes = {cte.alias_or_name: cte.this for cte in with_.expressions if _one_aggregate_row(cte.this)}
+    tree = tree.copy()
+    for subquery in list(tree.find_all(exp.Subquery)):
+        select = subquery.this
+        table = select.args["from_"].this if isinstance(select, exp.Select) and select.args.get("from_") else None
+        if isinstance(subquery.parent, exp.From | exp.Join | exp.In | exp.Exists | exp.CTE) \
+                or not isinstance(table, exp.Table) or table.db or table.name not in ctes \
+                or len(select.expressions) != 1 or any(select.args.get(k) for k in ONE_READ):
+            continue
+        items = {output_name(e): e.unalias() for e in ctes[table.name].expressions}
+        value = select.expressions[0].unalias().copy()
+        if not all(c.name in items and c.table in ("", table.alias_or_name) for c in value.find_all(exp.Column)):
+            continue
+        for column in list(value.find_all(exp.Column)):
+            if column is value:
+                value = items[column.name].copy()
+            else:
+                column.replace(items[column.name].copy())
+        subquery.set("this", ctes[table.name].copy().select(value, append=False))
+    for cte in list(tree.args["with_"].expressions):
+        if cte.alias_or_name in ctes and not any(t.name == cte.alias_or_name for t in tree.find_all(exp.Table)):
+            cte.pop()
+    if not tree.args["with_"].expressions:
+        tree.set("with_", None)
+    return tree
+
+
+def _one_aggregate_row(select: exp.Expression) -> bool:
+    """Whether `select` is one row of aggregates: no GROUP BY, every output an aggregate, nothing to cut rows."""
+    return (isinstance(select, exp.Select) and bool(select.expressions)
+            and not any(select.args.get(k) for k in ("group", "having", "distinct", "order", "limit", "offset",
+                                                       "with_"))
+            and all(e.find(*AGGREGATES) and not e.find(exp.Window) for e in select.expressions))
+
+
+def _over_all(total: exp.Expression, alias: str) -> exp.Window:
+    """`total` as a window over every row the query reads, its columns read from `alias`."""
+    total = total.copy()
+    for column in total.find_all(exp.Column):
+        column.set("table", exp.to_identifier(alias))
+    return exp.Window(this=total, over="OVER")
+
+
 def projection_over_aggregates(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
     """`SELECT f(c) FROM (SELECT k, COUNT(*) AS c FROM … GROUP BY k) t WHERE g(c) ORDER BY h(c) LIMIT n` (or the
     same over a WITH query) is the inner query with its released values post-processed: `SELECT f(COUNT(*)) …
