@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dpsql import errors
@@ -73,10 +75,31 @@ def test_guards_make_partial_operations_total(demo_schema):
     "SELECT COUNT(*) FROM people WHERE substring(state, age, 2) = 'C'",
     "SELECT COUNT(*) FROM visits WHERE EXTRACT(julian FROM day) > 0",
     "SELECT SUM(income * income * income) FROM people",
+    "SELECT AVG(exp(age)) FROM people",  # overflows a double past 709
+    "SELECT AVG(exp(-age * 10)) FROM people",  # PostgreSQL refuses an underflow too
+    "SELECT AVG(power(age - 50, 0.5)) FROM people",  # a negative base to a fractional power
+    "SELECT AVG(power(age, -1)) FROM people",  # zero to a negative power
+    "SELECT AVG(power(income, 30)) FROM people",
+    "SELECT AVG(power(income, age)) FROM people",  # an exponent that is no constant
+    "SELECT AVG(log(age - 200)) FROM people",  # never defined
 ])
 def test_expressions_that_could_fail_on_some_value_are_refused(demo_schema, sql):
     with pytest.raises(errors.UnsupportedQuery):
         plan(sql, demo_schema)
+
+
+def test_logarithms_exponentials_powers_and_signs_are_bounded_where_none_fails(demo_schema):
+    """log(x), log10(x) and log(b, x) are ln(x) / ln(b), guarded and bounded as ln is; exp, power of a constant,
+    sign and cbrt are bounded by their arguments' ranges (PostgreSQL's values: the backends' equality tests run
+    the neighbour tests' queries with them)."""
+    sql = ("SELECT SUM(log(age + 1)), SUM(log10(age + 1)), SUM(sign(age - 50)), SUM(cbrt(age - 50)), "
+           "SUM(exp(age / 50.0)), SUM(power(age, 2)), SUM(power(age, 0.5)) FROM people")
+    planned = plan(sql, demo_schema)
+    ranges = [(m.arg_range.lo, m.arg_range.hi) for m in planned.aggregates]
+    assert ranges[0] == (0.0, pytest.approx(math.log10(101)))  # log and log10 alike: one aggregate
+    assert ranges[1:3] == [(-1, 1), (pytest.approx(-50 ** (1 / 3)), pytest.approx(50 ** (1 / 3)))]
+    assert ranges[3:] == [(1.0, pytest.approx(math.e ** 2)), (0, 10_000), (0, 10)]
+    assert "LN(" in rewrite(planned).sql and "LOG(" not in rewrite(planned).sql  # one logarithm for every backend
 
 
 def test_group_key_domains(demo_schema):

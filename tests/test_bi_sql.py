@@ -276,6 +276,20 @@ def test_a_scalar_subquery_of_a_with_query_s_one_aggregate_row_is_answered_as_th
     assert all(accuracy[1].ci_low is not None for accuracy in answer.accuracy)  # the subquery's noise carried
 
 
+def test_a_geometric_mean_and_logarithms_of_noisy_values_are_answered(engine, analyst, base_url):
+    """exp(AVG(ln(x + 1))) (a geometric mean), a power of an average and logarithms of noisy values are
+    post-processing; a logarithm of a value the noise left at or below 0, where PostgreSQL would fail, is NULL."""
+    sql = ("SELECT exp(AVG(ln(amount + 1))) AS g, power(AVG(amount), 2) AS p, log(SUM(amount)) AS l, "
+           "ln(SUM(amount) - 1e12) AS never FROM visits")
+    answer = engine.query(sql, analyst=analyst, epsilon=5.0)
+    with psycopg.connect(base_url) as conn:
+        truth = conn.execute("SELECT exp(AVG(ln(LEAST(GREATEST(amount, 0), 1000) + 1))), power(AVG(amount), 2), "
+                             "log(SUM(amount)) FROM visits WHERE amount = amount").fetchone()
+    g, p, log_sum, never = answer.rows[0]
+    assert g == pytest.approx(truth[0], rel=0.2) and p == pytest.approx(truth[1], rel=0.3)
+    assert log_sum == pytest.approx(float(truth[2]), abs=0.1) and never is None
+
+
 def test_released_rows_grouped_by_position_or_output_name_as_postgresql_groups_them():
     """GROUP BY 1 and GROUP BY an output's name over released rows group by that output (a position is not the
     constant 1); ORDER BY reads outputs' names and positions; EXTRACT reads a released date's fields."""

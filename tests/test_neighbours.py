@@ -57,6 +57,10 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    # logarithms, exponentials, powers, signs and cube roots, within the ranges where none fails
+    "SELECT sign(amount - 100) AS s, COUNT(*), AVG(log(amount + 1)), SUM(power(amount, 0.5)) FROM visits GROUP BY 1",
+    "SELECT AVG(ln(income + 1)), AVG(cbrt(income - 500000)), AVG(exp(income / 100000.0)), SUM(power(age, 2)) "
+    "FROM people",
     # and as Metabase writes it when the week is cast to a date: every week a public key
     "SELECT CAST(date_trunc('week', CAST((day + INTERVAL '1 day') AS timestamp)) AS date) - INTERVAL '1 day' AS w, "
     "COUNT(*), SUM(amount) FROM visits GROUP BY 1",

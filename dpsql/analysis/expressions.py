@@ -180,8 +180,8 @@ class Expressions:
             return _type_kind(to_sql(node.to).lower())
         if isinstance(node, exp.Round) and node.args.get("decimals") is not None or isinstance(node, exp.Extract):
             return "numeric"
-        if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sqrt | exp.Ln):
-            inner = self.kind(node.this)
+        if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sqrt | exp.Ln | exp.Exp | exp.Sign | exp.Pow):
+            inner = self._widest([node.this, node.expression]) if isinstance(node, exp.Pow) else self.kind(node.this)
             return "float" if inner == "integer" else inner
         if isinstance(node, exp.WidthBucket | exp.Length):
             return "integer"
@@ -687,6 +687,43 @@ class Expressions:
         low = math.log(a.lo) if a.lo > 0 else (0.0 if a.integer else math.log(5e-324))
         return Range(low, math.log(a.hi))
 
+    def _range_exp(self, node: exp.Exp) -> Range:
+        (a,) = self._operands(node, "this")
+        if a.lo < -MAX_EXPONENT or a.hi > MAX_EXPONENT:  # PostgreSQL fails past a double's range (and below it)
+            raise UnsupportedQuery(f"exp({to_sql(node.this)}) could overflow: its argument may reach "
+                                   f"{a.lo if a.lo < -MAX_EXPONENT else a.hi:.3g}",
+                                   f"take exp of an expression within ±{MAX_EXPONENT}, e.g. exp(AVG(ln(x + 1)))")
+        return Range(math.exp(a.lo), math.exp(a.hi))
+
+    def _range_sign(self, node: exp.Sign) -> Range:
+        (a,) = self._operands(node, "this")
+        return Range(math.copysign(a.lo != 0, a.lo), math.copysign(a.hi != 0, a.hi), True)
+
+    def _range_cbrt(self, node: exp.Cbrt) -> Range:
+        (a,) = self._operands(node, "this")
+        return Range(math.copysign(abs(a.lo) ** (1 / 3), a.lo), math.copysign(abs(a.hi) ** (1 / 3), a.hi))
+
+    def _range_pow(self, node: exp.Pow) -> Range:
+        """power(x, c) of a constant exponent: PostgreSQL fails for a negative x and a fractional c, and for 0 and
+        a negative c, so the declared range must exclude them; then the corners and 0 bound it."""
+        (a,) = self._operands(node, "this")
+        exponent = _constant_range(node.expression) if constant(node.expression) else None
+        if exponent is None or exponent.lo != exponent.hi:
+            raise UnsupportedQuery(f"power's exponent must be a constant, not {to_sql(node.expression)}",
+                                   "e.g. power(x, 2)")
+        c = exponent.lo
+        if a.lo < 0 and not c.is_integer() or a.lo <= 0 and c < 0:
+            raise UnsupportedQuery(f"power({to_sql(node.this)}, {c:g}) fails for some values of "
+                                   f"{to_sql(node.this)} (from {a.lo:g})", "raise a positive expression, e.g. "
+                                   "power(x + 1, 0.5) for x >= 0")
+        points = [a.lo, a.hi] + ([0.0] if a.lo < 0 < a.hi else [])
+        try:
+            values = [math.pow(p, c) for p in points]
+        except (OverflowError, ValueError):
+            raise UnsupportedQuery(f"{to_sql(node)} could overflow", "narrow the declared bounds, or raise a "
+                                   "smaller expression") from None
+        return Range(min(values), max(values), a.integer and c.is_integer() and c >= 0)
+
     def _check_to_char(self, node: exp.TimeToStr) -> None:
         """to_char(date or timestamp, 'constant format'): text, NULL outside the engine's safe dates (a date past
         294276 AD would fail its cast to timestamp) as for ±infinity."""
@@ -865,6 +902,7 @@ def _date_constant(node: exp.Expression) -> datetime.date | None:
         return None
 
 
+MAX_EXPONENT = 700  # exp() of more overflows a double (of less, it underflows, which PostgreSQL also refuses)
 MAX_DAYS = 3_000_000  # a shift of more days would leave every date dpsql reads (years 1 to 9999)
 
 

@@ -147,8 +147,17 @@ _BINARY = {
     exp.EQ: np.equal, exp.NEQ: np.not_equal, exp.GT: np.greater, exp.GTE: np.greater_equal,
     exp.LT: np.less, exp.LTE: np.less_equal,
 }
+def _ln(value: Any) -> Any:
+    """ln of a noisy value: NULL (NaN within a simulation) where it is not positive, where PostgreSQL fails."""
+    if np.ndim(value) == 0:
+        return math.log(value) if value > 0 else None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(value > 0, np.log(np.where(value > 0, value, 1.0)), np.nan)
+
+
 _UNARY = {exp.Abs: np.abs, exp.Floor: np.floor, exp.Ceil: np.ceil, exp.Neg: np.negative,
-          exp.Sqrt: lambda v: np.sqrt(np.maximum(v, 0))}
+          exp.Sqrt: lambda v: np.sqrt(np.maximum(v, 0)), exp.Ln: _ln, exp.Sign: np.sign, exp.Cbrt: np.cbrt,
+          exp.Exp: lambda v: np.exp(np.minimum(v, 709.0))}
 
 
 def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
@@ -178,6 +187,14 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
     if type(node) in _BINARY:
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         return None if left is None or right is None else _BINARY[type(node)](left, right)
+    if isinstance(node, exp.Pow):
+        base, power = evaluate(node.this, env), evaluate(node.expression, env)
+        if base is None or power is None:
+            return None
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return np.power(np.asarray(base, dtype=float), power) if np.ndim(base) else \
+                (None if base < 0 and not float(power).is_integer() or base == 0 and power < 0
+                 else float(base) ** float(power))
     if isinstance(node, exp.Div | exp.IntDiv):
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         if isinstance(node, exp.IntDiv) and left is not None and right is not None:

@@ -18,18 +18,15 @@ from dpsql.sql.times import interval_step
 # Node types a query may contain. Functions that can fail on some value are made total by the rewrite
 # (division, modulo, sqrt, ln) or have their arguments checked by the analysis (casts, substring, ...).
 ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
-    exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered, exp.Limit,
-    exp.Offset, exp.Table, exp.TableAlias, exp.Alias, exp.Column, exp.Identifier, exp.Star, exp.Literal,
-    exp.Null, exp.Boolean, exp.Paren, exp.With, exp.CTE, exp.Subquery, exp.Distinct, exp.DataType, exp.Var,
-    exp.DataTypeParam, exp.WindowSpec,
+    exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered, exp.Limit, exp.Offset,
+    exp.Table, exp.TableAlias, exp.Alias, exp.Column, exp.Identifier, exp.Star, exp.Literal, exp.Null, exp.Boolean,
+    exp.Paren, exp.With, exp.CTE, exp.Subquery, exp.Distinct, exp.DataType, exp.Var, exp.DataTypeParam, exp.WindowSpec,
     exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In, exp.Between,
-    exp.NullSafeEQ, exp.NullSafeNEQ,
-    exp.Like, exp.ILike, exp.RegexpLike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Abs, exp.Round,
-    exp.Floor, exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast, exp.WidthBucket, exp.Sqrt,
-    exp.Ln, exp.Extract, exp.TimestampTrunc, exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring,
-    exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists,
-    exp.TimeToStr, exp.UnixToTime,
-    *AGGREGATES,
+    exp.NullSafeEQ, exp.NullSafeNEQ, exp.Like, exp.ILike, exp.RegexpLike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod,
+    exp.Neg, exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast,
+    exp.WidthBucket, exp.Sqrt, exp.Ln, exp.Exp, exp.Pow, exp.Sign, exp.Cbrt, exp.Extract, exp.TimestampTrunc,
+    exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring, exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif,
+    exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists, exp.TimeToStr, exp.UnixToTime, *AGGREGATES,
 )
 
 

@@ -5,6 +5,8 @@ flip every row."""
 
 from __future__ import annotations
 
+import math
+
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
@@ -235,6 +237,22 @@ def _function_respelled(tree: exp.Select, function: type[exp.Expression], name: 
         if isinstance(output, function):
             output.replace(exp.alias_(output.copy(), name))
     return tree.transform(spelled, copy=False)
+
+
+def logs_as_ln(tree: exp.Select) -> exp.Select:
+    """log(x) and log10(x) (PostgreSQL's base-10 logarithms; sqlglot reads both as log(10, x)) and log(b, x) of a
+    constant base, as ln(x) / ln(b) with ln(b) a constant: one logarithm, guarded and bounded where ln is, that
+    every backend computes alike (Spark's log(x) is the natural one)."""
+    def respelled(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Log):
+            return node
+        base, value = (node.this, node.expression) if node.expression is not None else (exp.Literal.number(10),
+                                                                                          node.this)
+        number = float(base.this) if isinstance(base, exp.Literal) and not base.is_string else None
+        if number is None or number <= 0 or number == 1:
+            return node  # refused as it stands: a base dpsql cannot fold
+        return exp.Div(this=exp.Ln(this=value), expression=exp.Literal.number(repr(math.log(number))))
+    return tree.transform(respelled)
 
 
 def left_as_substring(tree: exp.Select) -> exp.Select:
