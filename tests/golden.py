@@ -178,7 +178,7 @@ def install_recorder(path: str) -> None:
         except Exception:
             write(record)
             raise
-        if query.timed:  # now() or current_date was read: a replay would read another clock
+        if query.fresh:  # now() or current_date was read, or a sample's seed drawn: a replay would differ
             return query
         checked[id(query)] = (query, record)  # the query object is kept, so its id stays its own
         return query

@@ -38,7 +38,7 @@ def test_every_refusal_in_the_code_carries_a_hint():
     "SELECT SUM(COUNT(*)) FROM visits",
     "SELECT COUNT(*) FROM visits WHERE category LIKE category",
     "SELECT round(AVG(amount), age) FROM visits JOIN people USING (person_id) GROUP BY age",
-    "SELECT COUNT(*) FROM visits WHERE CAST(day AS timestamp) + INTERVAL '1 month' > DATE '2024-03-31'",
+    "SELECT COUNT(*) FROM visits WHERE to_timestamp(amount) + INTERVAL '1 month' > DATE '2024-03-31'",
     "SELECT xmlagg(category) FROM visits",
 ])
 def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, sql):
