@@ -67,7 +67,7 @@ from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contr
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
-from dpsql.sql import CheckedQuery, check_query
+from dpsql.sql import CheckedQuery, check_query, shown_sql
 from dpsql.sql.compose import Composition, compose
 from dpsql.sql.public_keys import MAX_PUBLIC_KEYS, public_key_statements
 from dpsql.sql.times import check_time_zones
@@ -364,7 +364,7 @@ class Engine:
     def _answer(self, analyst: str, prepared: Prepared, backend: Session) -> Answer:
         """Charge, run, noise and keep a fresh answer (the charge is committed before the statements run)."""
         charged = prepared.cost
-        budget = self.ledger.charge(analyst, charged, prepared.key, prepared.query.canonical)
+        budget = self.ledger.charge(analyst, charged, prepared.key, shown_sql(prepared.query.canonical))
         rows = None
         if prepared.race is not None:  # the rows per unit chosen from the data, then the answer bounded by them
             (truncated,) = self._run_charged(analyst, prepared.key, backend,
@@ -508,7 +508,7 @@ class Engine:
                                        "declare a domain for its keys")
         key = answer_key(kind, [p.query.canonical for p in statistics], astuple(cost), self._schema_digest,
                          sorted(parameters.items()))
-        text = f"{kind}: " + "; ".join(p.query.canonical for p in statistics)
+        text = f"{kind}: " + "; ".join(shown_sql(p.query.canonical) for p in statistics)
         return self._charged_once(analyst, key, text, cost,
                                   [(p.rewritten.statement, p.rewritten.work_mem) for p in statistics],
                                   lambda rows: mechanism([Statistic(p.plan, r)
@@ -527,7 +527,8 @@ class Engine:
                                    f"{self.settings.max_epsilon:g}", "ask for a smaller epsilon")
         self.backend.check(statement.statement)  # as the answer's own statements: refused before any charge
         key = answer_key("bounds", prepared.query.canonical, epsilon, self._schema_digest)
-        return self._charged_once(analyst, key, f"bounds effect: {prepared.query.canonical}", Cost.pure(epsilon),
+        text = f"bounds effect: {shown_sql(prepared.query.canonical)}"
+        return self._charged_once(analyst, key, text, Cost.pure(epsilon),
                                   [(statement.statement, prepared.rewritten.work_mem)],
                                   lambda rows: noisy_bounds_effect(statement.labels, rows[0][0], epsilon))
 

@@ -10,6 +10,7 @@ Anything not on the allowlist is refused here, before anything runs on PostgreSQ
 from __future__ import annotations
 
 import datetime
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.calendars import key_lists_as_in
@@ -60,6 +62,7 @@ from dpsql.sql.unit_rows import unit_row_joined_inside
 from dpsql.sql.unit_sets import unit_sets_as_groups
 
 Rule = Callable[[exp.Select, "Context"], exp.Select]
+REPEATABLE = re.compile(r" REPEATABLE \(\d+\)")  # a sample's seed in canonical text (`with_sample_seeds`)
 
 
 @dataclass(frozen=True)
@@ -143,17 +146,32 @@ def check_query(sql: str, schema: PrivacySchema,
 
 
 def with_sample_seeds(tree: exp.Select) -> bool:
-    """Give every TABLESAMPLE without REPEATABLE a seed drawn now (changed in place); whether one was drawn. One
-    statement may read a table more than once (a CTE read twice, a unit's weights beside its rows), and each read
-    must meet the same rows, or a unit could reach more rows than its bound counts; PostgreSQL draws a new sample
-    for every read without a seed, the same sample for every read with one. The seed need not be secret: the
-    guarantee holds for every sample. The seed is part of the query's text: a query that drew one is answered
-    afresh each time it is asked, as PostgreSQL draws a new sample."""
-    unseeded = [sample for sample in tree.find_all(exp.TableSample) if sample.args.get("seed") is None]
-    for sample in unseeded:
+    """Give every TABLESAMPLE a secret seed drawn now (changed in place); whether there was one. One statement may
+    read a table more than once (a CTE read twice, a unit's weights beside its rows), and each read must meet the
+    same rows, or a unit could reach more rows than its bound counts; PostgreSQL draws a new sample for every read
+    without a seed, the same sample for every read with one.
+
+    The seed must stay secret, and so REPEATABLE is refused: PostgreSQL's coin for a row is a hash of the seed and
+    where the row is stored, and where the other rows are stored may depend on one person's rows (a table
+    rewritten by VACUUM FULL or a restore packs them around). Over a secret seed, every row's coin is a fair one
+    of its own wherever it is stored, so the other rows' sample has the same law with or without that person;
+    with a known seed it would not. The seed is part of the query's canonical text (a new sample is a new query,
+    answered afresh, as PostgreSQL draws a new sample), and `shown_sql` hides it from what the ledger records."""
+    samples = list(tree.find_all(exp.TableSample))
+    for sample in samples:
+        if sample.args.get("seed") is not None:
+            raise UnsupportedQuery("TABLESAMPLE ... REPEATABLE is not supported by dpsql: a known seed fixes the "
+                                   "rows sampled by where rows are stored, which can depend on one person's rows",
+                                   "leave the seed to dpsql, which draws a secret one per query: SELECT COUNT(*) "
+                                   "FROM visits TABLESAMPLE BERNOULLI (10)")
         sample.set("seed", exp.Literal.number(secrets.randbelow(2**31)))
-    return bool(unseeded)
+    return bool(samples)
+
+
+def shown_sql(canonical: str) -> str:
+    """A query's canonical text as the ledger records it: without the secret seeds of its samples."""
+    return REPEATABLE.sub("", canonical)
 
 
 __all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "limit_clause", "operands",
-           "semijoin_selects", "to_sql"]
+           "semijoin_selects", "shown_sql", "to_sql"]

@@ -176,11 +176,12 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
 
 
 def _check_sample(sample: exp.TableSample) -> None:
-    """A table read as TABLESAMPLE BERNOULLI (percentage) [REPEATABLE (seed)], with constants: each of its rows is
-    read or not by a coin of its own, whatever the data, so every bound the answer relies on holds for the rows
-    read as for the whole table (and one statement reads the same rows wherever it reads the table: the seed,
-    `sql.with_sample_seeds`). SYSTEM is refused: it reads whole pages, so which other rows it reads would depend on
-    where one person's rows are stored. A percentage outside 0 to 100 fails in PostgreSQL whatever the data."""
+    """A table read as TABLESAMPLE BERNOULLI (percentage), a constant: each of its rows is read or not by a coin of
+    its own, whatever the data, so every bound the answer relies on holds for the rows read as for the whole table
+    (and one statement reads the same rows wherever it reads the table: the secret seed, `sql.with_sample_seeds`,
+    which also refuses REPEATABLE). SYSTEM is refused: it reads whole pages, so which other rows it reads would
+    depend on where one person's rows are stored. A percentage outside 0 to 100 fails in PostgreSQL whatever the
+    data."""
     method, percent = sample.args.get("method"), sample.args.get("percent")
     # as the analyst wrote it, without a seed dpsql drew (`sql.with_sample_seeds`)
     written = f"TABLESAMPLE {method.name.upper() if method else ''} ({to_sql(percent) if percent else ''})"
@@ -188,11 +189,11 @@ def _check_sample(sample: exp.TableSample) -> None:
             or any(sample.args.get(arg) is not None for arg in sample.args if arg not in ("method", "percent", "seed")):
         raise UnsupportedQuery(f"{written} is not supported by dpsql",
                                "sample rows, one coin each, with TABLESAMPLE BERNOULLI (percentage) on a table: "
-                               "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10) [REPEATABLE (42)]")
-    share, seed = _constant_number(percent), sample.args.get("seed")
-    if share is None or (seed is not None and _constant_number(seed) is None):
-        raise UnsupportedQuery(f"{written} needs a constant percentage and seed",
-                               "e.g. SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10) REPEATABLE (42)")
+                               "SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10)")
+    share = _constant_number(percent)
+    if share is None:
+        raise UnsupportedQuery(f"{written} needs a constant percentage",
+                               "e.g. SELECT COUNT(*) FROM visits TABLESAMPLE BERNOULLI (10)")
     if not 0 <= share <= 100:
         raise InvalidConstant("sample percentage must be between 0 and 100",
                               f"write a percentage from 0 to 100: TABLESAMPLE BERNOULLI (10), not {written}",
@@ -210,7 +211,7 @@ def _constant_number(node: exp.Expression | None) -> float | None:
         value = float(literal.this)
     except ValueError:
         raise InvalidConstant(f'invalid input syntax for type real: "{literal.this}"',
-                              "write the number without quotes: TABLESAMPLE BERNOULLI (10) REPEATABLE (42)",
+                              "write the number without quotes: TABLESAMPLE BERNOULLI (10)",
                               sqlstate="22P02") from None
     return -value if negative else value
 
