@@ -441,4 +441,9 @@ QUERY_CLASSES = [
     QueryClass("people in two sets (INTERSECT of the unit's column: a subquery by unit with HAVING)",
                query("SELECT COUNT(*) FROM (SELECT person_id FROM trips WHERE fare > 20 INTERSECT SELECT person_id "
                      "FROM trips WHERE kind = 'bus') t"), 0),
+    # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
+    # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
+    # seed each query draws, the other rows' sample has one law on both
+    QueryClass("a row sample (TABLESAMPLE BERNOULLI under a secret seed, every other row stored elsewhere)",
+               query("SELECT kind, COUNT(*), SUM(fare) FROM trips TABLESAMPLE BERNOULLI (50) GROUP BY kind"), 1),
 ]

@@ -337,6 +337,8 @@ def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
         number and f"SUM({number} * 2 + 1)", number and f"AVG(COALESCE({number}, 0))",
         number and f"SUM(GREATEST({number} - 100, 0))", number and f"SUM(sqrt({number}))",
         number and f"SUM(ln({number} + 1))", number and f"SUM(round({number}))",
+        number and f"SUM(sign({number} - 50) + cbrt({number}))", number and f"AVG(log({number} + 1))",
+        number and f"SUM(power({number}, 2))",
         number and f"SUM(floor({number} / 250) / (floor({number} / 50) + 1))",
         number and f"SUM(CASE WHEN {number} > 50 THEN 1 ELSE 0 END)",
         number and f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {number})",

@@ -147,6 +147,8 @@ _BINARY = {
     exp.EQ: np.equal, exp.NEQ: np.not_equal, exp.GT: np.greater, exp.GTE: np.greater_equal,
     exp.LT: np.less, exp.LTE: np.less_equal,
 }
+
+
 def _ln(value: Any) -> Any:
     """ln of a noisy value: NULL (NaN within a simulation) where it is not positive, where PostgreSQL fails."""
     if np.ndim(value) == 0:
@@ -191,10 +193,10 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         base, power = evaluate(node.this, env), evaluate(node.expression, env)
         if base is None or power is None:
             return None
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            return np.power(np.asarray(base, dtype=float), power) if np.ndim(base) else \
-                (None if base < 0 and not float(power).is_integer() or base == 0 and power < 0
-                 else float(base) ** float(power))
+        if np.ndim(base) == 0 and (base < 0 and not float(power).is_integer() or base == 0 and power < 0):
+            return None  # where PostgreSQL fails
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # past a double: infinity
+            return np.power(np.asarray(base, dtype=float), float(power))
     if isinstance(node, exp.Div | exp.IntDiv):
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         if isinstance(node, exp.IntDiv) and left is not None and right is not None:
