@@ -57,6 +57,10 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    # text functions of a key with a declared domain: their values computed on the domain, every one released
+    "SELECT replace(category, 'a', 'A') AS r, split_part(category, 'a', 1) AS s, COUNT(*) FROM visits GROUP BY 1, 2",
+    "SELECT strpos(category, 'e') AS p, right(category, 3) AS r, COUNT(*), AVG(amount) FROM visits "
+    "WHERE lpad(category, 12, '.') <> reverse(category) GROUP BY 1, 2",
     # logarithms, exponentials, powers, signs and cube roots, within the ranges where none fails
     "SELECT sign(amount - 100) AS s, COUNT(*), AVG(log(amount + 1)), SUM(power(amount, 0.5)) FROM visits GROUP BY 1",
     "SELECT AVG(ln(income + 1)), AVG(cbrt(income - 500000)), AVG(exp(income / 100000.0)), SUM(power(age, 2)) "

@@ -183,7 +183,7 @@ class Expressions:
         if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sqrt | exp.Ln | exp.Exp | exp.Sign | exp.Pow):
             inner = self._widest([node.this, node.expression]) if isinstance(node, exp.Pow) else self.kind(node.this)
             return "float" if inner == "integer" else inner
-        if isinstance(node, exp.WidthBucket | exp.Length):
+        if isinstance(node, exp.WidthBucket | exp.Length | exp.StrPosition):
             return "integer"
         return "float"
 
@@ -212,6 +212,8 @@ class Expressions:
             return result
         if isinstance(node, exp.Substring):
             _check_substring(node)
+        elif isinstance(node, TEXT_CONSTANTS):
+            _check_text_constants(node)
         elif isinstance(node, exp.Like | exp.ILike):
             _check_like_pattern(node)
         elif isinstance(node, exp.RegexpLike):
@@ -765,6 +767,11 @@ class Expressions:
         self.value_range(node.this)
         return Range(0, 2**30, True)
 
+    def _range_strposition(self, node: exp.StrPosition) -> Range:
+        _check_text_constants(node)
+        self.value_range(node.this)
+        return Range(0, 2**30, True)
+
 
 def _cast_limit(to: exp.DataType, source: str) -> float:
     """Largest magnitude a cast from a value of kind `source` accepts without an overflow error (numeric(p, s) is
@@ -795,6 +802,40 @@ def _check_substring(node: exp.Substring) -> None:
         if number is None or not low <= number <= MAX_TEXT_POSITION:
             raise UnsupportedQuery(f"substring's {name} must be a whole-number constant between {low} and "
                                    f"{MAX_TEXT_POSITION}, not {to_sql(value)}", "e.g. substring(x, 1, 3)")
+
+
+# text functions whose other arguments must be constants PostgreSQL and the other backends read alike: (argument,
+# what it must be): a non-empty text, any text, or a whole number from the low end to MAX_TEXT_POSITION
+TEXT_CONSTANTS = (exp.Replace, exp.SplitPart, exp.StrPosition, exp.Pad, exp.Right)
+_TEXT_ARGUMENTS: dict[type[exp.Expression], tuple[str, tuple[tuple[str, str, str | int], ...]]] = {
+    exp.Replace: ("replace", (("expression", "search", "non-empty"), ("replacement", "replacement", "text"))),
+    exp.SplitPart: ("split_part", (("delimiter", "delimiter", "non-empty"), ("part_index", "field number", 1))),
+    exp.StrPosition: ("strpos", (("substr", "substring", "text"),)),
+    exp.Pad: ("lpad and rpad", (("expression", "length", 0), ("fill_pattern", "fill", "non-empty"))),
+    exp.Right: ("right", (("expression", "length", 0),)),
+}
+MAX_PAD = 10_000  # a padded text longer than this would only fill memory
+
+
+def _check_text_constants(node: exp.Expression) -> None:
+    """replace(x, 'a', 'b'), split_part(x, '-', 2), strpos(x, 'a'), lpad/rpad(x, 3, '0') and right(x, 2): the other
+    arguments constants (an empty search, delimiter or fill is read differently by the backends; a part index of 0
+    fails in PostgreSQL), so that only x depends on the data."""
+    name, arguments = _TEXT_ARGUMENTS[type(node)]
+    for argument, what, rule in arguments:
+        value = node.args.get(argument)
+        if value is None and argument == "fill_pattern":
+            continue  # a space
+        shown = to_sql(value) if value is not None else "none"
+        if isinstance(rule, int):
+            number = _integer_constant(value) if value is not None else None
+            top = MAX_PAD if isinstance(node, exp.Pad) else MAX_TEXT_POSITION
+            if number is None or not rule <= number <= top:
+                raise UnsupportedQuery(f"{name}'s {what} must be a whole-number constant from {rule} to {top:,}, "
+                                       f"not {shown}", "e.g. split_part(x, '-', 1), lpad(x, 3, '0'), right(x, 2)")
+        elif not (isinstance(value, exp.Literal) and value.is_string and (rule == "text" or value.this)):
+            raise UnsupportedQuery(f"{name}'s {what} must be a {'non-empty ' * (rule != 'text')}text constant, not "
+                                   f"{shown}", "e.g. replace(x, '-', ' '), split_part(x, '-', 1), strpos(x, 'a')")
 
 
 def _check_like_pattern(node: exp.Like | exp.ILike) -> None:

@@ -412,6 +412,26 @@ def _text_value(node: exp.Expression, value: str) -> str | int:
         return _string(arg("this")).strip(" ")
     if isinstance(node, exp.DPipe):
         return _string(arg("this")) + _string(arg("expression"))
+    if isinstance(node, exp.Replace):  # (an empty search was refused: Python would insert between letters)
+        return _string(arg("this")).replace(_string(arg("expression")), _string(arg("replacement")))
+    if isinstance(node, exp.SplitPart):
+        parts = _string(arg("this")).split(_string(arg("delimiter")))
+        index = _integer(arg("part_index"))
+        return parts[index - 1] if index <= len(parts) else ""
+    if isinstance(node, exp.StrPosition):
+        return _string(arg("this")).find(_string(arg("substr"))) + 1
+    if isinstance(node, exp.Pad):
+        text, width = _string(arg("this")), _integer(arg("expression"))
+        fill = _string(arg("fill_pattern")) if node.args.get("fill_pattern") is not None else " "
+        if len(text) >= width:
+            return text[:width]  # PostgreSQL cuts a longer text to the width, from the left, either way
+        padding = (fill * width)[:width - len(text)]
+        return padding + text if node.args.get("is_left") else text + padding
+    if isinstance(node, exp.Right):
+        text, count = _string(arg("this")), _integer(arg("expression"))
+        return text[len(text) - count:] if count else ""
+    if isinstance(node, exp.Reverse):
+        return _string(arg("this"))[::-1]
     if isinstance(node, exp.Substring) and set(node.args) <= {"this", "start", "length"}:
         text, start = _string(arg("this")), _integer(arg("start"))
         if node.args.get("length") is None:
@@ -572,7 +592,8 @@ def _constant_value(node: exp.Expression) -> object:
     return _UNKNOWN
 
 
-TEXT_FUNCTIONS = (exp.Upper, exp.Lower, exp.Substring, exp.Trim, exp.DPipe)
+TEXT_FUNCTIONS = (exp.Upper, exp.Lower, exp.Substring, exp.Trim, exp.DPipe, exp.Replace, exp.SplitPart, exp.Pad,
+                  exp.Right, exp.Reverse)
 TEXT_CASTS = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
 
 

@@ -25,8 +25,9 @@ ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
     exp.NullSafeEQ, exp.NullSafeNEQ, exp.Like, exp.ILike, exp.RegexpLike, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod,
     exp.Neg, exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Greatest, exp.Least, exp.Coalesce, exp.Case, exp.If, exp.Cast,
     exp.WidthBucket, exp.Sqrt, exp.Ln, exp.Exp, exp.Pow, exp.Sign, exp.Cbrt, exp.Extract, exp.TimestampTrunc,
-    exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring, exp.DPipe, exp.Trim, exp.Tuple, exp.Nullif,
-    exp.PercentileCont, exp.PercentileDisc, exp.Mode, exp.Exists, exp.TimeToStr, exp.UnixToTime, *AGGREGATES,
+    exp.DateTrunc, exp.Lower, exp.Upper, exp.Length, exp.Substring, exp.DPipe, exp.Replace, exp.SplitPart,
+    exp.StrPosition, exp.Pad, exp.Right, exp.Reverse, exp.Trim, exp.Tuple, exp.Nullif, exp.PercentileCont,
+    exp.PercentileDisc, exp.Mode, exp.Exists, exp.TimeToStr, exp.UnixToTime, *AGGREGATES,
 )
 
 
@@ -59,6 +60,8 @@ INSTEAD = {
     exp.Median: "PostgreSQL has no median(x): write percentile_cont(0.5) WITHIN GROUP (ORDER BY x)",
     exp.Fetch: "write FETCH FIRST n ROWS ONLY, or LIMIT n: WITH TIES is not answered (which noisy values tie is "
                "noise)",
+    exp.Initcap: "capitalize the first letter yourself: upper(left(x, 1)) || lower(substring(x, 2)) (initcap's word "
+                 "rules differ between backends)",
     exp.Trunc: "bin with floor or round instead: floor(x / 100) * 100 (toward minus infinity), or round(x::numeric, "
                "-2) (to the nearest hundred)",
     exp.AtTimeZone: "name the zone as a constant: date_trunc('month', day AT TIME ZONE 'America/New_York')",
