@@ -271,6 +271,17 @@ def test_the_three_doors_give_the_same_answer_to_the_same_statement(served, caps
             assert cur.fetchall() == direct.execute(DOOR_STATEMENTS[0]).fetchall() and cur.epsilon_spent == 0
 
 
+def test_current_database_is_the_database_each_door_was_opened_on(served):
+    """Clients ask current_database() on connecting: the DB-API (and `dpsql query`) answer with the database of
+    their URL, free, where they refused it; the wire port answers with the name the client connected under."""
+    with dpsql.connect(database=served.url, schema=str(DEMO_SCHEMA), analyst="ana") as conn:
+        cur = conn.cursor().execute("SELECT current_database()")
+        named = psycopg.conninfo.conninfo_to_dict(served.url)["dbname"]
+        assert cur.fetchall() == [(named,)] and cur.epsilon_spent == 0
+    with psycopg.connect(served.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT current_database()").fetchone()[0] == conn.info.dbname
+
+
 def test_the_command_line_shows_numbers_to_the_precision_the_noise_allows(capsys, base_url, analyst):
     from dpsql.output import _decimals
     from dpsql.postprocess import Accuracy

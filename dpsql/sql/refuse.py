@@ -82,10 +82,10 @@ WINDOW_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp
 
 
 def _constant_function(node: exp.Expression) -> bool:
-    """A function a statement that reads no table may call (PostgreSQL answers it, exactly and free): version(),
-    which clients ask on connecting, and the years, months or days of age() of constants (EXTRACT(YEAR FROM
-    age(DATE '2024-12-31', DATE '2000-01-01'))); an interval itself has no type dpsql returns."""
-    if isinstance(node, exp.CurrentVersion):
+    """A function a statement that reads no table may call (PostgreSQL answers it, exactly and free): version()
+    and current_database(), which clients ask on connecting, and the years, months or days of age() of constants
+    (EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01'))); an interval itself has no type dpsql returns."""
+    if isinstance(node, exp.CurrentVersion | exp.CurrentDatabase):
         return True
     return isinstance(node, exp.Anonymous) and node.name.lower() == "age" and isinstance(node.parent, exp.Extract) \
         and not node.find(exp.Column)
