@@ -46,9 +46,10 @@ def export(url: str, directory: Path, tables: tuple[str, ...] = TABLES) -> dict[
 
 
 def rows_in_order(rows: list[tuple]) -> list[tuple]:
-    """Rows in one order, numbers as floats (sums on other engines are decimals or doubles, on PostgreSQL numerics)."""
+    """Rows in one order, numbers as floats (sums on other engines are decimals or doubles, on PostgreSQL numerics),
+    -0 as 0 (PostgreSQL's ceil of a double is -0 where Spark's is the integer 0; released keys read both as 0)."""
     def norm(v):
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+        return float(v) + 0.0 if isinstance(v, int | float) and not isinstance(v, bool) else v
     return sorted((tuple(norm(v) for v in row) for row in rows), key=repr)
 
 

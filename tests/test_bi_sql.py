@@ -290,6 +290,22 @@ def test_a_geometric_mean_and_logarithms_of_noisy_values_are_answered(engine, an
     assert log_sum == pytest.approx(float(truth[2]), abs=0.1) and never is None
 
 
+def test_tableaus_month_truncated_toward_zero_releases_every_month(demo_schema, engine, analyst, base_url):
+    """Tableau groups by CAST(TRUNC(EXTRACT(MONTH FROM day)) AS INTEGER); trunc() was refused. trunc(x) is CASE WHEN
+    x < 0 THEN ceil(x) ELSE floor(x) END, bounded as they are: the twelve months are public keys, and the column
+    keeps the name PostgreSQL gives it."""
+    sql = ('SELECT CAST(TRUNC(EXTRACT(MONTH FROM "visits"."day")) AS INTEGER) AS "mn:day:ok", trunc(AVG(amount)) '
+           'FROM "public"."visits" "visits" GROUP BY 1')
+    assert [key[0] for key in plan(sql, demo_schema).domain] == list(range(1, 13))
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.names == ["mn:day:ok", "trunc"] and len(answer.rows) == 12
+    assert all(float(row[1]).is_integer() for row in answer.rows)
+    with psycopg.connect(base_url) as conn:  # toward zero, on both sides
+        assert conn.execute("SELECT trunc(-2.5), trunc(2.5)").fetchone() == (-2, 2)
+    assert check_query("SELECT trunc(amount / 100 - 2) AS b, COUNT(*) FROM visits GROUP BY 1",
+                       demo_schema).output_names == ("b", "count")
+
+
 def test_released_rows_grouped_by_position_or_output_name_as_postgresql_groups_them():
     """GROUP BY 1 and GROUP BY an output's name over released rows group by that output (a position is not the
     constant 1); ORDER BY reads outputs' names and positions; EXTRACT reads a released date's fields."""

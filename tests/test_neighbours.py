@@ -57,6 +57,9 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    # Tableau's month, truncated toward zero: trunc(x) as floor or ceil by its sign
+    "SELECT CAST(TRUNC(EXTRACT(MONTH FROM day)) AS INTEGER) AS m, trunc(amount / 100 - 2) AS b, COUNT(*) FROM visits "
+    "GROUP BY 1, 2",
     # text functions of a key with a declared domain: their values computed on the domain, every one released
     "SELECT replace(category, 'a', 'A') AS r, split_part(category, 'a', 1) AS s, COUNT(*) FROM visits GROUP BY 1, 2",
     "SELECT strpos(category, 'e') AS p, right(category, 3) AS r, COUNT(*), AVG(amount) FROM visits "

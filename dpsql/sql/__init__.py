@@ -54,6 +54,7 @@ from dpsql.sql.shape import (
     semijoin_selects,
     shadowing_names_renamed,
     totals_as_windows,
+    trunc_as_floor_or_ceil,
 )
 from dpsql.sql.subquery_outputs import aggregate_expressions_outside
 from dpsql.sql.times import CLOCKS, fold_times
@@ -96,6 +97,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(concat_as_pipes),
     _tree_only(left_as_substring),
     _tree_only(logs_as_ln),
+    _tree_only(trunc_as_floor_or_ceil),
     _tree_only(date_function_as_cast),
     _tree_only(extremes_of_truncations),
     _tree_only(patterns_as_regex),

@@ -62,8 +62,8 @@ INSTEAD = {
                "noise)",
     exp.Initcap: "capitalize the first letter yourself: upper(left(x, 1)) || lower(substring(x, 2)) (initcap's word "
                  "rules differ between backends)",
-    exp.Trunc: "bin with floor or round instead: floor(x / 100) * 100 (toward minus infinity), or round(x::numeric, "
-               "-2) (to the nearest hundred)",
+    exp.Trunc: "trunc(x) is answered; to digits, bin with floor or round instead: floor(x / 100) * 100 (toward "
+               "minus infinity), or round(x::numeric, -2) (to the nearest hundred)",
     exp.AtTimeZone: "name the zone as a constant: date_trunc('month', day AT TIME ZONE 'America/New_York')",
     exp.Intersect: UNIT_SETS,
     exp.Except: UNIT_SETS,

@@ -243,7 +243,7 @@ def logs_as_ln(tree: exp.Select) -> exp.Select:
     """log(x) and log10(x) (PostgreSQL's base-10 logarithms; sqlglot reads both as log(10, x)) and log(b, x) of a
     constant base, as ln(x) / ln(b) with ln(b) a constant: one logarithm, guarded and bounded where ln is, that
     every backend computes alike (Spark's log(x) is the natural one)."""
-    def respelled(node: exp.Expression) -> exp.Expression:
+    def spelled(node: exp.Expression) -> exp.Expression:
         if not isinstance(node, exp.Log):
             return node
         base, value = (node.this, node.expression) if node.expression is not None else (exp.Literal.number(10),
@@ -252,7 +252,21 @@ def logs_as_ln(tree: exp.Select) -> exp.Select:
         if number is None or number <= 0 or number == 1:
             return node  # refused as it stands: a base dpsql cannot fold
         return exp.Div(this=exp.Ln(this=value), expression=exp.Literal.number(repr(math.log(number))))
-    return tree.transform(respelled)
+    return _function_respelled(tree, exp.Log, "log", spelled)
+
+
+def trunc_as_floor_or_ceil(tree: exp.Select) -> exp.Select:
+    """trunc(x), toward zero (Tableau's month, CAST(TRUNC(EXTRACT(MONTH FROM day)) AS INTEGER)), as CASE WHEN x < 0
+    THEN ceil(x) ELSE floor(x) END: of PostgreSQL's type for x as trunc's is, NULL for NULL, NaN for NaN (which
+    sorts above every number), and bounded where floor and ceil are. trunc(x, n) is left to be refused."""
+    def spelled(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Trunc) or node.args.get("decimals") is not None:
+            return node
+        value = node.this
+        negative = exp.LT(this=value.copy(), expression=exp.Literal.number(0))
+        return exp.Paren(this=exp.Case(ifs=[exp.If(this=negative, true=exp.Ceil(this=value.copy()))],
+                                       default=exp.Floor(this=value.copy())))
+    return _function_respelled(tree, exp.Trunc, "trunc", spelled)
 
 
 def left_as_substring(tree: exp.Select) -> exp.Select:
