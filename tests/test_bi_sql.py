@@ -306,6 +306,21 @@ def test_tableaus_month_truncated_toward_zero_releases_every_month(demo_schema, 
                        demo_schema).output_names == ("b", "count")
 
 
+def test_lookers_relative_dates_in_scalar_subqueries_of_constants_are_answered(demo_schema, engine, analyst):
+    """Looker's "in the past 7 days" puts each end in a scalar subquery that reads no table, `(SELECT
+    (DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME ZONE 'UTC') + (-6 || ' day')::INTERVAL))`: refused as "not one
+    aggregate value"; it is the constant itself, as PostgreSQL computes it once."""
+    sql = ("SELECT (DATE(visits.day)) AS visits_day_date, COUNT(*) AS visits_count FROM public.visits AS visits "
+           "WHERE ((( visits.day ) >= ((SELECT (DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME ZONE 'UTC') + (-6 || "
+           "' day')::INTERVAL))) AND ( visits.day ) < ((SELECT ((DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME ZONE "
+           "'UTC') + (-6 || ' day')::INTERVAL) + (7 || ' day')::INTERVAL))))) GROUP BY 1 ORDER BY 1 DESC LIMIT 500")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert answer.names == ["visits_day_date", "visits_count"] and engine.budget(analyst).epsilon_spent == 1.0
+    inlined = check_query("SELECT COUNT(*) FROM visits WHERE day >= (SELECT DATE '2024-06-01')", demo_schema)
+    assert inlined.canonical == check_query("SELECT COUNT(*) FROM visits WHERE day >= DATE '2024-06-01'",
+                                            demo_schema).canonical
+
+
 def test_released_rows_grouped_by_position_or_output_name_as_postgresql_groups_them():
     """GROUP BY 1 and GROUP BY an output's name over released rows group by that output (a position is not the
     constant 1); ORDER BY reads outputs' names and positions; EXTRACT reads a released date's fields."""

@@ -34,6 +34,7 @@ from dpsql.sql.shape import (
     approx_distinct_as_count,
     cohort_joins_as_in,
     concat_as_pipes,
+    constant_subqueries_inlined,
     count_of_a_tables_rows,
     count_of_distinct_rows,
     date_function_as_cast,
@@ -90,6 +91,7 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
+    _tree_only(constant_subqueries_inlined),
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),
     _tree_only(key_lists_as_in),

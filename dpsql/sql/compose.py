@@ -36,6 +36,7 @@ from dpsql.sql.query import (
     value_asked,
 )
 from dpsql.sql.shape import (
+    constant_subqueries_inlined,
     count_of_distinct_rows,
     distinct_as_group_by,
     fetch_as_limit,
@@ -113,6 +114,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return None
     if isinstance(tree, exp.Select):  # a WITH query's total over its own rows: a window, no part of its own; a
         tree = one_row_ctes_inlined(totals_as_windows(tree))  # WITH query's one aggregate row: a scalar subquery
+        tree = constant_subqueries_inlined(tree)  # (SELECT <a constant>): the constant
     if distinct and isinstance(tree, exp.Select):  # (also as a count of a subquery's distinct rows)
         found = _values_present(count_of_distinct_rows(tree.copy()), schema, params)
         if found is not None:

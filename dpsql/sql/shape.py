@@ -11,7 +11,7 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema
-from dpsql.sql.query import AGGREGATES, output_name
+from dpsql.sql.query import AGGREGATES, output_name, replace_keeping_precedence
 
 
 def filters_as_case(tree: exp.Select) -> exp.Select:
@@ -613,6 +613,7 @@ def inline_ctes(tree: exp.Select, read_once: bool = False) -> exp.Select:
 
 TOTALS = (exp.Sum, exp.Count, exp.Avg, exp.Min, exp.Max)  # the totals a window over released rows computes
 ONE_READ = ("joins", "where", "group", "having", "distinct", "order", "limit", "offset", "with_")
+READS = (exp.From, exp.Join, exp.In, exp.Exists, exp.CTE, exp.Subquery)  # where a subquery is read as rows
 
 
 def totals_as_windows(tree: exp.Select) -> exp.Select:
@@ -672,6 +673,24 @@ def _totals_of(select: exp.Expression | None, source: str) -> bool:
             and not any(select.args.get(k) for k in ONE_READ)
             and all(isinstance(e.unalias(), TOTALS) and not e.find(exp.Distinct, exp.Window)
                     for e in select.expressions))
+
+
+def constant_subqueries_inlined(tree: exp.Select) -> exp.Select:
+    """A scalar subquery that reads no table, `(SELECT DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME ZONE 'UTC') +
+    (-6 || ' day')::INTERVAL)` (Looker's relative dates), as its one value: PostgreSQL computes either once."""
+    for subquery in list(tree.find_all(exp.Subquery)):
+        select = subquery.this
+        while isinstance(select, exp.Subquery):  # ((SELECT …)): sqlglot reads the doubled parentheses as two
+            select = select.this
+        if isinstance(select, exp.Select) and subquery.parent is not None and not isinstance(subquery.parent, READS) \
+                and len(select.expressions) == 1 and not any(select.args.get(k) for k in ("from_", *ONE_READ)) \
+                and not select.find(exp.Table, *AGGREGATES, exp.Window, exp.Star):
+            value = select.expressions[0].unalias().copy()
+            if isinstance(value, exp.Binary | exp.Unary):  # an operator keeps its own precedence where it goes
+                replace_keeping_precedence(subquery, value)
+            else:
+                subquery.replace(value)
+    return tree
 
 
 def one_row_ctes_inlined(tree: exp.Select) -> exp.Select:
