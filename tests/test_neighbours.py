@@ -314,11 +314,6 @@ ZONED_QUERIES = [
 ]
 
 
-@pytest.mark.parametrize("sql", ZONED_QUERIES)
-def test_a_time_at_a_zone_moves_within_the_sensitivity(engine, base_url, neighbour_url, sql):
-    _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
-
-
 # PostgreSQL only (the other backends refuse samples): a row sample is a coin per row, the same coins on both
 # databases (the seed drawn once, when the query is checked; the neighbour's rows added beside the others, so the
 # others' coins are the same ones: with a secret seed their law would be the same wherever they are stored)
@@ -330,8 +325,8 @@ SAMPLED_QUERIES = [
 ]
 
 
-@pytest.mark.parametrize("sql", SAMPLED_QUERIES)
-def test_a_row_sample_moves_within_the_sensitivity(engine, base_url, neighbour_url, sql):
+@pytest.mark.parametrize("sql", ZONED_QUERIES + SAMPLED_QUERIES)
+def test_a_time_at_a_zone_or_a_row_sample_moves_within_the_sensitivity(engine, base_url, neighbour_url, sql):
     _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
 
 
