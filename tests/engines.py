@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -49,7 +50,7 @@ def rows_in_order(rows: list[tuple]) -> list[tuple]:
     """Rows in one order, numbers as floats (sums on other engines are decimals or doubles, on PostgreSQL numerics),
     -0 as 0 (PostgreSQL's ceil of a double is -0 where Spark's is the integer 0; released keys read both as 0)."""
     def norm(v):
-        return float(v) + 0.0 if isinstance(v, int | float) and not isinstance(v, bool) else v
+        return float(v) + 0.0 if isinstance(v, int | float | Decimal) and not isinstance(v, bool) else v
     return sorted((tuple(norm(v) for v in row) for row in rows), key=repr)
 
 

@@ -107,6 +107,16 @@ def test_logarithms_exponentials_powers_and_signs_are_bounded_where_none_fails(d
     assert "LN(" in rewrite(planned).sql and "LOG(" not in rewrite(planned).sql  # one logarithm for every backend
 
 
+def test_a_cast_to_numeric_of_a_precision_its_bounded_value_fits_is_answered(demo_schema):
+    """x::numeric(p, s) was refused outright; where the clamped value, rounded to s digits, stays below
+    10^(p - s) no stored value can make it overflow (amounts up to the test schema's cap in numeric(10, 2))."""
+    planned = plan("SELECT SUM(amount::numeric(10, 2)), SUM(CAST(age AS numeric(3))) FROM visits v JOIN people p "
+                   "ON p.person_id = v.person_id", demo_schema)
+    assert [(a.arg_range.lo, a.arg_range.integer) for a in planned.aggregates] == [(0, False), (0, True)]
+    with pytest.raises(errors.UnsupportedQuery, match="could overflow"):  # 100 rounds to 100.0, past 99.9
+        plan("SELECT SUM(CAST(age AS numeric(3, 1))) FROM people", demo_schema)
+
+
 def test_text_functions_of_a_declared_domain_release_their_values_on_it(demo_schema):
     """replace, split_part, strpos, lpad/rpad, right and reverse of a column with a declared domain: computed on its
     declared values as PostgreSQL computes them (checked against PostgreSQL on the demo data while building)."""

@@ -57,6 +57,9 @@ QUERIES = [
     "SELECT date_trunc('week', day + INTERVAL '1 day') - INTERVAL '1 day' AS w, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
     "SELECT COUNT(*) FROM visits WHERE day + INTERVAL '1 month' > DATE '2024-12-01'",
+    # numeric(p, s) of a bounded value whose rounding fits
+    "SELECT CAST(age AS numeric(4, 1)) AS a, COUNT(*) FILTER (WHERE amount::numeric(10, 2) > 100.5), "
+    "SUM(amount::numeric(10, 2)) FROM visits v JOIN people p ON p.person_id = v.person_id GROUP BY 1",
     # Tableau's month, truncated toward zero: trunc(x) as floor or ceil by its sign
     "SELECT CAST(TRUNC(EXTRACT(MONTH FROM day)) AS INTEGER) AS m, trunc(amount / 100 - 2) AS b, COUNT(*) FROM visits "
     "GROUP BY 1, 2",

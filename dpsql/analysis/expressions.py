@@ -567,8 +567,7 @@ class Expressions:
                                        "could fail on some values",
                                        "cast a numeric column, or compare the text as text: WHERE x = '42'")
             if node.to.expressions:  # numeric(p, s) overflows on values with more digits than p - s
-                raise UnsupportedQuery(f"cast to {to_sql(node.to)} could overflow on some values",
-                                       "cast to numeric without precision, or round() the value")
+                return _within_precision(node, inner)
             source = self.kind(node.this)
             if inner is not None and source != "integer" and inner.magnitude > _cast_limit(node.to, source):
                 raise UnsupportedQuery(f"{to_sql(node)} could overflow on some stored values",
@@ -771,6 +770,19 @@ class Expressions:
         _check_text_constants(node)
         self.value_range(node.this)
         return Range(0, 2**30, True)
+
+
+def _within_precision(node: exp.Cast, inner: Range | None) -> Range:
+    """x::numeric(p, s) of a bounded x: PostgreSQL rounds it to s digits and fails where it then reaches
+    10^(p - s), so the range, clamped by the guard, must stay below that (Tableau and analysts write
+    amount::numeric(10, 2)); the range rounded to s digits."""
+    digits = [_integer_constant(p.this if isinstance(p, exp.DataTypeParam) else p) for p in node.to.expressions]
+    precision, scale = (digits + [0])[:2]
+    if precision is None or scale is None or not 0 <= scale <= precision or inner is None or not inner.bounded \
+            or inner.magnitude + 0.5 * 10.0 ** -scale >= 10.0 ** (precision - scale):
+        raise UnsupportedQuery(f"cast to {to_sql(node.to)} could overflow on some values",
+                               "cast to numeric without precision, round() the value, or declare bounds that fit")
+    return Range(round(inner.lo, scale), round(inner.hi, scale), inner.integer or scale == 0)
 
 
 def _cast_limit(to: exp.DataType, source: str) -> float:
