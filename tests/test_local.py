@@ -423,6 +423,17 @@ def test_a_count_of_one_reported_value_is_picked_from_the_counts_per_value(engin
     assert (answer.rows[0][0], answer.accuracy[0][0]) == picked
 
 
+def test_the_people_reporting_one_value_of_an_array_column_are_picked_from_its_counts_per_value(engine, analyst):
+    """`WHERE 'fever' = ANY(symptom)` over a locally randomized array: was refused (ANY); it is the de-biased
+    count of that domain value, with its interval, from `SELECT symptom, COUNT(*) ... GROUP BY symptom`; a value
+    outside the domain counts no one."""
+    answer = engine.query("SELECT COUNT(*) AS n FROM survey WHERE 'fever' = ANY(symptom)", analyst=analyst)
+    grouped = engine.query("SELECT symptom, COUNT(*) FROM survey GROUP BY symptom", analyst=analyst)
+    picked = {row[0]: (row[1], acc[1]) for row, acc in zip(grouped.rows, grouped.accuracy, strict=True)}["fever"]
+    assert answer.names == ["n"] and (answer.rows[0][0], answer.accuracy[0][0]) == picked
+    assert engine.query("SELECT COUNT(*) FROM survey WHERE 'nonsense' = ANY(symptom)", analyst=analyst).rows == [(0,)]
+
+
 @pytest.mark.parametrize("asked,read", [
     ("AVG(s.positive::int)", lambda n: n[True] / (n[True] + n[False])),
     ("COUNT(*) FILTER (WHERE s.positive) * 1.0 / COUNT(s.positive)", lambda n: n[True] / (n[True] + n[False])),

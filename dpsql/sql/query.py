@@ -85,7 +85,7 @@ def replace_keeping_precedence(node: exp.Expression, value: exp.Expression) -> N
 
 def value_asked(condition: exp.Expression, local: set[str]) -> tuple[str, exp.Expression] | None:
     """(column, value) where `condition` asks a local column for one value: `c`, `NOT c`, `c IS TRUE`,
-    `c = v` or `v = c` with v a literal."""
+    `c = v` or `v = c` with v a literal, or `v = ANY(c)` of an array column (its reports of v)."""
     if isinstance(condition, exp.Paren):
         return value_asked(condition.this, local)
     if isinstance(condition, exp.Column) and condition.name in local:
@@ -95,6 +95,11 @@ def value_asked(condition: exp.Expression, local: set[str]) -> tuple[str, exp.Ex
     if isinstance(condition, exp.Is) and isinstance(condition.this, exp.Column) and isinstance(
             condition.expression, exp.Boolean) and condition.this.name in local:
         return condition.this.name, condition.expression.copy()
+    if isinstance(condition, exp.EQ) and isinstance(condition.expression, exp.Any):
+        column, value = condition.expression.this.unnest(), condition.this
+        if isinstance(column, exp.Column) and column.name in local and isinstance(value, exp.Literal):
+            return column.name, value.copy()
+        return None
     if isinstance(condition, exp.EQ):
         for column, value in ((condition.this, condition.expression), (condition.expression, condition.this)):
             if isinstance(column, exp.Column) and column.name in local and isinstance(value, exp.Literal | exp.Boolean):

@@ -41,7 +41,8 @@ UNIT_SETS = ("sets of people are answered where each SELECT picks the privacy un
 PER_UNIT = ("aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, COUNT(*) AS n FROM t "
             "GROUP BY 1) s")
 ARRAY_COLUMN = ("a locally randomized array column is counted per value of its domain: SELECT symptom, COUNT(*) "
-                "FROM survey GROUP BY symptom")
+                "FROM survey GROUP BY symptom, or for one value: SELECT COUNT(*) FROM survey WHERE 'fever' = "
+                "ANY(symptom)")
 INSTEAD = {
     exp.LogicalOr: "bool_or(x) is answered as an output column (SELECT k, bool_or(x) FROM t GROUP BY k); elsewhere "
                    "count the rows instead: HAVING COUNT(*) FILTER (WHERE x) > 0",
