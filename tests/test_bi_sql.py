@@ -250,6 +250,9 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     "SELECT a.category, a.n * 100.0 / t AS share FROM a CROSS JOIN b ORDER BY 2 DESC",
     "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY 1) "
     "SELECT x.category, x.n * 100.0 / (SELECT SUM(n) FROM a) AS share FROM a x",
+    # a total named as a column inside a: only the outer query's columns are the total's
+    "WITH a AS (SELECT category, SUM(amount) AS n FROM visits GROUP BY 1), b AS (SELECT SUM(n) AS amount FROM a) "
+    "SELECT a.category, a.n * 100.0 / amount AS share FROM a, b",
 ])
 def test_a_share_of_a_with_query_s_total_is_a_window_over_its_released_rows(engine, analyst, sql):
     """Analysts write a share of the total with a WITH query of totals joined without a condition, or a scalar

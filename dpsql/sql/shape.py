@@ -642,17 +642,16 @@ def totals_as_windows(tree: exp.Select) -> exp.Select:
             return tree
         totals[joined.alias_or_name] = {output_name(e): e.unalias() for e in ctes[joined.name].expressions}
     own, changed = {output_name(e) for e in ctes[name].expressions}, bool(totals)
-    for column in list(found.find_all(exp.Column)):
+    for column in [c for c in found.find_all(exp.Column) if c.find_ancestor(exp.Select) is found]:
         owner = column.table or next((t for t, outputs in totals.items() if column.name in outputs
                                       and column.name not in own), None)
         if owner in totals:
             if column.name not in totals[owner]:
                 return tree
             column.replace(_over_all(totals[owner][column.name], alias))
-    for subquery in list(found.find_all(exp.Subquery)):
+    for subquery in [s for s in found.find_all(exp.Subquery) if s.find_ancestor(exp.Select) is found]:
         select = subquery.this
-        if not isinstance(subquery.parent, exp.From | exp.Join | exp.In | exp.Exists) \
-                and _totals_of(select, name) and len(select.expressions) == 1:
+        if not isinstance(subquery.parent, READS) and _totals_of(select, name) and len(select.expressions) == 1:
             subquery.replace(_over_all(select.expressions[0].unalias(), alias))
             changed = True
     if not changed:
@@ -705,9 +704,8 @@ def one_row_ctes_inlined(tree: exp.Select) -> exp.Select:
     for subquery in list(tree.find_all(exp.Subquery)):
         select = subquery.this
         table = select.args["from_"].this if isinstance(select, exp.Select) and select.args.get("from_") else None
-        if isinstance(subquery.parent, exp.From | exp.Join | exp.In | exp.Exists | exp.CTE) \
-                or not isinstance(table, exp.Table) or table.db or table.name not in ctes \
-                or len(select.expressions) != 1 or any(select.args.get(k) for k in ONE_READ):
+        if isinstance(subquery.parent, READS) or not isinstance(table, exp.Table) or table.db \
+                or table.name not in ctes or len(select.expressions) != 1 or any(select.args.get(k) for k in ONE_READ):
             continue
         items = {output_name(e): e.unalias() for e in ctes[table.name].expressions}
         value = select.expressions[0].unalias().copy()
