@@ -1016,6 +1016,22 @@ def test_superset_s_series_limit_is_the_released_top_keys_then_the_query_kept_to
     assert answer.names == ["__timestamp", "category", "count"] and len(answer.rows) == 36
 
 
+def test_a_filter_in_a_grouped_subquery_s_released_keys_is_answered_as_a_series_limit(engine, analyst):
+    """`WHERE category IN (SELECT category FROM visits GROUP BY category HAVING COUNT(*) > 500)` was refused (a
+    subquery not tied to the unit): its keys are a grouped query's released keys, so it is the series limit's two
+    steps, the keys first (half the ε), then the query kept to them. NOT IN stays refused."""
+    sql = ("SELECT category, COUNT(*) AS n FROM visits WHERE amount > 10 AND category IN (SELECT category FROM visits "
+           "GROUP BY category HAVING COUNT(*) > 500) GROUP BY category")
+    composition, _ = engine.prepare_parts(sql, epsilon=1.0)
+    assert composition.scalars == 1 and composition.parts[-1].endswith(
+        "WHERE amount > 10 AND category = ANY(%(dpsql_scalar_0)s) GROUP BY category")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    keys = engine.query(composition.parts[0], analyst=analyst, epsilon=0.5)
+    assert keys.cached and {row[0] for row in answer.rows} == {row[0] for row in keys.rows}
+    with pytest.raises(errors.UnsupportedQuery):
+        engine.prepare_parts(sql.replace(" IN (", " NOT IN ("), epsilon=1.0)
+
+
 @pytest.mark.parametrize("sql", [
     # the subquery's count read outside, an outer join, a condition that is not an equality: left to the ordinary
     # stages (refused)

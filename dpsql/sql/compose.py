@@ -126,6 +126,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _grouping_sets(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
         return _sequential(bind_parameters(tree, params))
+    if isinstance(tree, exp.Select) and schema is not None:
+        tree = _released_keys_as_join(tree, schema)
     if isinstance(tree, exp.Select) and schema is not None and tree.args.get("joins"):
         found = _joined_to_released_keys(bind_parameters(tree, params), schema)
         if found is not None:
@@ -663,6 +665,35 @@ def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composi
     columns = tuple(names.index(key.name) for key, _ in pairs)
     return Composition([to_sql(inner), to_sql(rest)], "the joined subquery's released keys answered first, then "
                        "the query kept to them", scalars=1, key_lists=((0, columns),))
+
+
+KEYS = "dpsql_keys"  # the alias of a grouped subquery's released keys joined in place of `IN (SELECT k …)`
+
+
+def _released_keys_as_join(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
+    """`WHERE x IN (SELECT k FROM t GROUP BY k HAVING COUNT(*) > 500)`, an AND of the WHERE: the keys a grouped
+    query releases (its HAVING and LIMIT read noisy values), joined as Superset joins its series limit, `JOIN
+    (SELECT k AS dpsql_keys FROM …) AS dpsql_keys ON x = dpsql_keys.dpsql_keys`, which `_joined_to_released_keys`
+    answers in two steps. The grouped keys are distinct, so the join keeps each row at most once, and a NULL on
+    either side matches nothing, as IN reads it. A subquery grouped by the unit is a cohort: left to the
+    analysis."""
+    where = tree.args.get("where")
+    conditions = operands(where.this) if where is not None else []
+    found = next((c for c in conditions if isinstance(c, exp.In) and isinstance(c.this, exp.Column)
+                  and isinstance(c.args.get("query"), exp.Subquery)), None)
+    inner = found.args["query"].this if found is not None else None
+    if not (isinstance(inner, exp.Select) and inner.args.get("group") and len(inner.expressions) == 1
+            and not isinstance(inner.expressions[0], exp.Star) and not _groups_by_unit(inner, schema)
+            and not tree.args.get("with_")):
+        return tree
+    keys = inner.copy()
+    keys.set("expressions", [exp.alias_(keys.expressions[0].unalias(), KEYS)])
+    rewritten = tree.copy()
+    rest = [c.copy() for c in conditions if c is not found]
+    rewritten.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
+    on = exp.EQ(this=found.this.copy(), expression=exp.column(KEYS, table=KEYS))
+    return rewritten.join(exp.Subquery(this=keys, alias=exp.TableAlias(this=exp.to_identifier(KEYS))), on=on,
+                          copy=False)
 
 
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
