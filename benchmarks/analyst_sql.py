@@ -270,6 +270,34 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
                "AND v.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id AND "
                "v.category = 'dental')"),
     ("answer", "SELECT category, COUNT(*), AVG(amount), stddev(amount) FROM visits GROUP BY 1 ORDER BY 2 DESC"),
+    # added in stop 64: what Tableau, Looker and Metabase send, shares of a WITH query's total, math and text
+    ("answer", 'SELECT "visits"."category" AS "category", CAST(TRUNC(EXTRACT(MONTH FROM "visits"."day")) AS '
+               'INTEGER) AS "mn:day:ok", SUM("visits"."amount") AS "sum:amount:ok" FROM "public"."visits" "visits" '
+               'GROUP BY 1, 2'),
+    ("answer", "SELECT (DATE(visits.day)) AS visits_day_date, COUNT(*) AS visits_count FROM public.visits AS visits "
+               "WHERE ((( visits.day ) >= ((SELECT (DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME ZONE 'UTC') + (-6 || "
+               "' day')::INTERVAL))) AND ( visits.day ) < ((SELECT ((DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME "
+               "ZONE 'UTC') + (-6 || ' day')::INTERVAL) + (7 || ' day')::INTERVAL))))) GROUP BY 1 ORDER BY 1 DESC "
+               "LIMIT 500"),
+    ("answer", "SELECT CAST(date_trunc('week', CAST((\"public\".\"visits\".\"day\" + INTERVAL '1 day') AS timestamp)) "
+               "AS date) - INTERVAL '1 day' AS \"day\", count(*) AS \"count\" FROM \"public\".\"visits\" GROUP BY 1 "
+               "ORDER BY 1 ASC"),
+    ("answer", "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY 1), b AS (SELECT SUM(n) AS t FROM a) "
+               "SELECT a.category, a.n * 100.0 / b.t FROM a, b"),
+    ("answer", "WITH t AS (SELECT COUNT(*) AS total FROM visits) SELECT category, COUNT(*) * 1.0 / (SELECT total "
+               "FROM t) FROM visits GROUP BY 1"),
+    ("answer", "WITH monthly AS (SELECT date_trunc('month', day) AS m, SUM(amount) AS s FROM visits GROUP BY 1) "
+               "SELECT AVG(s), MAX(s), MIN(s) FROM monthly"),
+    ("answer", "SELECT exp(AVG(ln(amount + 1))) AS geo_mean, AVG(log(amount + 1)), SUM(power(amount, 0.5)) "
+               "FROM visits"),
+    ("answer", "SELECT sign(amount - 100) AS s, COUNT(*) FROM visits GROUP BY 1"),
+    ("answer", "SELECT replace(category, 'a', 'A'), split_part(category, 'a', 1), COUNT(*) FROM visits "
+               "GROUP BY 1, 2"),
+    ("answer", "SELECT lpad(CAST(EXTRACT(MONTH FROM day) AS text), 2, '0') AS m, COUNT(*) FROM visits GROUP BY 1"),
+    ("answer", "SELECT COUNT(*) FROM survey WHERE 'fever' = ANY(symptom)"),
+    ("answer", "SELECT COUNT(*) FROM visits WHERE category IN (SELECT category FROM visits GROUP BY category "
+               "HAVING COUNT(*) > 500)"),
+    ("answer", "SELECT COUNT(*) FROM visits WHERE amount::numeric(10,2) > 100.50"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("raw", "SELECT person_id FROM visits WHERE category = 'lab' INTERSECT SELECT person_id FROM screenings"),
