@@ -64,7 +64,7 @@ output_names: ["count"]
 
 -- SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(5, 2)) > 1
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(5, 2)) > 1", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: cast to DECIMAL(5, 2) could overflow on some values [DP002]\nHint: cast to numeric without precision, or round() the value"
+error: "UnsupportedQuery: cast to DECIMAL(5, 2) could overflow on some values [DP002]\nHint: cast to numeric without precision, round() the value, or declare bounds that fit"
 canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\" WHERE CAST(\"dpsql_t0\".\"income\" AS DECIMAL(5, 2)) > 1"
 output_names: ["count"]
 
@@ -286,7 +286,7 @@ output_names: ["max"]
 
 -- SELECT SUM(CAST(income AS numeric(3, 1))) FROM people
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT SUM(CAST(income AS numeric(3, 1))) FROM people", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: cast to DECIMAL(3, 1) could overflow on some values [DP002]\nHint: cast to numeric without precision, or round() the value"
+error: "UnsupportedQuery: cast to DECIMAL(3, 1) could overflow on some values [DP002]\nHint: cast to numeric without precision, round() the value, or declare bounds that fit"
 canonical: "SELECT SUM(CAST(\"dpsql_t0\".\"income\" AS DECIMAL(3, 1))) AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\""
 output_names: ["sum"]
 
@@ -942,7 +942,7 @@ output_names: ["count"]
 
 -- SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(3, 1)) > 0
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s6", "sql": "SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(3, 1)) > 0", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: cast to DECIMAL(3, 1) could overflow on some values [DP002]\nHint: cast to numeric without precision, or round() the value"
+error: "UnsupportedQuery: cast to DECIMAL(3, 1) could overflow on some values [DP002]\nHint: cast to numeric without precision, round() the value, or declare bounds that fit"
 canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\" WHERE CAST(\"dpsql_t0\".\"income\" AS DECIMAL(3, 1)) > 0"
 output_names: ["count"]
 
