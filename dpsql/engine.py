@@ -240,7 +240,7 @@ class Engine:
                       options: Options | None = None) -> tuple[Composition | None, list[Prepared]]:
         """`prepare` for each part of a UNION or GROUPING SETS statement (each with its share of ε), or for the
         one query of any other statement (with no composition)."""
-        composition = compose(sql, params, self.schema, self._not_null)
+        composition = compose(sql, params, self.schema, self._not_null, self._unique)
         if composition is None:
             return None, [self.prepare(sql, params, epsilon, options)]
         if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid

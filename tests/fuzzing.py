@@ -394,6 +394,11 @@ DERIVED = [
     "SELECT t.note, COUNT(*), AVG(t.n), SUM(t.s) FROM (SELECT v.person_id, v.note, COUNT(*) AS n, SUM(v.amount) AS s "
     "FROM visits v WHERE v.amount > 10 GROUP BY 1, 2) t GROUP BY t.note",
     "SELECT v.category, SUM(v.amount), COUNT(DISTINCT v.person_id) FROM visits v GROUP BY 1",
+    # groups within a unit: by a visit (its key, or the prescriptions' parent key), a row per group outside
+    "SELECT AVG(t.n), COUNT(*), SUM(t.s), MAX(t.s) FROM (SELECT r.visit_id, COUNT(*) AS n, SUM(r.cost) AS s "
+    "FROM prescriptions r GROUP BY r.visit_id) t",
+    "SELECT t.n, COUNT(*), AVG(t.a) FROM (SELECT v.visit_id, v.note, COUNT(r.rx_id) AS n, MAX(v.amount) AS a "
+    "FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.visit_id, v.note) t GROUP BY t.n",
     "SELECT v.note, COUNT(DISTINCT v.person_id) FILTER (WHERE v.amount > 10), COUNT(DISTINCT CASE WHEN v.category "
     "= 'a' THEN v.person_id END) FROM visits v GROUP BY 1",
     "SELECT p.sex, COUNT(v.*), AVG(v.amount) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -33,7 +34,6 @@ def test_sensitivities_follow_the_declared_bounds(demo_schema):
     assert p.rows_total and p.max_groups == 10 and not p.cap_groups and p.partition_selection
     assert [m.sensitivity for m in p.measures] == [10, 10 * 1000]
     # ... but a reach far beyond it is capped at max_groups_per_unit
-    import dataclasses
     tight = dataclasses.replace(demo_schema, max_groups_per_unit=2)
     p = plan("SELECT day, COUNT(*), SUM(amount) FROM visits GROUP BY day", tight)
     assert p.max_groups == 2 and p.cap_groups and [m.sensitivity for m in p.measures] == [10, 10 * 1000]
@@ -275,6 +275,26 @@ def test_per_unit_subqueries_earn_the_sensitivity_of_one_row_per_unit(demo_schem
     p = plan("SELECT SUM(total) FROM (SELECT v.person_id, SUM(v.amount) AS total FROM visits v "
              "GROUP BY v.person_id) t", demo_schema)
     assert [m.sensitivity for m in p.measures] == [10 * 1000]
+
+
+def test_a_subquery_grouped_by_a_key_within_one_unit_is_a_table_of_its_groups(demo_schema):
+    """GROUP BY a visit's key: each group is one unit's rows, so the subquery is grouped by the unit too (the same
+    groups), and outside it is a table of a row per group whose unit holds at most its k rows' groups, bounded as
+    a table's rows per unit. A key that may be NULL fixes no unit (its NULLs are one group of many units)."""
+    sql = "SELECT AVG(n), COUNT(*) FROM (SELECT v.visit_id, COUNT(*) AS n FROM visits v GROUP BY v.visit_id) t"
+    unique = UNIQUE | {("visits", "visit_id")}
+    p = analyze(check_query(sql, demo_schema), demo_schema, unique, not_null=frozenset({("visits", "visit_id")}))
+    assert [m.sensitivity for m in p.measures] == [10, 10 * 5, 10]  # 10 groups of n in [0, 10], centred
+    rewritten = rewrite(p).sql
+    assert "GROUP BY v.person_id, v.visit_id" in rewritten and "HAVING COUNT(*) > 10" in rewritten
+    with pytest.raises(errors.UnsupportedQuery, match="a unique NOT NULL column"):
+        analyze(check_query(sql, demo_schema), demo_schema, unique)
+    # one row per person declared (not a key): a person's groups are still counted and kept per person, never
+    # taken for one row each
+    visits = dataclasses.replace(demo_schema.tables["visits"], max_rows_per_unit=1)
+    one = dataclasses.replace(demo_schema, tables={**demo_schema.tables, "visits": visits})
+    p = analyze(check_query(sql, one), one, unique, not_null=frozenset({("visits", "visit_id")}))
+    assert p.unit is not None and "FROM dpsql_rows GROUP BY dpsql_unit" in rewrite(p).sql  # the per-unit stage
 
 
 def test_a_having_inside_a_per_unit_subquery_is_its_filter_outside(demo_schema):

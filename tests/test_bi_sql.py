@@ -243,6 +243,22 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     assert monthly.cached and monthly.rows == [(pytest.approx(sum(r[1] for r in counts.rows) / len(counts.rows)),)]
 
 
+def test_an_average_per_visit_is_answered_over_the_visits_not_their_released_rows(engine, analyst, base_url):
+    """Prescriptions per visit: the subquery groups by a key of one person's rows, so its rows are that person's
+    (bounded as rows per person), not groups that partition selection would release (none: too few units each,
+    and the average was NULL)."""
+    sql = ("SELECT AVG(n) AS per_visit, COUNT(*) AS visits FROM (SELECT visit_id, COUNT(*) AS n FROM prescriptions "
+           "GROUP BY visit_id) t")
+    with psycopg.connect(base_url) as conn:
+        mean, visits = conn.execute(sql).fetchone()
+    answer = engine.query(sql, analyst=analyst, epsilon=10.0)
+    (per_visit, counted), = answer.rows
+    assert per_visit == pytest.approx(float(mean), rel=0.1) and counted == pytest.approx(visits, rel=0.1)
+    low, high = answer.accuracy[0][0].ci_low, answer.accuracy[0][0].ci_high
+    assert low < per_visit < high
+    assert not any("partition selection" in note for note in answer.notes)
+
+
 @pytest.mark.parametrize("sql", [
     "WITH a AS (SELECT category, COUNT(*) AS n FROM visits GROUP BY 1), b AS (SELECT SUM(n) AS t FROM a) "
     "SELECT a.category, a.n * 100.0 / b.t AS share FROM a, b",
@@ -1584,7 +1600,7 @@ def test_a_per_unit_subquery_may_group_by_what_the_unit_s_row_holds(engine, anal
     assert sorted(row[0] for row in engine.query(sql, analyst=analyst, epsilon=1.0).rows) == ["F", "M"]
     # a column of a table with many rows per unit would give a unit several rows: refused (where no grouped
     # query says the same: `test_a_subquery_by_unit_and_key_regrouped_by_the_key_is_one_grouped_query`)
-    with pytest.raises(errors.UnsupportedQuery, match="or with columns of a table that holds one row per unit"):
+    with pytest.raises(errors.UnsupportedQuery, match="with columns of a table that holds one row per unit"):
         engine.prepare("SELECT c, MAX(n) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n FROM visits v "
                        "GROUP BY v.person_id, v.category) t GROUP BY c")
 

@@ -200,6 +200,14 @@ QUERIES = [
     "SUM(amount) AS s FROM visits GROUP BY 1, 2) t GROUP BY t.category",  # regrouped by the key: one grouped query
     "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
     "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex",  # the unit's sex
+    # groups within a unit: a subquery grouped by a key that fixes one unit's row (a visit: its key, or a
+    # prescription's parent key), a row per group outside and a unit's groups bounded as a table's rows per unit
+    "SELECT AVG(n), COUNT(*), SUM(s), MAX(s) FROM (SELECT visit_id, COUNT(*) AS n, SUM(cost) AS s FROM prescriptions "
+    "GROUP BY visit_id) t",
+    "SELECT n, COUNT(*) FROM (SELECT v.visit_id, COUNT(r.prescription_id) AS n FROM visits v LEFT JOIN prescriptions r "
+    "ON r.visit_id = v.visit_id GROUP BY v.visit_id) t GROUP BY n",
+    "SELECT category, AVG(n), COUNT(*) FROM (SELECT v.visit_id, v.category, COUNT(*) AS n FROM visits v "
+    "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.visit_id, v.category) t GROUP BY category",
     # a per-unit subquery joined to the unit's own row (and a public table joined to that row): joined inside it
     "SELECT p.sex, COUNT(*), AVG(t.spend), SUM(p.income) FROM people p JOIN (SELECT person_id, SUM(amount) AS spend "
     "FROM visits GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",

@@ -5,7 +5,9 @@ Rules:
 - unit-level privacy: the subquery must GROUP BY the unit alone, so each of its rows is one whole unit. Its
   aggregates are clamped to what that unit's k rows could give (COUNT to [0, k], SUM to k times its row
   range, AVG, MIN and MAX to the row range), and the outer query sees a table with one row per unit and
-  those bounds;
+  those bounds. The subquery may instead group by a key that fixes a row of one unit (`GROUP BY visit_id`, a
+  unique NOT NULL column, or a child's parent key): then it is a table of one row per group, its unit's
+  groups at most its k rows, which the outer query bounds as it bounds a table's rows per unit;
 - row-level privacy: the subquery groups by one column of its tables whose frequency in the joined relation
   is declared and enforced (k rows per group). A change rewrites each group its changed joined rows fall in
   (a removal and an addition), so the table of groups has stability 2 · (groups one change touches), and
@@ -38,24 +40,26 @@ def bound_subquery(scope: Scope) -> None:
         return
     alias = tree.args["from_"].this.alias_or_name
     inner = Scope(CheckedQuery(select, (), canonical=""), scope.schema, scope.unique)  # never a cache key
-    inner.unique_sets = scope.unique_sets
-    table, bounded = _per_unit_table(inner, alias)
+    inner.unique_sets, inner.not_null = scope.unique_sets, scope.not_null
+    table, bounded, unit_rows = _per_unit_table(inner, alias)
     scope.aliases[alias] = table
-    if table.unit_column is not None:
+    if unit_rows:
         scope.unique = scope.unique | {(alias, table.unit_column)}  # GROUP BY the unit: one row per unit
     scope.stability, scope.truncate = inner.stability, inner.truncate
     scope.notes += [f"subquery {alias}: {note}" for note in inner.notes]
     scope.from_ = exp.From(this=exp.Subquery(this=bounded, alias=exp.TableAlias(this=exp.to_identifier(alias))))
 
 
-def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
-    """The subquery `scope` (grouped by the unit, or under row-level privacy by a column whose frequency is
-    declared) as a table of one row per group, and its bounded SQL."""
+def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select, bool]:
+    """The subquery `scope` (grouped by the unit or by keys within one unit, or under row-level privacy by a
+    column whose frequency is declared) as a table of one row per group, its bounded SQL, and whether each row
+    is a whole unit (grouped by the unit alone: the SQL guarantees it, whatever k is)."""
     tree = scope.tree
     group = tree.args["group"].expressions
     if tree.args.get("having") or tree.args.get("order") or tree.args.get("limit"):
         raise UnsupportedQuery(f"subquery {alias} may not have HAVING, ORDER BY or LIMIT",
                                "filter and order in the outer query")
+    within = []  # keys that fix a row of one unit: a row per group, several groups per unit
     if scope.schema.row_level:
         k = _row_level_groups(scope, alias, group)
     else:
@@ -65,7 +69,11 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
         semijoins.check(scope)
         fanout, determined, _ = public_joins.fanout(scope, scope.equalities, scope.private)
         k *= fanout
-        group = _unit_first(scope, alias, group, determined)
+        per_unit = _unit_first(scope, group, determined)
+        within = [] if per_unit else _keys_within_units(scope, group)
+        if not per_unit and not within:
+            raise _not_grouped_by_unit(scope, alias)
+        group = per_unit or [unit, *within]
     unit_sql = to_sql(group[0])
     attributes = {to_sql(node) for node in group[1:]}
     columns: dict[str, Column] = {}
@@ -98,16 +106,38 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select]:
     for join in scope.joins:
         bounded = bounded.join(scope.guarded(join))
     bounded = bounded.where(present if where is None else exp.and_(exp.paren(where), present))
-    bounded = bounded.group_by(group[0].copy())
-    scope.notes.append(f"one row per group; each group's aggregates bounded by what {k} rows can give")
+    bounded = bounded.group_by(*(node.copy() for node in (group if within else group[:1])))
+    scope.notes.append(f"one row per group; each group's aggregates bounded by what {k} rows can give"
+                       + (f"; a unit's groups, at most {k}, are bounded outside as its rows" if within else ""))
     unit_column = None if scope.schema.row_level else unit_name
-    return Table(alias, columns, unit_column=unit_column, max_rows_per_unit=1), bounded
+    table = Table(alias, columns, unit_column=unit_column, max_rows_per_unit=k if within else 1)
+    return table, bounded, unit_column is not None and not within
 
 
-def _unit_first(scope: Scope, alias: str, group: list[exp.Expression], determined: set[str]) -> list[exp.Expression]:
+def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Column]:
+    """The GROUP BY keys if they are columns, some of them fixing a row of a private table (a unique key of it that
+    is NOT NULL, or a child's parent key), so that each group is of one unit's rows (`GROUP BY o.order_id` in a
+    query of orders); else none. A table on the outer side of a join fixes nothing: its NULLs are one group."""
+    if not all(isinstance(node, exp.Column) and node.table in scope.aliases for node in group):
+        return []
+    names: dict[str, set[str]] = {}
+    for node in group:
+        names.setdefault(node.table, set()).add(node.name)
+    for alias, columns in names.items():
+        table = scope.aliases[alias]
+        if alias not in scope.private or any(join.side and join.this.alias_or_name == alias for join in scope.joins):
+            continue
+        keys = [key for key in scope.whole_keys(table.name, columns)
+                if all((table.name, name) in scope.not_null for name in key)]
+        if keys or table.parent is not None and table.parent.column in columns:
+            return group
+    return []
+
+
+def _unit_first(scope: Scope, group: list[exp.Expression], determined: set[str]) -> list[exp.Expression] | None:
     """The subquery's GROUP BY with the unit first: the unit, and any other key a column of a table whose row the
     unit's row determines (`GROUP BY p.person_id, p.sex`, which PostgreSQL needs to select p.sex): grouping by
-    those too still gives one row per unit."""
+    those too still gives one row per unit. None if it groups by anything else."""
     unit = next((node for node in group if isinstance(node, exp.Column) and scope.is_unit(node)), None)
     attributes = [node for node in group if node is not unit]
     # (a table declared to hold one row per unit determines it too where the catalog cannot say: the MIN below
@@ -115,12 +145,16 @@ def _unit_first(scope: Scope, alias: str, group: list[exp.Expression], determine
     one_row = determined | {a for a in scope.private if scope.aliases[a].max_rows_per_unit == 1}
     if unit is None or not all(isinstance(node, exp.Column) and (node.table in one_row or scope.is_unit(node))
                                for node in attributes):
-        raise UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
-                               + ", ".join(scope.link_text(a) for a in scope.private
-                                           if scope.aliases[a].unit_column)
-                               + "), or with columns of a table that holds one row per unit",
-                               "group by the unit inside, then aggregate or group its results outside")
+        return None
     return [unit, *attributes]
+
+
+def _not_grouped_by_unit(scope: Scope, alias: str) -> UnsupportedQuery:
+    return UnsupportedQuery(f"subquery {alias} must GROUP BY the privacy unit alone ("
+                            + ", ".join(scope.link_text(a) for a in scope.private if scope.aliases[a].unit_column)
+                            + "), with columns of a table that holds one row per unit, or by a key that fixes one "
+                            "unit's row (a unique NOT NULL column, or a child's parent key)",
+                            "group by the unit inside, then aggregate or group its results outside")
 
 
 def _unit_attribute(scope: Scope, name: str, node: exp.Column) -> tuple[exp.Expression, Column]:

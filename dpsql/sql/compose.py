@@ -42,6 +42,7 @@ from dpsql.sql.shape import (
     fetch_as_limit,
     inline_ctes,
     one_row_ctes_inlined,
+    tables_read,
     totals_as_windows,
 )
 
@@ -100,11 +101,12 @@ class Composition:
 
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
             schema: PrivacySchema | None = None,
-            not_null: frozenset[tuple[str, str]] = frozenset()) -> Composition | None:
+            not_null: frozenset[tuple[str, str]] = frozenset(),
+            unique: frozenset[tuple[str, str]] = frozenset()) -> Composition | None:
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement or of scalar subqueries, or the one
     query behind a post-processed statement (the module's docstring); None for any other statement (which the
-    ordinary stages check, and refuse if they must). `not_null`: the (table, column) pairs the catalog declares
-    NOT NULL."""
+    ordinary stages check, and refuse if they must). `not_null` and `unique`: the (table, column) pairs the
+    catalog declares NOT NULL, and unique."""
     distinct = schema is not None and "DISTINCT" in sql.upper()
     if not (_may_compose(sql) or distinct or _may_read_reports(sql, schema)):  # most statements: spare a parse
         return None
@@ -136,13 +138,14 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _booleans(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
         bound = bind_parameters(tree, params)
-        return (_over_released(bound, schema) or _picked_after_windows(bound, schema)
+        return (_over_released(bound, schema, unique & not_null) or _picked_after_windows(bound, schema)
                 or _joined_released(bound, schema) or _count_of_reported_value(bound, schema)
                 or _aggregates_of_reports(bound, schema, not_null))
     return None
 
 
-def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+def _over_released(tree: exp.Select, schema: PrivacySchema,
+                   keys: frozenset[tuple[str, str]] = frozenset()) -> Composition | None:
     """`SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t GROUP BY k) s`: an aggregate of the released rows of a
     grouped query that is not grouped by the unit (that one bounds a unit's contributions, and the analysis
     answers it): the inner query is the one part, the outer one post-processing of its rows. The inner query
@@ -157,8 +160,8 @@ def _over_released(tree: exp.Select, schema: PrivacySchema) -> Composition | Non
             or tree.args.get("with_") or not any(e.find(*AGGREGATES) for e in tree.expressions)
             or tree.find(exp.Window) or any(e.find(exp.Subquery) for e in tree.expressions)):
         return None
-    if _groups_by_unit(inner, schema):
-        return None  # per unit: the analysis bounds it
+    if _groups_by_unit(inner, schema, keys):
+        return None  # per unit, or per group within a unit: the analysis bounds it
     names = [output_name(e) for e in inner.expressions]
     outer = tree.copy()
     outer.set("from_", None)
@@ -615,12 +618,26 @@ def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.
     return exp.column(table.unit_column, table=alias), joins
 
 
-def _groups_by_unit(select: exp.Select, schema: PrivacySchema) -> bool:
-    """Whether `select` groups by a unit column: a per-unit table or a cohort, which the analysis bounds."""
+def _groups_by_unit(select: exp.Select, schema: PrivacySchema,
+                    keys: frozenset[tuple[str, str]] = frozenset()) -> bool:
+    """Whether `select` groups by a unit column (a per-unit table or a cohort), or by columns only, one of them a
+    key that fixes a row of a private table, so that each group is one unit's (`GROUP BY o.order_id`; `keys`:
+    the catalog's unique NOT NULL columns, and a child's parent key fixes its parent's row): the analysis bounds
+    these."""
     units = {t.unit_column for t in schema.tables.values() if t.unit_column} | {schema.unit_column}
     aliases = {e.alias: e.this for e in select.expressions if isinstance(e, exp.Alias)}
-    keys = [_resolved(k, aliases, select.expressions) for k in select.args["group"].expressions]  # GROUP BY 1
-    return any(isinstance(k, exp.Column) and k.name in units for k in keys)
+    groups = [_resolved(k, aliases, select.expressions) for k in select.args["group"].expressions]  # GROUP BY 1
+    if any(isinstance(k, exp.Column) and k.name in units for k in groups):
+        return True
+    tables = {t.alias_or_name: schema.tables.get(t.name) for t in tables_read(select)}
+    if not keys or not all(isinstance(k, exp.Column) for k in groups):
+        return False
+    for key in groups:
+        table = tables.get(key.table) if key.table else next(iter(tables.values())) if len(tables) == 1 else None
+        if table is not None and not table.public and ((table.name, key.name) in keys
+                                                       or table.parent is not None and table.parent.column == key.name):
+            return True
+    return False
 
 
 def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composition | None:

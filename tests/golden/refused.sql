@@ -378,7 +378,7 @@ output_names: ["n"]
 
 -- SELECT n, COUNT(*) FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t GROUP BY n
 input: {"max_groups": null, "params": null, "schema": "s0", "sql": "SELECT n, COUNT(*) FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t GROUP BY n", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: subquery t must GROUP BY the privacy unit alone (visits.person_id), or with columns of a table that holds one row per unit [DP002]\nHint: group by the unit inside, then aggregate or group its results outside"
+error: "UnsupportedQuery: subquery t must GROUP BY the privacy unit alone (visits.person_id), with columns of a table that holds one row per unit, or by a key that fixes one unit's row (a unique NOT NULL column, or a child's parent key) [DP002]\nHint: group by the unit inside, then aggregate or group its results outside"
 canonical: "SELECT \"dpsql_t0\".\"n\" AS \"_col_0\", COUNT(*) AS \"_col_1\" FROM (SELECT \"dpsql_t1\".\"category\" AS \"category\", COUNT(*) AS \"n\" FROM \"visits\" AS \"dpsql_t1\" GROUP BY \"dpsql_t1\".\"category\") AS \"dpsql_t0\" GROUP BY \"dpsql_t0\".\"n\""
 output_names: ["n", "count"]
 
