@@ -399,6 +399,8 @@ DERIVED = [
     "FROM prescriptions r GROUP BY r.visit_id) t",
     "SELECT t.n, COUNT(*), AVG(t.a) FROM (SELECT v.visit_id, v.note, COUNT(r.rx_id) AS n, MAX(v.amount) AS a "
     "FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.visit_id, v.note) t GROUP BY t.n",
+    "SELECT t.note, MAX(t.n), COUNT(*) FROM (SELECT p.person_id, v.note, COUNT(v.visit_id) AS n FROM people p "
+    "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, v.note) t GROUP BY t.note",
     "SELECT v.note, COUNT(DISTINCT v.person_id) FILTER (WHERE v.amount > 10), COUNT(DISTINCT CASE WHEN v.category "
     "= 'a' THEN v.person_id END) FROM visits v GROUP BY 1",
     "SELECT p.sex, COUNT(v.*), AVG(v.amount) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id "

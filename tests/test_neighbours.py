@@ -208,6 +208,11 @@ QUERIES = [
     "ON r.visit_id = v.visit_id GROUP BY v.visit_id) t GROUP BY n",
     "SELECT category, AVG(n), COUNT(*) FROM (SELECT v.visit_id, v.category, COUNT(*) AS n FROM visits v "
     "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.visit_id, v.category) t GROUP BY category",
+    # ... and grouped by the unit and other keys, where no regrouping by those keys makes it one grouped query
+    "SELECT COUNT(*) FROM (SELECT DISTINCT person_id, category FROM visits) t",
+    "SELECT c, MAX(n), AVG(s) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n, SUM(v.amount) AS s "
+    "FROM visits v GROUP BY v.person_id, v.category) t GROUP BY c",
+    "SELECT AVG(n) FROM (SELECT person_id, day, COUNT(*) AS n FROM visits GROUP BY person_id, day) t",
     # a per-unit subquery joined to the unit's own row (and a public table joined to that row): joined inside it
     "SELECT p.sex, COUNT(*), AVG(t.spend), SUM(p.income) FROM people p JOIN (SELECT person_id, SUM(amount) AS spend "
     "FROM visits GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.sex",

@@ -114,19 +114,22 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select, bool]:
     return table, bounded, unit_column is not None and not within
 
 
-def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Column]:
-    """The GROUP BY keys if they are columns, some of them fixing a row of a private table (a unique key of it that
-    is NOT NULL, or a child's parent key), so that each group is of one unit's rows (`GROUP BY o.order_id` in a
-    query of orders); else none. A table on the outer side of a join fixes nothing: its NULLs are one group."""
-    if not all(isinstance(node, exp.Column) and node.table in scope.aliases for node in group):
+def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Expression]:
+    """The GROUP BY keys if each group is of one unit's rows: they hold the unit column, or are columns one of which
+    fixes a row of a private table (a unique key of it that is NOT NULL, or a child's parent key: `GROUP BY
+    o.order_id` in a query of orders); else none. A table on the outer side of a join fixes nothing: its NULLs
+    are one group."""
+    fixed = [alias for alias in scope.private
+             if not any(join.side and join.this.alias_or_name == alias for join in scope.joins)]
+    if any(isinstance(node, exp.Column) and node.table in fixed and scope.is_unit(node) for node in group):
+        return group
+    if not all(isinstance(node, exp.Column) for node in group):
         return []
     names: dict[str, set[str]] = {}
     for node in group:
         names.setdefault(node.table, set()).add(node.name)
-    for alias, columns in names.items():
-        table = scope.aliases[alias]
-        if alias not in scope.private or any(join.side and join.this.alias_or_name == alias for join in scope.joins):
-            continue
+    for alias in set(names) & set(fixed):
+        table, columns = scope.aliases[alias], names[alias]
         keys = [key for key in scope.whole_keys(table.name, columns)
                 if all((table.name, name) in scope.not_null for name in key)]
         if keys or table.parent is not None and table.parent.column in columns:
