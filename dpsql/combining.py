@@ -15,6 +15,7 @@ from sqlglot import exp
 
 from dpsql.analysis.plan import Output
 from dpsql.answer import Answer
+from dpsql.output import shown
 from dpsql.postprocess import Accuracy, sort_rows
 from dpsql.prepared import Prepared
 from dpsql.released_rows import (
@@ -150,9 +151,27 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         rows = [(row, tuple(repeated[i] if i in repeated else
                             _through_scalars(outputs[i].unalias(), row[i], a, scalars) if i in from_scalars else a
                             for i, a in enumerate(accuracy))) for row, accuracy in rows]
+    explained: tuple[str, ...] = ()
+    moved = composition.scalars_read_beside_outputs()
+    if moved:  # the outer step's intervals hold for the rows its filter kept at the released value, not the truth's
+        kept = set(from_scalars)
+        explained = tuple(name for i, name in enumerate(names) if noisy[i] and i not in kept)
+        rows = [(row, tuple(None if noisy[i] and i not in kept else a for i, a in enumerate(accuracy)))
+                for row, accuracy in rows]
+        notes.append(_moved_note(explained, [answers[i] for i in moved]))
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
-                  notes=notes)
+                  notes=notes, explained=explained)
+
+
+def _moved_note(names: Sequence[str], scalars: Sequence[Answer]) -> str:
+    """What an answer filtered by a subquery's noisy value says of its missing intervals."""
+    values = ", ".join(f"{answer.names[0]} = {shown(answer.rows[0][0], answer.accuracy[0][0])}" if answer.rows
+                       else answer.names[0] for answer in scalars)
+    return (f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no 95% interval: the query keeps its rows by "
+            f"a subquery's noisy value ({values}), and that value's noise moves which rows are kept, beyond what the "
+            "interval of the rows kept would cover; to see each part's uncertainty, ask for the subquery's value "
+            "alone, then use it as a constant")
 
 
 _OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul, exp.Div: operator.truediv}

@@ -164,6 +164,11 @@ def _decimals(accuracy: Accuracy | None) -> int | None:
     return SHOWN_DIGITS - 1 - math.floor(math.log10(half))
 
 
+def shown(value: Any, accuracy: Accuracy | None) -> str:
+    """A noisy value as the CLI shows it: to the precision its 95% interval allows (`_decimals`)."""
+    return format_value(_rounded(value, _decimals(accuracy)))
+
+
 def _rounded(value: Any, decimals: int | None) -> Any:
     """A float or numeric rounded to `decimals` (an integer when they are not positive); anything else as it
     is."""

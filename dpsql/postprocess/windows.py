@@ -12,12 +12,18 @@ from dpsql.sql.refuse import DEFAULT_FRAME, Frame, window_frame
 
 
 def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, Any]],
-                     simulations: list[dict[str, Any]]) -> None:
+                    simulations: list[dict[str, Any]], unclamped: list[dict[str, Any]] | None = None,
+                    simulations_unclamped: list[dict[str, Any]] | None = None) -> None:
     """Each window's value for every released row, as PostgreSQL computes it over a query's rows: partitions and
     order from the released values; the frame is the window's own (`refuse.window_frame`), by default from the
     partition's start to the current row's last peer. Where intervals are simulated, aggregate windows combine the
-    simulated draws over the same frames."""
+    simulated draws over the same frames. SUM and AVG read each row's `unclamped` values where given (its counts
+    as drawn, not clamped at 0: a moving average of small daily counts would run high); the rest read the values
+    shown."""
     for name, window in windows:
+        sums = isinstance(window.this, exp.Sum | exp.Avg)
+        reads = unclamped if sums and unclamped else envs
+        reads_simulated = simulations_unclamped if sums and simulations_unclamped else simulations
         frame = window_frame(window)
         partition_by = window.args.get("partition_by") or []
         order = window.args["order"].expressions if window.args.get("order") else []
@@ -27,9 +33,9 @@ def compute_windows(windows: list[tuple[str, exp.Window]], envs: list[dict[str, 
             partitions.setdefault(key, []).append(index)
         for members in partitions.values():
             peers = _peer_groups(members, order, envs)
-            _window_values(name, window.this, peers, envs, frame)
+            _window_values(name, window.this, peers, envs, frame, reads)
             if simulations and not isinstance(window.this, RANKINGS):
-                _window_values(name, window.this, peers, simulations, frame)
+                _window_values(name, window.this, peers, simulations, frame, reads_simulated)
             elif simulations:
                 for index in members:
                     simulations[index][name] = envs[index][name]
@@ -74,14 +80,14 @@ def _peer_groups(members: list[int], order: list[exp.Ordered], envs: list[dict[s
 
 
 def _window_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]],
-                   frame: Frame) -> None:
-    """Set envs[i][name] for the rows of one partition, given in runs of peers. Without ORDER BY there is one run,
-    so the default frame is the whole partition."""
+                   frame: Frame, reads: list[dict[str, Any]]) -> None:
+    """Set envs[i][name] for the rows of one partition, given in runs of peers, an aggregate's argument read from
+    `reads`. Without ORDER BY there is one run, so the default frame is the whole partition."""
     if isinstance(function, PLACES + NAVIGATION):
         _position_values(name, function, peers, envs, frame)
         return
     if frame != DEFAULT_FRAME and not isinstance(function, RANKINGS):  # rankings ignore the frame, as in SQL
-        _framed_values(name, function, peers, envs, frame)
+        _framed_values(name, function, peers, envs, frame, reads)
         return
     seen = 0
     so_far: list[Any] = []  # the default frame: the partition up to the current row's last peer
@@ -94,7 +100,7 @@ def _window_values(name: str, function: exp.Expression, peers: list[list[int]], 
                 envs[index][name] = seen + 1 if isinstance(function, exp.Rank) else rank
         else:
             argument = function.this
-            so_far.extend(None if isinstance(argument, exp.Star) else evaluate(argument, envs[index]) for index in run)
+            so_far.extend(None if isinstance(argument, exp.Star) else evaluate(argument, reads[index]) for index in run)
             value = _aggregate_frame(function, so_far, star=isinstance(argument, exp.Star))
             for index in run:
                 envs[index][name] = value
@@ -102,15 +108,15 @@ def _window_values(name: str, function: exp.Expression, peers: list[list[int]], 
 
 
 def _framed_values(name: str, function: exp.Expression, peers: list[list[int]], envs: list[dict[str, Any]],
-                   frame: Frame) -> None:
+                   frame: Frame, reads: list[dict[str, Any]]) -> None:
     """An aggregate window over each row's own frame (a moving average: ROWS BETWEEN 2 PRECEDING AND CURRENT
-    ROW)."""
+    ROW), its argument read from `reads`."""
     rows = [index for run in peers for index in run]
     argument = function.this
     star = isinstance(argument, exp.Star)
     for position, (index, first, last) in enumerate(_with_peers(peers)):
         low, high = _frame_span(frame, position, first, last, len(rows))
-        values = [None if star else evaluate(argument, envs[rows[p]]) for p in range(low, high + 1)]
+        values = [None if star else evaluate(argument, reads[rows[p]]) for p in range(low, high + 1)]
         envs[index][name] = _aggregate_frame(function, values, star)
 
 

@@ -81,6 +81,19 @@ class Composition:
     def sequential(self) -> bool:
         return self.scalars > 0
 
+    def scalars_read_beside_outputs(self) -> list[int]:
+        """The scalar subqueries whose one noisy value the last part reads outside its outputs, in a filter, a join
+        or a key (`WHERE income > (SELECT AVG(income) …)`): the rows it counts move with that value's noise, which
+        its outputs' intervals do not carry. A list of released keys (`key_lists`) only picks the groups shown,
+        each with its own interval, so it is not one of them."""
+        if not self.sequential:
+            return []
+        tree = parse_statement(self.parts[-1])
+        outputs = {id(node) for item in tree.expressions for node in item.walk()}
+        lists = {part for part, _ in self.key_lists}
+        return sorted({int(p.name[len(SCALAR):]) for p in tree.find_all(exp.Placeholder)
+                       if p.name.startswith(SCALAR) and id(p) not in outputs} - lists)
+
     def computed_from_scalars(self) -> dict[int, int | None]:
         """The output columns of the last part whose values come from a scalar subquery's noisy value, rather
         than being filtered by one: each with the subquery it repeats as it is (`(SELECT COUNT(*) ...) AS n`,
