@@ -1210,6 +1210,23 @@ def test_a_value_computed_from_a_scalar_subquery_carries_both_noises(engine, ana
     assert engine.ledger.budget(analyst).epsilon_left == left
 
 
+def test_a_ratio_whose_divisor_s_noise_reaches_zero_has_no_interval_rather_than_a_nan_bound(engine, analyst):
+    """`SUM(x) / NULLIF(COUNT(*), 0)` where the count's noise reaches 0: more than 2.5% of the simulated draws have
+    no value, so no interval holds 95% of them (it had a NaN or infinite bound); where few fail, the others give
+    it."""
+    from dpsql.postprocess.accuracy import Simulated, simulated_intervals
+    draws = np.linspace(1.0, 2.0, 1000)
+    cells = [[Simulated(np.where(np.arange(1000) < 100, np.nan, draws), (None, None)),
+              Simulated(np.where(np.arange(1000) < 10, np.inf, draws), (None, None))]]
+    simulated_intervals(cells)
+    assert cells[0][0].ci_low is None and cells[0][0].ci_high is None
+    assert 1.0 < cells[0][1].ci_low < cells[0][1].ci_high < 2.0
+    answer = engine.query("SELECT category, SUM(amount) / NULLIF(COUNT(*), 0) AS mean FROM visits WHERE day < "
+                          "'2024-01-15' GROUP BY 1", analyst=analyst, epsilon=0.1)
+    assert all(acc[1] is None or acc[1].ci_low is None or math.isfinite(acc[1].ci_low + acc[1].ci_high)
+               for acc in answer.accuracy)
+
+
 @pytest.mark.parametrize("written,truth", [("COUNT(*) * 100.0 / %(dpsql_scalar_0)s", lambda x, s: 100 * x / s),
                                            ("AVG(x) - %(dpsql_scalar_0)s", lambda x, s: x - s),
                                            ("%(dpsql_scalar_0)s / COUNT(*)", lambda x, s: s / x),

@@ -128,18 +128,23 @@ class Simulated:
 
 
 def simulated_intervals(accuracies: list[list[Accuracy | Simulated | None]]) -> None:
-    """Each `Simulated` in `accuracies` replaced by its 95% interval, all percentiles in one batch."""
+    """Each `Simulated` in `accuracies` replaced by its 95% interval, all percentiles in one batch. Where more
+    than 2.5% of the draws have no finite value (a ratio whose divisor's noise reaches 0: `SUM(x) / NULLIF(COUNT(*),
+    0)`), no interval holds 95% of them: there is none (it had a NaN or infinite bound)."""
     places = [(row, i) for row, values in enumerate(accuracies) for i, a in enumerate(values)
               if isinstance(a, Simulated)]
     if not places:
         return
-    draws = np.stack([accuracies[row][i].draws for row, i in places])
-    with np.errstate(invalid="ignore"):  # draws at ±inf (a ratio over a noisy zero) leave a NaN bound
+    draws = np.stack([accuracies[row][i].draws for row, i in places]).astype(float)
+    finite = np.isfinite(draws)
+    with np.errstate(invalid="ignore"):
         # np.percentile works on all rows at once; the NaN-skipping one goes row by row
-        percentile = np.nanpercentile if np.isnan(draws).any() else np.percentile
-        lows, highs = percentile(draws, [2.5, 97.5], axis=1)
-    for (row, i), low, high in zip(places, lows, highs, strict=True):
-        accuracies[row][i] = Accuracy(None, float(low), float(high), None, None, *accuracies[row][i].bounds)
+        percentile = np.percentile if finite.all() else np.nanpercentile
+        lows, highs = percentile(np.where(finite, draws, np.nan), [2.5, 97.5], axis=1)
+    unbounded = (~finite).mean(axis=1) > 0.025
+    for (row, i), low, high, none in zip(places, lows, highs, unbounded, strict=True):
+        interval = (None, None) if none else (float(low), float(high))
+        accuracies[row][i] = Accuracy(None, *interval, None, None, *accuracies[row][i].bounds)
 
 
 def lower_bounds(agg: Aggregate, plan: Plan, calibration: Calibration,
