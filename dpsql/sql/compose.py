@@ -82,17 +82,30 @@ class Composition:
         return self.scalars > 0
 
     def scalars_read_beside_outputs(self) -> list[int]:
-        """The scalar subqueries whose one noisy value the last part reads outside its outputs, in a filter, a join
-        or a key (`WHERE income > (SELECT AVG(income) …)`): the rows it counts move with that value's noise, which
-        its outputs' intervals do not carry. A list of released keys (`key_lists`) only picks the groups shown,
-        each with its own interval, so it is not one of them."""
+        """The scalar subqueries whose noisy values the last part reads outside its outputs, in a filter, a join or
+        a key (`WHERE income > (SELECT AVG(income) …)`): the rows it counts move with their noise, which its
+        outputs' intervals do not carry. A list of released keys (`key_lists`) that the last part groups by only
+        picks the groups shown, each with its own interval, so it is not one of them; one it does not group by
+        (`SELECT COUNT(*) … WHERE k = ANY(the keys)`) is."""
         if not self.sequential:
             return []
         tree = parse_statement(self.parts[-1])
         outputs = {id(node) for item in tree.expressions for node in item.walk()}
+        aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
+        grouped = {to_sql(_resolved(k, aliases, tree.expressions))
+                   for k in (tree.args["group"].expressions if tree.args.get("group") else [])}
         lists = {part for part, _ in self.key_lists}
-        return sorted({int(p.name[len(SCALAR):]) for p in tree.find_all(exp.Placeholder)
-                       if p.name.startswith(SCALAR) and id(p) not in outputs} - lists)
+        moved = set()
+        for placeholder in tree.find_all(exp.Placeholder):
+            if not placeholder.name.startswith(SCALAR) or id(placeholder) in outputs:
+                continue
+            part = int(placeholder.name[len(SCALAR):])
+            compared = placeholder.find_ancestor(exp.EQ)
+            keys = [] if compared is None else \
+                compared.this.expressions if isinstance(compared.this, exp.Tuple) else [compared.this]
+            if part not in lists or not keys or not all(to_sql(key) in grouped for key in keys):
+                moved.add(part)
+        return sorted(moved)
 
     def computed_from_scalars(self) -> dict[int, int | None]:
         """The output columns of the last part whose values come from a scalar subquery's noisy value, rather
