@@ -21,12 +21,14 @@ from dpsql.prepared import Prepared
 from dpsql.released_rows import (
     Reported,
     aggregate_released,
+    filtered_by_noise,
     numeric_value,
     outer_columns,
     pick_released,
     project_released,
     unwrapped,
 )
+from dpsql.sql import AGGREGATES
 from dpsql.sql.compose import SCALAR, Composition
 from dpsql.sql.parse import parse_statement
 
@@ -126,10 +128,20 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
                        epsilon=sum(a.epsilon for a in answers), delta=sum(a.delta for a in answers),
                        cached=all(a.cached for a in answers), budget=answers[-1].budget)
     if composition.outer is not None:  # post-processing of the inner answer's rows: sums carry their noise
-        rows, accuracy = aggregate_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
-                                             answers[0].noisy)
-        return replace(answers[0], names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy,
-                       notes=[*answers[0].notes, RELEASED_ROWS_NOTE])
+        inner = answers[0]
+        rows, accuracy = aggregate_released(composition.outer, inner.names, inner.rows, inner.accuracy, inner.noisy)
+        notes, explained = [*inner.notes, RELEASED_ROWS_NOTE], ()
+        picked = _picked_by_noise(composition.parts[0])
+        if picked or filtered_by_noise(composition.outer, inner.names, inner.rows, inner.accuracy):
+            explained = tuple(name for name, is_noisy in zip(names, noisy, strict=True) if is_noisy)
+            accuracy = [tuple(None if is_noisy else a for a, is_noisy in zip(acc, noisy, strict=True))
+                        for acc in accuracy]
+            notes.append(f"{', '.join(explained)} {'has' if len(explained) == 1 else 'have'} no 95% interval: which "
+                         f"released rows {'it reads' if len(explained) == 1 else 'they read'} is decided by noisy "
+                         f"values ({picked or 'the WHERE over them'}), and a row near the line could fall on either "
+                         "side, which moves the result beyond its rows' own noise")
+        return replace(inner, names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy, notes=notes,
+                       explained=explained)
     shown = answers[-1:] if composition.sequential else answers
     rows = [(row, accuracy) for answer in shown for row, accuracy in zip(answer.rows, answer.accuracy, strict=True)]
     if composition.distinct:
@@ -162,6 +174,23 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     return Answer(names, types, [r[0] for r in rows], [r[1] for r in rows], sum(a.epsilon for a in answers),
                   sum(a.delta for a in answers), all(a.cached for a in answers), answers[-1].budget, noisy,
                   notes=notes, explained=explained)
+
+
+def _picked_by_noise(inner_sql: str) -> str | None:
+    """What of a grouped query keeps its rows by their noisy values: its HAVING, or its ORDER BY with a LIMIT."""
+    tree = parse_statement(inner_sql)
+    if tree.args.get("having"):
+        return "the subquery's HAVING"
+    noisy = [e for e in tree.expressions if e.find(*AGGREGATES)]  # (a key read in order is exact)
+    names, places = {e.alias_or_name for e in noisy}, {str(tree.expressions.index(e) + 1) for e in noisy}
+
+    def noisy_term(term: exp.Expression) -> bool:
+        return (term.find(*AGGREGATES) is not None or isinstance(term, exp.Column) and term.name in names
+                or isinstance(term, exp.Literal) and term.this in places)
+    order = tree.args["order"].expressions if tree.args.get("order") else []
+    if tree.args.get("limit") and any(noisy_term(o.this) for o in order):
+        return "the subquery's ORDER BY and LIMIT"
+    return None
 
 
 def _moved_note(names: Sequence[str], scalars: Sequence[Answer]) -> str:

@@ -6,6 +6,7 @@ MIN, MAX), filter groups (HAVING), order and limit, over the inner query's outpu
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import statistics
@@ -51,15 +52,19 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     (`Accuracy.unclamped`): a sum of clamped counts would run high. Filters and keys read the values shown.
     `noisy`: which inner columns carry noise (by default, those with an accuracy in some row). A SUM or AVG of
     values that each carry noise of their own, and sums, differences, multiples and ratios of such aggregates,
-    have an interval (`_interval`; the released rows read taken as given); other outputs have none."""
+    have an interval (`_interval`; the released rows read taken as given); other outputs have none, nor has
+    any where the WHERE keeps a row by a noisy value that its interval could put on the other side
+    (`filtered_by_noise`)."""
     tree = parse_select(outer_sql)
     accuracy = accuracy or [(None,) * len(names)] * len(rows)
     noisy_names = ({n for n, is_noisy in zip(names, noisy, strict=True) if is_noisy} if noisy is not None else
                    {n for i, n in enumerate(names) if any(acc[i] is not None for acc in accuracy)})
     members = [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
                 dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
-    if tree.args.get("where"):
-        members = [m for m in members if evaluate(tree.args["where"].this, m[0])]
+    where = tree.args["where"].this if tree.args.get("where") else None
+    uncertain = where is not None and _kept_by_noise(where, members)
+    if where is not None:
+        members = [m for m in members if evaluate(where, m[0])]
     outputs = [item.unalias() for item in tree.expressions]
     by_name = {output_name(item): value for item, value in zip(tree.expressions, outputs, strict=True)}
     # GROUP BY 1 or an output's name (where no inner column has it), as PostgreSQL reads them
@@ -80,10 +85,44 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
             continue
         values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
         forms = Forms(group, env, noisy_names)
-        intervals = tuple(_interval(o, value, forms) for o, value in zip(outputs, values, strict=True))
+        intervals = tuple(None if uncertain else _interval(o, value, forms)
+                          for o, value in zip(outputs, values, strict=True))
         found.append((values, intervals, [_plain(evaluate(_named(o), env)) for o in order]))
     found = _ordered_and_cut(tree, found, lambda row, i: row[2][i])
     return [values for values, _, _ in found], [intervals for _, intervals, _ in found]
+
+
+def filtered_by_noise(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
+                      accuracy: Sequence[tuple]) -> bool:
+    """Whether the outer query's WHERE keeps some released row by a noisy value that its 95% interval would put on
+    the other side (`SELECT SUM(n) … WHERE n > 1000`, a count near 1000): which rows are added up then moves with
+    the noise, and `aggregate_released` gives its aggregates no interval."""
+    tree = parse_select(outer_sql)
+    if not tree.args.get("where"):
+        return False
+    members = [(dict(zip(names, row, strict=True)), None, dict(zip(names, acc, strict=True)))
+               for row, acc in zip(rows, accuracy, strict=True)]
+    return _kept_by_noise(tree.args["where"].this, members)
+
+
+def _kept_by_noise(condition: exp.Expression, members: list[tuple[dict, Any, dict]]) -> bool:
+    """Whether `condition` holds for some row at one end of its noisy values' 95% intervals and fails at another
+    (or at the values shown)."""
+    read = {c.name for c in condition.find_all(exp.Column)}
+    return any(_moved_by_noise(lambda env: truthy(evaluate(condition, env)), read, shown, acc)
+               for shown, _, acc in members)
+
+
+def _moved_by_noise(value_of: Callable[[dict], Any], read: set[str], shown: dict, acc: dict) -> bool:
+    """Whether `value_of` a row differs between its values shown and some combination of the ends of the 95%
+    intervals of its noisy columns in `read`."""
+    noisy = [(name, a) for name, a in acc.items() if name in read and a is not None and a.ci_low is not None]
+    if not noisy:
+        return False
+    names = [name for name, _ in noisy]
+    seen = value_of(shown)
+    return any(value_of({**shown, **dict(zip(names, corner, strict=True))}) != seen
+               for corner in itertools.product(*[(a.ci_low, a.ci_high) for _, a in noisy]))
 
 
 def _interval(output: exp.Expression, value: Any, forms: Forms) -> Accuracy | None:
@@ -160,14 +199,20 @@ class Forms:
 
     def _in_row(self, node: exp.Expression, i: int, shown: dict, acc: dict) -> Terms | None:
         """A value of one released row: its noisy column, a constant or key, or the branch of a CASE its shown
-        values take."""
+        values take (None where the 95% interval of a noisy value its conditions read could take another)."""
         if isinstance(node, exp.Column):
             if (i, node.name) in self.halfwidths:
                 return {(i, node.name): 1.0}
             return None if node.name in self.noisy else {}
         if isinstance(node, exp.Case) and node.this is None:
-            branch = next((b.args["true"] for b in node.args.get("ifs", []) if truthy(evaluate(b.this, shown))),
-                          node.args.get("default"))
+            ifs = node.args.get("ifs", [])
+
+            def taken(env: dict) -> int:  # the first branch whose condition holds (len(ifs): the default)
+                return next((n for n, b in enumerate(ifs) if truthy(evaluate(b.this, env))), len(ifs))
+            if _moved_by_noise(taken, {c.name for b in ifs for c in b.this.find_all(exp.Column)}, shown, acc):
+                return None
+            at = taken(shown)
+            branch = ifs[at].args["true"] if at < len(ifs) else node.args.get("default")
             if branch is None:
                 return {}
             return _linear(branch, lambda n: self._in_row(n, i, shown, acc), lambda n: _plain(evaluate(n, shown)))
@@ -381,4 +426,5 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-__all__ = ["aggregate_released", "numeric_value", "outer_columns", "pick_released", "project_released", "unwrapped"]
+__all__ = ["aggregate_released", "filtered_by_noise", "numeric_value", "outer_columns", "pick_released",
+           "project_released", "unwrapped"]

@@ -402,6 +402,31 @@ def test_shares_and_differences_of_released_counts_carry_their_noise():
     assert intervals[3] is None  # MAX is a choice among noisy values: no interval of its own
 
 
+def test_released_rows_kept_or_branched_by_a_noisy_value_give_no_interval(engine, analyst):
+    """`SUM(n) … WHERE n > 150` where one count's interval reaches over 150: which rows are added up moves with
+    the noise, so there is no interval (it held the truth in 65% of answers), and the answer says why; where every
+    row's interval stays on its side, the interval stands. A CASE whose branch a noisy value picks is the same.
+    So is a subquery whose HAVING, or ORDER BY of a noisy value with a LIMIT, picks its rows."""
+    from dpsql.released_rows import aggregate_released, filtered_by_noise
+    rows = [("a", 100), ("b", 140), ("c", 600)]
+    accuracy = [(None, Accuracy(None, n - 20.0, n + 20.0, halfwidth=20.0)) for _, n in rows]
+    for where, stands in (("n > 150", False), ("n > 50", True), ("k <> 'a'", True)):
+        sql = f"SELECT SUM(n) AS s FROM t WHERE {where}"
+        (interval,), = aggregate_released(sql, ["k", "n"], rows, accuracy)[1]
+        assert (interval is not None) == stands and filtered_by_noise(sql, ["k", "n"], rows, accuracy) != stands
+    for threshold, stands in ((150, False), (300, True)):
+        sql = f"SELECT SUM(CASE WHEN n > {threshold} THEN n ELSE 0 END) AS s FROM t"
+        assert (aggregate_released(sql, ["k", "n"], rows, accuracy)[1][0][0] is not None) == stands
+    inner = "SELECT category, COUNT(*) AS n FROM visits GROUP BY category"
+    for picked in ("HAVING COUNT(*) > 100", "ORDER BY n DESC LIMIT 3"):
+        answer = engine.query(f"SELECT SUM(n) AS s FROM ({inner} {picked}) t", analyst=analyst, epsilon=1.0)
+        assert answer.accuracy == [(None,)] and answer.notes[-1].startswith(
+            "s has no 95% interval: which released rows it reads is decided by noisy values (the subquery's ")
+    ordered = engine.query(f"SELECT SUM(n) AS s FROM ({inner} ORDER BY category LIMIT 3) t", analyst=analyst,
+                           epsilon=1.0)
+    assert ordered.accuracy[0][0].ci_low is not None  # picked by their keys: exact
+
+
 def test_a_sum_of_released_daily_counts_is_their_noisy_total_with_its_interval(engine, analyst):
     """Daily counts of a rare category at small ε, many shown as 0: the monthly total the outer query computes is
     the sum of their noisy values, and its interval covers the sum of their noise."""
