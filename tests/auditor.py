@@ -414,6 +414,9 @@ QUERY_CLASSES = [
     QueryClass("a public table's values as keys (every line released, the neighbour's own too)",
                query("SELECT l.code, COUNT(r.person_id) FROM lines l LEFT JOIN rides r ON r.line = l.code "
                      "GROUP BY l.code", rows_per_unit="auto"), 1),
+    QueryClass("groups within a unit: a subquery by the unit and a key, a row per group outside",
+               query("SELECT AVG(n), COUNT(*) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips "
+                     "GROUP BY person_id, kind) t", rows_per_unit="auto"), 0),
     QueryClass("a per-unit subquery joined to the unit's row (joined inside it)",
                query("SELECT p.state, COUNT(*), AVG(t.spent) FROM people p JOIN (SELECT person_id, SUM(fare) AS spent "
                      "FROM trips GROUP BY person_id) t ON t.person_id = p.person_id GROUP BY p.state"), 1),

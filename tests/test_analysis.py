@@ -289,6 +289,12 @@ def test_a_subquery_grouped_by_a_key_within_one_unit_is_a_table_of_its_groups(de
     assert "GROUP BY v.person_id, v.visit_id" in rewritten and "HAVING COUNT(*) > 10" in rewritten
     with pytest.raises(errors.UnsupportedQuery, match="a unique NOT NULL column"):
         analyze(check_query(sql, demo_schema), demo_schema, unique)
+    not_null = frozenset({("visits", "visit_id")})
+    for outer in ("people p LEFT JOIN visits v ON v.person_id = p.person_id",  # v's NULLs: one group of many
+                  "visits v RIGHT JOIN people p ON v.person_id = p.person_id"):
+        with pytest.raises(errors.UnsupportedQuery, match="a unique NOT NULL column"):
+            analyze(check_query(f"SELECT AVG(n) FROM (SELECT v.visit_id, COUNT(*) AS n FROM {outer} "
+                                "GROUP BY v.visit_id) t", demo_schema), demo_schema, unique, not_null=not_null)
     # one row per person declared (not a key): a person's groups are still counted and kept per person, never
     # taken for one row each
     visits = dataclasses.replace(demo_schema.tables["visits"], max_rows_per_unit=1)

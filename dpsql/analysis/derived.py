@@ -6,8 +6,9 @@ Rules:
   aggregates are clamped to what that unit's k rows could give (COUNT to [0, k], SUM to k times its row
   range, AVG, MIN and MAX to the row range), and the outer query sees a table with one row per unit and
   those bounds. The subquery may instead group by a key that fixes a row of one unit (`GROUP BY visit_id`, a
-  unique NOT NULL column, or a child's parent key): then it is a table of one row per group, its unit's
-  groups at most its k rows, which the outer query bounds as it bounds a table's rows per unit;
+  unique NOT NULL column, or a child's parent key), or by the unit and other keys: then it is a table of one
+  row per group, its unit's groups at most its k rows, which the outer query bounds as it bounds a table's
+  rows per unit;
 - row-level privacy: the subquery groups by one column of its tables whose frequency in the joined relation
   is declared and enforced (k rows per group). A change rewrites each group its changed joined rows fall in
   (a removal and an addition), so the table of groups has stability 2 · (groups one change touches), and
@@ -119,8 +120,7 @@ def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Ex
     fixes a row of a private table (a unique key of it that is NOT NULL, or a child's parent key: `GROUP BY
     o.order_id` in a query of orders); else none. A table on the outer side of a join fixes nothing: its NULLs
     are one group."""
-    fixed = [alias for alias in scope.private
-             if not any(join.side and join.this.alias_or_name == alias for join in scope.joins)]
+    fixed = [alias for alias in scope.private if alias not in _nullable(scope)]
     if any(isinstance(node, exp.Column) and node.table in fixed and scope.is_unit(node) for node in group):
         return group
     if not all(isinstance(node, exp.Column) for node in group):
@@ -135,6 +135,21 @@ def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Ex
         if keys or table.parent is not None and table.parent.column in columns:
             return group
     return []
+
+
+def _nullable(scope: Scope) -> set[str]:
+    """The aliases an outer join may fill with NULLs: a LEFT JOIN's table, those before a RIGHT JOIN, both sides
+    of a FULL one."""
+    before = [scope.tree.args["from_"].this.alias_or_name]
+    found: set[str] = set()
+    for join in scope.joins:
+        side, alias = (join.side or "").upper(), join.this.alias_or_name
+        if side in ("LEFT", "FULL"):
+            found.add(alias)
+        if side in ("RIGHT", "FULL"):
+            found.update(before)
+        before.append(alias)
+    return found
 
 
 def _unit_first(scope: Scope, group: list[exp.Expression], determined: set[str]) -> list[exp.Expression] | None:
