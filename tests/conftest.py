@@ -38,6 +38,7 @@ SHIPPED_SCHEMA = ROOT / "schemas" / "demo.toml"
 DECLARED_ROWS = {"visits": 10, "prescriptions": 20}
 DECLARED_AMOUNT = 1000  # the shipped schema's cap is 5,000: its sums choose their own bound
 DECLARED_INCOME = 250000  # the shipped schema's cap is 1,000,000, above every income the demo data holds
+DECLARED_COST = 200  # the shipped schema's cap is 1,000, above all but a few costs in 100,000 people's
 
 
 def _declared_schema() -> Path:
@@ -49,6 +50,8 @@ def _declared_schema() -> Path:
     assert found == 1, "the shipped schema no longer bounds visits.amount"
     text, found = re.subn(r"(income = \{[^}]*upper = )\d+", rf"\g<1>{DECLARED_INCOME}", text)
     assert found == 1, "the shipped schema no longer bounds people.income"
+    text, found = re.subn(r"(cost = \{[^}]*upper = )\d+", rf"\g<1>{DECLARED_COST}", text)
+    assert found == 1, "the shipped schema no longer bounds prescriptions.cost"
     path = Path(tempfile.mkdtemp(prefix="dpsql-schema-")) / "demo.toml"
     path.write_text(text, encoding="utf-8")
     return path
