@@ -3,6 +3,7 @@ output, and the exact statistics a release's own mechanism reads."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,10 +74,14 @@ class Answer:
                         and acc[i].count_gap is None for acc in self.accuracy)]
         if not bare:
             return self
-        spelled = ", ".join(bare)
-        return replace(self, notes=[*self.notes, f"{spelled} {'has' if len(bare) == 1 else 'have'} no 95% interval: "
-                                    "the noise of the values it is computed from is not combined here; ask for "
-                                    "those values themselves to see their intervals"])
+        return replace(self, notes=[*self.notes, f"{without_interval(bare)}: the noise of the values it is computed "
+                                    "from is not combined here; ask for those values themselves to see their "
+                                    "intervals"])
+
+
+def without_interval(names: Sequence[str]) -> str:
+    """The start of a note on columns shown without an interval: "a has no 95% interval", "a, b have ..."."""
+    return f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no 95% interval"
 
 
 @dataclass(frozen=True)

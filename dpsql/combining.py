@@ -14,7 +14,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.analysis.plan import Output
-from dpsql.answer import Answer
+from dpsql.answer import Answer, without_interval
 from dpsql.output import shown
 from dpsql.postprocess import Accuracy, sort_rows
 from dpsql.prepared import Prepared
@@ -136,10 +136,10 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
             explained = tuple(name for name, is_noisy in zip(names, noisy, strict=True) if is_noisy)
             accuracy = [tuple(None if is_noisy else a for a, is_noisy in zip(acc, noisy, strict=True))
                         for acc in accuracy]
-            notes.append(f"{', '.join(explained)} {'has' if len(explained) == 1 else 'have'} no 95% interval: which "
-                         f"released rows {'it reads' if len(explained) == 1 else 'they read'} is decided by noisy "
-                         f"values ({picked or 'the WHERE over them'}), and a row near the line could fall on either "
-                         "side, which moves the result beyond its rows' own noise")
+            notes.append(f"{without_interval(explained)}: which released rows "
+                         f"{'it reads' if len(explained) == 1 else 'they read'} is decided by noisy values "
+                         f"({picked or 'the WHERE over them'}), and a row near the line could fall on either side, "
+                         "which moves the result beyond its rows' own noise")
         return replace(inner, names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy, notes=notes,
                        explained=explained)
     shown = answers[-1:] if composition.sequential else answers
@@ -197,10 +197,9 @@ def _moved_note(names: Sequence[str], scalars: Sequence[Answer]) -> str:
     """What an answer filtered by a subquery's noisy value says of its missing intervals."""
     values = ", ".join(f"{answer.names[0]} = {shown(answer.rows[0][0], answer.accuracy[0][0])}" if answer.rows
                        else answer.names[0] for answer in scalars)
-    return (f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no 95% interval: the query keeps its rows by "
-            f"a subquery's noisy value ({values}), and that value's noise moves which rows are kept, beyond what the "
-            "interval of the rows kept would cover; to see each part's uncertainty, ask for the subquery's value "
-            "alone, then use it as a constant")
+    return (f"{without_interval(names)}: the query keeps its rows by a subquery's noisy value ({values}), and that "
+            "value's noise moves which rows are kept, beyond what the interval of the rows kept would cover; to see "
+            "each part's uncertainty, ask for the subquery's value alone, then use it as a constant")
 
 
 _OPERATIONS = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul, exp.Div: operator.truediv}

@@ -655,9 +655,9 @@ def _groups_by_unit(select: exp.Select, schema: PrivacySchema,
     groups = [_resolved(k, aliases, select.expressions) for k in select.args["group"].expressions]  # GROUP BY 1
     if any(isinstance(k, exp.Column) and k.name in units for k in groups):
         return True
-    tables = {t.alias_or_name: schema.tables.get(t.name) for t in tables_read(select)}
     if not keys or not all(isinstance(k, exp.Column) for k in groups):
         return False
+    tables = {t.alias_or_name: schema.tables.get(t.name) for t in tables_read(select)}
     for key in groups:
         table = tables.get(key.table) if key.table else next(iter(tables.values())) if len(tables) == 1 else None
         if table is not None and not table.public and ((table.name, key.name) in keys
