@@ -263,6 +263,13 @@ def test_not_in_reads_only_the_subquerys_non_null_values(demo_schema):
     assert "NOT prescriptions.visit_id IS NULL" in to_sql(query.tree)
     p = analyze(query, demo_schema, PARENT_UNIQUE)
     assert p.rows_per_unit == 10 and [m.sensitivity for m in p.measures] == [10]  # the semijoin adds nothing
+    # both sides NOT NULL, it is the anti-join PostgreSQL hashes (a NOT IN it reads again for every outer row
+    # where the subquery's values overflow work_mem); a grouped subquery stays NOT IN
+    assert ("NOT EXISTS(SELECT 1 FROM prescriptions AS prescriptions WHERE NOT prescriptions.visit_id IS NULL AND "
+            "prescriptions.visit_id = v.visit_id)") in to_sql(query.tree)
+    grouped = check_query("SELECT COUNT(*) FROM people p WHERE p.person_id NOT IN (SELECT v.person_id FROM visits v "
+                          "GROUP BY v.person_id HAVING COUNT(*) > 3)", demo_schema)
+    assert "NOT p.person_id IN (SELECT" in to_sql(grouped.tree) and "EXISTS" not in to_sql(grouped.tree)
 
 
 def test_per_unit_subqueries_earn_the_sensitivity_of_one_row_per_unit(demo_schema):
