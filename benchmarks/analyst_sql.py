@@ -298,6 +298,14 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT COUNT(*) FROM visits WHERE category IN (SELECT category FROM visits GROUP BY category "
                "HAVING COUNT(*) > 500)"),
     ("answer", "SELECT COUNT(*) FROM visits WHERE amount::numeric(10,2) > 100.50"),
+    # groups within a person: per visit, per (person, category), per person-day (prescriptions per visit was NULL)
+    ("answer", "SELECT AVG(n) FROM (SELECT visit_id, COUNT(*) AS n FROM prescriptions GROUP BY visit_id) t"),
+    ("answer", "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY total) FROM (SELECT v.visit_id, "
+               "SUM(p.cost) AS total FROM visits v JOIN prescriptions p ON p.visit_id = v.visit_id GROUP BY "
+               "v.visit_id) t"),
+    ("answer", "SELECT COUNT(*) FROM (SELECT DISTINCT person_id, category FROM visits) t"),
+    ("answer", "SELECT AVG(n) FROM (SELECT person_id, day, COUNT(*) AS n FROM visits GROUP BY person_id, day) t"),
+    ("answer", "SELECT COUNT(*) FROM people WHERE person_id NOT IN (SELECT person_id FROM visits)"),
     ("raw", "SELECT * FROM visits LIMIT 10"),
     ("raw", "SELECT person_id, income FROM people WHERE age > 90"),
     ("raw", "SELECT person_id FROM visits WHERE category = 'lab' INTERSECT SELECT person_id FROM screenings"),
