@@ -404,7 +404,7 @@ def test_shares_and_differences_of_released_counts_carry_their_noise():
 
 def test_released_rows_kept_or_branched_by_a_noisy_value_give_no_interval(engine, analyst):
     """`SUM(n) … WHERE n > 150` where one count's interval reaches over 150: which rows are added up moves with
-    the noise, so there is no interval (it held the truth in 65% of answers), and the answer says why; where every
+    the noise, so there is no interval (it held the truth in 13 of 20 answers), and the answer says why; where every
     row's interval stays on its side, the interval stands. A CASE whose branch a noisy value picks is the same.
     So is a subquery whose HAVING, or ORDER BY of a noisy value with a LIMIT, picks its rows."""
     from dpsql.released_rows import aggregate_released, filtered_by_noise
@@ -1215,7 +1215,7 @@ def test_a_value_computed_from_a_scalar_subquery_carries_both_noises(engine, ana
     assert all(acc[1] is None for acc in unread.accuracy)
     assert any(n.startswith("m has no 95% interval") for n in unread.notes)
     # filtered by it: the rows kept move with its noise, which the count's interval would not cover (it held the
-    # count at the exact average in 12% of answers), so there is none, and the answer says why
+    # count at the exact average in 1 of 8 answers), so there is none, and the answer says why
     filtered = engine.query("SELECT COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people)",
                             analyst=analyst, epsilon=1.0)
     assert filtered.accuracy == [(None,)] and filtered.notes[-1].startswith(
