@@ -177,16 +177,17 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
 
 
 def _picked_by_noise(inner_sql: str) -> str | None:
-    """What of a grouped query keeps its rows by their noisy values: its HAVING, or its ORDER BY with a LIMIT."""
+    """What of a grouped query keeps its rows by their noisy values: its HAVING, or its ORDER BY with a LIMIT,
+    where they read an aggregate (a key read there is exact)."""
     tree = parse_statement(inner_sql)
-    if tree.args.get("having"):
-        return "the subquery's HAVING"
-    noisy = [e for e in tree.expressions if e.find(*AGGREGATES)]  # (a key read in order is exact)
+    noisy = [e for e in tree.expressions if e.find(*AGGREGATES)]
     names, places = {e.alias_or_name for e in noisy}, {str(tree.expressions.index(e) + 1) for e in noisy}
 
     def noisy_term(term: exp.Expression) -> bool:
-        return (term.find(*AGGREGATES) is not None or isinstance(term, exp.Column) and term.name in names
+        return (term.find(*AGGREGATES) is not None or any(c.name in names for c in term.find_all(exp.Column))
                 or isinstance(term, exp.Literal) and term.this in places)
+    if tree.args.get("having") and noisy_term(tree.args["having"].this):
+        return "the subquery's HAVING"
     order = tree.args["order"].expressions if tree.args.get("order") else []
     if tree.args.get("limit") and any(noisy_term(o.this) for o in order):
         return "the subquery's ORDER BY and LIMIT"
