@@ -52,7 +52,8 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
 @pytest.mark.parametrize("sql,construct,instead", [
     ("SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS c FROM visits ORDER BY "
      "person_id, day) t GROUP BY 1", "DISTINCT ON", "MIN(day) AS first_day"),
-    ("SELECT COUNT(*) FILTER (WHERE 'fever' = ANY(symptom)) FROM survey", "ANY", "SELECT symptom, COUNT(*)"),
+    ("SELECT region, COUNT(*) FILTER (WHERE 'fever' = ANY(symptom)) FROM survey GROUP BY 1", "ANY",
+     "SELECT symptom, COUNT(*)"),
     ("SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY person_id "
      "ORDER BY day) AS rn FROM visits) t WHERE rn = 1 GROUP BY 1", "ROW_NUMBER() OVER (PARTITION BY person_id",
      "MIN(day) AS first_day"),

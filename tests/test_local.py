@@ -432,6 +432,8 @@ def test_the_people_reporting_one_value_of_an_array_column_are_picked_from_its_c
     picked = {row[0]: (row[1], acc[1]) for row, acc in zip(grouped.rows, grouped.accuracy, strict=True)}["fever"]
     assert answer.names == ["n"] and (answer.rows[0][0], answer.accuracy[0][0]) == picked
     assert engine.query("SELECT COUNT(*) FROM survey WHERE 'nonsense' = ANY(symptom)", analyst=analyst).rows == [(0,)]
+    filtered = engine.query("SELECT COUNT(*) FILTER (WHERE 'fever' = ANY(symptom)) AS n FROM survey", analyst=analyst)
+    assert (filtered.names, filtered.rows, filtered.accuracy) == (answer.names, answer.rows, answer.accuracy)
 
 
 @pytest.mark.parametrize("asked,read", [

@@ -386,7 +386,9 @@ def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composi
     positive a locally randomized column: the count of people whose value is the one asked is read from the
     de-biased counts per reported value (`SELECT [k, ...,] positive, COUNT(*) ... GROUP BY [k, ...,] positive`,
     which the analysis answers), the rows of the one asked picked with their intervals. A filter on the reports
-    themselves would count reports, not people (`analysis.local_columns`)."""
+    themselves would count reports, not people (`analysis.local_columns`). An ungrouped statement's one
+    `COUNT(*) FILTER (WHERE positive)` is that count with its filter in the WHERE."""
+    tree = _filter_as_where(tree)
     table = tree.args["from_"].this if tree.args.get("from_") else None
     where = tree.args.get("where")
     aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
@@ -423,6 +425,20 @@ def _count_of_reported_value(tree: exp.Select, schema: PrivacySchema) -> Composi
             outer.set(clause, tree.args[clause].copy())
     return Composition([to_sql(inner)], f"the count of one value of {table.name}.{column}, read from the "
                        "de-biased counts per reported value", outer=to_sql(outer), picks=True, zero_row=not keys)
+
+
+def _filter_as_where(tree: exp.Select) -> exp.Select:
+    """`SELECT COUNT(*) FILTER (WHERE c) [AS n] FROM t [WHERE w]` as `SELECT COUNT(*) [AS n] FROM t WHERE [w AND] c`:
+    one ungrouped count, the same rows counted. Anything else as it is."""
+    item = tree.expressions[0] if len(tree.expressions) == 1 and not tree.args.get("group") else None
+    counted = item.unalias() if item is not None else None
+    if not (isinstance(counted, exp.Filter) and isinstance(counted.this, exp.Count)
+            and isinstance(counted.this.this, exp.Star)):
+        return tree
+    spelled = tree.copy()
+    count = exp.Count(this=exp.Star())
+    spelled.set("expressions", [exp.alias_(count, item.alias) if isinstance(item, exp.Alias) else count])
+    return spelled.where(counted.expression.this.copy(), copy=False)
 
 
 REPORTS = "dpsql_reports"
