@@ -73,25 +73,22 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
             for name, value in group.measures.items():
                 spread = group.interval_factor.get(name, 1.0) * mechanisms[name].scale
                 simulated[name] = value - spread * unit_draws[name][row] if name in unit_draws else value
-        unclamped, simulated_unclamped = dict(env), dict(simulated)  # what windows' sums read (`compute_windows`)
         for agg in plan.aggregates:
             if agg.chosen:
                 env[agg.name] = simulated[agg.name] = group.choices[agg.name]
-                unclamped[agg.name] = simulated_unclamped[agg.name] = group.choices[agg.name]
                 continue
             env[agg.name] = _finish_aggregate(agg, group.measures)
-            unclamped[agg.name] = _finish_aggregate(agg, group.measures, clamp=False)
             if simulate:
                 simulated[agg.name] = _finish_aggregate(agg, simulated)
-                simulated_unclamped[agg.name] = _finish_aggregate(agg, simulated, clamp=False)
         if plan.having is not None and not truthy(evaluate(plan.having, env)):
             continue
-        kept.append((group, env, simulated, unclamped, simulated_unclamped))
-    if plan.windows:
-        compute_windows(plan.windows, [k[1] for k in kept], [k[2] for k in kept] if simulate else [],
-                        [k[3] for k in kept], [k[4] for k in kept] if simulate else [])
+        kept.append((group, env, simulated))
+    if plan.windows:  # (their sums read counts as drawn: `compute_windows`)
+        compute_windows(plan.windows, [env for _, env, _ in kept], [s for _, _, s in kept] if simulate else [],
+                        [_unclamped(plan, env, group.measures) for group, env, _ in kept],
+                        [_unclamped(plan, s, s) for _, _, s in kept] if simulate else [])
     rows, fixed = [], {}
-    for group, env, simulated, _, _ in kept:
+    for group, env, simulated in kept:
         values, accuracy = [], []
         for output in plan.outputs:
             value = typed(evaluate(output.expr, env), output.type_name)
@@ -131,12 +128,17 @@ def _with_unclamped(accuracy: Accuracy | Simulated | None, expr: exp.Expression,
     return replace(accuracy, unclamped=float(noisy)) if noisy < 0 else accuracy
 
 
-def _finish_aggregate(agg: Aggregate, measures: dict[str, Any], clamp: bool = True) -> Any:
-    """An aggregate's value from its noisy measures: a count clamped at 0 as shown, or (`clamp` False) as drawn,
-    which a sum over counts reads so as not to run high (a week of daily counts of 20 with noise of ±120)."""
+def _unclamped(plan: Plan, env: dict[str, Any], measures: dict[str, Any]) -> dict[str, Any]:
+    """`env` with each count as drawn rather than clamped at 0, which a sum over counts reads so as not to run high
+    (a week of daily counts of 20 with noise of ±120)."""
+    return {**env, **{agg.name: measures[agg.measures[0]] for agg in plan.aggregates
+                      if agg.kind in COUNTS and not agg.chosen}}
+
+
+def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     values = [measures[name] for name in agg.measures]
     if agg.kind in COUNTS:
-        return np.maximum(values[0], 0) if clamp else values[0]
+        return np.maximum(values[0], 0)
     return KINDS[agg.kind].finish(agg, values)
 
 

@@ -36,6 +36,7 @@ from dpsql.sql.query import (
     value_asked,
 )
 from dpsql.sql.shape import (
+    READS,
     constant_subqueries_inlined,
     count_of_distinct_rows,
     distinct_as_group_by,
@@ -758,8 +759,7 @@ def _released_keys_as_join(tree: exp.Select, schema: PrivacySchema) -> exp.Selec
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
     """Subqueries used as values (not in FROM, a join, a CTE, IN or EXISTS)."""
     return [node for node in tree.find_all(exp.Subquery)
-            if not isinstance(node.parent, exp.From | exp.Join | exp.In | exp.Exists | exp.CTE)
-            and node.find_ancestor(exp.Subquery) is None]
+            if not isinstance(node.parent, READS) and node.find_ancestor(exp.Subquery) is None]
 
 
 def _sequential(tree: exp.Select) -> Composition:

@@ -713,6 +713,8 @@ def one_row_ctes_inlined(tree: exp.Select) -> exp.Select:
     if with_ is None or with_.args.get("recursive"):
         return tree
     ctes = {cte.alias_or_name: cte.this for cte in with_.expressions if _one_aggregate_row(cte.this)}
+    if not ctes:
+        return tree
     tree = tree.copy()
     for subquery in list(tree.find_all(exp.Subquery)):
         select = subquery.this
