@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import random
 from collections import Counter
@@ -43,6 +44,31 @@ def test_bernoulli_exp_probability(gamma: Fraction) -> None:
     hits = sum(bernoulli_exp(gamma, rng) for _ in range(SAMPLES))
     p = math.exp(-float(gamma))
     assert abs(hits - p * SAMPLES) <= 5 * math.sqrt(SAMPLES * p * (1 - p)) + 1
+
+
+@pytest.mark.parametrize("c", [Fraction(0), Fraction(1), Fraction(100, 37), Fraction(5, 2)])
+def test_bernoulli_times_inverse_e_probability(c: Fraction) -> None:
+    """The coin of c/e the exponential mechanism's envelope accepts with (100/37: e^-1 over 0.37)."""
+    from dpsql.mechanisms.samplers import bernoulli_times_inverse_e
+
+    rng = random.Random(3)
+    hits = sum(bernoulli_times_inverse_e(c, rng) for _ in range(SAMPLES))
+    p = float(c) / math.e
+    assert abs(hits - p * SAMPLES) <= 5 * math.sqrt(SAMPLES * p * (1 - p)) + 1
+    with pytest.raises(ValueError):
+        bernoulli_times_inverse_e(Fraction(11, 4), rng)
+
+
+def test_inverse_e_bounds_bracket_it_ever_closer() -> None:
+    from dpsql.mechanisms.samplers import _inverse_e_bounds
+
+    with decimal.localcontext() as context:
+        context.prec = 80
+        inverse_e = Fraction(1 / decimal.Decimal(1).exp())  # within 10^-79 of 1/e
+    for bits in (2, 66, 130):
+        low, high = _inverse_e_bounds(bits)
+        assert low - Fraction(1, 10**79) <= inverse_e <= high + Fraction(1, 10**79)
+        assert high - low <= Fraction(2, 1 << bits)
 
 
 @pytest.mark.parametrize("scale", [Fraction(1), Fraction(3, 2), Fraction(7, 10), Fraction(10, 3)])

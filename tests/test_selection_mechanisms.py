@@ -35,6 +35,26 @@ def test_exponential_mechanism_selection_probabilities():
                          [math.exp(u / 2) for u in utilities], seed=8)
 
 
+def test_exponential_mechanism_over_a_histogram_s_cells_follows_its_weights_at_every_level():
+    """A median's histogram of 300 cells: the envelope's levels run from 0 past MAX_LEVEL, and the samples follow
+    exp(ε u / 2Δ) exactly. Cells expected fewer than 20 times are pooled."""
+    from dpsql.mechanisms import rank_scores
+    from dpsql.mechanisms.exponential import MAX_LEVEL
+
+    utilities = rank_scores([20] * 300, 0.5)
+    mechanism = ExponentialMechanism(sensitivity=20.0, epsilon=1.0)
+    assert max(utilities) - min(utilities) > 2 * 20.0 * (MAX_LEVEL + 2)  # candidates beyond the last level
+    expected = mechanism.probabilities(utilities)
+    rng, n = random.Random(15), 20_000
+    picked = Counter(mechanism.select(utilities, rng) for _ in range(n))
+    kept = [i for i, p in enumerate(expected) if p * n >= 20]
+    observed = [picked.get(i, 0) for i in kept] + [n - sum(picked.get(i, 0) for i in kept)]
+    wanted = [expected[i] * n for i in kept] + [n - sum(expected[i] * n for i in kept)]
+    assert len(kept) > 10
+    _, p_value = stats.chisquare(observed, wanted)
+    assert p_value > 1e-4
+
+
 def test_exponential_mechanism_utility_guarantee():
     mechanism = ExponentialMechanism(sensitivity=1.0, epsilon=0.5)
     utilities = [-float(abs(i - 50)) for i in range(101)]

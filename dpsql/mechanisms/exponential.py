@@ -3,20 +3,28 @@
 Candidate i is chosen with probability proportional to exp(ε·u_i / (2Δ)), where Δ bounds how much any
 utility can move between neighbouring databases. When every utility moves in the same direction between
 neighbours (counts under add-remove), exp(ε·u_i / Δ) is already ε-DP (McSherry-Talwar; "monotone").
-Sampling is exact: draw a candidate uniformly and accept it with probability exp(-ε·(u* - u_i) / (2Δ))
-(u* the best utility), using the exact Bernoulli(exp(-γ)) sampler on rationals; accepted draws follow the
-mechanism's distribution exactly, with no floating-point sampling. `top_k` peels k candidates without
-replacement, each round with ε/k (basic composition).
+Sampling is exact: propose a candidate from rational weights just above its own (`ENVELOPE`) and accept it
+with the ratio, using the exact Bernoulli(exp(-γ)) sampler on rationals (u* the best utility, γ = ε·(u* - u_i)
+/ (2Δ)); accepted draws follow the mechanism's distribution exactly, with no floating-point sampling. `top_k`
+peels k candidates without replacement, each round with ε/k (basic composition).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dpsql.mechanisms.samplers import SYSTEM_RANDOM, Randomness, bernoulli_exp, check_positive
+from dpsql.mechanisms.samplers import (
+    SYSTEM_RANDOM,
+    Randomness,
+    bernoulli_exp,
+    bernoulli_times_inverse_e,
+    check_positive,
+)
 
 
 @dataclass(frozen=True)
@@ -43,22 +51,44 @@ class ExponentialMechanism:
         return [w / total for w in weights]
 
     def select(self, utilities: Sequence[float], rng: Randomness = SYSTEM_RANDOM) -> int:
-        """Index of the chosen candidate."""
+        """Index of the chosen candidate, by rejection from an envelope that already follows the weights to
+        within a factor e (see ENVELOPE): a uniform proposal over a histogram's 2,000 cells, most of them
+        far from the asked rank, was accepted once in about 1,600 draws (93 ms per median at 100,000 people)."""
         if not utilities:
             raise ValueError("no candidates to choose from")
         if not all(math.isfinite(u) for u in utilities):
             raise ValueError("utilities must be finite")
-        best = Fraction(max(utilities))
+        best = max(utilities)
         rate = self._rate
+        levels = [_level(float(rate) * (best - u)) for u in utilities]
+        cumulative = list(itertools.accumulate(_ENVELOPE_WEIGHTS[level] for level in levels))
         while True:
-            i = rng.randrange(len(utilities))
-            if bernoulli_exp(rate * (best - Fraction(utilities[i])), rng):
+            i = bisect.bisect_right(cumulative, rng.randrange(cumulative[-1]))
+            level = levels[i]
+            # accepted with probability exp(-γ) / ENVELOPE^level = exp(-(γ - level)) · (e^-1 / ENVELOPE)^level
+            if bernoulli_exp(rate * (Fraction(best) - Fraction(utilities[i])) - level, rng) and all(
+                    bernoulli_times_inverse_e(1 / ENVELOPE, rng) for _ in range(level)):
                 return i
 
     def utility_gap(self, candidates: int, beta: float = 0.05) -> float:
         """With probability 1 - β the chosen utility is within this of the best: (2Δ/ε)(ln|R| + ln(1/β)),
         or (Δ/ε)(...) for monotone utilities."""
         return (math.log(candidates) + math.log(1 / beta)) / float(self._rate)
+
+
+# The envelope: a candidate whose exponent γ = rate·(best - u) is at least `level` is proposed with weight
+# ENVELOPE^level, a rational just above e^-level, so weights are exact integers; its acceptance then needs one
+# Bernoulli(exp(-(γ - level))) and `level` coins of e^-1 / ENVELOPE (0.994 each). Levels stop at MAX_LEVEL:
+# beyond, a candidate's weight is below 10^-17 of the best's, and it is proposed as rarely.
+ENVELOPE = Fraction(37, 100)
+MAX_LEVEL = 40
+_ENVELOPE_WEIGHTS = [ENVELOPE.numerator ** level * ENVELOPE.denominator ** (MAX_LEVEL - level)
+                     for level in range(MAX_LEVEL + 1)]
+
+
+def _level(gamma: float) -> int:
+    """An integer at most the exact γ that `gamma` approximates (one below its floor, against rounding)."""
+    return MAX_LEVEL if gamma >= MAX_LEVEL + 2 else max(0, int(gamma) - 1)
 
 
 def rank_scores(counts: Sequence[int], quantile: float) -> list[float]:

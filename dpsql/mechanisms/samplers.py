@@ -9,6 +9,7 @@ is `BufferedSystemRandom` (the OS CSPRNG, as `random.SystemRandom`, read in bloc
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -93,6 +94,34 @@ def check_positive(name: str, value: float) -> None:
 def bernoulli(p: Fraction, rng: Randomness) -> bool:
     """True with probability p (a rational in [0, 1])."""
     return rng.randrange(p.denominator) < p.numerator
+
+
+def bernoulli_times_inverse_e(c: Fraction, rng: Randomness) -> bool:
+    """True with probability c / e, for a rational 0 <= c <= e: a uniform, drawn 64 bits at a time, is compared
+    with rational bounds on c / e that narrow as it lengthens, until it falls clear of them (almost always at
+    the first 64 bits). Exact: no rounding decides the outcome."""
+    if not 0 <= c <= Fraction(271828, 100000):
+        raise ValueError("c must lie in [0, e]")
+    u, bits = 0, 0
+    while True:
+        u, bits = (u << 64) | rng.randrange(1 << 64), bits + 64
+        low, high = _inverse_e_bounds(bits + 2)
+        if (u + 1) * c.denominator <= c.numerator * low * (1 << bits):
+            return True  # the whole of [u, u + 1) / 2^bits lies below c·low <= c / e
+        if u * c.denominator >= c.numerator * high * (1 << bits):
+            return False
+
+
+@functools.lru_cache(maxsize=16)
+def _inverse_e_bounds(bits: int) -> tuple[Fraction, Fraction]:
+    """Rationals low <= 1/e <= high, each within 2^-bits of it: partial sums of Σ (-1)^k / k! alternate about 1/e,
+    each within the next term of it."""
+    total, term, k = Fraction(0), Fraction(1), 0
+    while term >= Fraction(1, 1 << bits):
+        total += term if k % 2 == 0 else -term
+        k += 1
+        term /= k
+    return total - term, total + term
 
 
 def bernoulli_exp(gamma: Fraction, rng: Randomness) -> bool:
