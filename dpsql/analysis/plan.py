@@ -6,6 +6,7 @@ nothing here reads data or knows how a plan was found.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -64,12 +65,59 @@ class Histogram:
     sensitivity: float  # how far one unit moves any candidate's rank score, over all groups
 
     values: tuple | None = None  # categorical cells (mode over a declared domain): cell j holds values[j]
+    graded: GradedGrid | None = None  # real values: cells even in `graded.position(x)`, not in x
 
     def value(self, cell: int) -> Any:
         """The value reported for a chosen cell: the domain value, the integer itself, or the cell's midpoint."""
         if self.values is not None:
             return self.values[cell]
+        if self.graded is not None:
+            return self.graded.value(self.lower + (cell + 0.5) * self.width)
         return self.lower + cell * self.width + (0 if self.integer else self.width / 2)
+
+
+@dataclass(frozen=True)
+class GradedGrid:
+    """A histogram's grid for real values, fine where values are small and no coarser than twice an even grid
+    where they are large: cells are even in position(x) = asinh(x / knee) + x · slope. Below the knee the grid
+    is even; above it, asinh grows as ln, so each cell spans a fixed share of its values, and the linear term
+    keeps the cells near the range's ends from growing past twice an even grid's. Heavy-tailed values (costs,
+    incomes) sit far below the caps declared above them, where an even grid of the cap's range is coarse: the
+    median cost of the demo (20, cap 1000) came back as its even cell's midpoint, 20.5, 2.1% high.
+    The grid is a function of the declared range alone, so which cell a value falls in reveals nothing."""
+
+    knee: float
+    slope: float
+
+    @classmethod
+    def over(cls, lo: float, hi: float) -> GradedGrid:
+        """The grid for values in [lo, hi]: the knee 10⁻⁴ of the largest magnitude, and the linear term as
+        long over the range as the logarithmic one."""
+        top = max(abs(lo), abs(hi)) or 1.0
+        knee = top * 1e-4
+        return cls(knee, math.asinh(top / knee) / top)
+
+    def position(self, x: float) -> float:
+        return math.asinh(x / self.knee) + x * self.slope
+
+    def value(self, position: float) -> float:
+        """The x at a position (position is strictly increasing, so bisection finds it)."""
+        lo, hi = -1.0, 1.0
+        while self.position(lo) > position:
+            lo *= 2
+        while self.position(hi) < position:
+            hi *= 2
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.position(mid) < position else (lo, mid)
+        return (lo + hi) / 2
+
+    def sql(self, value: exp.Expression) -> exp.Expression:
+        """position(value) in SQL, over the value as a double precision."""
+        real = exp.Cast(this=value, to=exp.DataType.build("DOUBLE"))
+        scaled = exp.Div(this=real, expression=exp.Literal.number(repr(self.knee)))
+        return exp.Add(this=exp.Anonymous(this="asinh", expressions=[scaled]),
+                       expression=exp.Mul(this=real.copy(), expression=exp.Literal.number(repr(self.slope))))
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ from sqlglot import exp
 from dpsql.analysis.clamps import clamp, clamp_to, number
 from dpsql.analysis.expressions import Range
 from dpsql.analysis.groups import key_domain, key_type
-from dpsql.analysis.plan import Aggregate, Histogram
+from dpsql.analysis.plan import Aggregate, GradedGrid, Histogram
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column
 from dpsql.sql import AGGREGATES, to_sql
 
-HISTOGRAM_CELLS = 1000  # grid for quantiles of real values (integer ranges below this get one cell per value)
+HISTOGRAM_CELLS = 1000  # an even grid for times (integer ranges below this get one cell per value)
+GRADED_CELLS = 2000  # a graded grid for real values (`GradedGrid`)
 NODES = (exp.Min, exp.Max, exp.WithinGroup)  # the allowlist's nodes (`dpsql.sql.AGGREGATES`) answered here
 
 
@@ -64,24 +65,40 @@ def _quantile(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggreg
         if not isinstance(arg, exp.Column):
             value = clamp_to(value, value_range.lo, value_range.hi, scope.exprs.kind(arg))
     span = value_range.hi - value_range.lo
+    label, over = f"histogram of {to_sql(arg)}", f"[{value_range.lo:g}, {value_range.hi:g}]"
     if value_range.integer and span < HISTOGRAM_CELLS:
-        cells, width, integer = int(span) + 1, 1.0, True
         cell = exp.Sub(this=value, expression=number(value_range.lo))
+        histogram = _histogram(scope, label, cell, int(span) + 1, value_range.lo, 1.0, True,
+                               f"{int(span) + 1} cells over {over}, rank-score")
+    elif column is not None and column.is_temporal:
+        cell, lower, width = _even_cells(value, value_range.lo, value_range.hi, HISTOGRAM_CELLS)
+        histogram = _histogram(scope, label, cell, HISTOGRAM_CELLS, lower, width, False,
+                               f"{HISTOGRAM_CELLS} cells over {over}, rank-score")
     else:
-        cells, width, integer = HISTOGRAM_CELLS, span / HISTOGRAM_CELLS if span else 1.0, False
-        bucket = exp.WidthBucket(this=value, min_value=number(value_range.lo),
-                                 max_value=number(value_range.lo + cells * width),
-                                 num_buckets=exp.Literal.number(cells))
-        cell = exp.Sub(this=exp.Least(this=bucket, expressions=[exp.Literal.number(cells)]),
-                       expression=exp.Literal.number(1))
-    label = f"histogram of {to_sql(arg)}"
-    histogram = _histogram(scope, label, cell, cells, value_range.lo, width, integer,
-                           f"{cells} cells over [{value_range.lo:g}, {value_range.hi:g}], rank-score")
+        grid = GradedGrid.over(value_range.lo, value_range.hi)
+        cell, lower, width = _even_cells(grid.sql(value), grid.position(value_range.lo),
+                                         grid.position(value_range.hi), GRADED_CELLS)
+        histogram = _histogram(scope, label, cell, GRADED_CELLS, lower, width, False,
+                               f"{GRADED_CELLS} cells over {over}, finer near 0 (each about 1% of its values), "
+                               "rank-score", graded=grid)
     # PostgreSQL's percentile_cont of numbers is a double precision (it interpolates); the others are a value
     continuous = isinstance(node, exp.WithinGroup) and isinstance(node.this, exp.PercentileCont)
     arg_type = column.type if column is not None and column.is_temporal else "float8" if continuous else None
     return Aggregate(name, "quantile", (histogram.name,), value_range, sql, quantile=q, arg_type=arg_type,
                      score="rank")
+
+
+def _even_cells(position: exp.Expression, low: float, high: float, cells: int) -> tuple[exp.Expression, float,
+                                                                                         float]:
+    """The cell, 0 .. cells - 1 (NULL for a NULL), of `position` in [low, high] on an even grid, with the grid's
+    start and width. The grid reaches a hair beyond both ends, so that neither the top value (width_bucket's
+    overflow bucket) nor a graded position the backend computes an ulp from ours falls outside; no LEAST or
+    GREATEST clamps the cell, as they skip NULLs (they put NULL values in the top cell)."""
+    margin = (high - low) * 1e-9 or 1e-9
+    lower, width = low - margin, (high - low + 2 * margin) / cells
+    bucket = exp.WidthBucket(this=position, min_value=number(lower), max_value=number(lower + cells * width),
+                             num_buckets=exp.Literal.number(cells))
+    return exp.Sub(this=bucket, expression=exp.Literal.number(1)), lower, width
 
 
 def _temporal(column: Column, arg: exp.Column, node: exp.Expression, sql: str) -> tuple[exp.Expression, Range]:
@@ -139,14 +156,14 @@ def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate
 
 
 def _histogram(scope: Scope, label: str, cell: exp.Expression, cells: int, lower: float, width: float,
-               integer: bool, note: str, values: tuple | None = None) -> Histogram:
+               integer: bool, note: str, values: tuple | None = None, graded: GradedGrid | None = None) -> Histogram:
     """The histogram named `label`, created once per query: one unit moves at most k counts in each of at
     most G groups, so any candidate's score over all groups moves by at most k·G."""
     if label not in scope.histograms:
         k, groups = scope.rows_per_unit, scope.max_groups
         sensitivity = k * scope.spread(groups) * scope.steps
         scope.histograms[label] = Histogram(f"h{len(scope.histograms)}", label, cell, cells, lower, width,
-                                            integer, k, groups, sensitivity, values)
+                                            integer, k, groups, sensitivity, values, graded)
         scope.notes.append(f"{label}: {note} sensitivity {sensitivity:g} (at most {k} row(s) per unit and group)")
     return scope.histograms[label]
 
