@@ -28,7 +28,7 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
         return None  # an ungrouped count of units: each adds at most 1, whatever its rows
     steps = 2 if plan.neighbouring == "replace" else 1
     if plan.unit_total is not None:  # the race's cap: a unit's declared rows times the largest value, each sum
-        cap = math.ceil(sum(m.unit_range[1] for m in plan.bounded_sums))
+        cap = math.ceil(sum(min(m.unit_range[1], m.natural_total or m.unit_range[1]) for m in plan.bounded_sums))
         squares = plan.bounded_sums[0].squares_of is not None
         return RaceToTheTop.calibrate(cap, options.epsilon * share, steps, integer_valued=False,
                                       margin=SQUARES_MARGIN if squares else TOTALS_MARGIN,

@@ -285,8 +285,11 @@ def _exact(url: str, sql: str, n_keys: int) -> dict[tuple, list[float]]:
 
 def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbour_url: str,
                                options: Options | None = None, params: dict | None = None) -> list[float]:
-    prepared = engine.prepare(sql, params, options=options)
-    plan = prepared.plan
+    return _assert_prepared_within(engine.prepare(sql, params, options=options), base_url, neighbour_url)
+
+
+def _assert_prepared_within(prepared, base_url: str, neighbour_url: str) -> list[float]:
+    sql, plan = prepared.query.canonical, prepared.plan
     n_keys = len(plan.group_keys)
     before = _exact(base_url, prepared.rewritten.sql, n_keys)
     after = _exact(neighbour_url, prepared.rewritten.sql, n_keys)
@@ -315,6 +318,35 @@ def _assert_within_sensitivity(engine: Engine, sql: str, base_url: str, neighbou
 @pytest.mark.parametrize("sql", QUERIES)
 def test_neighbour_moves_exact_answers_by_at_most_the_sensitivity(engine, base_url, neighbour_url, sql):
     _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
+
+
+# a sum over a subquery's groups within a unit: a unit's groups add up to its k rows (its total of a count at most
+# k, not k groups of k), the top of the race's ladder
+WITHIN_UNIT_SUMS = [
+    "SELECT SUM(n) FROM (SELECT person_id, category, COUNT(*) AS n FROM visits GROUP BY 1, 2) t",
+    "SELECT c, SUM(s), COUNT(*) FROM (SELECT person_id, category AS c, SUM(amount) AS s FROM visits GROUP BY 1, 2) t "
+    "WHERE s > 100 GROUP BY 1",
+    "SELECT AVG(n) FROM (SELECT visit_id, COUNT(*) AS n FROM prescriptions GROUP BY visit_id) t",
+]
+
+
+@pytest.mark.parametrize("sql", WITHIN_UNIT_SUMS)
+def test_a_sum_over_a_unit_s_groups_races_up_to_its_rows_and_moves_within_the_bound_chosen(engine, base_url,
+                                                                                           neighbour_url, sql):
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    (measure,) = prepared.plan.bounded_sums
+    race = prepared.race
+    assert race.taus[-1] == math.ceil(measure.natural_total) < measure.unit_range[1], (race.taus, measure)
+    with psycopg.connect(base_url) as conn:
+        truncated = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]  # then the rows race's, if any
+    with psycopg.connect(neighbour_url) as conn:
+        after = [float(v) for v in conn.execute(prepared.race_sql).fetchone()][:len(race.taus)]
+    before = truncated[:len(race.taus)]
+    assert all(abs(b - a) <= tau for a, b, tau in zip(before, after, race.taus, strict=True)), (before, after)
+    assert max(abs(b - a) for a, b in zip(before, after, strict=True)) > 0  # the extreme unit does reach them
+    for _ in range(3):  # the bounds the race chooses on the base database
+        bounded, _ = engine.bounded_by_race(prepared, truncated)
+        _assert_prepared_within(bounded, base_url, neighbour_url)
 
 
 # PostgreSQL only (the zones are the ones it lists): a time at a zone keeps its column's bounds, a day wider

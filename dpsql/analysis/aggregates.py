@@ -260,4 +260,16 @@ def _measure(scope: Scope, name: str, label: str, kind: str, expr: exp.Expressio
     scope.notes.append(f"{label}: per row in [{row_range.lo:g}, {row_range.hi:g}], per unit in "
                        f"[{unit_range[0]:g}, {unit_range[1]:g}], L1 sensitivity {sensitivity:g}, "
                        f"L2 {l2_sensitivity:.6g}")
-    return Measure(name, label, kind, expr, row_range, unit_range, sensitivity, l2_sensitivity, steps * groups)
+    natural = _unit_total(scope, expr) if kind == "sum" else None
+    return Measure(name, label, kind, expr, row_range, unit_range, sensitivity, l2_sensitivity, steps * groups,
+                   natural_total=natural if natural is not None and natural < unit_range[1] else None)
+
+
+def _unit_total(scope: Scope, expr: exp.Expression | None) -> float | None:
+    """The `unit_total` of the subquery column that `expr` reads as it is (guarded), if it has one."""
+    text = to_sql(expr) if expr is not None else None
+    for alias, table in scope.aliases.items():
+        for column in table.columns.values():
+            if column.unit_total is not None and to_sql(scope.exprs.guard(exp.column(column.name, alias))) == text:
+                return column.unit_total
+    return None

@@ -91,7 +91,7 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select, bool]:
         if to_sql(node) in attributes:
             expr, column = _unit_attribute(scope, name, node)
         else:
-            expr, column = _per_unit_aggregate(scope, name, node, k)
+            expr, column = _per_unit_aggregate(scope, name, node, k, bool(within))
         columns[name] = column
         outputs.append(exp.alias_(expr, name))
     if unit_name is None:  # the outer query needs the unit even if the subquery does not name it
@@ -233,8 +233,11 @@ def _groups_touched(scope: Scope, key: exp.Column, equalities: list[Equality]) -
     return max(per_table.values())
 
 
-def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -> tuple[exp.Expression, Column]:
-    """One unit's aggregate, clamped to what k of its rows could give, and its declared range outside."""
+def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int,
+                        within: bool) -> tuple[exp.Expression, Column]:
+    """One unit's aggregate, clamped to what k of its rows could give, and its declared range outside. Where a
+    unit has several groups (`within`), a count or sum over all of them is what its k rows give in all: the
+    column's `unit_total`."""
     kind = AGGREGATES.get(type(node))
     if kind not in ("count", "sum", "avg", "min", "max"):
         raise UnsupportedQuery(f"{to_sql(node)} in a per-unit subquery: use COUNT, SUM, AVG, "
@@ -250,7 +253,8 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -
         values = None if not isinstance(node.this, exp.Distinct) or declared is None else \
             len(declared.domain) if declared.domain is not None else 2 if declared.type == "boolean" else None
         most = k if values is None else min(k, values)
-        return clamp_to(node, 0, most, "integer"), Column(name, "bigint", 0.0, float(most))
+        return clamp_to(node, 0, most, "integer"), Column(name, "bigint", 0.0, float(most),
+                                                          unit_total=float(k) if within else None)
     if kind in ("min", "max") and declared is not None and declared.is_temporal and declared.bounded:
         # a unit's first or last date (a cohort): within the column's declared bounds, clamped to them
         guarded = node.copy()
@@ -266,4 +270,5 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int) -
     if kind in ("sum", "avg") and result_kind == "integer":
         result_kind = "numeric"
     return (clamp_to(guarded, lo, hi, result_kind),
-            Column(name, "bigint" if integer else "double precision", lo, hi))
+            Column(name, "bigint" if integer else "double precision", lo, hi,
+                   unit_total=hi if within and kind == "sum" else None))

@@ -41,6 +41,10 @@ class Measure:
     # sum only: the name of the plain sum whose values this one sums the squares of (a variance's); where a race
     # bounds each unit's total of a sum, this is the sum it bounds (`Plan.bounded_sums`)
     squares_of: str | None = None
+    # sum only: the most a unit's total reaches by the declared bounds of what it sums, where that is below
+    # unit_range (a subquery's count of a unit's groups adds up to its k rows, not k groups of k): the top of the
+    # race's ladder, whose chosen bound the rewrite enforces (`chosen_bounds.plan_race`)
+    natural_total: float | None = None
 
     @property
     def integer_valued(self) -> bool:

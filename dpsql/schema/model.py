@@ -73,6 +73,10 @@ class Column:
     max_frequency: int | None = None
     unique: bool = False
     local: LocalRandomizer | None = None  # set for a column of locally randomized reports
+    # a grouped subquery's count or sum whose unit has several groups (rows): the most one unit's rows of it add
+    # up to, the unit's k rows in all, below its rows times its upper bound. Out of repr, which digests a schema
+    # (`Engine._schema_digest`): no declared column has one
+    unit_total: float | None = field(default=None, repr=False)
 
     @property
     def is_numeric(self) -> bool:
