@@ -100,6 +100,17 @@ def chosen_values_rows(plan: Plan, options: Options) -> int | None:
     return None
 
 
+def chosen_histogram_rows(plan: Plan, options: Options) -> int | None:
+    """The rows per unit and group that the histograms of a plan with counts or sums beside them keep where the
+    options ask for bounds chosen per query: CHOSEN_ROWS, for the same reason as values chosen alone, whatever
+    the race chooses for the counts and sums (their statements are apart). With the race's rows (up to the
+    declared 100 where it could not resolve the data) the demo's median cost by drug beside AVG(cost) was 370%
+    off at 3,000 people (alone 7.4%). None where no histogram keeps more."""
+    if raceable(plan, options) and plan.histograms and plan.measures and plan.rows_per_unit > CHOSEN_ROWS:
+        return CHOSEN_ROWS
+    return None
+
+
 def chosen_values_note(rows: int, declared: int) -> str:
     """What explain says of `chosen_values_rows`."""
     return (f"rows per unit: {rows} (below the declared {declared}) for values chosen from histograms: one unit "

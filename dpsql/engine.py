@@ -28,6 +28,7 @@ from dpsql.cached_answers import answer_key, decode_answer, encode_answer
 from dpsql.chosen_bounds import (
     RACE_SHARE,
     bounds_totals,
+    chosen_histogram_rows,
     chosen_values_note,
     chosen_values_rows,
     kept_epsilon,
@@ -125,6 +126,12 @@ class Engine:
             plan, rewritten = self._remembered(query, ("chosen values", options.min_frequency), lambda: self._analysed(
                 query, options.min_frequency, fixed_rows, public_keys=plan.public_keys))
             plan = replace(plan, notes=[*plan.notes, chosen_values_note(fixed_rows, declared)])  # a copy: cached
+        histogram_rows = chosen_histogram_rows(plan, options)
+        if histogram_rows is not None:
+            plan, rewritten = self._remembered(query, ("chosen histograms", options.min_frequency),
+                                               lambda: self._analysed(query, options.min_frequency,
+                                                                      public_keys=plan.public_keys,
+                                                                      histogram_rows=histogram_rows))
         totals = self._totals_plan(query, plan, options)
         # the counts beside the sum, and partition selection (the groups a unit reaches), need its rows bounded too:
         # raced in the same pass, at half the race's share
@@ -181,13 +188,14 @@ class Engine:
         return self._zones[0]
 
     def _analysed(self, query: CheckedQuery, min_frequency: int, rows_cap: int | None = None,
-                  total_cap: float | None = None,
-                  public_keys: dict[str, tuple] | None = None) -> tuple[Plan, Rewritten]:
+                  total_cap: float | None = None, public_keys: dict[str, tuple] | None = None,
+                  histogram_rows: int | None = None) -> tuple[Plan, Rewritten]:
         """The plan and rewrite of `query`; `public_keys` as an earlier plan of it read them (None: read them now,
         before anything is charged)."""
         public_keys = self._public_keys(query) if public_keys is None else public_keys
         plan = analyze(query, self.schema, self._unique, self.settings.max_groups_per_unit, min_frequency,
-                       self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets, public_keys)
+                       self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets, public_keys,
+                       histogram_rows)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
         known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
@@ -475,10 +483,11 @@ class Engine:
         if rows is None and total is None:
             plan, rewritten = prepared.plan, prepared.rewritten
         else:
+            histogram_rows = chosen_histogram_rows(prepared.plan, prepared.options)
             plan, rewritten = self._remembered(
-                prepared.query, ("bounded", prepared.options.min_frequency, rows, total),
+                prepared.query, ("bounded", prepared.options.min_frequency, rows, total, histogram_rows),
                 lambda: self._analysed(prepared.query, prepared.options.min_frequency, rows, total,
-                                       prepared.plan.public_keys))
+                                       prepared.plan.public_keys, histogram_rows))
         def calibrated(epsilon: float) -> Calibration:
             return calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,
                              prepared.options.mechanism, prepared.options.histogram)

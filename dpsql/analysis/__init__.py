@@ -47,7 +47,7 @@ def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozense
             not_null: frozenset[tuple[str, str]] = frozenset(), rows_cap: int | None = None,
             time_zone: str | None = None, total_cap: float | None = None,
             unique_sets: frozenset[tuple[str, frozenset[str]]] = frozenset(),
-            public_keys: Mapping[str, tuple] | None = None) -> Plan:
+            public_keys: Mapping[str, tuple] | None = None, histogram_rows: int | None = None) -> Plan:
     """The plan of noisy statistics for `query`. `unique_columns` are (table, column) pairs that a primary
     key or unique constraint guarantees; `max_groups` overrides the schema's groups-per-unit bound;
     `min_frequency` > 1 releases only groups of at least that many units (DP partition selection, also for
@@ -57,11 +57,13 @@ def analyze(query: CheckedQuery, schema: PrivacySchema, unique_columns: frozense
     `total_cap` bounds each unit's total of every SUM over all groups together (chosen by R2T's race over the
     units' totals; only for queries whose aggregates are all SUMs of non-negative values); `unique_sets` are
     (table, columns) keys of several columns that a primary key or unique constraint guarantees; `public_keys`
-    are the values a public table holds of a key that is its column, by the key's SQL (`sql.public_keys`)."""
+    are the values a public table holds of a key that is its column, by the key's SQL (`sql.public_keys`);
+    `histogram_rows` bounds the rows per unit and group that histograms keep below the measures' (percentiles
+    beside counts or sums, `chosen_bounds.chosen_histogram_rows`)."""
     scope = Scope(query, schema, unique_columns, max_groups or schema.max_groups_per_unit)
     scope.min_units, scope.not_null, scope.rows_cap = max(min_frequency, 1), not_null, rows_cap
     scope.time_zone, scope.total_cap, scope.unique_sets = time_zone, total_cap, unique_sets
-    scope.public_keys = public_keys or {}
+    scope.public_keys, scope.histogram_rows = public_keys or {}, histogram_rows
     for step in PASSES:
         step(scope)
     return _plan(scope)

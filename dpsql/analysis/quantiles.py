@@ -158,9 +158,13 @@ def _mode(scope: Scope, name: str, node: exp.WithinGroup, sql: str) -> Aggregate
 def _histogram(scope: Scope, label: str, cell: exp.Expression, cells: int, lower: float, width: float,
                integer: bool, note: str, values: tuple | None = None, graded: GradedGrid | None = None) -> Histogram:
     """The histogram named `label`, created once per query: one unit moves at most k counts in each of at
-    most G groups, so any candidate's score over all groups moves by at most k·G."""
+    most G groups, so any candidate's score over all groups moves by at most k·G (k in all where the rewrite
+    keeps k rows per unit over all groups). Where `histogram_rows` is below k, it is the histogram's k: its
+    rewrite keeps that many rows per unit and group, and over all groups where that is how the rows are kept."""
     if label not in scope.histograms:
         k, groups = scope.rows_per_unit, scope.max_groups
+        if scope.histogram_rows is not None and scope.stability is None:
+            k = min(k, scope.histogram_rows)
         sensitivity = k * scope.spread(groups) * scope.steps
         scope.histograms[label] = Histogram(f"h{len(scope.histograms)}", label, cell, cells, lower, width,
                                             integer, k, groups, sensitivity, values, graded)

@@ -56,6 +56,7 @@ class Scope:
     truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> (key, frequency)
     rows_per_unit: int = 1
     rows_cap: int | None = None  # a smaller bound on rows per unit chosen for this query (R2T's race), or None
+    histogram_rows: int | None = None  # a smaller bound on rows per unit and group for histograms alone
     total_cap: float | None = None  # a bound on each unit's total of a sum over all groups (R2T's race), or None
     # the bound is on each unit's total of a variance's sum of squares: the plain sums beside it are bounded by it
     # (`aggregates._measure`)

@@ -37,8 +37,8 @@ def counts(plan: Plan, histogram: Histogram, hash_seed: int) -> str:
     both = exp.and_(present(plan.unit), cell_present)
     ctes = [rows_cte(plan, rows, both, hash_seed)]
     rows_of_units = "dpsql_rows"
-    if plan.rows_total:  # k rows per unit over all groups together
-        ctes += within_rows_per_unit(["dpsql_unit", *keys, "dpsql_cell"], plan.rows_per_unit, hash_seed)
+    if plan.rows_total:  # k rows per unit over all groups together: the histogram's k, at most the plan's
+        ctes += within_rows_per_unit(["dpsql_unit", *keys, "dpsql_cell"], histogram.rows, hash_seed)
         rows_of_units = "dpsql_kept"
     return (f"WITH {', '.join(ctes)}, dpsql_ranked AS (SELECT *, {', '.join(ranks)} FROM {rows_of_units}) "
             f"SELECT {', '.join([*keys, 'dpsql_cell', 'COUNT(*) AS dpsql_count'])} FROM dpsql_ranked "
