@@ -409,6 +409,12 @@ QUERY_CLASSES = [
                query("SELECT kind, COUNT(DISTINCT fare) FROM trips GROUP BY kind", rows_per_unit="auto"), 1),
     QueryClass("a median over several rows per unit, at the race's τ itself",
                query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips", rows_per_unit="auto"), 0),
+    QueryClass("a median beside a count by kind (its histogram keeps 8 rows, the count the race's)",
+               query("SELECT kind, COUNT(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips "
+                     "GROUP BY kind", rows_per_unit="auto"), 1),
+    QueryClass("a sum of a unit's groups' counts (raced up to the unit's rows, not its groups' k each)",
+               query("SELECT SUM(n) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips GROUP BY person_id, "
+                     "kind) t", rows_per_unit="auto"), 0),
     QueryClass("partition selection over each unit's kept rows, weighed (the race's k rows)",
                query("SELECT line, COUNT(*) FROM rides GROUP BY line", rows_per_unit="auto"), 1, delta=DELTA),
     QueryClass("a public table's values as keys (every line released, the neighbour's own too)",

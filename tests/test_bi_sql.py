@@ -1084,7 +1084,7 @@ def test_superset_s_series_limit_is_the_released_top_keys_then_the_query_kept_to
 def test_a_filter_in_a_grouped_subquery_s_released_keys_is_answered_as_a_series_limit(engine, analyst):
     """`WHERE category IN (SELECT category FROM visits GROUP BY category HAVING COUNT(*) > 500)` was refused (a
     subquery not tied to the unit): its keys are a grouped query's released keys, so it is the series limit's two
-    steps, the keys first (half the ε), then the query kept to them. NOT IN stays refused."""
+    steps, the keys first (half the ε), then the query kept to them."""
     sql = ("SELECT category, COUNT(*) AS n FROM visits WHERE amount > 10 AND category IN (SELECT category FROM visits "
            "GROUP BY category HAVING COUNT(*) > 500) GROUP BY category")
     composition, _ = engine.prepare_parts(sql, epsilon=1.0)
@@ -1093,8 +1093,30 @@ def test_a_filter_in_a_grouped_subquery_s_released_keys_is_answered_as_a_series_
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
     keys = engine.query(composition.parts[0], analyst=analyst, epsilon=0.5)
     assert keys.cached and {row[0] for row in answer.rows} == {row[0] for row in keys.rows}
-    with pytest.raises(errors.UnsupportedQuery):
-        engine.prepare_parts(sql.replace(" IN (", " NOT IN ("), epsilon=1.0)
+
+
+def test_not_in_a_grouped_subquery_s_released_keys_keeps_the_other_keys(engine, analyst):
+    """`WHERE category NOT IN (SELECT category … HAVING COUNT(*) > 1000)` was refused: the keys are released first,
+    then the query kept to the rows of other keys, `category IS NOT NULL AND (category = ANY(keys)) IS NOT TRUE`
+    (NOT IN over a subquery reads its non-NULL values; none released keeps every key). Grouped by the key, the
+    answer has exactly the declared keys not released, as PostgreSQL has no row for the others; ungrouped, its
+    count has no interval (noise picked its rows) and says so."""
+    sql = ("SELECT category, COUNT(*) AS n FROM visits WHERE category NOT IN (SELECT category FROM visits "
+           "GROUP BY category HAVING COUNT(*) > 1000) GROUP BY category")
+    composition, _ = engine.prepare_parts(sql, epsilon=1.0)
+    assert composition.scalars == 1 and composition.parts[-1].endswith(
+        "WHERE NOT category IS NULL AND NOT (category = ANY(%(dpsql_scalar_0)s)) IS TRUE GROUP BY category")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    keys = engine.query(composition.parts[0], analyst=analyst, epsilon=0.5)
+    assert keys.cached and keys.rows  # the demo's common categories: some released
+    domain = set(engine.schema.tables["visits"].columns["category"].domain)
+    assert {row[0] for row in answer.rows} == domain - {row[0] for row in keys.rows}
+    assert all(accuracy[1].ci_low is not None for accuracy in answer.accuracy)  # grouped by the keys: only picked
+    counted = engine.query("SELECT COUNT(*) FROM visits WHERE category NOT IN (SELECT category FROM visits GROUP BY "
+                           "category HAVING COUNT(*) > 1000)", analyst=analyst, epsilon=1.0)
+    assert counted.accuracy[0][0] is None and any("no 95% interval" in n for n in counted.notes)
+    none = engine.query(sql.replace("> 1000", "> 1000000"), analyst=analyst, epsilon=1.0)  # no key released
+    assert {row[0] for row in none.rows} == domain
 
 
 @pytest.mark.parametrize("sql", [

@@ -200,6 +200,10 @@ QUERIES = [
     "SUM(amount) AS s FROM visits GROUP BY 1, 2) t GROUP BY t.category",  # regrouped by the key: one grouped query
     "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "
     "LEFT JOIN visits v ON v.person_id = p.person_id GROUP BY p.person_id, p.sex) t GROUP BY sex",  # the unit's sex
+    # the rows of keys a subquery did not release (NOT IN over its released keys, `compose`): the keys listed
+    # narrow the declared domain, a NULL among them matching nothing
+    "SELECT category, COUNT(*), SUM(amount) FROM visits WHERE category IS NOT NULL AND NOT (category IN ('lab', "
+    "NULL)) IS TRUE GROUP BY category",
     # groups within a unit: a subquery grouped by a key that fixes one unit's row (a visit: its key, or a
     # prescription's parent key), a row per group outside and a unit's groups bounded as a table's rows per unit
     "SELECT AVG(n), COUNT(*), SUM(s), MAX(s) FROM (SELECT visit_id, COUNT(*) AS n, SUM(cost) AS s FROM prescriptions "

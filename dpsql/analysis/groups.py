@@ -550,11 +550,22 @@ def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list
             negated ^= isinstance(test, exp.NEQ)
         elif isinstance(test, exp.In) and not test.args.get("query"):
             key, constants = test.this.unnest(), test.expressions
+        elif _in_is_true(test):  # (k IN (...)) IS TRUE: a NULL among the constants matches nothing
+            listed = test.this.unnest()
+            key, constants = listed.this.unnest(), [c for c in listed.expressions if not isinstance(c, exp.Null)]
         else:
             continue
         if to_sql(key) == text:
             found.append((negated, [_constant_value(c) for c in constants]))
     return found
+
+
+def _in_is_true(node: exp.Expression) -> bool:
+    """`(k IN (constants)) IS TRUE`: NOT of it keeps the rows of other keys whatever NULL the list holds (the form
+    `compose` gives `k NOT IN (SELECT …)` over a subquery's released keys)."""
+    listed = node.this.unnest() if isinstance(node, exp.Is) else None
+    return (isinstance(node.expression, exp.Boolean) and node.expression.this is True and isinstance(listed, exp.In)
+            and not listed.args.get("query"))
 
 
 _UNKNOWN = object()

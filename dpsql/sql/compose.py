@@ -156,6 +156,9 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
         return _sequential(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
+        found = _released_keys_excluded(bind_parameters(tree, params), schema)
+        if found is not None:
+            return found
         tree = _released_keys_as_join(tree, schema)
     if isinstance(tree, exp.Select) and schema is not None and tree.args.get("joins"):
         found = _joined_to_released_keys(bind_parameters(tree, params), schema)
@@ -737,14 +740,8 @@ def _released_keys_as_join(tree: exp.Select, schema: PrivacySchema) -> exp.Selec
     answers in two steps. The grouped keys are distinct, so the join keeps each row at most once, and a NULL on
     either side matches nothing, as IN reads it. A subquery grouped by the unit is a cohort: left to the
     analysis."""
-    where = tree.args.get("where")
-    conditions = operands(where.this) if where is not None else []
-    found = next((c for c in conditions if isinstance(c, exp.In) and isinstance(c.this, exp.Column)
-                  and isinstance(c.args.get("query"), exp.Subquery)), None)
-    inner = found.args["query"].this if found is not None else None
-    if not (isinstance(inner, exp.Select) and inner.args.get("group") and len(inner.expressions) == 1
-            and not isinstance(inner.expressions[0], exp.Star) and not _groups_by_unit(inner, schema)
-            and not tree.args.get("with_")):
+    found, inner, conditions = _keys_condition(tree, schema, negated=False)
+    if found is None:
         return tree
     keys = inner.copy()
     keys.set("expressions", [exp.alias_(keys.expressions[0].unalias(), KEYS)])
@@ -754,6 +751,42 @@ def _released_keys_as_join(tree: exp.Select, schema: PrivacySchema) -> exp.Selec
     on = exp.EQ(this=found.this.copy(), expression=exp.column(KEYS, table=KEYS))
     return rewritten.join(exp.Subquery(this=keys, alias=exp.TableAlias(this=exp.to_identifier(KEYS))), on=on,
                           copy=False)
+
+
+def _keys_condition(tree: exp.Select, schema: PrivacySchema, negated: bool) -> tuple[Any, Any, list]:
+    """The AND of the WHERE that is `x IN (SELECT k FROM t GROUP BY k …)` (`negated`: `x NOT IN (…)`) where the
+    subquery releases keys (grouped, not by the unit: that is a cohort, the analysis's), its one output k; and
+    the WHERE's conditions. (None, None, conditions) where there is none."""
+    where = tree.args.get("where")
+    conditions = operands(where.this) if where is not None else []
+    for condition in conditions:
+        test = condition.this if negated and isinstance(condition, exp.Not) else None if negated else condition
+        inner = test.args["query"].this if isinstance(test, exp.In) and isinstance(test.this, exp.Column) \
+            and isinstance(test.args.get("query"), exp.Subquery) else None
+        if (isinstance(inner, exp.Select) and inner.args.get("group") and len(inner.expressions) == 1
+                and not isinstance(inner.expressions[0], exp.Star) and not _groups_by_unit(inner, schema)
+                and not tree.args.get("with_")):
+            return condition, inner, conditions
+    return None, None, conditions
+
+
+def _released_keys_excluded(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
+    """`WHERE x NOT IN (SELECT k FROM t GROUP BY k HAVING COUNT(*) < 100)`, an AND of the WHERE: the subquery's
+    released keys answered first, then the query kept to the rows of other keys, `x IS NOT NULL AND (x =
+    ANY(the keys)) IS NOT TRUE`: NOT IN over a subquery is read as over its non-NULL values (`shape`), and a NULL
+    among the keys, or none released (a list of one NULL), keeps the others, where `NOT (x = ANY(…))` would keep
+    no row. Sequential composition, as for IN."""
+    found, inner, conditions = _keys_condition(tree, schema, negated=True)
+    if found is None:
+        return None
+    column = found.this.this
+    kept = exp.and_(exp.Not(this=exp.Is(this=column.copy(), expression=exp.Null())), exp.Not(this=exp.Is(
+        this=exp.Paren(this=exp.EQ(this=column.copy(), expression=exp.Any(this=exp.Paren(
+            this=exp.Placeholder(this=f"{SCALAR}0"))))), expression=exp.Boolean(this=True))))
+    rest = tree.copy()
+    rest.set("where", exp.Where(this=exp.and_(*(kept if c is found else c.copy() for c in conditions))))
+    return Composition([to_sql(inner), to_sql(rest)], "the subquery's released keys answered first, then the query "
+                       "kept to the rows of other keys", scalars=1, key_lists=((0, (0,)),))
 
 
 def _scalar_subqueries(tree: exp.Select) -> list[exp.Subquery]:
