@@ -412,6 +412,9 @@ QUERY_CLASSES = [
     QueryClass("a median beside a count by kind (its histogram keeps 8 rows, the count the race's)",
                query("SELECT kind, COUNT(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips "
                      "GROUP BY kind", rows_per_unit="auto"), 1),
+    QueryClass("the rows of keys a subquery did not release (NOT IN its released keys: two parts)",
+               query("SELECT COUNT(*) FROM trips WHERE kind NOT IN (SELECT kind FROM trips GROUP BY kind "
+                     "HAVING COUNT(*) > 340)"), 0),
     QueryClass("a sum of a unit's groups' counts (raced up to the unit's rows, not its groups' k each)",
                query("SELECT SUM(n) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips GROUP BY person_id, "
                      "kind) t", rows_per_unit="auto"), 0),
