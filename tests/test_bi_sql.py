@@ -295,6 +295,27 @@ def test_a_scalar_subquery_of_a_with_query_s_one_aggregate_row_is_answered_as_th
     assert all(accuracy[1].ci_low is not None for accuracy in answer.accuracy)  # the subquery's noise carried
 
 
+@pytest.mark.parametrize("sql", [
+    "WITH t AS (SELECT COUNT(*) AS total FROM visits) SELECT v.category, COUNT(*) * 1.0 / MAX(t.total) AS share "
+    "FROM visits v, t GROUP BY v.category",
+    "WITH t AS (SELECT COUNT(*) AS total FROM visits) SELECT v.category, COUNT(*) * 1.0 / t.total AS share "
+    "FROM visits v CROSS JOIN t GROUP BY v.category, t.total",
+    "WITH t AS (SELECT COUNT(*) AS total FROM visits) SELECT v.category, COUNT(*) * 1.0 / AVG(t.total) AS share "
+    "FROM visits v JOIN t ON true GROUP BY 1",
+])
+def test_a_with_query_of_one_aggregate_row_joined_to_every_row_is_that_aggregate(engine, analyst, sql):
+    """A WITH query of one aggregate row joined to every row (a comma, CROSS JOIN, JOIN … ON true) is a constant
+    there: `t.total`, `MAX(t.total)` (MIN, AVG, ANY_VALUE of one value repeated) is `(SELECT total FROM t)`, and t
+    leaves the FROM (and the GROUP BY). It was refused as a subquery that cannot be merged. `SUM(t.total)` (which
+    counts the rows) stays refused."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert len(answer.rows) == 8 and sum(float(row[1]) for row in answer.rows) == pytest.approx(1.0, abs=0.2)
+    assert all(accuracy[1].ci_low is not None for accuracy in answer.accuracy)  # the subquery's noise carried
+    with pytest.raises(errors.UnsupportedQuery):
+        engine.prepare(sql.replace("* 1.0 / MAX(t.total)", ", SUM(t.total)").replace("* 1.0 / AVG(t.total)",
+                       ", SUM(t.total)").replace("* 1.0 / t.total", ", SUM(t.total)"), epsilon=1.0)
+
+
 def test_a_geometric_mean_and_logarithms_of_noisy_values_are_answered(engine, analyst, base_url):
     """exp(AVG(ln(x + 1))) (a geometric mean), a power of an average and logarithms of noisy values are
     post-processing; a logarithm of a value the noise left at or below 0, where PostgreSQL would fail, is NULL."""

@@ -715,7 +715,7 @@ def one_row_ctes_inlined(tree: exp.Select) -> exp.Select:
     ctes = {cte.alias_or_name: cte.this for cte in with_.expressions if _one_aggregate_row(cte.this)}
     if not ctes:
         return tree
-    tree = tree.copy()
+    tree = _one_row_joins_as_subqueries(tree.copy(), ctes)
     for subquery in list(tree.find_all(exp.Subquery)):
         select = subquery.this
         table = select.args["from_"].this if isinstance(select, exp.Select) and select.args.get("from_") else None
@@ -737,6 +737,45 @@ def one_row_ctes_inlined(tree: exp.Select) -> exp.Select:
             cte.pop()
     if not tree.args["with_"].expressions:
         tree.set("with_", None)
+    return tree
+
+
+ONE_ROW_READS = (exp.Max, exp.Min, exp.Avg, exp.AnyValue)  # of one value repeated on every row: that value
+
+
+def _one_row_joins_as_subqueries(tree: exp.Select, ctes: dict[str, exp.Select]) -> exp.Select:
+    """`FROM visits v, t` (or `CROSS JOIN t`, `JOIN t ON true`) where t is a WITH query of one aggregate row: every
+    row of visits meets t's one row, so t's columns are constants there. Each read of one, `t.total` or
+    `MAX(t.total)` (MIN, AVG, ANY_VALUE: of one value repeated), becomes `(SELECT total FROM t)` and t leaves the
+    FROM (also `GROUP BY t.total`, a constant). Left as written where t is read any other way (`SUM(t.total)`
+    counts the rows)."""
+    joins = tree.args.get("joins") or []
+    for join in list(joins):
+        table = join.this
+        on = join.args.get("on")
+        if not (isinstance(table, exp.Table) and not table.db and table.name in ctes and not join.side
+                and (join.kind or "").upper() in ("", "CROSS", "INNER") and not join.args.get("using")
+                and (on is None or isinstance(on, exp.Boolean) and on.this is True)):
+            continue
+        alias = table.alias_or_name
+        reads = [c for c in tree.find_all(exp.Column) if c.table == alias]
+        outputs = {output_name(e) for e in ctes[table.name].expressions}
+        if not all(c.name in outputs and (isinstance(c.parent, ONE_ROW_READS) and c.parent.this is c
+                                          or not c.find_ancestor(*AGGREGATES)) for c in reads):
+            continue
+        group = tree.args.get("group")
+        for key in list(group.expressions) if group else []:
+            if isinstance(key, exp.Column) and key.table == alias:
+                key.pop()
+        if group is not None and not group.expressions:
+            tree.set("group", None)
+        for column in [c for c in tree.find_all(exp.Column) if c.table == alias]:
+            value = exp.Subquery(this=exp.select(exp.column(column.name)).from_(table.name))
+            read = column.parent if isinstance(column.parent, ONE_ROW_READS) else column
+            replace_keeping_precedence(read, value)
+        join.pop()
+    if not tree.args.get("joins"):
+        tree.set("joins", None)
     return tree
 
 
