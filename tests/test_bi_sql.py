@@ -1372,6 +1372,21 @@ def test_concat_is_spelled_with_pipes_as_postgresql_computes_it(base_url, demo_s
                             demo_schema).output_names) == ["concat", "count"]
 
 
+def test_format_of_plain_placeholders_is_concat_as_postgresql_computes_it(base_url, demo_schema):
+    """format('%s …', x) with a constant format of %s (and %%) only reads x as text and NULL as empty text, as
+    concat does; the column keeps its name. Other formats (%I, %L, widths) stay refused, with the form answered."""
+    from dpsql.sql.shape import concat_as_pipes, format_as_concat
+    written = "SELECT format('%s-%s is 100%% %s', NULL::text, 5, DATE '2024-07-01')"
+    spelled = to_sql(concat_as_pipes(format_as_concat(parse_select(written))))  # as the spellings run
+    with psycopg.connect(base_url) as conn:
+        assert conn.execute(spelled).fetchone() == conn.execute(written).fetchone() == ("-5 is 100% 2024-07-01",)
+    assert list(check_query("SELECT format('%s visits', category), COUNT(*) FROM visits GROUP BY 1",
+                            demo_schema).output_names) == ["format", "count"]
+    with pytest.raises(errors.UnsupportedQuery, match="format") as refused:
+        check_query("SELECT format('%I', category), COUNT(*) FROM visits GROUP BY 1", demo_schema)
+    assert "format('%s visits', category)" in refused.value.hint
+
+
 def test_a_count_of_a_subquery_s_distinct_rows_is_count_distinct(demo_schema):
     """How many people had a dental visit, as analysts often write it: the same canonical query (and cache entry)
     as COUNT(DISTINCT person_id)."""

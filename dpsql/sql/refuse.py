@@ -63,6 +63,8 @@ INSTEAD = {
                "noise)",
     exp.Initcap: "capitalize the first letter yourself: upper(left(x, 1)) || lower(substring(x, 2)) (initcap's word "
                  "rules differ between backends)",
+    exp.Format: "format() is answered with a constant format of %s only: format('%s visits', category), or "
+                "concat(category, ' visits')",
     exp.Trunc: "trunc(x) is answered; to digits, bin with floor or round instead: floor(x / 100) * 100 (toward "
                "minus infinity), or round(x::numeric, -2) (to the nearest hundred)",
     exp.AtTimeZone: "name the zone as a constant: date_trunc('month', day AT TIME ZONE 'America/New_York')",
@@ -75,6 +77,8 @@ INSTEAD = {
 INSTEAD_OF_NAMED = {
     "age": "count the days between dates: AVG(DATE '2025-01-01' - day), or the years of constants: "
            "EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01'))",
+    "make_date": "the first day of a date's month or year is date_trunc('month', day)::date (or 'year'); a constant "
+                 "date is DATE '2024-07-01'",
 }
 
 # functions a window may compute over the released rows

@@ -5,6 +5,7 @@ flip every row."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from sqlglot import exp
@@ -226,6 +227,27 @@ def concat_as_pipes(tree: exp.Select) -> exp.Select:
             joined = exp.DPipe(this=joined, expression=part, safe=True)
         return exp.Paren(this=joined) if len(parts) > 1 else joined
     return _function_respelled(tree, exp.Concat, "concat", spelled)
+
+
+def format_as_concat(tree: exp.Select) -> exp.Select:
+    """`format('%s visits', category)`, a constant format of plain `%s` (and `%%`) only, as `concat('', category,
+    ' visits')`: format's %s reads a value as text and NULL as empty text, as concat does (`concat_as_pipes` then
+    spells it). Other formats (%I, %L, widths, positions) are left as written: refused."""
+    def spelled(node: exp.Expression) -> exp.Expression:
+        text = node.this if isinstance(node, exp.Format) else None
+        if not (isinstance(text, exp.Literal) and text.is_string):
+            return node
+        pieces = text.this.replace("%%", "\x00").split("%s")
+        values = node.expressions
+        if len(pieces) != len(values) + 1 or any("%" in piece for piece in pieces):
+            return node
+        parts: list[exp.Expression] = []
+        for piece, value in itertools.zip_longest(pieces, values):
+            parts.append(exp.Literal.string(piece.replace("\x00", "%")))
+            if value is not None:
+                parts.append(value.copy())
+        return exp.Concat(expressions=parts)
+    return _function_respelled(tree, exp.Format, "format", spelled)
 
 
 def _function_respelled(tree: exp.Select, function: type[exp.Expression], name: str, spelled) -> exp.Select:
