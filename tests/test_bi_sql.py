@@ -1108,12 +1108,20 @@ def test_a_filter_in_a_grouped_subquery_s_released_keys_is_answered_as_a_series_
     steps, the keys first (half the ε), then the query kept to them."""
     sql = ("SELECT category, COUNT(*) AS n FROM visits WHERE amount > 10 AND category IN (SELECT category FROM visits "
            "GROUP BY category HAVING COUNT(*) > 500) GROUP BY category")
+    answer, keys = _keys_then_query(engine, analyst, sql, "WHERE amount > 10 AND category = "
+                                    "ANY(%(dpsql_scalar_0)s) GROUP BY category")
+    assert {row[0] for row in answer.rows} == {row[0] for row in keys.rows}
+
+
+def _keys_then_query(engine, analyst, sql: str, last_part_ends: str):
+    """A statement answered as a subquery's released keys, then the query over them: its answer, and the keys'
+    answer (asked again: cached, the same keys)."""
     composition, _ = engine.prepare_parts(sql, epsilon=1.0)
-    assert composition.scalars == 1 and composition.parts[-1].endswith(
-        "WHERE amount > 10 AND category = ANY(%(dpsql_scalar_0)s) GROUP BY category")
+    assert composition.scalars == 1 and composition.parts[-1].endswith(last_part_ends)
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
     keys = engine.query(composition.parts[0], analyst=analyst, epsilon=0.5)
-    assert keys.cached and {row[0] for row in answer.rows} == {row[0] for row in keys.rows}
+    assert keys.cached
+    return answer, keys
 
 
 def test_not_in_a_grouped_subquery_s_released_keys_keeps_the_other_keys(engine, analyst):
@@ -1124,12 +1132,9 @@ def test_not_in_a_grouped_subquery_s_released_keys_keeps_the_other_keys(engine, 
     count has no interval (noise picked its rows) and says so."""
     sql = ("SELECT category, COUNT(*) AS n FROM visits WHERE category NOT IN (SELECT category FROM visits "
            "GROUP BY category HAVING COUNT(*) > 1000) GROUP BY category")
-    composition, _ = engine.prepare_parts(sql, epsilon=1.0)
-    assert composition.scalars == 1 and composition.parts[-1].endswith(
-        "WHERE NOT category IS NULL AND NOT (category = ANY(%(dpsql_scalar_0)s)) IS TRUE GROUP BY category")
-    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
-    keys = engine.query(composition.parts[0], analyst=analyst, epsilon=0.5)
-    assert keys.cached and keys.rows  # the demo's common categories: some released
+    answer, keys = _keys_then_query(engine, analyst, sql, "WHERE NOT category IS NULL AND NOT (category = "
+                                    "ANY(%(dpsql_scalar_0)s)) IS TRUE GROUP BY category")
+    assert keys.rows  # the demo's common categories: some released
     domain = set(engine.schema.tables["visits"].columns["category"].domain)
     assert {row[0] for row in answer.rows} == domain - {row[0] for row in keys.rows}
     assert all(accuracy[1].ci_low is not None for accuracy in answer.accuracy)  # grouped by the keys: only picked
