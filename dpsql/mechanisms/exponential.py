@@ -62,11 +62,12 @@ class ExponentialMechanism:
         rate = self._rate
         levels = [_level(float(rate) * (best - u)) for u in utilities]
         cumulative = list(itertools.accumulate(_ENVELOPE_WEIGHTS[level] for level in levels))
+        exact_best = Fraction(best)
         while True:
             i = bisect.bisect_right(cumulative, rng.randrange(cumulative[-1]))
             level = levels[i]
             # accepted with probability exp(-γ) / ENVELOPE^level = exp(-(γ - level)) · (e^-1 / ENVELOPE)^level
-            if bernoulli_exp(rate * (Fraction(best) - Fraction(utilities[i])) - level, rng) and all(
+            if bernoulli_exp(rate * (exact_best - Fraction(utilities[i])) - level, rng) and all(
                     bernoulli_times_inverse_e(1 / ENVELOPE, rng) for _ in range(level)):
                 return i
 
