@@ -1392,6 +1392,24 @@ def test_format_of_plain_placeholders_is_concat_as_postgresql_computes_it(base_u
     assert "format('%s visits', category)" in refused.value.hint
 
 
+def test_the_epoch_of_a_constant_time_is_a_constant_and_of_a_date_cast_to_timestamp_its_bounds(engine, analyst,
+                                                                                                 base_url):
+    """Days since, in seconds: EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM CAST(day AS timestamp)) was refused
+    ("not numeric": a constant's epoch had no range) and the cast date had none either. A timestamptz constant
+    without an offset is read in the session's zone: its epoch stays unknown here."""
+    sql = ("SELECT AVG(EXTRACT(EPOCH FROM TIMESTAMP '2025-01-01 00:00:00') - EXTRACT(EPOCH FROM CAST(day AS "
+           "timestamp))) / 86400 AS days FROM visits")
+    answer = engine.query(sql, analyst=analyst, epsilon=5.0)
+    with psycopg.connect(base_url) as conn:
+        truth = float(conn.execute(sql).fetchone()[0])
+    assert answer.rows[0][0] == pytest.approx(truth, rel=0.2)
+    assert answer.accuracy[0][0].ci_high - answer.accuracy[0][0].ci_low < 0.5 * truth  # the date's own bounds
+    assert engine.prepare("SELECT AVG(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM day)) FROM visits")
+    with pytest.raises(errors.UnsupportedQuery, match="not numeric"):
+        engine.prepare("SELECT AVG(EXTRACT(EPOCH FROM TIMESTAMPTZ '2025-01-01 00:00') - EXTRACT(EPOCH FROM day)) "
+                       "FROM visits")
+
+
 def test_a_count_of_a_subquery_s_distinct_rows_is_count_distinct(demo_schema):
     """How many people had a dental visit, as analysts often write it: the same canonical query (and cache entry)
     as COUNT(DISTINCT person_id)."""

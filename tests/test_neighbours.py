@@ -377,7 +377,17 @@ SAMPLED_QUERIES = [
 ]
 
 
-@pytest.mark.parametrize("sql", ZONED_QUERIES + SAMPLED_QUERIES)
+# PostgreSQL only (as the other backends spell epochs): seconds between a constant time and a bounded date, as
+# analysts write "days since": the constant's epoch a constant, the cast date's its declared bounds' (clamped)
+EPOCH_QUERIES = [
+    "SELECT AVG(EXTRACT(EPOCH FROM TIMESTAMP '2025-01-01 00:00:00') - EXTRACT(EPOCH FROM CAST(day AS timestamp))) "
+    "/ 86400, COUNT(*) FROM visits",
+    "SELECT category, SUM(EXTRACT(EPOCH FROM CAST(day AS timestamp)) - EXTRACT(EPOCH FROM DATE '2024-01-01')) "
+    "FROM visits GROUP BY 1",
+]
+
+
+@pytest.mark.parametrize("sql", ZONED_QUERIES + SAMPLED_QUERIES + EPOCH_QUERIES)
 def test_a_time_at_a_zone_or_a_row_sample_moves_within_the_sensitivity(engine, base_url, neighbour_url, sql):
     _assert_within_sensitivity(engine, sql, base_url, neighbour_url)
 

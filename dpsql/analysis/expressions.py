@@ -757,9 +757,13 @@ class Expressions:
         guard enforces by clamping it. (A date's epoch is its midnight, a timestamp's its nominal or absolute
         seconds, as the bounds are kept: `temporal_number`.) None for other fields and operands."""
         operand = node.expression
-        if node.this.name.upper() != "EPOCH" or not isinstance(operand, exp.Column):
+        # a date or timestamp cast to a timestamp keeps its seconds: `now() - CAST(day AS timestamp)` spelled apart
+        nominal = isinstance(operand, exp.Cast) and operand.to.this == exp.DataType.Type.TIMESTAMP
+        if node.this.name.upper() != "EPOCH" or not isinstance(operand.this if nominal else operand, exp.Column):
             return None
-        column = self.column(operand)
+        column = self.column(operand.this if nominal else operand)
+        if nominal and column is not None and column.type not in ("date", "timestamp"):
+            return None
         return column if column is not None and column.is_temporal and column.bounded else None
 
     def _range_length(self, node: exp.Length) -> Range:
@@ -940,7 +944,32 @@ def _constant_range(node: exp.Expression) -> Range | None:
     if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
         value = -float(node.this.to_py())
         return Range(value, value, value.is_integer() and "." not in node.this.this)
+    if isinstance(node, exp.Extract) and node.this.name.upper() == "EPOCH":
+        seconds = _epoch_constant(node.expression)
+        return None if seconds is None else Range(seconds - 1e-6, seconds + 1e-6, False)
     return None
+
+
+def _epoch_constant(node: exp.Expression) -> float | None:
+    """EXTRACT(EPOCH FROM …) of a constant time, as PostgreSQL computes it (a date at its midnight, a timestamp
+    nominally, a timestamptz written with its offset absolutely: `now()` as the clock read it), within the float's
+    microsecond; None for a timestamptz without an offset (read in the session's zone) or anything else."""
+    node = node.unnest()
+    if not (isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string):
+        return None
+    kind = node.to.this
+    try:
+        if kind == exp.DataType.Type.DATE:
+            moment = datetime.datetime.combine(datetime.date.fromisoformat(node.this.this.strip()), datetime.time())
+        elif kind in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ):
+            moment = datetime.datetime.fromisoformat(node.this.this.strip())
+        else:
+            return None
+    except ValueError:
+        return None
+    if moment.tzinfo is None and kind == exp.DataType.Type.TIMESTAMPTZ:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)).timestamp()
 
 
 def _date_constant(node: exp.Expression) -> datetime.date | None:
