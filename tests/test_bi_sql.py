@@ -1113,6 +1113,17 @@ def test_a_filter_in_a_grouped_subquery_s_released_keys_is_answered_as_a_series_
     assert {row[0] for row in answer.rows} == {row[0] for row in keys.rows}
 
 
+def test_parameters_reach_every_composed_form(engine, analyst):
+    """Parameters are bound into the statement the composition keeps: checking a form first (NOT IN over released
+    keys) once bound the caller's tree in place, and the next form found no placeholder for its parameters."""
+    over = engine.query("SELECT AVG(n) FROM (SELECT category, COUNT(*) AS n FROM visits WHERE amount > %s "
+                        "GROUP BY 1) t", analyst=analyst, epsilon=1.0, params=[10])
+    excluded = engine.query("SELECT COUNT(*) FROM visits WHERE amount > %s AND category NOT IN (SELECT category "
+                            "FROM visits GROUP BY category HAVING COUNT(*) > %s)", analyst=analyst, epsilon=1.0,
+                            params=[10, 1000])
+    assert over.rows[0][0] > 0 and excluded.rows[0][0] >= 0
+
+
 def _keys_then_query(engine, analyst, sql: str, last_part_ends: str):
     """A statement answered as a subquery's released keys, then the query over them: its answer, and the keys'
     answer (asked again: cached, the same keys)."""
