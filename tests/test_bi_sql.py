@@ -18,6 +18,7 @@ from dpsql.combining import combine
 from dpsql.explain import explain_statement
 from dpsql.postprocess.accuracy import Accuracy
 from dpsql.sql import check_query
+from dpsql.sql.bind import bind_parameters
 from dpsql.sql.compose import Composition
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import to_sql
@@ -1121,7 +1122,19 @@ def test_parameters_reach_every_composed_form(engine, analyst):
     excluded = engine.query("SELECT COUNT(*) FROM visits WHERE amount > %s AND category NOT IN (SELECT category "
                             "FROM visits GROUP BY category HAVING COUNT(*) > %s)", analyst=analyst, epsilon=1.0,
                             params=[10, 1000])
-    assert over.rows[0][0] > 0 and excluded.rows[0][0] >= 0
+    # a join beside a subquery: looked at as a join to released keys first, then as an ordinary statement
+    joined = engine.query("SELECT v.category, COUNT(*) FROM visits v JOIN (SELECT person_id FROM people WHERE "
+                          "age > %s) p ON p.person_id = v.person_id GROUP BY 1", analyst=analyst, epsilon=1.0,
+                          params=[30])
+    assert over.rows[0][0] > 0 and excluded.rows[0][0] >= 0 and joined.rows
+
+
+def test_binding_parameters_leaves_the_caller_s_tree_unbound():
+    """Each composed form binds the statement it tries: binding in place left the next form no placeholders, so a
+    parametrized join beside a subquery failed with '1 parameters given but the query has no placeholders'."""
+    tree = parse_select("SELECT COUNT(*) FROM visits WHERE amount > %s")
+    bound = bind_parameters(tree, [10])
+    assert "> ?" in tree.sql() and "> 10" in bound.sql() and bind_parameters(tree, [20]).sql().endswith("> 20")
 
 
 def _keys_then_query(engine, analyst, sql: str, last_part_ends: str):

@@ -15,14 +15,16 @@ from dpsql.errors import InvalidParameter
 
 
 def bind_parameters(tree: exp.Select, params: Sequence[Any] | Mapping[str, Any] | None) -> exp.Select:
-    """`tree` with every placeholder ($1, %s, %(name)s) replaced by its parameter's literal."""
-    slots = [n for n in tree.walk() if isinstance(n, exp.Placeholder | exp.Parameter)]
-    if not slots:
+    """A copy of `tree` with every placeholder ($1, %s, %(name)s) replaced by its parameter's literal (`tree`
+    itself where it has none): the caller's tree keeps its placeholders, so it may be bound again."""
+    if not any(isinstance(n, exp.Placeholder | exp.Parameter) for n in tree.walk()):
         if params:
             raise InvalidParameter(f"{len(params)} parameters given but the query has no placeholders")
         return tree
     if params is None:
         raise InvalidParameter("the query has placeholders but no parameters were given")
+    tree = tree.copy()
+    slots = [n for n in tree.walk() if isinstance(n, exp.Placeholder | exp.Parameter)]
     positional = 0
     for slot in slots:
         if isinstance(slot, exp.Parameter):  # $1, $2, ...

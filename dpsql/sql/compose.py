@@ -156,7 +156,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
         return _sequential(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
-        found = _released_keys_excluded(bind_parameters(tree.copy(), params), schema)  # (binding is in place)
+        found = _released_keys_excluded(bind_parameters(tree, params), schema)
         if found is not None:
             return found
         tree = _released_keys_as_join(tree, schema)
