@@ -76,7 +76,9 @@ def _no_key(columns: tuple[int, ...]) -> Any:
 
 RELEASED_ROWS_NOTE = ("computed from the released rows of the subquery (post-processing): SUM and AVG of its counts "
                       "or sums, and their sums, differences, multiples and ratios, have 95% intervals that add up "
-                      "their noise, the rows released taken as given; other values computed from them have none")
+                      "their noise, the rows released taken as given, and so have their variances and standard "
+                      "deviations, with the noise's own variance taken off; other values computed from them have "
+                      "none")
 
 
 def columns_of(parts: list[Prepared], composition: Composition | None = None) -> tuple[list[str], list[str],

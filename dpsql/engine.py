@@ -264,8 +264,8 @@ class Engine:
                 hint = ("pick rows with comparisons of the subquery's columns and a constant LIMIT, e.g. SELECT k, n "
                         "FROM (SELECT k, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM t GROUP BY k) s "
                         "WHERE r <= 3 ORDER BY r") if composition.picks else (
-                    "aggregate the subquery's columns with COUNT, SUM, AVG, MIN or MAX, e.g. SELECT AVG(n) FROM "
-                    "(SELECT k, COUNT(*) AS n FROM t GROUP BY k) s")
+                    "aggregate the subquery's columns with COUNT, SUM, AVG, MIN, MAX, variance or stddev, e.g. "
+                    "SELECT AVG(n) FROM (SELECT k, COUNT(*) AS n FROM t GROUP BY k) s")
                 raise UnsupportedQuery(f"the outer query over the subquery's rows cannot be computed after noise "
                                        f"({type(exc).__name__})", hint) from None
             return composition, [prepared, *apart]

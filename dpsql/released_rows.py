@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from sqlglot import exp
 
 from dpsql.analysis.plan import Output
@@ -23,7 +24,11 @@ from dpsql.sql.query import output_name
 
 Reported = Callable[[dict, dict], tuple[dict, dict]]  # a picked row's values and accuracy -> those it shows
 
-AGGREGATE_KINDS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+# var_samp (variance), var_pop, stddev (stddev_samp), stddev_pop: whether over a population, and a square root
+SPREADS = {exp.Variance: (False, False), exp.VariancePop: (True, False), exp.Stddev: (False, True),
+           exp.StddevSamp: (False, True), exp.StddevPop: (True, True)}
+AGGREGATE_KINDS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, *SPREADS)
+SPREAD_DRAWS = 2000  # simulated noise draws behind a variance's interval
 
 
 def outer_columns(outer_sql: str, inner: Sequence[Output]) -> tuple[list[str], list[str], list[bool]]:
@@ -80,7 +85,7 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
              (tree.args["order"].expressions if tree.args.get("order") else [])]  # (ORDER BY: outputs' names first)
     found = []
     for group in groups.values():
-        env = {**(group[0][0] if group else {}), **_aggregates(tree, group)}
+        env = {**(group[0][0] if group else {}), **_aggregates(tree, group, noisy_names)}
         if having is not None and not evaluate(_named(having), env):
             continue
         values = tuple(_plain(evaluate(_named(o), env)) for o in outputs)
@@ -136,6 +141,9 @@ def _interval(output: exp.Expression, value: Any, forms: Forms) -> Accuracy | No
     node, factor = _scaled(output, forms.env)
     if node is None:
         return None
+    if isinstance(node, tuple(SPREADS)):
+        found = _spread_range(node, forms.group, forms.noisy)
+        return None if found is None else Accuracy(None, *sorted((factor * found[0], factor * found[1])))
     terms = forms.of(node)
     if terms is not None:
         spread = abs(factor) * _spread(terms, forms.halfwidths)
@@ -391,15 +399,20 @@ def _ordered_and_cut(tree: exp.Select, rows: list, value_of: Callable[[Any, int]
     return rows[offset:None if limit is None else offset + limit]
 
 
-def _aggregates(tree: exp.Select, members: list[tuple[dict, dict, dict]]) -> dict[str, Any]:
+def _aggregates(tree: exp.Select, members: list[tuple[dict, dict, dict]], noisy: set[str]) -> dict[str, Any]:
     """Each aggregate of the outer query over one group's rows (each its values shown, and with counts unclamped),
     under the name `_named` gives it. SUM and AVG read the unclamped counts, so they carry no clamp bias; MIN and
-    MAX read the values shown, so a count's is never below 0."""
+    MAX read the values shown, so a count's is never below 0; variances and standard deviations are the exact
+    values' as estimated from the noisy ones (`_spread_estimate`)."""
     values = {}
     for node in tree.find_all(*AGGREGATE_KINDS):
         argument = node.this
         if isinstance(argument, exp.Star):
             values[_name(node)] = len(members)
+            continue
+        if isinstance(node, tuple(SPREADS)):
+            read, variances = _spread_parts(argument, members, noisy)
+            values[_name(node)] = _spread_estimate(type(node), read, variances)
             continue
         envs = [noisy if isinstance(node, (exp.Sum, exp.Avg)) else shown for shown, noisy, _ in members]
         seen = [v for v in (_plain(evaluate(argument, env)) for env in envs) if v is not None]
@@ -411,6 +424,81 @@ def _aggregates(tree: exp.Select, members: list[tuple[dict, dict, dict]]) -> dic
             values[_name(node)] = {exp.Sum: sum, exp.Avg: statistics.fmean, exp.Min: min, exp.Max: max}[
                 type(node)](seen)
     return values
+
+
+def _spread_parts(argument: exp.Expression, members: list[tuple[dict, dict, dict]],
+                  noisy: set[str]) -> tuple[list[float], list[float] | None]:
+    """A variance's argument over a group's released rows (counts unclamped, NULLs skipped), and the variance of
+    each value's noise: a linear form of the row's noisy values, each drawn alone by one mechanism (their
+    variances add); None where some value's noise variance is unknown (an average's, a randomized report's)."""
+    read: list[float] = []
+    variances: list[float] | None = []
+    for shown, unclamped, acc in members:
+        value = numeric_value(_plain(evaluate(argument, unclamped)))
+        if value is None:
+            continue
+        read.append(value)
+        terms = _linear(argument, lambda n, acc=acc: _noise_term(n, acc, noisy),
+                        lambda n, shown=shown: _plain(evaluate(n, shown)))
+        if terms is None or variances is None:
+            variances = None
+        else:
+            variances.append(sum(c * c * acc[name].noise_variance for name, c in terms.items()))
+    return read, variances
+
+
+def _noise_term(node: exp.Expression, acc: dict, noisy: set[str]) -> dict | None:
+    if not isinstance(node, exp.Column):
+        return None
+    own = acc.get(node.name)
+    if own is not None and own.noise_variance is not None:
+        return {node.name: 1.0}
+    return None if node.name in noisy else {}
+
+
+def _spread_estimate(kind: type, read: Sequence[float], variances: Sequence[float] | None) -> float | None:
+    """A variance or standard deviation of the exact values behind `read` (noisy ones): the noisy values' sample
+    variance overstates the exact values' by the mean of their noise variances, which is taken off (unbiased,
+    then clamped at 0); where they are unknown, the noisy values' own. NULL as PostgreSQL's: over no rows, and
+    a sample's over one."""
+    population, root = SPREADS[kind]
+    if not read or len(read) == 1 and not population:
+        return None
+    noise = math.fsum(variances) / len(read) if variances is not None else 0.0
+    variance = max(float(_unbiased_variance(np.asarray(read, dtype=float), noise, population)), 0.0)
+    return math.sqrt(variance) if root else variance
+
+
+def _unbiased_variance(values: np.ndarray, noise: float, population: bool) -> np.ndarray:
+    """The exact values' variance estimated from noisy `values` (along the last axis) whose noise variances
+    average `noise`: for independent noise, E[Σ(y - ȳ)²] = Σ(x - x̄)² + (n - 1)·noise."""
+    n = values.shape[-1]
+    squares = ((values - values.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1)
+    return (squares - (n - 1) * noise) / (n if population else n - 1)
+
+
+def _spread_range(node: exp.Expression, members: list[tuple[dict, dict, dict]],
+                  noisy: set[str]) -> tuple[float, float] | None:
+    """A 95% interval for a variance or standard deviation over released rows (taken as given): how far the
+    unbiased estimate moves from the released values' own variance when noise of each value's variance is drawn
+    again over them, the 2.5 and 97.5 percentiles of that error taken off the estimate (a basic bootstrap), then
+    clamped at 0. The
+    draws are Laplace, the heaviest-tailed of our noise laws at a given variance, and they spread around the
+    noisy values, which spread wider than the exact ones: both widen the interval. None where a noise variance
+    is unknown or no value reads noise."""
+    read, variances = _spread_parts(node.this, members, noisy)
+    if _spread_estimate(type(node), read, variances) is None or variances is None or not any(variances):
+        return None
+    population, root = SPREADS[type(node)]
+    values, noise = np.asarray(read, dtype=float), math.fsum(variances) / len(read)
+    rng = np.random.default_rng(0)  # post-processing of released values only: the same interval every time
+    draws = values + rng.laplace(0.0, 1.0, (SPREAD_DRAWS, len(read))) * np.sqrt(np.asarray(variances) / 2)
+    # the estimate's error where the released values are the exact ones and noise is drawn over them again
+    moved = _unbiased_variance(draws, noise, population) - _unbiased_variance(values, 0.0, population)
+    middle = float(_unbiased_variance(values, noise, population))
+    low = max(middle - float(np.percentile(moved, 97.5)), 0.0)
+    high = max(middle - float(np.percentile(moved, 2.5)), 0.0)
+    return (math.sqrt(low), math.sqrt(high)) if root else (low, high)
 
 
 def _named(node: exp.Expression) -> exp.Expression:

@@ -228,7 +228,7 @@ def test_aggregates_over_an_aggregated_subquery_are_computed_from_its_released_r
     assert any("computed from the released rows" in note for note in answer.notes)
     spent = engine.budget(analyst).epsilon_spent
     with pytest.raises(errors.UnsupportedQuery, match="cannot be computed after noise"):
-        engine.query(f"SELECT STDDEV(n) FROM ({inner}) t", analyst=analyst, epsilon=1.0)
+        engine.query(f"SELECT corr(n, n) FROM ({inner}) t", analyst=analyst, epsilon=1.0)
     assert engine.budget(analyst).epsilon_spent == spent  # refused before its inner query ran
     with psycopg.connect(served.dsn(), autocommit=True) as conn:
         cursor = conn.execute(f"SELECT COUNT(*) AS k FROM ({inner}) t")
@@ -399,6 +399,71 @@ def test_sums_over_released_counts_read_them_unclamped_and_add_up_their_noise():
     assert aggregate_released("SELECT SUM(n) FROM t", ["k", "n"], rows, simulated)[1] == [(None,)]
     assert aggregate_released("SELECT SUM(n) FROM t WHERE k <> 'c'", ["k", "n"], rows, simulated)[1][0][0] \
         is not None  # the rows kept are what count
+
+
+def test_variances_over_released_values_take_off_their_noise():
+    """variance(n) over released counts was refused. Noise spreads the released values wider than the exact ones
+    by its variance: each value's noise variance (one mechanism's, drawn alone) is taken off, so the estimate is
+    unbiased before its clamp at 0; NULL as PostgreSQL's over one row; stddev is its root; a noise variance not
+    known (a simulated interval) leaves the noisy values' own spread and no interval."""
+    from dpsql.released_rows import aggregate_released
+
+    rows = [("a", 0), ("b", 10), ("c", 20)]
+    accuracy = [(None, Accuracy(1.0, 0.0, 9.0, unclamped=-6.0, halfwidth=9.0, noise_variance=4.0)),
+                (None, Accuracy(1.0, 1.0, 19.0, halfwidth=9.0, noise_variance=4.0)),
+                (None, Accuracy(1.0, 11.0, 29.0, halfwidth=9.0, noise_variance=10.0))]
+    sql = "SELECT variance(n), var_pop(n), stddev(n), stddev_pop(2 * n + 1), variance(n) * 2 FROM t"
+    (values,), (intervals,) = aggregate_released(sql, ["k", "n"], rows, accuracy)
+    squares = 14.0 ** 2 + 2.0 ** 2 + 12.0 ** 2  # (-6, 10, 20) around their mean 8; noise variances' mean 6
+    assert values == pytest.approx(((squares - 2 * 6) / 2, (squares - 2 * 6) / 3, math.sqrt((squares - 12) / 2),
+                                    math.sqrt((4 * squares - 2 * 24) / 3), squares - 12))
+    assert all(i.ci_low <= v <= i.ci_high for v, i in zip(values, intervals, strict=True))
+    assert (intervals[2].ci_low, intervals[2].ci_high) == pytest.approx((math.sqrt(intervals[0].ci_low),
+                                                                         math.sqrt(intervals[0].ci_high)))
+    assert aggregate_released("SELECT variance(n), var_pop(n) FROM t WHERE k = 'b'", ["k", "n"], rows,
+                              accuracy)[0] == [(None, 0.0)]
+    simulated = [*accuracy[:2], (None, Accuracy(None, 11.0, 29.0))]
+    (value,), (interval,) = aggregate_released("SELECT variance(n) FROM t", ["k", "n"], rows, simulated)
+    assert value == (pytest.approx(squares / 2),) and interval == (None,)
+
+
+def test_a_standard_deviation_of_released_counts_is_answered_with_its_interval(engine, analyst):
+    """`SELECT stddev(n) FROM (SELECT category, COUNT(*) AS n … GROUP BY category) t` was refused ("cannot be
+    computed after noise"): it is post-processing of the released counts, charged as the inner query alone."""
+    sql = "SELECT stddev(n), var_pop(n) FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t"
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    (deviation, variance), (spread, _) = answer.rows[0], answer.accuracy[0]
+    assert answer.epsilon == pytest.approx(1.0) and deviation >= 0 and variance >= 0
+    assert spread.ci_low <= deviation <= spread.ci_high
+    inner = engine.query("SELECT category, COUNT(*) AS n FROM visits GROUP BY category", analyst=analyst,
+                         epsilon=1.0)  # the released counts, asked again: free, the same
+    noisy = [a.unclamped if a.unclamped is not None else n for (_, n), (_, a) in zip(inner.rows, inner.accuracy,
+                                                                                     strict=True)]
+    noise = np.mean([a.noise_variance for _, a in inner.accuracy])
+    assert inner.cached and deviation == pytest.approx(math.sqrt(max(np.var(noisy, ddof=1) - noise, 0)))
+
+
+def test_variance_over_released_values_is_unbiased_and_covers():
+    """Over many draws of Laplace noise on known values (the noise's variance known, as a count's is): the
+    variance estimate's mean is the exact variance, and its 95% interval, and the standard deviation's, hold the
+    exact ones at least as often as promised."""
+    from dpsql.released_rows import aggregate_released
+
+    rng = np.random.default_rng(7)
+    exact = rng.lognormal(4.0, 0.6, 30)
+    scale = 20.0
+    truth = float(np.var(exact, ddof=1))
+    estimates, held = [], [0, 0]
+    for _ in range(300):
+        noisy = exact + rng.laplace(0.0, scale, exact.size)
+        accuracy = [(Accuracy(scale, v - 60, v + 60, halfwidth=60.0, noise_variance=2 * scale ** 2),) for v in noisy]
+        (values,), (intervals,) = aggregate_released("SELECT variance(n), stddev(n) FROM t", ["n"],
+                                                     [(float(v),) for v in noisy], accuracy)
+        estimates.append(np.var(noisy, ddof=1) - 2 * scale ** 2)  # (unclamped)
+        held[0] += intervals[0].ci_low <= truth <= intervals[0].ci_high
+        held[1] += intervals[1].ci_low <= math.sqrt(truth) <= intervals[1].ci_high
+    assert abs(np.mean(estimates) - truth) < 3 * np.std(estimates) / math.sqrt(len(estimates))
+    assert min(held) >= 0.93 * 300
 
 
 def test_shares_and_differences_of_released_counts_carry_their_noise():

@@ -38,6 +38,8 @@ class Accuracy:
     halfwidth: float | None = None  # a single noisy statistic whose noise is its own (no other row's; a de-biased
     # count's errors and its group's other values' move opposite ways): its interval's half-width before the clamp
     # at 0, which the intervals of sums over released rows add up
+    noise_variance: float | None = None  # such a statistic's noise variance where one mechanism drew it alone: what
+    # a variance over released rows takes off (the noisy values spread wider than the exact ones by it)
 
     @property
     def optimality_ratio(self) -> float | None:
@@ -106,8 +108,10 @@ def accuracy_of(expr: exp.Expression, plan: Plan, calibration: Calibration, valu
                 low, high = max(low, 0), max(high, 0)
             bounds = unscaled_bounds if factor == 1.0 else (None, None)
             own = factor == 1.0 or not group.noise_shared  # (a de-biased count's noise is its own)
+            variance = getattr(mechanism, "variance", None) if factor == 1.0 else None
             return Accuracy(mechanism.scale if factor == 1.0 else None, float(low), float(high), None, None, *bounds,
-                            halfwidth=float(width) if own else None)
+                            halfwidth=float(width) if own else None,
+                            noise_variance=None if variance is None else float(variance))
     try:
         draws = np.asarray(evaluate(expr, simulated), dtype=float)
     except (TypeError, ValueError, KeyError, UnsupportedQuery):  # KeyError: no simulated windows
