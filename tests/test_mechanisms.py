@@ -455,20 +455,23 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
 
 
 def test_a_race_over_totals_keeps_half_its_margin_for_an_answer_of_many_cells():
-    """`many_cells_margin` applies beyond FEW_CELLS cells and for private keys (None); the same draws choose the
-    same τ, and only the margin above it changes (doubled where the race resolves the data coarsely)."""
-    from dpsql.mechanisms.race import FEW_CELLS, RaceToTheTop
+    """`many_cells_margin` applies beyond FEW_CELLS cells and for private keys (None), and half of it beyond
+    MANY_CELLS (a year's days); the same draws choose the same τ, and only the margin above it changes (doubled
+    where the race resolves the data coarsely)."""
+    from dpsql.mechanisms.race import FEW_CELLS, MANY_CELLS, RaceToTheTop
 
     race = RaceToTheTop.calibrate(1 << 20, 0.5, integer_valued=False, margin=8, many_cells_margin=4)
     totals = [100_000.0 * min(t, 2048) for t in race.taus]  # 100,000 units, each of a total of 2,048
     for seed in range(10):
         shifted = race._shifted(totals, random.Random(seed))
         coarse = 2 if race.margin_at(shifted) == 16 else 1
-        for cells, margin in ((1, 8), (FEW_CELLS, 8), (FEW_CELLS + 1, 4), (None, 4)):
+        for cells, margin in ((1, 8), (FEW_CELLS, 8), (FEW_CELLS + 1, 4), (None, 4), (MANY_CELLS, 4),
+                              (MANY_CELLS + 1, 2)):
             decision = race.decide(totals, 0.1, random.Random(seed), cells=cells)
             assert race.margin_for(cells) == margin and decision.tau == race._best(shifted)
             assert decision.bound == min(coarse * margin * decision.tau, 1 << 20) and decision.spent == 0.0
-    assert RaceToTheTop.calibrate(1024, 0.5).margin_for(None) == RaceToTheTop.calibrate(1024, 0.5).margin
+    rows = RaceToTheTop.calibrate(1024, 0.5)  # a race over rows: one margin, halved beyond MANY_CELLS only
+    assert rows.margin_for(None) == rows.margin_for(MANY_CELLS) == rows.margin == 2 * rows.margin_for(366)
 
 
 def test_the_units_over_the_chosen_bound_are_one_laplace_release_after_the_race():

@@ -86,6 +86,16 @@ The same reasoning sets the margin of a race over totals where it resolves the d
 in `dpsql.chosen_bounds`): an answer of more than FEW_CELLS cells, or of private keys, keeps half the totals'
 margin, since eight times the chosen τ keeps every unit's total at twice the noise each cell needs.
 
+An answer of more than MANY_CELLS cells (a day's counts over a year: 366) keeps half the margin again, rows or
+totals. Its cells' relative noise grows with their number while the share a bound cuts from each stays that of
+the whole, so there the noise of a wide margin costs more than the cut it saves. Measured on the demo data at
+ε = 1 (/tmp scripts of the session, 10-20 answers of 366 cells): COUNT(*) by day over 100,000 people went from
+11.2% to 7.7% median error (coverage 95% and 94%; the race chose τ = 32 and kept the cap of 100, where a person
+holds at most 51 visits), and with SUM and AVG beside it from 40%, 45% and 68% to 25%, 19% and 35% (coverage
+95-97%); over 20,000 people from 64% and 86% (count and sum) to 37% and 43%, median bias −2.2% and −3.4% (from
+0.0% and +0.9%) at coverage 97% and 95%. Weekly counts (53 cells, 20,000 people) keep the margin: halved, their
+median error went from 9.8% to 7.3% but with a −1.7% bias and 91% coverage.
+
 Below the cap, `decide` can also count the units that hold more than the bound it chose (`units_over`): the
 fractional count of `units_above` at that τ (sensitivity 1, 2 under replace) released with Laplace noise at a
 share of the answer's ε (EFFECT_SHARE), so that the answer can say what its bound leaves out. The race's own
@@ -111,6 +121,7 @@ MIN_RESOLUTION = 4  # the units read, in shifts of τ = 1, below which the race 
 COARSE_RESOLUTION = 16  # below this many shifts the race resolves the data coarsely: the answer keeps twice the margin
 FALLBACK_MARGIN = 2  # the sparse vector's choice overshoots already: the answer keeps twice it (module docstring)
 FEW_CELLS = 4  # an answer of at most this many cells keeps twice FALLBACK_MARGIN
+MANY_CELLS = 100  # an answer of more cells than this keeps half the race's margin (the module docstring)
 FALLBACK_SHARE = 0.25  # of the answer's ε, spent choosing the bound where the race cannot resolve the data
 FALLBACK_THRESHOLD = 1  # the fallback stops below this many noise scales of an even split's comparisons (module
 # docstring; `fallback_threshold`)
@@ -244,8 +255,10 @@ class RaceToTheTop:
 
     def margin_for(self, cells: int | None) -> int:
         """The margin an answer of `cells` cells keeps above the chosen τ: `many_cells_margin` beyond FEW_CELLS,
-        where set (the cells are public: the declared domain's size, None for private keys)."""
-        return self.margin if self.many_cells_margin is None or few_cells(cells) else self.many_cells_margin
+        where set, and half of that beyond MANY_CELLS (the cells are public: the declared domain's size, None
+        for private keys, which keep the margin)."""
+        margin = self.margin if self.many_cells_margin is None or few_cells(cells) else self.many_cells_margin
+        return max(margin // 2, 1) if cells is not None and cells > MANY_CELLS else margin
 
     def margin_at(self, shifted: Sequence[float], cells: int | None = 1) -> int:
         """`margin_for(cells)`, twice it where the race resolves the data only coarsely (the units read under
@@ -271,4 +284,4 @@ class RaceToTheTop:
         return self.taus[best]
 
 
-__all__ = ["EFFECT_SHARE", "FALLBACK_SHARE", "FEW_CELLS", "Decision", "RaceToTheTop", "UnitsOver", "taus"]
+__all__ = ["EFFECT_SHARE", "FALLBACK_SHARE", "FEW_CELLS", "MANY_CELLS", "Decision", "RaceToTheTop", "UnitsOver", "taus"]
