@@ -440,6 +440,9 @@ QUERY_CLASSES = [
     QueryClass("a sum of released counts (those shown as 0 read at their noisy value)",
                query("SELECT SUM(n), AVG(n) FROM (SELECT kind, COUNT(*) AS n FROM trips WHERE fare > 28 "
                      "GROUP BY kind) t"), 0),
+    QueryClass("a standard deviation of released counts (their noise variance taken off)",
+               query("SELECT stddev(n), var_pop(n) FROM (SELECT kind, COUNT(*) AS n FROM trips WHERE fare > 28 "
+                     "GROUP BY kind) t"), 0),
     QueryClass("the people beside a sum (the race over the units' totals)",
                query("SELECT kind, SUM(fare), COUNT(DISTINCT person_id) FROM trips GROUP BY kind",
                      rows_per_unit="auto"), 1),
