@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import astuple
 
 from dpsql.accounting import Cost
-from dpsql.analysis import Plan
+from dpsql.analysis import SQUARED, Plan
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, MARGIN, RaceToTheTop
 from dpsql.noise import Calibration
 from dpsql.session import Options
@@ -36,6 +36,31 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
     if plan.rows_per_unit <= 1:
         return None
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps, margin=MARGIN)
+
+
+# The counts beside a raced sum that only divide it (an AVG's or a variance's, with no COUNT answered and no
+# partition selection) keep the chosen τ itself, no margin, in an answer of more than FEW_CELLS cells: a unit's
+# rows beyond it leave the numerator and the denominator together, so the cut moves the ratio only where a heavy
+# unit's values differ from the rest, while the margin's noise in the count moves it in every answer. Measured on
+# the demo data at ε = 1 (/tmp scripts of the session): AVG(amount) by day over 100,000 people went from 19.8% to
+# 14.6% median error (8 answers of 366 days, median bias -1.8% and 0.0%, coverage 95% and 96%), by category over
+# 20,000 people from 3.5% to 2.5-2.8% (30 and 60 answers, coverage 94-96%). An answer of few cells keeps MARGIN:
+# its noise is small beside that difference, and without the margin the ungrouped AVG(amount) over 20,000 people
+# went from 0.56% to 0.87% median error, stddev(amount) from 2.2% to 3.1% with 92% coverage (bench_accuracy.py).
+def counts_race(totals: Plan, epsilon: float, steps: int) -> RaceToTheTop:
+    """R2T's race for the rows per unit of the counts beside a sum whose units' totals race
+    (`Prepared.rows_race`), over `totals`' declared rows at `epsilon`: MARGIN times its τ, or beyond FEW_CELLS
+    cells the τ itself where the counts only divide the sums (`divides_only`)."""
+    return RaceToTheTop.calibrate(totals.rows_per_unit, epsilon, steps, margin=MARGIN,
+                                  many_cells_margin=1 if divides_only(totals) else None)
+
+
+def divides_only(plan: Plan) -> bool:
+    """Whether the plan's counts are only the denominators of its averages and variances: no count answered
+    alone or beside them, and no partition selection (which counts a unit's rows toward its groups)."""
+    counts = {m.name for m in plan.measures if m.kind == "count"}
+    return bool(counts) and not plan.partition_selection and all(
+        a.kind in ("avg", *SQUARED) for a in plan.aggregates if counts & set(a.measures))
 
 
 def lent(calibration: Calibration, share: float) -> float:

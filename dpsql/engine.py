@@ -31,6 +31,7 @@ from dpsql.chosen_bounds import (
     chosen_histogram_rows,
     chosen_values_note,
     chosen_values_rows,
+    counts_race,
     kept_epsilon,
     lent,
     plan_race,
@@ -50,7 +51,7 @@ from dpsql.errors import (
     UnsupportedQuery,
 )
 from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
-from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RaceToTheTop
+from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
     describe_cap,
@@ -139,7 +140,7 @@ class Engine:
             totals.partition_selection or any(m.kind == "count" for m in totals.measures))
         share = RACE_SHARE / 2 if counted else RACE_SHARE
         race = plan_race(totals or plan, options, share)
-        rows_race = RaceToTheTop.calibrate(totals.rows_per_unit, options.epsilon * share, race.steps) \
+        rows_race = counts_race(totals, options.epsilon * share, race.steps) \
             if counted and race is not None else None
         epsilon = options.epsilon - sum(r.epsilon for r in (race, rows_race) if r is not None)
         calibration = calibrate(plan, epsilon, self.settings.delta, self.settings.selection_share,

@@ -116,7 +116,7 @@ def explain_text(prepared: Prepared) -> str:
         lines.append(f"Bound on {bounded} (dpsql.rows_per_unit = auto): R2T's race over τ = "
                      f"{', '.join(map(str, race.taus))}, ε = {race.epsilon:.6g} of the cost, each truncated "
                      f"{truncated} at its share with sensitivity τ; the answer keeps "
-                     f"{race.margin_for(prepared.plan.cells)} times the chosen τ (twice that where the race "
+                     f"{_times_chosen(race.margin_for(prepared.plan.cells))} (twice that where the race "
                      "resolves the data coarsely), and its noise above is for the declared bound (the chosen one is "
                      "smaller)")
     bounds = prepared.rewritten.bounds if prepared.rewritten is not None else None
@@ -159,3 +159,8 @@ def _explain_local(local: LocalQuery) -> str:
     lines.append("SQL (counts of reports):")
     lines.append(f"  {local.statement.sql}")
     return "\n".join(lines)
+
+
+def _times_chosen(margin: int) -> str:
+    """A race's margin as explain says it."""
+    return "the chosen τ" if margin == 1 else f"{margin} times the chosen τ"

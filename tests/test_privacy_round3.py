@@ -557,6 +557,25 @@ def test_a_sum_under_a_units_total_keeps_the_clamp_its_rows_give_where_its_rows_
             assert abs(float(exact["neighbour"][i]) - float(exact["base"][i])) <= measure.sensitivity * (1 + 1e-9)
 
 
+@pytest.mark.parametrize(("sql", "margin"), [
+    ("SELECT category, AVG(amount) FROM visits GROUP BY category", 1),
+    ("SELECT category, stddev(amount) FROM visits GROUP BY category", 1),
+    ("SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category", 4),  # a count answered: MARGIN
+    ("SELECT category, SUM(amount), COUNT(*) FROM visits GROUP BY category", 4),
+    ("SELECT p.state, AVG(v.amount) FROM visits v JOIN people p ON p.person_id = v.person_id GROUP BY 1", 4)])
+def test_the_counts_that_only_divide_a_raced_sum_keep_the_chosen_rows_themselves(engine, sql, margin):
+    """An AVG's or a variance's count by category keeps the τ its race chose, no margin
+    (`chosen_bounds.counts_race`): a unit's rows beyond it leave the sum and the count together. A count answered,
+    partition selection over private keys (state), or an answer of few cells keeps MARGIN times it."""
+    from dpsql.mechanisms.race import MARGIN
+    from dpsql.session import Options
+
+    assert margin in (1, MARGIN)
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.race_totals and prepared.rows_race.margin_for(prepared.plan.cells) == margin
+    assert prepared.rows_race.margin_for(1) == MARGIN  # an answer of few cells keeps it (ungrouped)
+
+
 @pytest.mark.parametrize("sql", ["SELECT category, SUM(amount) FROM visits GROUP BY category",
                                  "SELECT date_trunc('month', day), SUM(amount), AVG(amount) FROM visits GROUP BY 1",
                                  "SELECT SUM(amount) FROM visits WHERE category = 'lab'",
