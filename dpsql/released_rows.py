@@ -482,10 +482,9 @@ def _spread_range(node: exp.Expression, members: list[tuple[dict, dict, dict]],
     """A 95% interval for a variance or standard deviation over released rows (taken as given): how far the
     unbiased estimate moves from the released values' own variance when noise of each value's variance is drawn
     again over them, the 2.5 and 97.5 percentiles of that error taken off the estimate (a basic bootstrap), then
-    clamped at 0. The
-    draws are Laplace, the heaviest-tailed of our noise laws at a given variance, and they spread around the
-    noisy values, which spread wider than the exact ones: both widen the interval. None where a noise variance
-    is unknown or no value reads noise."""
+    clamped at 0. The draws are Laplace, the heaviest-tailed of our noise laws at a given variance, and they
+    spread around the noisy values, which spread wider than the exact ones: both widen the interval. None where
+    a noise variance is unknown or no value reads noise."""
     read, variances = _spread_parts(node.this, members, noisy)
     if _spread_estimate(type(node), read, variances) is None or variances is None or not any(variances):
         return None
