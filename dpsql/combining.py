@@ -26,6 +26,7 @@ from dpsql.released_rows import (
     outer_columns,
     pick_released,
     project_released,
+    uncorrected_spreads,
     unwrapped,
 )
 from dpsql.sql import AGGREGATES
@@ -133,6 +134,11 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         inner = answers[0]
         rows, accuracy = aggregate_released(composition.outer, inner.names, inner.rows, inner.accuracy, inner.noisy)
         notes, explained = [*inner.notes, RELEASED_ROWS_NOTE], ()
+        uncorrected = uncorrected_spreads(composition.outer, inner.names, inner.rows, inner.accuracy)
+        if uncorrected:
+            notes.append(f"{', '.join(dict.fromkeys(uncorrected))}: the released values' own spread, noise "
+                         "included, which runs wider than the exact values' (their noise variance is not known "
+                         "here: averages or randomized reports); a variance of counts or sums takes it off")
         picked = _picked_by_noise(composition.parts[0])
         if picked or filtered_by_noise(composition.outer, inner.names, inner.rows, inner.accuracy):
             explained = tuple(name for name, is_noisy in zip(names, noisy, strict=True) if is_noisy)

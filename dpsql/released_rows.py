@@ -97,6 +97,18 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     return [values for values, _, _ in found], [intervals for _, intervals, _ in found]
 
 
+def uncorrected_spreads(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
+                        accuracy: Sequence[tuple]) -> list[str]:
+    """The outer query's variances and standard deviations over released values whose noise variance is not known
+    (averages, de-biased reports): they are the noisy values' own spread, which runs wider than the exact ones'."""
+    tree = parse_select(outer_sql)
+    members = [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
+                dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
+    noisy = {n for i, n in enumerate(names) if any(acc[i] is not None for acc in accuracy)}
+    return [output_name(item) for item in tree.expressions for node in item.find_all(*SPREADS)
+            if _spread_parts(node.this, members, noisy)[1] is None]
+
+
 def filtered_by_noise(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
                       accuracy: Sequence[tuple]) -> bool:
     """Whether the outer query's WHERE keeps some released row by a noisy value that its 95% interval would put on
@@ -514,4 +526,4 @@ def _plain(value: Any) -> Any:
 
 
 __all__ = ["aggregate_released", "filtered_by_noise", "numeric_value", "outer_columns", "pick_released",
-           "project_released", "unwrapped"]
+           "project_released", "uncorrected_spreads", "unwrapped"]

@@ -443,6 +443,15 @@ def test_a_standard_deviation_of_released_counts_is_answered_with_its_interval(e
     assert inner.cached and deviation == pytest.approx(math.sqrt(max(np.var(noisy, ddof=1) - noise, 0)))
 
 
+def test_a_standard_deviation_of_released_averages_says_its_noise_is_not_taken_off(engine, analyst):
+    """An average's noise variance is not one mechanism's: its standard deviation over released rows is the noisy
+    values' own spread, with no interval, and the answer says that it runs wide."""
+    answer = engine.query("SELECT stddev(a) FROM (SELECT category, AVG(amount) AS a FROM visits GROUP BY category) t",
+                          analyst=analyst, epsilon=1.0)
+    assert answer.rows[0][0] > 0 and answer.accuracy[0][0] is None
+    assert any(note.startswith("stddev: the released values' own spread, noise included") for note in answer.notes)
+
+
 def test_variance_over_released_values_is_unbiased_and_covers():
     """Over many draws of Laplace noise on known values (the noise's variance known, as a count's is): the
     variance estimate's mean is the exact variance, and its 95% interval, and the standard deviation's, hold the
