@@ -134,7 +134,7 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         inner = answers[0]
         rows, accuracy = aggregate_released(composition.outer, inner.names, inner.rows, inner.accuracy, inner.noisy)
         notes, explained = [*inner.notes, RELEASED_ROWS_NOTE], ()
-        uncorrected = uncorrected_spreads(composition.outer, inner.names, inner.rows, inner.accuracy)
+        uncorrected = uncorrected_spreads(composition.outer, inner.names, inner.rows, inner.accuracy, inner.noisy)
         if uncorrected:
             notes.append(f"{', '.join(dict.fromkeys(uncorrected))}: the released values' own spread, noise "
                          "included, which runs wider than the exact values' (their noise variance is not known "

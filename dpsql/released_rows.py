@@ -62,10 +62,8 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     (`filtered_by_noise`)."""
     tree = parse_select(outer_sql)
     accuracy = accuracy or [(None,) * len(names)] * len(rows)
-    noisy_names = ({n for n, is_noisy in zip(names, noisy, strict=True) if is_noisy} if noisy is not None else
-                   {n for i, n in enumerate(names) if any(acc[i] is not None for acc in accuracy)})
-    members = [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
-                dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
+    noisy_names = _noisy_names(names, accuracy, noisy)
+    members = _members(names, rows, accuracy)
     where = tree.args["where"].this if tree.args.get("where") else None
     uncertain = where is not None and _kept_by_noise(where, members)
     if where is not None:
@@ -97,16 +95,27 @@ def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tupl
     return [values for values, _, _ in found], [intervals for _, intervals, _ in found]
 
 
-def uncorrected_spreads(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
-                        accuracy: Sequence[tuple]) -> list[str]:
+def uncorrected_spreads(outer_sql: str, names: Sequence[str], rows: Sequence[tuple], accuracy: Sequence[tuple],
+                        noisy: Sequence[bool] | None = None) -> list[str]:
     """The outer query's variances and standard deviations over released values whose noise variance is not known
-    (averages, de-biased reports): they are the noisy values' own spread, which runs wider than the exact ones'."""
-    tree = parse_select(outer_sql)
-    members = [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
-                dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
-    noisy = {n for i, n in enumerate(names) if any(acc[i] is not None for acc in accuracy)}
-    return [output_name(item) for item in tree.expressions for node in item.find_all(*SPREADS)
-            if _spread_parts(node.this, members, noisy)[1] is None]
+    (averages, de-biased reports): they are the noisy values' own spread, which runs wider than the exact ones'.
+    The arguments are `aggregate_released`'s."""
+    members, noisy_names = _members(names, rows, accuracy), _noisy_names(names, accuracy, noisy)
+    return [output_name(item) for item in parse_select(outer_sql).expressions for node in item.find_all(*SPREADS)
+            if _spread_parts(node.this, members, noisy_names)[1] is None]
+
+
+def _members(names: Sequence[str], rows: Sequence[tuple], accuracy: Sequence[tuple]) -> list[tuple[dict, dict, dict]]:
+    """Each released row by column name: its values shown, with counts unclamped, and their accuracy."""
+    return [(dict(zip(names, row, strict=True)), dict(zip(names, _unclamped(row, acc), strict=True)),
+             dict(zip(names, acc, strict=True))) for row, acc in zip(rows, accuracy, strict=True)]
+
+
+def _noisy_names(names: Sequence[str], accuracy: Sequence[tuple], noisy: Sequence[bool] | None) -> set[str]:
+    """The inner columns that carry noise: as `noisy` says, or by default those with an accuracy in some row."""
+    if noisy is not None:
+        return {n for n, is_noisy in zip(names, noisy, strict=True) if is_noisy}
+    return {n for i, n in enumerate(names) if any(acc[i] is not None for acc in accuracy)}
 
 
 def filtered_by_noise(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],
