@@ -2206,11 +2206,16 @@ def test_two_subqueries_may_give_their_tables_the_same_name(engine, base_url):
      "GROUP BY 1"),
     ("SELECT COUNT(p.*) FROM people p JOIN visits v ON v.person_id = p.person_id",
      "SELECT COUNT(*) FROM people p JOIN visits v ON v.person_id = p.person_id"),
+    # joined with USING: the named column is the one v's matched rows fill in
+    ("SELECT p.sex, COUNT(v.*) FROM people p LEFT JOIN visits v USING (person_id) GROUP BY 1",
+     "SELECT p.sex, COUNT(v.person_id) FROM people p LEFT JOIN visits v USING (person_id) GROUP BY 1"),
+    ("SELECT p.sex, COUNT(v.*) FROM visits v RIGHT JOIN people p USING (person_id) GROUP BY 1",
+     "SELECT p.sex, COUNT(v.person_id) FROM visits v RIGHT JOIN people p USING (person_id) GROUP BY 1"),
 ])
 def test_a_count_of_a_tables_rows_is_the_count_of_its_joined_rows(engine, base_url, written, same):
     """COUNT(v.*) counts the rows where v's row is there: all of them where v is inner-joined or preserved, the
     matched ones where an outer join NULL-extends it (its join column is then not NULL). It used to reach
-    PostgreSQL unrewritten and fail there (reported as a schema mismatch)."""
+    PostgreSQL unrewritten and fail there (reported as a schema mismatch), and under USING still did."""
     prepared, spelled = engine.prepare(written), engine.prepare(same)
     assert prepared.rewritten.sql == spelled.rewritten.sql
     with psycopg.connect(base_url) as conn:

@@ -351,8 +351,8 @@ def approx_distinct_as_count(tree: exp.Select) -> exp.Select:
 def count_of_a_tables_rows(tree: exp.Select) -> exp.Select:
     """`COUNT(v.*)` counts the rows where v's whole row is not NULL: every row where v is joined inner or is the
     preserved side (`COUNT(*)`), and where v is the side an outer join NULL-extends, the rows it matched, which are
-    those where a column its ON condition equates to another table's is not NULL (`COUNT(v.person_id)`). Left as
-    written (and refused) where no such column is found."""
+    those where a column its ON condition equates to another table's, or its USING names, is not NULL
+    (`COUNT(v.person_id)`). Left as written (and refused) where no such column is found."""
     for count in [c for c in tree.find_all(exp.Count) if isinstance(c.this, exp.Column)
                   and isinstance(c.this.this, exp.Star) and c.this.table]:
         select = count.find_ancestor(exp.Select)
@@ -363,8 +363,9 @@ def count_of_a_tables_rows(tree: exp.Select) -> exp.Select:
         if not extended:
             count.set("this", exp.Star())
             continue
-        on = extended[0].args.get("on")
-        keys = [side for eq in (on.find_all(exp.EQ) if on is not None else ()) for side, other in (
+        on, using = extended[0].args.get("on"), extended[0].args.get("using") or []
+        keys = [exp.column(name.name, table=alias) for name in using]
+        keys += [side for eq in (on.find_all(exp.EQ) if on is not None else ()) for side, other in (
             (eq.this, eq.expression), (eq.expression, eq.this)) if isinstance(side, exp.Column) and side.table == alias
                 and isinstance(other, exp.Column) and other.table not in ("", alias)]
         if keys:
