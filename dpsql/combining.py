@@ -21,6 +21,7 @@ from dpsql.prepared import Prepared
 from dpsql.released_rows import (
     Reported,
     aggregate_released,
+    computed_type,
     filtered_by_noise,
     numeric_value,
     outer_columns,
@@ -340,7 +341,8 @@ def _halfwidth(counts: Answer) -> float:
 def joined_rows(composition: Composition, answers: Sequence[Answer]) -> list[tuple[dict, dict]]:
     """The parts' released rows joined as the statement joins them (`Composition.joins`): each joined row's values
     and accuracy by the names the statement's outer query reads (dpsql_j<part>_<column>). NULL keys match nothing,
-    as SQL's equality; a LEFT join keeps a row no other matches, with NULLs."""
+    as SQL's equality; an outer join keeps the rows of its preserved side (LEFT: the rows joined so far, RIGHT: the
+    next part's, FULL: both) that nothing matches, with NULLs for the other side."""
     def named(number: int, answer: Answer) -> list[tuple[dict, dict]]:
         return [({f"dpsql_j{number}_{n}": v for n, v in zip(answer.names, row, strict=True)},
                  {f"dpsql_j{number}_{n}": a for n, a in zip(answer.names, acc, strict=True)})
@@ -349,19 +351,24 @@ def joined_rows(composition: Composition, answers: Sequence[Answer]) -> list[tup
     joined = named(0, answers[0])
     for number, (side, pairs) in enumerate(composition.joins, start=1):
         right = named(number, answers[number])
-        index: dict[tuple, list[tuple[dict, dict]]] = {}
-        for values, acc in right:
+        index: dict[tuple, list[int]] = {}
+        for position, (values, _) in enumerate(right):
             key = tuple(values[f"dpsql_j{number}_{c}"] for _, _, _, c in pairs)
             if None not in key:
-                index.setdefault(key, []).append((values, acc))
+                index.setdefault(key, []).append(position)
         empty = dict.fromkeys(f"dpsql_j{number}_{n}" for n in answers[number].names)
-        found = []
+        empty_before = dict.fromkeys(f"dpsql_j{i}_{n}" for i in range(number) for n in answers[i].names)
+        found, matched = [], set()
         for values, acc in joined:
             key = tuple(values[f"dpsql_j{left}_{c}"] for left, c, _, _ in pairs)
             matches = index.get(key, []) if None not in key else []
-            found += [({**values, **v}, {**acc, **a}) for v, a in matches]
-            if not matches and side == "LEFT":
+            matched.update(matches)
+            found += [({**values, **right[m][0]}, {**acc, **right[m][1]}) for m in matches]
+            if not matches and side in ("LEFT", "FULL"):
                 found.append(({**values, **empty}, {**acc, **empty}))
+        if side in ("RIGHT", "FULL"):
+            found += [({**empty_before, **v}, {**empty_before, **a}) for position, (v, a) in enumerate(right)
+                      if position not in matched]
         joined = found
     return joined
 
@@ -382,6 +389,6 @@ def _joined_columns(composition: Composition, parts: list[Prepared]) -> tuple[li
         value = item.unalias()
         read = [kinds[c.name] for c in value.find_all(exp.Column)]
         names.append(item.alias_or_name)
-        types.append(read[0].type_name if isinstance(value, exp.Column) else "float8")
+        types.append(computed_type(value, {name: o.type_name for name, o in kinds.items()}))
         noisy.append(any(o.noisy for o in read))
     return names, types, noisy

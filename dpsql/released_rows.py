@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.analysis.outputs import branches_of, common_type, constant_type
 from dpsql.analysis.plan import Output
 from dpsql.postprocess import Accuracy, evaluate, sort_rows
 from dpsql.postprocess.evaluate import truthy
@@ -41,12 +42,26 @@ def outer_columns(outer_sql: str, inner: Sequence[Output]) -> tuple[list[str], l
     for item in tree.expressions:
         value = item.unalias()
         names.append(output_name(item))
-        types.append("int8" if isinstance(value, exp.Count) else
-                     by_name[value.name].type_name if isinstance(value, exp.Column) and value.name in by_name
-                     else "float8")
+        types.append(computed_type(value, {name: o.type_name for name, o in by_name.items()}))
         noisy.append(value.find(*AGGREGATE_KINDS) is not None or any(
             c.name not in by_name or by_name[c.name].noisy for c in value.find_all(exp.Column)))
     return names, types, noisy
+
+
+def computed_type(value: exp.Expression, types: dict[str, str]) -> str:
+    """The type of a value computed over released columns (`types` by name): a COUNT is int8, a column keeps its
+    type, a COALESCE or CASE takes its branches' common type, anything else is float8."""
+    value = value.unnest()
+    if isinstance(value, exp.Count):
+        return "int8"
+    if isinstance(value, exp.Column):
+        return types.get(value.name, "float8")
+    if isinstance(value, exp.Literal):
+        return constant_type(value)
+    branches = branches_of(value)
+    if branches is not None:
+        return common_type([computed_type(b, types) for b in branches if not isinstance(b, exp.Null)])
+    return "float8"
 
 
 def aggregate_released(outer_sql: str, names: Sequence[str], rows: Sequence[tuple],

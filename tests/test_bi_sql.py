@@ -2040,6 +2040,58 @@ def test_joined_released_rows_a_null_key_matches_nothing_and_left_keeps_the_rest
     assert [(r["dpsql_j0_k"], r["dpsql_j1_m"]) for r, _ in rows] == [("x", 10), ("x", 11), (None, None), ("y", None)]
 
 
+@pytest.mark.parametrize("side,expected", [
+    ("RIGHT", [("x", 1, "x", 10), (None, None, None, 20), (None, None, "z", 12)]),
+    ("FULL", [("x", 1, "x", 10), (None, 2, None, None), ("y", 3, None, None), (None, None, None, 20),
+              (None, None, "z", 12)]),
+])
+def test_joined_released_rows_right_and_full_keep_the_rows_nothing_matches(side, expected):
+    """RIGHT keeps the next part's rows that match nothing, FULL both sides' (NULLs on the other), as PostgreSQL;
+    a NULL key matches nothing on either side."""
+    from dpsql.combining import joined_rows
+    from dpsql.sql.compose import Composition
+
+    def answer(names, rows):
+        return Answer(names, ["text", "int8"], rows, [(None, None)] * len(rows), 0.5, 0.0, False, None, [False, True])
+
+    composition = Composition(["a", "b"], "", joins=((side, ((0, "k", 1, "k"),)),), joined_outer="SELECT 1")
+    rows = joined_rows(composition, [answer(["k", "n"], [("x", 1), (None, 2), ("y", 3)]),
+                                     answer(["k", "m"], [("x", 10), (None, 20), ("z", 12)])])
+    assert [(r["dpsql_j0_k"], r["dpsql_j0_n"], r["dpsql_j1_k"], r["dpsql_j1_m"]) for r, _ in rows] == expected
+
+
+def test_grouped_queries_full_joined_merge_their_using_column_as_postgresql_does(engine, analyst):
+    """Two halves' counts by category side by side (a FULL JOIN, the form for comparing periods): answered apart
+    and joined after noise. The USING column read unqualified is PostgreSQL's merged one, and computed columns
+    keep the type their values have (text for a COALESCE of keys, bigint for a count or 0)."""
+    halves = ("(SELECT category, COUNT(*) AS n FROM visits WHERE day < '2024-07-01' GROUP BY 1) a {join} "
+              "(SELECT category, COUNT(*) AS n FROM visits WHERE day >= '2024-07-01' GROUP BY 1) b")
+    full = engine.query(f"SELECT category, COALESCE(a.n, 0) AS first, b.n AS second, CASE WHEN b.n > a.n THEN "
+                        f"'up' ELSE 'down' END AS trend FROM {halves.format(join='FULL JOIN')} USING (category) "
+                        "ORDER BY category", analyst=analyst, epsilon=1.0)
+    assert full.names == ["category", "first", "second", "trend"]
+    assert full.types == ["text", "int8", "int8", "text"]
+    assert [row[0] for row in full.rows] == sorted(engine.schema.tables["visits"].columns["category"].domain)
+    assert all(row[3] in ("up", "down") for row in full.rows)
+    on = engine.query(f"SELECT COALESCE(a.category, b.category) AS category, a.n, b.n FROM "
+                      f"{halves.format(join='FULL OUTER JOIN')} ON a.category = b.category ORDER BY 1",
+                      analyst=analyst, epsilon=1.0)
+    assert on.types[0] == "text" and [r[1:] for r in on.rows] == [r[1:3] for r in full.rows]  # the same parts, cached
+    right = engine.query(f"SELECT category, b.n FROM {halves.format(join='RIGHT JOIN')} USING (category) ORDER BY 1",
+                         analyst=analyst, epsilon=1.0)
+    assert [r[0] for r in right.rows] == [r[0] for r in full.rows]
+
+
+def test_a_case_or_coalesce_of_released_values_has_its_branches_type(engine, analyst):
+    """A CASE over a noisy count that picks labels is text, a COALESCE of a count and 0 a bigint: they were typed
+    double precision, and a client reading 'big' as a double fails."""
+    answer = engine.query("SELECT category, CASE WHEN COUNT(*) > 100 THEN 'big' ELSE 'small' END AS size, "
+                          "COALESCE(COUNT(*), 0) AS n, GREATEST(SUM(amount), 0) AS s FROM visits GROUP BY 1",
+                          analyst=analyst, epsilon=1.0)
+    assert answer.types == ["text", "text", "int8", "float8"]
+    assert {row[1] for row in answer.rows} <= {"big", "small"} and all(isinstance(row[2], int) for row in answer.rows)
+
+
 def test_round_to_hundreds_is_a_key_of_the_multiples_of_a_hundred(engine, analyst, base_url):
     """round(x::numeric, -2) takes only multiples of 100: its released keys are those within the declared range
     (not every whole number in it, each a noisy count of nothing), and every key PostgreSQL finds is among them.

@@ -223,6 +223,9 @@ DOOR_STATEMENTS = [
     "SELECT COUNT(*) FROM checkins WHERE hour BETWEEN 9 AND 17",
     "WITH a AS (SELECT sex, COUNT(*) AS n FROM people GROUP BY sex), b AS (SELECT sex, AVG(age) AS m FROM people "
     "GROUP BY sex) SELECT a.sex, a.n, b.m FROM a JOIN b ON a.sex = b.sex ORDER BY 1",  # released rows joined
+    "SELECT sex, COALESCE(a.n, 0) AS young, CASE WHEN b.n > a.n THEN 'older' ELSE 'younger' END AS more FROM "
+    "(SELECT sex, COUNT(*) AS n FROM people WHERE age < 40 GROUP BY sex) a FULL JOIN (SELECT sex, COUNT(*) AS n "
+    "FROM people WHERE age >= 40 GROUP BY sex) b USING (sex) ORDER BY 1",  # typed text, bigint, text on the wire
     "SELECT sex, n FROM (SELECT sex, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM people "
     "GROUP BY sex) t WHERE r = 1",  # a row picked after a window
     "SELECT version()",  # what clients ask on connecting: PostgreSQL's own answer, free

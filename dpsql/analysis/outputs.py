@@ -141,7 +141,7 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         element = _output_type(expr.expressions[0], aggregates, keys, exprs, original.expressions[0], windows)
         return f"{element}[]"
     if isinstance(expr, exp.Literal):
-        return "text" if expr.is_string else ("int8" if expr.is_int else "numeric")  # PostgreSQL reads 1.5 as numeric
+        return constant_type(expr)
     if isinstance(expr, exp.IntDiv):  # (`_integer_division`)
         return "int8"
     if isinstance(expr, exp.TimeToStr):  # to_char of a released key, or of a noisy number
@@ -160,6 +160,12 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "text"
         if expr.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP):
             return "date" if expr.to.this == exp.DataType.Type.DATE else "timestamp"
+    if branches_of(expr) is not None:  # COALESCE, CASE, GREATEST, LEAST: the type their branches share
+        written = branches_of(original) if type(original) is type(expr) else None
+        written = written if written is not None and len(written) == len(branches_of(expr)) else branches_of(expr)
+        return common_type([_output_type(branch, aggregates, keys, exprs, was, windows)
+                            for branch, was in zip(branches_of(expr), written, strict=True)
+                            if not isinstance(branch, exp.Null)])
     if isinstance(expr, exp.Paren | exp.Neg | exp.Add | exp.Sub | exp.Mul | exp.Div):
         # sums, differences and products of whole numbers are whole, as PostgreSQL types them (COUNT(*) * 2 is a
         # bigint); with a numeric (a window's SUM of counts) they are numeric
@@ -171,6 +177,31 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "float8" if isinstance(expr, exp.Div) else "int8"
         return "numeric" if kinds <= {"int8", "numeric"} else "float8"
     return "float8"
+
+
+def branches_of(node: exp.Expression) -> list[exp.Expression] | None:
+    """The expressions whose values a COALESCE, CASE, GREATEST or LEAST returns; None for any other node."""
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return [node.this, *node.expressions]
+    if isinstance(node, exp.Case):
+        default = node.args.get("default")
+        return [branch.args["true"] for branch in node.args.get("ifs") or []] + ([default] if default else [])
+    return None
+
+
+def constant_type(literal: exp.Literal) -> str:
+    return "text" if literal.is_string else "int8" if literal.is_int else "numeric"  # PostgreSQL reads 1.5 as numeric
+
+
+def common_type(types: list[str]) -> str:
+    """The one type of values of these types, as PostgreSQL resolves a CASE's or COALESCE's branches: text where
+    any is (a string constant), numeric for whole numbers beside numerics, float8 among numbers otherwise."""
+    kinds = set(types)
+    if not kinds or "text" in kinds:
+        return "text"
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "numeric" if kinds <= {"int8", "numeric"} else "float8"
 
 
 def _check_formatted(expr: exp.TimeToStr, aggregates: list[Aggregate], keys: list[GroupKey], exprs: Expressions,

@@ -274,8 +274,9 @@ def _measured_apart(inner: exp.Select) -> tuple[exp.Select, tuple[str, ...]] | N
 def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
     """`WITH a AS (SELECT k, COUNT(*) AS n … GROUP BY k), b AS (SELECT k, SUM(x) AS s … GROUP BY k) SELECT a.k, a.n,
     b.s / a.n FROM a JOIN b ON a.k = b.k`: each grouped query is answered on its own (the statement's ε split, as a
-    UNION's parts are), and their released rows are joined after noise, as post-processing. Inner and LEFT joins on
-    equalities of the parts' columns (ON or USING); the outer query projects, filters, orders and limits."""
+    UNION's parts are), and their released rows are joined after noise, as post-processing. Inner and outer (LEFT,
+    RIGHT, FULL) joins on equalities of the parts' columns (ON or USING); the outer query projects, filters, orders
+    and limits."""
     tree = inline_ctes(tree.copy(), read_once=True) if tree.args.get("with_") else tree
     joins = tree.args.get("joins") or []
     sources = [tree.args["from_"].this if tree.args.get("from_") else None, *(j.this for j in joins)]
@@ -295,30 +296,44 @@ def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | N
     specs = []
     for number, join in enumerate(joins, start=1):
         side = (join.side or "").upper()
-        if side not in ("", "LEFT") or (join.kind or "").upper() not in ("", "INNER", "OUTER"):
+        if side not in ("", "LEFT", "RIGHT", "FULL") or (join.kind or "").upper() not in ("", "INNER", "OUTER"):
             return None
         pairs = _join_pairs(join, number, part_of, columns)
         if not pairs:
             return None
         specs.append((side, tuple(pairs)))
+    merged = _using_columns(joins, specs)
     outer = tree.copy()
     outer.set("from_", None)
     outer.set("joins", None)
     outputs = {output_name(e) for e in outer.expressions}
 
     def named(node: exp.Expression) -> exp.Expression:  # a part's column by its joined name; ORDER BY an output's
+        if isinstance(node, exp.Column) and not node.table and node.name in merged:
+            return merged[node.name].copy()
         if not isinstance(node, exp.Column) or part_of(node) is None and node.name in outputs and not node.table:
             return node
         return exp.column(f"dpsql_j{part_of(node)}_{node.name}")
 
     if (outer.find(exp.Window, *AGGREGATES, exp.Subquery, exp.Exists, exp.Star)
             or any(part_of(c) is None and not (c.find_ancestor(exp.Order) and c.name in outputs)
-                   for c in outer.find_all(exp.Column))):
+                   and (c.table or c.name not in merged) for c in outer.find_all(exp.Column))):
         return None
     outer.set("expressions", [exp.alias_(e.unalias().copy(), output_name(e)) for e in outer.expressions])
     outer = outer.transform(named)
     return Composition([to_sql(s.this) for s in sources], "grouped queries answered apart, their released rows "
                        "joined", joins=tuple(specs), joined_outer=to_sql(outer))
+
+
+def _using_columns(joins: list[exp.Join], specs: list[tuple[str, tuple]]) -> dict[str, exp.Expression]:
+    """A column a join names in USING, read unqualified, as PostgreSQL merges it: the earlier part's value (inner
+    and LEFT joins), the next part's (RIGHT), or whichever is not NULL (FULL)."""
+    merged = {}
+    for join, (side, pairs) in zip(joins, specs, strict=True):
+        for left, name, right, _ in pairs if join.args.get("using") else ():
+            ends = [exp.column(f"dpsql_j{left}_{name}"), exp.column(f"dpsql_j{right}_{name}")]
+            merged[name] = {"RIGHT": ends[1], "FULL": exp.func("COALESCE", *ends)}.get(side, ends[0])
+    return merged
 
 
 def _released_query(select: exp.Expression, schema: PrivacySchema) -> bool:
