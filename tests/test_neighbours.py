@@ -118,6 +118,11 @@ QUERIES = [
     "WHERE p.state IN ('CA', 'NY', 'ZZ') GROUP BY p.state",  # listed keys, released like a domain
     "SELECT p.state, COUNT(*) FROM visits v LEFT JOIN people p ON v.person_id = p.person_id AND v.amount > 100 "
     "GROUP BY p.state",
+    # keys of the unit's own row on the side an outer join preserves: each unit in one group, whatever it matched
+    "SELECT p.state, COUNT(DISTINCT p.person_id), COUNT(v.visit_id), SUM(v.amount) FROM people p LEFT JOIN visits v "
+    "ON v.person_id = p.person_id GROUP BY p.state",
+    "SELECT p.sex, s.region, COUNT(*), AVG(v.amount) FROM visits v RIGHT JOIN people p ON p.person_id = v.person_id "
+    "AND v.amount > 100 JOIN states s ON s.code = p.state GROUP BY 1, 2",
     "SELECT p.sex, COUNT(*), SUM(p.income) FROM people p RIGHT JOIN states s ON s.code = p.state GROUP BY p.sex",
     "SELECT s.region, COUNT(*) FROM states s LEFT JOIN people p ON p.state = s.code GROUP BY s.region",
     # a public table's values as keys (every one released), a calendar and a VALUES list (the table filtered to it)
@@ -351,6 +356,29 @@ def test_a_sum_over_a_unit_s_groups_races_up_to_its_rows_and_moves_within_the_bo
     for _ in range(3):  # the bounds the race chooses on the base database
         bounded, _ = engine.bounded_by_race(prepared, truncated)
         _assert_prepared_within(bounded, base_url, neighbour_url)
+
+
+def test_keys_of_the_preserved_unit_row_put_each_unit_in_one_group_at_every_bound(engine, base_url, neighbour_url):
+    """people LEFT JOIN visits grouped by people.state: the state is the person's, on every joined row, so each
+    person is in one group (G = 1). The outer join used to make G the rows bound: at the race's cap each state's
+    count of people had sensitivity 100, not 1, and partition selection kept 2 of 50 states at 20,000 people.
+    A key of the side an outer join NULL-extends, or with other conditions in its ON, keeps G > 1."""
+    sql = ("SELECT p.state, COUNT(DISTINCT p.person_id), COUNT(*) FROM people p LEFT JOIN visits v "
+           "ON v.person_id = p.person_id GROUP BY p.state")
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.plan.max_groups == 1 and not prepared.plan.cap_groups
+    with psycopg.connect(base_url) as conn:
+        truncated = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
+    for tau in prepared.race.taus:  # at every bound the race may choose, the cap included
+        bounded = engine._bounded_at(prepared, tau, margin_reached_cap=True)
+        assert bounded.plan.max_groups == 1
+        _assert_prepared_within(bounded, base_url, neighbour_url)
+    bounded, _ = engine.bounded_by_race(prepared, truncated)
+    assert bounded.plan.max_groups == 1
+    for extended in ("SELECT p.state, COUNT(*) FROM visits v LEFT JOIN people p ON v.person_id = p.person_id "
+                     "GROUP BY p.state", "SELECT p.state, COUNT(*) FROM people p RIGHT JOIN visits v "
+                     "ON v.person_id = p.person_id GROUP BY p.state"):
+        assert engine.prepare(extended).plan.max_groups > 1, extended
 
 
 # PostgreSQL only (the zones are the ones it lists): a time at a zone keeps its column's bounds, a day wider

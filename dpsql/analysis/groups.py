@@ -14,9 +14,10 @@ Rules:
   empty ones too, so which groups exist reveals nothing; otherwise the keys are private and the groups are
   released by DP partition selection. Keys selected alone (no aggregate) under WHERE or a join are private
   even with a domain: which values are present then depends on the data;
-- G = 1 when every key is a function of the unit's own row (its unit-determined tables, no outer join): each
-  unit is in one group. Otherwise G = min(max_groups_per_unit, k), enforced by the rewrite unless each
-  joined row is a whole unit (then k = 1 and G = 1 hold without it);
+- G = 1 when every key is a function of the unit's own row (its unit-determined tables, none of them NULL-extended
+  by an outer join: `people p LEFT JOIN visits v … GROUP BY p.state`): each unit is in one group. Otherwise
+  G = min(max_groups_per_unit, k), enforced by the rewrite unless each joined row is a whole unit (then k = 1
+  and G = 1 hold without it);
 - under row-level joins, the S changed joined rows may each fall in another group: G = S, and the stability
   already counts them over all groups (see `Scope.spread`);
 - a released key is a function of its group only: text keys are grouped bytewise (`CAST(k AS text) COLLATE "C"`),
@@ -60,8 +61,8 @@ def bound_groups(scope: Scope) -> None:
         groups, cap = k, False
         scope.notes.append(f"the {k} changed joined row(s) may fall in as many groups")
     elif keys:
-        natural = not scope.outer_join and all(
-            all(c.table in scope.determined for c in key.expr.find_all(exp.Column)) for key in keys)
+        kept = scope.determined if not scope.outer_join else scope.determined & _never_null_extended(scope.tree)
+        natural = all(all(c.table in kept for c in key.expr.find_all(exp.Column)) for key in keys)
         if natural:
             groups, cap = 1, False
             scope.notes.append("group keys depend only on the unit: each unit is in one group")
@@ -82,6 +83,20 @@ def bound_groups(scope: Scope) -> None:
     if keys and domain is None:
         scope.every_group = _every_group(scope, keys)
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
+
+
+def _never_null_extended(select: exp.Select) -> set[str]:
+    """The tables of `select`'s FROM and joins that no outer join NULL-extends: each of their rows is in every
+    joined row it is part of, as it is."""
+    sources = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
+    extended: set[str] = set()
+    for number, join in enumerate(select.args.get("joins") or [], start=1):
+        side = (join.side or "").upper()
+        if side in ("LEFT", "FULL"):
+            extended.add(sources[number].alias_or_name)
+        if side in ("RIGHT", "FULL"):
+            extended.update(s.alias_or_name for s in sources[:number])
+    return {s.alias_or_name for s in sources} - extended
 
 
 def _keys_alone(scope: Scope) -> bool:
