@@ -133,6 +133,7 @@ QUERIES = [
     "SELECT c.k, COUNT(v.visit_id), AVG(v.amount) FROM (VALUES ('lab'), ('dental'), ('zz')) AS c(k) LEFT JOIN "
     "visits v ON v.category = c.k GROUP BY c.k",
     "SELECT date_trunc('week', day)::date AS wk, COUNT(*), SUM(amount) FROM visits GROUP BY 1",
+    "SELECT DATE_TRUNC('MONTH', CAST(day AS DATE)) AS m, COUNT(*), SUM(amount) FROM visits GROUP BY 1",  # Tableau's
     "SELECT COUNT(*), SUM(sqrt(amount)), SUM(ln(amount + 1)), SUM(round(amount)) FROM visits",
     # prescriptions reach the unit through their visit (parent = "visit_id -> visits.visit_id")
     "SELECT COUNT(*), SUM(cost), AVG(cost) FROM prescriptions",

@@ -269,6 +269,8 @@ def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     inner = node.this.unnest()
     if unit is None:
         return None
+    while isinstance(inner, exp.Cast) and inner.to.is_type("date") and scope.exprs.time_type(inner.this) == "date":
+        inner = inner.this.unnest()  # a date cast to a date (Tableau's DATE_TRUNC('MONTH', CAST(day AS DATE)))
     cast = isinstance(inner, exp.Cast) and inner.to.is_type("timestamp") and isinstance(inner.this.unnest(), exp.Column)
     moved = _moved_time(scope, inner) if not cast else None
     if moved is not None:
