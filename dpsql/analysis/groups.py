@@ -7,7 +7,8 @@ Rules:
   those periods, `sql.to_char`), when the WHERE lists them, or when the
   key is a column of a public table: the values that table holds, which the engine read (`sql.public_keys`;
   public data, and no private row adds a value to them). A WHERE condition
-  on the key itself (`k IN (...)`, `k = c`, `k <> c`, `k NOT IN (...)`, ANDed with the rest) narrows those
+  on the key itself (`k IN (...)`, `k = c`, `k <> c`, `k NOT IN (...)`, `k LIKE 'p'` or of lower(k) or upper(k),
+  ANDed with the rest) narrows those
   values to the ones it admits: the others could only be released as empty groups (post-processing of the
   query and the schema, both public). When every key
   is public (and the product of their domains is at most MAX_DOMAIN), every key combination is released,
@@ -549,7 +550,51 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
         if negated and len(listed) < len(values):  # NOT IN with a NULL, or <> NULL: no row passes
             return ()
         domain = tuple(v for v in domain if v is not None and (v in listed) != negated)
+    for negated, matches in _key_patterns(scope, node):
+        if all(isinstance(v, str) and v.isascii() for v in domain if v is not None):
+            domain = tuple(v for v in domain if v is not None and matches(v) != negated)
     return domain
+
+
+def _key_patterns(scope: Scope, node: exp.Expression) -> list[tuple[bool, object]]:
+    """(negated, a test of a value) of each WHERE conjunct that matches the key itself, or its lower() or
+    upper(), with a constant ASCII LIKE or ILIKE pattern (Metabase's "contains": `lower(k) LIKE '%lab%'`)."""
+    where = scope.tree.args.get("where")
+    text = to_sql(node)
+    found = []
+    for condition in operands(where.this) if where is not None else []:
+        negated = isinstance(condition, exp.Not)
+        test = condition.this.unnest() if negated else condition
+        pattern = test.expression if isinstance(test, exp.Like | exp.ILike) else None
+        negated ^= bool(test.args.get("negate"))  # k NOT LIKE p
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string and pattern.this.isascii()) \
+                or test.args.get("escape"):
+            continue
+        operand = test.this.unnest()
+        if to_sql(operand) == text:
+            shown = str
+        elif isinstance(operand, exp.Lower | exp.Upper) and to_sql(operand.this) == text:
+            shown = str.lower if isinstance(operand, exp.Lower) else str.upper
+        else:
+            continue
+        regex = like_regex(pattern.this, ignore_case=isinstance(test, exp.ILike))
+        found.append((negated, lambda v, regex=regex, shown=shown: regex.fullmatch(shown(v)) is not None))
+    return found
+
+
+def like_regex(pattern: str, ignore_case: bool = False) -> re.Pattern:
+    """PostgreSQL's LIKE pattern as a regular expression: % any text, _ one character, a backslash makes the next
+    character itself."""
+    parts, escaped = [], False
+    for char in pattern:
+        if escaped:
+            parts.append(re.escape(char))
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        else:
+            parts.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
+    return re.compile("".join(parts), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
 
 
 def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list]]:
