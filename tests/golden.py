@@ -183,14 +183,15 @@ def install_recorder(path: str) -> None:
         checked[id(query)] = (query, record)  # the query object is kept, so its id stays its own
         return query
 
-    def analyze(query, schema, unique_columns, max_groups=None, min_frequency=1, not_null=frozenset(), *later):
+    def analyze(query, schema, unique_columns, max_groups=None, min_frequency=1, not_null=frozenset(), *later,
+                **named):
         # (the engine's later arguments, a bound chosen by the race, the time zone, composite keys, are not
         # recorded: the corpus replays each query's analysis at its declared bounds)
         found = checked.get(id(query))
         if found is not None and min_frequency == 1:  # the corpus replays analyses without a minimum frequency
             write({**found[1], "schema": encode_schema(schema), "unique": sorted(map(list, unique_columns)),
                    "max_groups": max_groups, **({"not_null": sorted(map(list, not_null))} if not_null else {})})
-        return original_analyze(query, schema, unique_columns, max_groups, min_frequency, not_null, *later)
+        return original_analyze(query, schema, unique_columns, max_groups, min_frequency, not_null, *later, **named)
 
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").startswith(("dpsql", "tests")):
