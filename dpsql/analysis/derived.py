@@ -120,7 +120,7 @@ def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Ex
     fixes a row of a private table (a unique key of it that is NOT NULL, or a child's parent key: `GROUP BY
     o.order_id` in a query of orders); else none. A table on the outer side of a join fixes nothing: its NULLs
     are one group."""
-    fixed = [alias for alias in scope.private if alias not in _nullable(scope)]
+    fixed = [alias for alias in scope.private if alias not in scope.nullable()]
     if any(isinstance(node, exp.Column) and node.table in fixed and scope.is_unit(node) for node in group):
         return group
     if not all(isinstance(node, exp.Column) for node in group):
@@ -135,21 +135,6 @@ def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Ex
         if keys or table.parent is not None and table.parent.column in columns:
             return group
     return []
-
-
-def _nullable(scope: Scope) -> set[str]:
-    """The aliases an outer join may fill with NULLs: a LEFT JOIN's table, those before a RIGHT JOIN, both sides
-    of a FULL one."""
-    before = [scope.tree.args["from_"].this.alias_or_name]
-    found: set[str] = set()
-    for join in scope.joins:
-        side, alias = (join.side or "").upper(), join.this.alias_or_name
-        if side in ("LEFT", "FULL"):
-            found.add(alias)
-        if side in ("RIGHT", "FULL"):
-            found.update(before)
-        before.append(alias)
-    return found
 
 
 def _unit_first(scope: Scope, group: list[exp.Expression], determined: set[str]) -> list[exp.Expression] | None:

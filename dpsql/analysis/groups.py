@@ -62,7 +62,7 @@ def bound_groups(scope: Scope) -> None:
         groups, cap = k, False
         scope.notes.append(f"the {k} changed joined row(s) may fall in as many groups")
     elif keys:
-        kept = scope.determined if not scope.outer_join else scope.determined & _never_null_extended(scope.tree)
+        kept = scope.determined - scope.nullable()
         natural = all(all(c.table in kept for c in key.expr.find_all(exp.Column)) for key in keys)
         if natural:
             groups, cap = 1, False
@@ -84,20 +84,6 @@ def bound_groups(scope: Scope) -> None:
     if keys and domain is None:
         scope.every_group = _every_group(scope, keys)
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
-
-
-def _never_null_extended(select: exp.Select) -> set[str]:
-    """The tables of `select`'s FROM and joins that no outer join NULL-extends: each of their rows is in every
-    joined row it is part of, as it is."""
-    sources = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
-    extended: set[str] = set()
-    for number, join in enumerate(select.args.get("joins") or [], start=1):
-        side = (join.side or "").upper()
-        if side in ("LEFT", "FULL"):
-            extended.add(sources[number].alias_or_name)
-        if side in ("RIGHT", "FULL"):
-            extended.update(s.alias_or_name for s in sources[:number])
-    return {s.alias_or_name for s in sources} - extended
 
 
 def _keys_alone(scope: Scope) -> bool:

@@ -105,6 +105,20 @@ class Scope:
         table = self.aliases.get(column.table)
         return table.columns.get(column.name) if table else None
 
+    def nullable(self) -> set[str]:
+        """The aliases an outer join may fill with NULLs: a LEFT JOIN's table, those before a RIGHT JOIN, both sides
+        of a FULL one."""
+        before = [self.tree.args["from_"].this.alias_or_name]
+        found: set[str] = set()
+        for join in self.joins:
+            side, alias = (join.side or "").upper(), join.this.alias_or_name
+            if side in ("LEFT", "FULL"):
+                found.add(alias)
+            if side in ("RIGHT", "FULL"):
+                found.update(before)
+            before.append(alias)
+        return found
+
     def is_unit(self, column: exp.Column) -> bool:
         table = self.aliases.get(column.table)
         return table is not None and not table.public and column.name == table.unit_column
