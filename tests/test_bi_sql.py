@@ -2272,3 +2272,29 @@ def test_a_count_of_a_tables_rows_is_the_count_of_its_joined_rows(engine, base_u
     assert prepared.rewritten.sql == spelled.rewritten.sql
     with psycopg.connect(base_url) as conn:
         assert sorted(conn.execute(written).fetchall()) == sorted(conn.execute(same).fetchall())
+
+
+@pytest.mark.parametrize("sql,keys", [
+    ("SELECT age_group, AVG(n) FROM (SELECT p.person_id, CASE WHEN p.age < 40 THEN 'young' ELSE 'old' END AS "
+     "age_group, COUNT(v.visit_id) AS n FROM people p LEFT JOIN visits v USING (person_id) GROUP BY 1, 2) t "
+     "GROUP BY age_group", ["old", "young"]),
+    ("SELECT g, COUNT(*) FROM (SELECT v.person_id, upper(v.category) AS g, COUNT(*) AS n FROM visits v "
+     "GROUP BY v.person_id, upper(v.category)) t GROUP BY g", ["CHECKUP", "DENTAL", "EMERGENCY", "LAB", "PHARMACY",
+                                                               "PHYSIO", "SPECIALIST", "VACCINATION"]),
+    ("SELECT old, COUNT(*) FROM (SELECT p.person_id, p.age > 60 AS old, COUNT(*) AS n FROM people p JOIN visits v "
+     "USING (person_id) GROUP BY 1, 2) t GROUP BY old", [False, True]),
+])
+def test_a_per_unit_subquery_grouped_by_an_expression_is_answered(engine, analyst, base_url, sql, keys):
+    """A per-unit subquery may group by an expression of its rows beside the unit (age bands, a label): the
+    outer query reads it as a column of the values it can take (a CASE's labels, a domain's upper(), true and
+    false). Before, the analysis read the expression as a column and failed (DP905, an internal error)."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    assert sorted(row[0] for row in answer.rows) == keys
+    with psycopg.connect(base_url) as conn:
+        assert {row[0] for row in conn.execute(sql).fetchall()} <= set(keys)
+
+
+def test_a_per_unit_subquery_key_of_unknown_values_is_refused_with_the_way_out(engine):
+    with pytest.raises(errors.UnsupportedQuery, match="compute m in the outer query"):
+        engine.prepare("SELECT m, COUNT(*) FROM (SELECT v.person_id, date_trunc('month', v.day) AS m, COUNT(*) AS n "
+                       "FROM visits v GROUP BY 1, 2) t GROUP BY m")

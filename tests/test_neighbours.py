@@ -123,6 +123,16 @@ QUERIES = [
     "ON v.person_id = p.person_id GROUP BY p.state",
     "SELECT p.sex, s.region, COUNT(*), AVG(v.amount) FROM visits v RIGHT JOIN people p ON p.person_id = v.person_id "
     "AND v.amount > 100 JOIN states s ON s.code = p.state GROUP BY 1, 2",
+    # per-unit subqueries grouped by an expression too: a CASE's labels, a domain's upper(), a condition, a number
+    "SELECT age_group, AVG(n), COUNT(*) FROM (SELECT p.person_id, CASE WHEN p.age < 40 THEN 'young' ELSE 'old' END "
+    "AS age_group, COUNT(v.visit_id) AS n FROM people p LEFT JOIN visits v USING (person_id) GROUP BY 1, 2) t "
+    "GROUP BY age_group",
+    "SELECT g, COUNT(*), SUM(n) FROM (SELECT v.person_id, upper(v.category) AS g, COUNT(*) AS n FROM visits v "
+    "GROUP BY 1, 2) t GROUP BY g",
+    "SELECT old, COUNT(*) FROM (SELECT p.person_id, p.age > 60 AS old, SUM(v.amount) AS s FROM people p JOIN visits v "
+    "USING (person_id) GROUP BY 1, 2) t WHERE s > 100 GROUP BY old",
+    "SELECT b, AVG(n), SUM(b) FROM (SELECT p.person_id, p.age / 10 AS b, COUNT(v.visit_id) AS n FROM people p "
+    "LEFT JOIN visits v USING (person_id) GROUP BY 1, 2) t GROUP BY b",
     "SELECT p.sex, COUNT(*), SUM(p.income) FROM people p RIGHT JOIN states s ON s.code = p.state GROUP BY p.sex",
     "SELECT s.region, COUNT(*) FROM states s LEFT JOIN people p ON p.state = s.code GROUP BY s.region",
     # a public table's values as keys (every one released), a calendar and a VALUES list (the table filtered to it)

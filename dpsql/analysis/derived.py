@@ -163,13 +163,38 @@ def _not_grouped_by_unit(scope: Scope, alias: str) -> UnsupportedQuery:
 def _unit_attribute(scope: Scope, name: str, node: exp.Column) -> tuple[exp.Expression, Column]:
     """A column the unit's row determines, selected by a per-unit subquery that groups by it: its one value per
     unit, as MIN over the unit's rows (the same value on every row; the bounded subquery groups by the unit
-    alone, so it holds one row per unit whatever the data), declared outside as it is declared inside."""
+    alone, so it holds one row per unit whatever the data), declared outside as it is declared inside. An
+    expression (`CASE WHEN p.age < 40 THEN 'young' ELSE 'old' END`, `upper(v.category)`) is declared by what its
+    values are known to be (`_derived_column`)."""
+    if not isinstance(node, exp.Column):
+        guarded = scope.exprs.guard(node.copy())
+        column = _derived_column(scope, name, node)
+        return exp.LogicalAnd(this=guarded) if column.type == "boolean" else exp.Min(this=guarded), column
     declared = scope.declared_column(node)
     if declared is None:
         raise UnsupportedQuery(f"{to_sql(node)} is not a declared column", "select declared columns")
     guarded = scope.exprs.guard(node)
     value = exp.LogicalAnd(this=guarded) if declared.type == "boolean" else exp.Min(this=guarded)
     return value, dataclasses.replace(declared, name=name, unique=False, max_frequency=None)
+
+
+def _derived_column(scope: Scope, name: str, node: exp.Expression) -> Column:
+    """How the outer query sees a grouping expression of a per-unit subquery: a condition is a boolean, text keeps
+    the values it is known to take (`groups.key_domain`: a CASE's constants, a domain column's upper()), a number
+    its bounds; anything else is refused."""
+    from dpsql.analysis.groups import key_domain, text_key  # (groups reads the scope this module fills)
+
+    if scope.exprs.is_boolean(node):
+        return Column(name, "boolean")
+    if text_key(scope.exprs, node):
+        domain = key_domain(scope, node, None)
+        return Column(name, "text", domain=tuple(domain) if domain is not None and all(
+            isinstance(v, str) for v in domain) else None)
+    value_range = scope.exprs.value_range(node)
+    if value_range is not None and value_range.bounded:
+        return Column(name, "integer" if value_range.integer else "double precision", value_range.lo, value_range.hi)
+    raise UnsupportedQuery(f"the subquery's key {to_sql(node)} AS {name} is neither a condition, text nor a bounded "
+                           "number", f"select the columns it reads and compute {name} in the outer query")
 
 
 def _row_level_groups(scope: Scope, alias: str, group: list[exp.Expression]) -> int:

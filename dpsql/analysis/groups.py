@@ -215,7 +215,7 @@ def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     (the query is public). Only text keys with text constants and integer keys with integer constants, whose
     values the backend returns as Python compares them, and date keys with dates written as ISO text (DATE
     '2024-01-31'); the other conditions on the key narrow it (`_admitted`)."""
-    kind = "text" if _is_text(scope.exprs, node) else "integer" if _integer_key(scope, node) else \
+    kind = "text" if text_key(scope.exprs, node) else "integer" if _integer_key(scope, node) else \
         "date" if scope.exprs.time_type(node) == "date" else None
     wanted = {"text": str, "integer": int, "date": datetime.date}.get(kind)
     for negated, values in _key_conditions(scope, node) if kind is not None else []:
@@ -495,7 +495,7 @@ def _group_keys(scope: Scope) -> list[GroupKey]:
         _refuse_hopeless_key(scope, node)
         value_range = scope.exprs.value_range(node)
         guarded = scope.exprs.guard(node)
-        if _is_text(scope.exprs, node):
+        if text_key(scope.exprs, node):
             guarded = bytewise(guarded)
         domain = key_domain(scope, node, value_range)
         # spelled without its parentheses, as the SELECT list reads it (Looker groups by (date_trunc(...)))
@@ -656,8 +656,9 @@ TEXT_FUNCTIONS = (exp.Upper, exp.Lower, exp.Substring, exp.Trim, exp.DPipe, exp.
 TEXT_CASTS = (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR)
 
 
-def _is_text(exprs: Expressions, node: exp.Expression) -> bool:
-    """Whether a key's values are text: a column declared text, a text function, or a cast to text."""
+def text_key(exprs: Expressions, node: exp.Expression) -> bool:
+    """Whether a key's values are text: a column declared text, a text function, a cast to text, or a CASE one of
+    whose results is."""
     node = node.unnest()
     if isinstance(node, exp.Column):
         column = exprs.column(node)
@@ -665,7 +666,11 @@ def _is_text(exprs: Expressions, node: exp.Expression) -> bool:
     if isinstance(node, exp.Cast):
         return node.to.this in TEXT_CASTS
     if isinstance(node, exp.Coalesce | exp.Nullif):
-        return _is_text(exprs, node.this)
+        return text_key(exprs, node.this)
+    if isinstance(node, exp.Case):  # CASE … THEN 'young' …: text where any branch is
+        branches = [b.args["true"] for b in node.args.get("ifs") or []] + [node.args.get("default")]
+        return any(isinstance(b, exp.Literal) and b.is_string or b is not None and not isinstance(b, exp.Literal)
+                   and text_key(exprs, b) for b in branches)
     return isinstance(node, TEXT_FUNCTIONS)
 
 
