@@ -2298,3 +2298,12 @@ def test_a_per_unit_subquery_key_of_unknown_values_is_refused_with_the_way_out(e
     with pytest.raises(errors.UnsupportedQuery, match="compute m in the outer query"):
         engine.prepare("SELECT m, COUNT(*) FROM (SELECT v.person_id, date_trunc('month', v.day) AS m, COUNT(*) AS n "
                        "FROM visits v GROUP BY 1, 2) t GROUP BY m")
+
+
+def test_group_by_empty_parentheses_is_the_grand_total(engine):
+    """`GROUP BY ()` groups every row together, as no GROUP BY does (and adds nothing beside other keys): it
+    reached PostgreSQL in a form it cannot plan (DP010)."""
+    for written, same in (("SELECT COUNT(*) FROM visits GROUP BY ()", "SELECT COUNT(*) FROM visits"),
+                          ("SELECT category, COUNT(*) FROM visits GROUP BY (), category",
+                           "SELECT category, COUNT(*) FROM visits GROUP BY category")):
+        assert engine.prepare(written).rewritten.sql == engine.prepare(same).rewritten.sql

@@ -41,6 +41,7 @@ from dpsql.sql.shape import (
     derived_select,
     distinct_as_group_by,
     drop_nulls_under_not_in,
+    empty_grouping_dropped,
     extremes_of_truncations,
     fetch_as_limit,
     filters_as_case,
@@ -92,6 +93,7 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
+    _tree_only(empty_grouping_dropped),
     _tree_only(constant_subqueries_inlined),
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),

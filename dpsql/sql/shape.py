@@ -36,6 +36,20 @@ def filters_as_case(tree: exp.Select) -> exp.Select:
     return tree.transform(rewrite, copy=False)
 
 
+def empty_grouping_dropped(tree: exp.Select) -> exp.Select:
+    """`GROUP BY ()` is the grand total, one group of every row, as no GROUP BY is; beside other keys it adds
+    nothing."""
+    for group in list(tree.find_all(exp.Group)):
+        kept = [k for k in group.expressions if not (isinstance(k, exp.Tuple) and not k.expressions)]
+        if len(kept) < len(group.expressions) and not group.args.get("grouping_sets") and not group.args.get(
+                "rollup") and not group.args.get("cube"):
+            if kept:
+                group.set("expressions", kept)
+            else:
+                group.pop()
+    return tree
+
+
 def fetch_as_limit(tree: exp.Select) -> exp.Select:
     """`FETCH FIRST n ROWS ONLY` (the standard's spelling, which Tableau and DBeaver send) is `LIMIT n`; with no n it
     is one row. WITH TIES, whose rows depend on ties among released values, is left as written (refused).
