@@ -408,8 +408,8 @@ class Engine:
         """With rows per unit chosen from the data, the plan whose race bounds each unit's total of the query's one
         sum instead of its rows (`chosen_bounds.bounds_totals`): analysed with that total unbounded, which shapes an
         AVG as a plain sum over a count. None where the query is not of that kind."""
-        sums = [a for a in plan.aggregates if a.kind not in COUNTS]  # COUNT(*), COUNT(x) and COUNT(DISTINCT
-        # unit) beside: rows raced too
+        sums = [a for a in plan.aggregates if a.kind not in COUNTS and a.score is None]  # COUNT(*), COUNT(x) and
+        # COUNT(DISTINCT unit) beside: rows raced too; values chosen from histograms keep their own few rows
         if not raceable(plan, options) or not sums or not all(
                 a.kind in ("sum", "avg", *SQUARED) and a.arg_range is not None and a.arg_range.lo >= 0 for a in sums):
             return None

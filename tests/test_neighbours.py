@@ -669,6 +669,9 @@ QUANTILES_BESIDE = [
     "GROUP BY p.sex",
     "SELECT category, COUNT(DISTINCT day), MIN(amount) FROM visits GROUP BY category",
     "SELECT day, COUNT(*), MAX(amount) FROM visits GROUP BY day",
+    # sums and averages whose race bounds each unit's total, beside values chosen from their own histograms
+    "SELECT category, AVG(amount), percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM visits GROUP BY 1",
+    "SELECT MIN(amount), MAX(amount), AVG(amount), SUM(amount), COUNT(*) FROM visits",
 ]
 
 
@@ -687,6 +690,11 @@ def test_quantiles_beside_counts_or_sums_keep_few_rows_and_move_within_their_sen
         truncated = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
     for _ in range(3):  # the bounds the race chooses on the base database
         bounded, _ = engine.bounded_by_race(prepared, truncated)
+        assert all(h.rows <= CHOSEN_ROWS for h in bounded.plan.histograms)
+        _assert_scores_within(bounded, base_url, neighbour_url)
+        _assert_prepared_within(bounded, base_url, neighbour_url)
+    for tau in prepared.race.taus[::4] if prepared.race_totals else ():  # a unit's total bounded at any τ
+        bounded = engine._bounded_at(prepared, tau)
         assert all(h.rows <= CHOSEN_ROWS for h in bounded.plan.histograms)
         _assert_scores_within(bounded, base_url, neighbour_url)
         _assert_prepared_within(bounded, base_url, neighbour_url)
