@@ -745,6 +745,11 @@ class Expressions:
                                    f"cast it: EXTRACT({field} FROM CAST(x AS timestamp))")
         self.value_range(node.expression)
         declared = self._declared_epoch(node)
+        if declared is not None and field == "YEAR":  # the years of the clamped column's bounds; a timestamptz's
+            # year is its session zone's, which may be a year before or after UTC's at the ends
+            spare = 1 if declared.type == "timestamptz" else 0
+            years = [temporal_value(declared.type, v).year for v in (declared.lower, declared.upper)]
+            return Range(years[0] - spare, years[1] + spare, True)
         if declared is not None:  # the guard clamps the column to its declared bounds
             per_unit = 86_400 if declared.type == "date" else 1  # the bounds of a date are kept in days
             return Range(declared.lower * per_unit, declared.upper * per_unit, declared.type == "date")
@@ -753,13 +758,15 @@ class Expressions:
 
     def _declared_epoch(self, node: exp.Extract) -> Column | None:
         """For EXTRACT(EPOCH FROM c) of a date or timestamp column with declared bounds (Grafana's time axis,
-        `extract(epoch from day) * 1000`), the column: its seconds since 1970 lie within its bounds', which the
-        guard enforces by clamping it. (A date's epoch is its midnight, a timestamp's its nominal or absolute
-        seconds, as the bounds are kept: `temporal_number`.) None for other fields and operands."""
+        `extract(epoch from day) * 1000`), or its YEAR (Tableau's YEAR(day) key), the column: its seconds since
+        1970 and its years lie within its bounds', which the guard enforces by clamping it. (A date's epoch is its
+        midnight, a timestamp's its nominal or absolute seconds, as the bounds are kept: `temporal_number`.) None
+        for other fields and operands."""
         operand = node.expression
         # a date or timestamp cast to a timestamp keeps its seconds: `now() - CAST(day AS timestamp)` spelled apart
         nominal = isinstance(operand, exp.Cast) and operand.to.this == exp.DataType.Type.TIMESTAMP
-        if node.this.name.upper() != "EPOCH" or not isinstance(operand.this if nominal else operand, exp.Column):
+        if node.this.name.upper() not in ("EPOCH", "YEAR") or not isinstance(operand.this if nominal else operand,
+                                                                           exp.Column):
             return None
         column = self.column(operand.this if nominal else operand)
         if nominal and column is not None and column.type not in ("date", "timestamp"):

@@ -41,7 +41,7 @@ from dpsql.analysis.expressions import Expressions, Range
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
 from dpsql.errors import InvalidQuery, UnsupportedQuery
-from dpsql.schema.model import temporal_number
+from dpsql.schema.model import Column, temporal_number
 from dpsql.sql import AGGREGATES, to_sql
 from dpsql.sql.query import MAX_DOMAIN, bytewise, operands
 from dpsql.sql.times import interval_step
@@ -55,7 +55,8 @@ def bound_groups(scope: Scope) -> None:
     of key combinations (None: partition selection)."""
     keys = _group_keys(scope)
     k = scope.rows_per_unit
-    public = _domain(keys)
+    public = _dated_domain(scope, keys)
+    public = _domain(keys) if public is None else public
     if public is not None and _keys_alone(scope) and (scope.tree.args.get("where") or scope.joins):
         public = None  # the values present under WHERE or a join depend on the data: private keys
     if keys and scope.stability is not None:  # the changed joined rows may each fall in another group
@@ -269,21 +270,7 @@ def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     if column is None or not column.is_temporal or column.lower is None or column.upper is None \
             or cast and column.type != "date":
         return None
-    lower, upper = column.lower, column.upper
-    for op, constant in _comparisons(scope, column_node):
-        value = calendar_number(column.type, constant, scope.time_zone)
-        if value is None:
-            continue
-        if column.type == "date":  # days, a time between midnights a fraction (`calendar_number`)
-            if op in (">", ">=", "="):
-                lower = max(lower, math.floor(value) + 1 if op == ">" else math.ceil(value))
-            if op in ("<", "<=", "="):
-                upper = min(upper, math.ceil(value) - 1 if op == "<" else math.floor(value))
-            continue
-        if op in (">", ">=", "="):
-            lower = max(lower, value)
-        if op in ("<", "<=", "="):
-            upper = min(upper, value)
+    lower, upper = _narrowed_bounds(scope, column_node, column)
     if lower > upper:
         return ()
     if cast:  # the dates' midnights, truncated as timestamps (Metabase: date_trunc('week', CAST(day AS timestamp)))
@@ -691,6 +678,65 @@ def _refuse_hopeless_key(scope: Scope, node: exp.Expression) -> None:
                                "hold one unit, and no such group is ever released",
                                f"group by bins, e.g. width_bucket({to_sql(column)}, lo, hi, 10) or "
                                f"floor({to_sql(column)} / 1000)")
+
+
+MAX_DAYS = 4000  # the most days of a date column `_dated_domain` walks through
+
+
+def _narrowed_bounds(scope: Scope, node: exp.Column, column: Column) -> tuple[float, float]:
+    """A temporal column's declared bounds narrowed by the WHERE's comparisons of it with constants."""
+    lower, upper = column.lower, column.upper
+    for op, constant in _comparisons(scope, node):
+        value = calendar_number(column.type, constant, scope.time_zone)
+        if value is None:
+            continue
+        if column.type == "date":  # days, a time between midnights a fraction (`calendar_number`)
+            if op in (">", ">=", "="):
+                lower = max(lower, math.floor(value) + 1 if op == ">" else math.ceil(value))
+            if op in ("<", "<=", "="):
+                upper = min(upper, math.ceil(value) - 1 if op == "<" else math.floor(value))
+            continue
+        if op in (">", ">=", "="):
+            lower = max(lower, value)
+        if op in ("<", "<=", "="):
+            upper = min(upper, value)
+    return lower, upper
+
+
+def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
+    """Public keys that are all functions of one bounded date column (a month's name beside its number, to order
+    by: `GROUP BY to_char(day, 'Mon'), EXTRACT(MONTH FROM day)`): the combinations its days give, not every
+    combination of each key's values, which would release 'Feb' in month 1 as a noisy count of nothing. Each day
+    of the column's declared range, narrowed by the WHERE, is read as PostgreSQL reads it (`postprocess.evaluate`),
+    a combination kept where each value is among its key's public values; None, and every combination, where a
+    key cannot be read so or a key's public value is met on no day of the declared range (the reading would not
+    be PostgreSQL's)."""
+    nodes = [node.unnest() for node in scope.tree.args["group"].expressions] if keys else []
+    columns = {to_sql(c) for node in nodes for c in node.find_all(exp.Column)}
+    if len(keys) < 2 or len(columns) != 1 or any(k.domain is None for k in keys) or not all(
+            node.find(exp.Column) for node in nodes):
+        return None
+    column_node = next(nodes[0].find_all(exp.Column))
+    column = scope.declared_column(column_node)
+    if column is None or column.type != "date" or not column.bounded or column.upper - column.lower > MAX_DAYS:
+        return None
+    from dpsql.postprocess.evaluate import evaluate  # (post-processing reads the plan this package makes)
+
+    lower, upper = _narrowed_bounds(scope, column_node, column)
+    allowed = [set(k.domain) for k in keys]
+    found: dict[tuple, None] = {}
+    met: list[set] = [set() for _ in keys]
+    for number in range(int(column.lower), int(column.upper) + 1):
+        day = datetime.date(1970, 1, 1) + datetime.timedelta(days=number)
+        try:
+            values = tuple(evaluate(node, {column_node.name: day}) for node in nodes)
+        except (UnsupportedQuery, TypeError, ValueError, KeyError):
+            return None
+        for seen, value in zip(met, values, strict=True):
+            seen.add(value)
+        if lower <= number <= upper and all(v in a for v, a in zip(values, allowed, strict=True)):
+            found[values] = None
+    return list(found) if all(a <= m for a, m in zip(allowed, met, strict=True)) else None
 
 
 def _domain(keys: list[GroupKey]) -> list[tuple] | None:
