@@ -456,6 +456,16 @@ QUERY_CLASSES = [
     QueryClass("people in two sets (INTERSECT of the unit's column: a subquery by unit with HAVING)",
                query("SELECT COUNT(*) FROM (SELECT person_id FROM trips WHERE fare > 20 INTERSECT SELECT person_id "
                      "FROM trips WHERE kind = 'bus') t"), 0),
+    QueryClass("keys of the unit's own row beside an outer join (each unit in one group, stop 68)",
+               query("SELECT p.state, COUNT(DISTINCT p.person_id), COUNT(t.person_id) FROM people p LEFT JOIN trips t "
+                     "ON t.person_id = p.person_id GROUP BY p.state", rows_per_unit="auto"), 1),
+    QueryClass("an average raced over totals beside a median from its own histogram (stop 68)",
+               query("SELECT AVG(fare), percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips",
+                     rows_per_unit="auto"), 0),
+    QueryClass("two grouped answers full-joined after noise (stop 68)",
+               query("SELECT kind, a.n, b.n FROM (SELECT kind, COUNT(*) AS n FROM trips WHERE fare > 28 GROUP BY kind) "
+                     "a FULL JOIN (SELECT kind, COUNT(*) AS n FROM trips WHERE fare <= 28 GROUP BY kind) b "
+                     "USING (kind)"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
