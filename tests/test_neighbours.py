@@ -145,8 +145,8 @@ QUERIES = [
     "SELECT date_trunc('week', day)::date AS wk, COUNT(*), SUM(amount) FROM visits GROUP BY 1",
     "SELECT DATE_TRUNC('MONTH', CAST(day AS DATE)) AS m, COUNT(*), SUM(amount) FROM visits GROUP BY 1",  # Tableau's
     # a year of a bounded date, clamped to its bounds' years (a public key, and a bounded value), beside its months
-    "SELECT CAST(EXTRACT(YEAR FROM day) AS BIGINT) AS y, to_char(day, 'Mon') AS m, COUNT(*), SUM(EXTRACT(YEAR FROM "
-    "day)) FROM visits GROUP BY 1, 2, EXTRACT(MONTH FROM day)",
+    "SELECT CAST(EXTRACT(YEAR FROM day) AS BIGINT) AS y, EXTRACT(QUARTER FROM day) AS q, COUNT(*), SUM(EXTRACT(YEAR "
+    "FROM day)) FROM visits GROUP BY 1, 2, EXTRACT(MONTH FROM day)",
     "SELECT COUNT(*), SUM(sqrt(amount)), SUM(ln(amount + 1)), SUM(round(amount)) FROM visits",
     # prescriptions reach the unit through their visit (parent = "visit_id -> visits.visit_id")
     "SELECT COUNT(*), SUM(cost), AVG(cost) FROM prescriptions",
