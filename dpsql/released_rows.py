@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
-from dpsql.analysis.outputs import branches_of, common_type, constant_type
+from dpsql.analysis.outputs import common_type, constant_type
 from dpsql.analysis.plan import Output
 from dpsql.postprocess import Accuracy, evaluate, sort_rows
 from dpsql.postprocess.evaluate import truthy
 from dpsql.sql.parse import parse_select
-from dpsql.sql.query import output_name
+from dpsql.sql.query import branches_of, output_name
 
 Reported = Callable[[dict, dict], tuple[dict, dict]]  # a picked row's values and accuracy -> those it shows
 

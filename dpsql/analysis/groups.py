@@ -43,7 +43,7 @@ from dpsql.analysis.scope import Scope
 from dpsql.errors import InvalidQuery, UnsupportedQuery
 from dpsql.schema.model import Column, temporal_number
 from dpsql.sql import AGGREGATES, to_sql
-from dpsql.sql.query import MAX_DOMAIN, bytewise, operands
+from dpsql.sql.query import MAX_DOMAIN, branches_of, bytewise, operands
 from dpsql.sql.times import interval_step
 from dpsql.sql.to_char import finest_period, template_of, to_char
 
@@ -655,9 +655,7 @@ def text_key(exprs: Expressions, node: exp.Expression) -> bool:
     if isinstance(node, exp.Coalesce | exp.Nullif):
         return text_key(exprs, node.this)
     if isinstance(node, exp.Case):  # CASE … THEN 'young' …: text where any branch is
-        branches = [b.args["true"] for b in node.args.get("ifs") or []] + [node.args.get("default")]
-        return any(isinstance(b, exp.Literal) and b.is_string or b is not None and not isinstance(b, exp.Literal)
-                   and text_key(exprs, b) for b in branches)
+        return any(b.is_string if isinstance(b, exp.Literal) else text_key(exprs, b) for b in branches_of(node))
     return isinstance(node, TEXT_FUNCTIONS)
 
 

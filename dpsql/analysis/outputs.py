@@ -17,6 +17,7 @@ from dpsql.analysis.plan import COUNTS, Aggregate, GroupKey, Output, noisy_windo
 from dpsql.analysis.scope import Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.sql import AGGREGATES, limit_clause, to_sql
+from dpsql.sql.query import branches_of
 
 
 def post_process(scope: Scope) -> None:
@@ -177,16 +178,6 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "float8" if isinstance(expr, exp.Div) else "int8"
         return "numeric" if kinds <= {"int8", "numeric"} else "float8"
     return "float8"
-
-
-def branches_of(node: exp.Expression) -> list[exp.Expression] | None:
-    """The expressions whose values a COALESCE, CASE, GREATEST or LEAST returns; None for any other node."""
-    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
-        return [node.this, *node.expressions]
-    if isinstance(node, exp.Case):
-        default = node.args.get("default")
-        return [branch.args["true"] for branch in node.args.get("ifs") or []] + ([default] if default else [])
-    return None
 
 
 def constant_type(literal: exp.Literal) -> str:

@@ -131,6 +131,16 @@ def indicator_of(argument: exp.Expression, column: str, aggregate: exp.Expressio
     return value, True
 
 
+def branches_of(node: exp.Expression) -> list[exp.Expression] | None:
+    """The expressions whose values a COALESCE, CASE, GREATEST or LEAST returns; None for any other node."""
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return [node.this, *node.expressions]
+    if isinstance(node, exp.Case):
+        default = node.args.get("default")
+        return [branch.args["true"] for branch in node.args.get("ifs") or []] + ([default] if default else [])
+    return None
+
+
 def output_name(node: exp.Expression) -> str:
     """The column name PostgreSQL gives a select item."""
     if isinstance(node, exp.Alias):
