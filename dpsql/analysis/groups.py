@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from collections.abc import Iterator
 from itertools import product
 
 from sqlglot import exp
@@ -529,15 +530,20 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
     return domain
 
 
+def _conjuncts(scope: Scope) -> Iterator[tuple[bool, exp.Expression]]:
+    """Each conjunct of the WHERE without its NOT, and whether it had one."""
+    where = scope.tree.args.get("where")
+    for condition in operands(where.this) if where is not None else []:
+        negated = isinstance(condition, exp.Not)
+        yield negated, condition.this.unnest() if negated else condition
+
+
 def _key_patterns(scope: Scope, node: exp.Expression) -> list[tuple[bool, object]]:
     """(negated, a test of a value) of each WHERE conjunct that matches the key itself, or its lower() or
     upper(), with a constant ASCII LIKE or ILIKE pattern (Metabase's "contains": `lower(k) LIKE '%lab%'`)."""
-    where = scope.tree.args.get("where")
     text = to_sql(node)
     found = []
-    for condition in operands(where.this) if where is not None else []:
-        negated = isinstance(condition, exp.Not)
-        test = condition.this.unnest() if negated else condition
+    for negated, test in _conjuncts(scope):
         pattern = test.expression if isinstance(test, exp.Like | exp.ILike) else None
         negated ^= bool(test.args.get("negate"))  # k NOT LIKE p
         if not (isinstance(pattern, exp.Literal) and pattern.is_string and pattern.this.isascii()) \
@@ -573,12 +579,9 @@ def like_regex(pattern: str, ignore_case: bool = False) -> re.Pattern:
 def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list]]:
     """(negated, the constants' values) of each WHERE conjunct that compares the key itself with constants: `k = c`,
     `k <> c`, `k IN (...)`, `NOT k IN (...)`, the key on either side of an equality."""
-    where = scope.tree.args.get("where")
     text = to_sql(node)
     found = []
-    for condition in operands(where.this) if where is not None else []:
-        negated = isinstance(condition, exp.Not)
-        test = condition.this.unnest() if negated else condition
+    for negated, test in _conjuncts(scope):
         if isinstance(test, exp.EQ | exp.NEQ):
             sides = [test.this.unnest(), test.expression.unnest()]
             key, constants = (sides[0], [sides[1]]) if to_sql(sides[0]) == text else (sides[1], [sides[0]])
