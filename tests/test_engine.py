@@ -168,6 +168,23 @@ def test_a_schema_the_database_stopped_matching_is_refused_before_any_charge(bas
             conn.execute("DROP TABLE ghosted")
 
 
+def test_a_rewrite_that_reads_a_name_it_did_not_make_is_a_dpsql_bug_not_a_schema_mismatch(base_url):
+    """PostgreSQL says the same (42703) for a column the database lacks and for a column the rewrite forgot to
+    make (`m0`, `g1`, `dpsql_rows`): the first is the schema's mismatch (DP010), the second dpsql's bug (DP905).
+    COUNT(v.*) under USING was reported as a mismatch."""
+    from dpsql.sql.dialect import Statement
+
+    eng = Engine(Settings(database=base_url), load_schema(DEMO_SCHEMA))
+    try:
+        with pytest.raises(errors.InternalError, match="a name it did not make") as caught:
+            eng.backend.check(Statement.parse("SELECT m0 FROM visits"))
+        assert "bug" in caught.value.hint and "m0" not in str(caught.value)
+        with pytest.raises(errors.SchemaError, match="does not match the privacy schema"):
+            eng.backend.check(Statement.parse("SELECT no_such_column FROM visits"))
+    finally:
+        eng.close()
+
+
 def _one_column_schema(table: str, column: str, declared: dict):
     """People, and `table` of one row per person with one declared `column`."""
     return parse_schema({

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import select
 import threading
 from collections.abc import Callable, Iterator
@@ -25,7 +26,14 @@ from psycopg.adapt import Loader
 from psycopg.types.datetime import DateLoader, TimestampLoader, TimestamptzLoader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpsql.errors import BackendError, BackendUnavailable, InvalidConstant, QueryCancelled, SchemaError
+from dpsql.errors import (
+    BackendError,
+    BackendUnavailable,
+    InternalError,
+    InvalidConstant,
+    QueryCancelled,
+    SchemaError,
+)
 from dpsql.schema.catalog import Catalog
 from dpsql.sql.dialect import Statement
 
@@ -139,6 +147,7 @@ class Cancellation:
 
 
 # SQLSTATEs of a table, column, type or schema the database lacks, or may not be read: the schema does not match
+OWN_NAME = re.compile(r'"(dpsql_\w+|[gm]\d+)"')  # the names the rewrite gives its columns and steps
 MISSING_OBJECTS = ("42P01", "42703", "42704", "3F000", "42501")
 
 
@@ -218,6 +227,11 @@ class PostgresBackend:
                 raise
             except psycopg.Error as exc:
                 log.error("PostgreSQL cannot plan a rewritten statement (%s): %s", exc.sqlstate, exc)
+                if exc.sqlstate in MISSING_OBJECTS and OWN_NAME.search(exc.diag.message_primary or ""):
+                    # a name the rewrite made (m0, g1, dpsql_rows) is missing: the rewrite's fault, not the schema's
+                    raise InternalError(f"internal error in dpsql (its rewrite reads a name it did not make, SQLSTATE "
+                                        f"{exc.sqlstate}); the query did not run and was not charged",
+                                        "this is a dpsql bug: the log has the details; please report it") from None
                 if exc.sqlstate in MISSING_OBJECTS:
                     raise SchemaError(f"the database does not match the privacy schema: PostgreSQL cannot plan "
                                       f"the query (SQLSTATE {exc.sqlstate}); nothing was run or charged",
