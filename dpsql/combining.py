@@ -31,7 +31,7 @@ from dpsql.released_rows import (
     unwrapped,
 )
 from dpsql.sql import AGGREGATES
-from dpsql.sql.compose import SCALAR, Composition
+from dpsql.sql.compose import MERGED, MERGED_COLUMN, SCALAR, Composition
 from dpsql.sql.parse import parse_statement
 
 
@@ -342,11 +342,24 @@ def joined_rows(composition: Composition, answers: Sequence[Answer]) -> list[tup
     """The parts' released rows joined as the statement joins them (`Composition.joins`): each joined row's values
     and accuracy by the names the statement's outer query reads (dpsql_j<part>_<column>). NULL keys match nothing,
     as SQL's equality; an outer join keeps the rows of its preserved side (LEFT: the rows joined so far, RIGHT: the
-    next part's, FULL: both) that nothing matches, with NULLs for the other side."""
+    next part's, FULL: both) that nothing matches, with NULLs for the other side. Each row also holds each join
+    column as PostgreSQL merges a USING column (dpsql_m_<column>: the left side's, the right's for RIGHT, the one
+    not NULL for FULL), which a later join's USING (MERGED) and the outer query's unqualified name read."""
     def named(number: int, answer: Answer) -> list[tuple[dict, dict]]:
         return [({f"dpsql_j{number}_{n}": v for n, v in zip(answer.names, row, strict=True)},
                  {f"dpsql_j{number}_{n}": a for n, a in zip(answer.names, acc, strict=True)})
                 for row, acc in zip(answer.rows, answer.accuracy, strict=True)]
+
+    def left_key(values: dict, left: int, column: str) -> Any:
+        return values.get(f"{MERGED_COLUMN}{column}") if left == MERGED else values[f"dpsql_j{left}_{column}"]
+
+    def with_merged(values: dict, acc: dict, side: str, pairs: tuple) -> tuple[dict, dict]:
+        merged = {}
+        for left, column, right, other in pairs:
+            mine, theirs = left_key(values, left, column), values[f"dpsql_j{right}_{other}"]
+            merged[f"{MERGED_COLUMN}{column}"] = theirs if side == "RIGHT" or mine is None and side == "FULL" \
+                else mine
+        return {**values, **merged}, {**acc, **dict.fromkeys(merged)}
 
     joined = named(0, answers[0])
     for number, (side, pairs) in enumerate(composition.joins, start=1):
@@ -360,7 +373,7 @@ def joined_rows(composition: Composition, answers: Sequence[Answer]) -> list[tup
         empty_before = dict.fromkeys(f"dpsql_j{i}_{n}" for i in range(number) for n in answers[i].names)
         found, matched = [], set()
         for values, acc in joined:
-            key = tuple(values[f"dpsql_j{left}_{c}"] for left, c, _, _ in pairs)
+            key = tuple(left_key(values, left, c) for left, c, _, _ in pairs)
             matches = index.get(key, []) if None not in key else []
             matched.update(matches)
             found += [({**values, **right[m][0]}, {**acc, **right[m][1]}) for m in matches]
@@ -369,21 +382,32 @@ def joined_rows(composition: Composition, answers: Sequence[Answer]) -> list[tup
         if side in ("RIGHT", "FULL"):
             found += [({**empty_before, **v}, {**empty_before, **a}) for position, (v, a) in enumerate(right)
                       if position not in matched]
-        joined = found
+        joined = [with_merged(values, acc, side, pairs) for values, acc in found]
     return joined
 
 
 def check_joined(composition: Composition, parts: Sequence[Prepared]) -> None:
     """The joined statement's outer query over one stand-in row of each part's types: what cannot be computed
     after noise raises here, before any charge."""
-    row = {f"dpsql_j{i}_{o.name}": _STAND_INS.get(o.type_name, 1) for i, part in enumerate(parts) for o in part.outputs}
-    project_released(composition.joined_outer, [(row, {})])
+    kinds = _joined_kinds(composition, parts)
+    project_released(composition.joined_outer, [({name: _STAND_INS.get(o.type_name, 1) for name, o in kinds.items()},
+                                                 {})])
+
+
+def _joined_kinds(composition: Composition, parts: Sequence[Prepared]) -> dict[str, Any]:
+    """Each column of the joined rows by its name (`joined_rows`): the parts' outputs, and each merged join column
+    as the joined part's output."""
+    kinds = {f"dpsql_j{i}_{o.name}": o for i, part in enumerate(parts) for o in part.outputs}
+    for _, pairs in composition.joins:
+        kinds.update({f"{MERGED_COLUMN}{column}": kinds[f"dpsql_j{right}_{other}"]
+                      for _, column, right, other in pairs})
+    return kinds
 
 
 def _joined_columns(composition: Composition, parts: list[Prepared]) -> tuple[list[str], list[str], list[bool]]:
     """A joined statement's columns: a bare column keeps its part's type and noisiness; a value computed after
     noise is a double, noisy where any column it reads is."""
-    kinds = {f"dpsql_j{i}_{o.name}": o for i, part in enumerate(parts) for o in part.outputs}
+    kinds = _joined_kinds(composition, parts)
     names, types, noisy = [], [], []
     for item in parse_statement(composition.joined_outer).expressions:
         value = item.unalias()

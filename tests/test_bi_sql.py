@@ -2060,6 +2060,24 @@ def test_joined_released_rows_right_and_full_keep_the_rows_nothing_matches(side,
     assert [(r["dpsql_j0_k"], r["dpsql_j0_n"], r["dpsql_j1_k"], r["dpsql_j1_m"]) for r, _ in rows] == expected
 
 
+def test_a_chain_of_full_joins_on_one_using_column_matches_the_merged_column():
+    """`a FULL JOIN b USING (k) FULL JOIN c USING (k)`: the second join matches c's k with the k the first merged
+    (a's or else b's), as PostgreSQL does, and the outer query reads that merged k."""
+    from dpsql.combining import joined_rows
+    from dpsql.sql.compose import MERGED, Composition
+
+    def answer(rows):
+        return Answer(["k", "n"], ["text", "int8"], rows, [(None, None)] * len(rows), 0.5, 0.0, False, None,
+                      [False, True])
+
+    composition = Composition(["a", "b", "c"], "", joins=(("FULL", ((0, "k", 1, "k"),)),
+                                                          ("FULL", ((MERGED, "k", 2, "k"),))), joined_outer="SELECT 1")
+    rows = joined_rows(composition, [answer([("x", 1), ("y", 2)]), answer([("y", 20), ("z", 30)]),
+                                     answer([("x", 100), ("z", 300), ("w", 400)])])
+    assert sorted((r["dpsql_m_k"], r["dpsql_j0_n"], r["dpsql_j1_n"], r["dpsql_j2_n"]) for r, _ in rows) == [
+        ("w", None, None, 400), ("x", 1, None, 100), ("y", 2, 20, None), ("z", None, 30, 300)]
+
+
 def test_grouped_queries_full_joined_merge_their_using_column_as_postgresql_does(engine, analyst):
     """Two halves' counts by category side by side (a FULL JOIN, the form for comparing periods): answered apart
     and joined after noise. The USING column read unqualified is PostgreSQL's merged one, and computed columns
@@ -2080,6 +2098,12 @@ def test_grouped_queries_full_joined_merge_their_using_column_as_postgresql_does
     right = engine.query(f"SELECT category, b.n FROM {halves.format(join='RIGHT JOIN')} USING (category) ORDER BY 1",
                          analyst=analyst, epsilon=1.0)
     assert [r[0] for r in right.rows] == [r[0] for r in full.rows]
+    thirds = engine.query(
+        "SELECT category, a.n, b.n, c.n FROM (SELECT category, COUNT(*) AS n FROM visits WHERE day < '2024-05-01' "
+        "GROUP BY 1) a FULL JOIN (SELECT category, COUNT(*) AS n FROM visits WHERE day >= '2024-05-01' AND day < "
+        "'2024-09-01' GROUP BY 1) b USING (category) FULL JOIN (SELECT category, COUNT(*) AS n FROM visits WHERE "
+        "day >= '2024-09-01' GROUP BY 1) c USING (category) ORDER BY category", analyst=analyst, epsilon=1.0)
+    assert [r[0] for r in thirds.rows] == [r[0] for r in full.rows] and thirds.types[0] == "text"
 
 
 def test_a_case_or_coalesce_of_released_values_has_its_branches_type(engine, analyst):

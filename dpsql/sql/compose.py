@@ -271,6 +271,10 @@ def _measured_apart(inner: exp.Select) -> tuple[exp.Select, tuple[str, ...]] | N
     return measure, tuple(output_name(k) for k in keys)
 
 
+MERGED = -1  # a join's USING column as the joins before it merged it (`_join_pairs`)
+MERGED_COLUMN = "dpsql_m_"  # the merged USING column `k` of the joined rows is dpsql_m_k (`combining.joined_rows`)
+
+
 def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | None:
     """`WITH a AS (SELECT k, COUNT(*) AS n … GROUP BY k), b AS (SELECT k, SUM(x) AS s … GROUP BY k) SELECT a.k, a.n,
     b.s / a.n FROM a JOIN b ON a.k = b.k`: each grouped query is answered on its own (the statement's ε split, as a
@@ -293,16 +297,16 @@ def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | N
                  and (not column.table or column.table == aliases[i])]
         return found[0] if len(found) == 1 else None
 
-    specs = []
+    specs, merged = [], set()  # merged: the USING columns, read unqualified as PostgreSQL merges them
     for number, join in enumerate(joins, start=1):
         side = (join.side or "").upper()
         if side not in ("", "LEFT", "RIGHT", "FULL") or (join.kind or "").upper() not in ("", "INNER", "OUTER"):
             return None
-        pairs = _join_pairs(join, number, part_of, columns)
+        pairs = _join_pairs(join, number, part_of, columns, merged)
         if not pairs:
             return None
         specs.append((side, tuple(pairs)))
-    merged = _using_columns(joins, specs)
+        merged |= {name for _, name, _, _ in pairs} if join.args.get("using") else set()
     outer = tree.copy()
     outer.set("from_", None)
     outer.set("joins", None)
@@ -310,7 +314,7 @@ def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | N
 
     def named(node: exp.Expression) -> exp.Expression:  # a part's column by its joined name; ORDER BY an output's
         if isinstance(node, exp.Column) and not node.table and node.name in merged:
-            return merged[node.name].copy()
+            return exp.column(f"{MERGED_COLUMN}{node.name}")
         if not isinstance(node, exp.Column) or part_of(node) is None and node.name in outputs and not node.table:
             return node
         return exp.column(f"dpsql_j{part_of(node)}_{node.name}")
@@ -325,34 +329,25 @@ def _joined_released(tree: exp.Select, schema: PrivacySchema) -> Composition | N
                        "joined", joins=tuple(specs), joined_outer=to_sql(outer))
 
 
-def _using_columns(joins: list[exp.Join], specs: list[tuple[str, tuple]]) -> dict[str, exp.Expression]:
-    """A column a join names in USING, read unqualified, as PostgreSQL merges it: the earlier part's value (inner
-    and LEFT joins), the next part's (RIGHT), or whichever is not NULL (FULL)."""
-    merged = {}
-    for join, (side, pairs) in zip(joins, specs, strict=True):
-        for left, name, right, _ in pairs if join.args.get("using") else ():
-            ends = [exp.column(f"dpsql_j{left}_{name}"), exp.column(f"dpsql_j{right}_{name}")]
-            merged[name] = {"RIGHT": ends[1], "FULL": exp.func("COALESCE", *ends)}.get(side, ends[0])
-    return merged
-
-
 def _released_query(select: exp.Expression, schema: PrivacySchema) -> bool:
     """Whether `select` is a grouped aggregate query that is answered on its own (not a per-unit table)."""
     return (isinstance(select, exp.Select) and bool(select.args.get("group"))
             and any(e.find(*AGGREGATES) for e in select.expressions) and not _groups_by_unit(select, schema))
 
 
-def _join_pairs(join: exp.Join, number: int, part_of: Any, columns: list[list[str]]) \
+def _join_pairs(join: exp.Join, number: int, part_of: Any, columns: list[list[str]], merged: set[str]) \
         -> list[tuple[int, str, int, str]] | None:
     """(earlier part, its column, part `number`, its column) for each equality of the join's ON (every conjunct one)
-    or each USING column; None for any other condition."""
+    or each USING column; None for any other condition. A USING column that several earlier parts hold is the one
+    an earlier USING merged (`a FULL JOIN b USING (k) FULL JOIN c USING (k)`): its earlier part is MERGED."""
     if join.args.get("using"):
         pairs = []
         for identifier in join.args["using"]:
             earlier = [i for i in range(number) if identifier.name in columns[i]]
-            if len(earlier) != 1 or identifier.name not in columns[number]:
+            if identifier.name not in columns[number] or not earlier or len(earlier) > 1 and (
+                    identifier.name not in merged):
                 return None
-            pairs.append((earlier[0], identifier.name, number, identifier.name))
+            pairs.append((earlier[0] if len(earlier) == 1 else MERGED, identifier.name, number, identifier.name))
         return pairs
     on = join.args.get("on")
     pairs = []
