@@ -123,6 +123,11 @@ QUERIES = [
     "ON v.person_id = p.person_id GROUP BY p.state",
     "SELECT p.sex, s.region, COUNT(*), AVG(v.amount) FROM visits v RIGHT JOIN people p ON p.person_id = v.person_id "
     "AND v.amount > 100 JOIN states s ON s.code = p.state GROUP BY 1, 2",
+    # ... and of a unit's row a LEFT JOIN matches on the unit alone (its NULLs, where the unit has no row, too)
+    "SELECT p.state, COUNT(DISTINCT v.person_id), COUNT(*), SUM(v.amount) FROM visits v LEFT JOIN people p "
+    "ON v.person_id = p.person_id GROUP BY p.state",
+    "SELECT s.region, p.sex, COUNT(DISTINCT v.person_id) FROM visits v LEFT JOIN people p ON p.person_id = "
+    "v.person_id LEFT JOIN states s ON s.code = p.state GROUP BY 1, 2",
     # per-unit subqueries grouped by an expression too: a CASE's labels, a domain's upper(), a condition, a number
     "SELECT age_group, AVG(n), COUNT(*) FROM (SELECT p.person_id, CASE WHEN p.age < 40 THEN 'young' ELSE 'old' END "
     "AS age_group, COUNT(v.visit_id) AS n FROM people p LEFT JOIN visits v USING (person_id) GROUP BY 1, 2) t "
@@ -376,7 +381,8 @@ def test_keys_of_the_preserved_unit_row_put_each_unit_in_one_group_at_every_boun
     """people LEFT JOIN visits grouped by people.state: the state is the person's, on every joined row, so each
     person is in one group (G = 1). The outer join used to make G the rows bound: at the race's cap each state's
     count of people had sensitivity 100, not 1, and partition selection kept 2 of 50 states at 20,000 people.
-    A key of the side an outer join NULL-extends, or with other conditions in its ON, keeps G > 1."""
+    So is a key of a unit's row that a LEFT JOIN matches on the unit alone (Metabase's join to people), matched
+    or not; with other conditions in its ON, or under a RIGHT JOIN, a NULL-extended key keeps G > 1."""
     sql = ("SELECT p.state, COUNT(DISTINCT p.person_id), COUNT(*) FROM people p LEFT JOIN visits v "
            "ON v.person_id = p.person_id GROUP BY p.state")
     prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
@@ -390,9 +396,18 @@ def test_keys_of_the_preserved_unit_row_put_each_unit_in_one_group_at_every_boun
     bounded, _ = engine.bounded_by_race(prepared, truncated)
     assert bounded.plan.max_groups == 1
     for extended in ("SELECT p.state, COUNT(*) FROM visits v LEFT JOIN people p ON v.person_id = p.person_id "
-                     "GROUP BY p.state", "SELECT p.state, COUNT(*) FROM people p RIGHT JOIN visits v "
-                     "ON v.person_id = p.person_id GROUP BY p.state"):
+                     "AND v.amount > 100 GROUP BY p.state",
+                     "SELECT p.state, COUNT(*) FROM people p RIGHT JOIN visits v ON v.person_id = p.person_id "
+                     "GROUP BY p.state"):
         assert engine.prepare(extended).plan.max_groups > 1, extended
+    # a table of one row per unit that a LEFT JOIN matches on the unit alone (Metabase's join to a foreign key's
+    # table) is the same on all of a unit's rows, matched or not
+    metabase = engine.prepare("SELECT p.state, COUNT(DISTINCT v.person_id), COUNT(*) FROM visits v LEFT JOIN "
+                              "people p ON v.person_id = p.person_id GROUP BY p.state",
+                              options=Options(rows_per_unit="auto"))
+    assert metabase.plan.max_groups == 1
+    for tau in metabase.race.taus:
+        _assert_prepared_within(engine._bounded_at(metabase, tau, margin_reached_cap=True), base_url, neighbour_url)
 
 
 # PostgreSQL only (the zones are the ones it lists): a time at a zone keeps its column's bounds, a day wider

@@ -16,7 +16,8 @@ Rules:
   released by DP partition selection. Keys selected alone (no aggregate) under WHERE or a join are private
   even with a domain: which values are present then depends on the data;
 - G = 1 when every key is a function of the unit's own row (its unit-determined tables, none of them NULL-extended
-  by an outer join: `people p LEFT JOIN visits v … GROUP BY p.state`): each unit is in one group. Otherwise
+  by an outer join, `people p LEFT JOIN visits v … GROUP BY p.state`, or LEFT-joined on the unit alone, `visits v
+  LEFT JOIN people p ON v.person_id = p.person_id`): each unit is in one group. Otherwise
   G = min(max_groups_per_unit, k), enforced by the rewrite unless each joined row is a whole unit (then k = 1
   and G = 1 hold without it);
 - under row-level joins, the S changed joined rows may each fall in another group: G = S, and the stability
@@ -64,7 +65,7 @@ def bound_groups(scope: Scope) -> None:
         groups, cap = k, False
         scope.notes.append(f"the {k} changed joined row(s) may fall in as many groups")
     elif keys:
-        kept = scope.determined - scope.nullable()
+        kept = scope.determined - scope.nullable() | _matched_by_unit(scope)
         natural = all(all(c.table in kept for c in key.expr.find_all(exp.Column)) for key in keys)
         if natural:
             groups, cap = 1, False
@@ -86,6 +87,29 @@ def bound_groups(scope: Scope) -> None:
     if keys and domain is None:
         scope.every_group = _every_group(scope, keys)
     scope.group_keys, scope.max_groups, scope.cap_groups, scope.domain = keys, groups, cap, domain
+
+
+def _matched_by_unit(scope: Scope) -> set[str]:
+    """The tables of one row per unit that a LEFT JOIN matches on the unit alone (`visits v LEFT JOIN people p ON
+    v.person_id = p.person_id`, Metabase's join to a foreign key's table): every equality of their ON reads a
+    column of theirs and a unit column (or a column of a unit-determined table) that no outer join NULL-extends,
+    so whether they match, and which row, is the same on all of a unit's rows. None under a RIGHT or FULL join."""
+    if any((j.side or "").upper() in ("RIGHT", "FULL") for j in scope.joins):
+        return set()
+    nullable = scope.nullable()
+    fixed = scope.determined - nullable
+    found = set()
+    for join in scope.joins:
+        alias, on = join.this.alias_or_name, join.args.get("on")
+        if (join.side or "").upper() != "LEFT" or alias not in scope.determined or on is None:
+            continue
+        conjuncts = operands(on)
+        if all(isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+               and any(mine.table == alias and other.table != alias and other.table not in nullable
+                       and (scope.is_unit(other) or other.table in fixed)
+                       for mine, other in ((c.this, c.expression), (c.expression, c.this))) for c in conjuncts):
+            found.add(alias)
+    return found
 
 
 def _keys_alone(scope: Scope) -> bool:
