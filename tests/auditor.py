@@ -459,6 +459,9 @@ QUERY_CLASSES = [
     QueryClass("keys of the unit's own row beside an outer join (each unit in one group, stop 68)",
                query("SELECT p.state, COUNT(DISTINCT p.person_id), COUNT(t.person_id) FROM people p LEFT JOIN trips t "
                      "ON t.person_id = p.person_id GROUP BY p.state", rows_per_unit="auto"), 1),
+    QueryClass("keys of a unit's row left-joined on the unit alone (Metabase's join to people, stop 68)",
+               query("SELECT p.state, COUNT(DISTINCT t.person_id) FROM trips t LEFT JOIN people p "
+                     "ON t.person_id = p.person_id GROUP BY p.state", rows_per_unit="auto"), 1),
     QueryClass("an average raced over totals beside a median from its own histogram (stop 68)",
                query("SELECT AVG(fare), percentile_cont(0.5) WITHIN GROUP (ORDER BY fare) FROM trips",
                      rows_per_unit="auto"), 0),
