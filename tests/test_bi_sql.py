@@ -2331,3 +2331,18 @@ def test_group_by_empty_parentheses_is_the_grand_total(engine):
                           ("SELECT category, COUNT(*) FROM visits GROUP BY (), category",
                            "SELECT category, COUNT(*) FROM visits GROUP BY category")):
         assert engine.prepare(written).rewritten.sql == engine.prepare(same).rewritten.sql
+
+
+def test_a_key_filtered_by_a_pattern_after_grouping_keeps_the_rows_it_matches(engine, analyst):
+    """`HAVING category LIKE '%a%'` filters the released rows by their key, as PostgreSQL does (post-processing):
+    it was refused with a hint about arithmetic."""
+    answer = engine.query("SELECT category, COUNT(*) FROM visits GROUP BY category HAVING category LIKE '%a%' "
+                          "AND category NOT ILIKE 'P%'", analyst=analyst, epsilon=1.0)
+    assert sorted(row[0] for row in answer.rows) == ["dental", "lab", "specialist", "vaccination"]
+
+
+def test_like_any_of_an_array_is_each_pattern_ored(engine):
+    """`x ILIKE ANY (ARRAY[p, q])` is `x ILIKE p OR x ILIKE q`, as PostgreSQL reads it: it was refused."""
+    assert engine.prepare("SELECT COUNT(*) FROM visits WHERE category ILIKE ANY (ARRAY['%lab%', '%den%'])"
+                          ).rewritten.sql == engine.prepare("SELECT COUNT(*) FROM visits WHERE (category ILIKE "
+                                                            "'%lab%' OR category ILIKE '%den%')").rewritten.sql

@@ -118,6 +118,8 @@ QUERIES = [
     "WHERE p.state IN ('CA', 'NY', 'ZZ') GROUP BY p.state",  # listed keys, released like a domain
     "SELECT p.state, COUNT(*) FROM visits v LEFT JOIN people p ON v.person_id = p.person_id AND v.amount > 100 "
     "GROUP BY p.state",
+    "SELECT category, COUNT(*), SUM(amount) FROM visits WHERE category ILIKE ANY (ARRAY['%lab%', '%den%']) "
+    "GROUP BY 1",  # patterns ORed: a narrowed domain
     # keys of the unit's own row on the side an outer join preserves: each unit in one group, whatever it matched
     "SELECT p.state, COUNT(DISTINCT p.person_id), COUNT(v.visit_id), SUM(v.amount) FROM people p LEFT JOIN visits v "
     "ON v.person_id = p.person_id GROUP BY p.state",

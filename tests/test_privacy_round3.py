@@ -336,6 +336,11 @@ NARROWED = [
     ("upper(category) LIKE 'D%'", ["dental"]),
     ("category LIKE 'D%'", []),  # LIKE is case-sensitive
     ("category LIKE 'l\\_b'", []),  # an escaped _ is itself
+    ("category ILIKE ANY (ARRAY['%LAB%', '%den%'])", ["dental", "lab"]),  # patterns ORed
+    ("NOT (category LIKE 'p%' OR category LIKE 'l%')", ["checkup", "dental", "emergency", "specialist",
+                                                         "vaccination"]),
+    ("(category LIKE 'p%' OR amount > 3)", ["checkup", "dental", "emergency", "lab", "pharmacy", "physio",
+                                            "specialist", "vaccination"]),  # not a condition on the key alone
 ]
 
 

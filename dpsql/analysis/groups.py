@@ -33,7 +33,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import product
 
 from sqlglot import exp
@@ -45,6 +45,7 @@ from dpsql.analysis.scope import Scope
 from dpsql.errors import InvalidQuery, UnsupportedQuery
 from dpsql.schema.model import Column, temporal_number
 from dpsql.sql import AGGREGATES, to_sql
+from dpsql.sql.patterns import like_regex
 from dpsql.sql.query import MAX_DOMAIN, branches_of, bytewise, operands
 from dpsql.sql.times import interval_step
 from dpsql.sql.to_char import finest_period, template_of, to_char
@@ -562,42 +563,40 @@ def _conjuncts(scope: Scope) -> Iterator[tuple[bool, exp.Expression]]:
         yield negated, condition.this.unnest() if negated else condition
 
 
-def _key_patterns(scope: Scope, node: exp.Expression) -> list[tuple[bool, object]]:
+def _key_patterns(scope: Scope, node: exp.Expression) -> list[tuple[bool, Callable[[str], bool]]]:
     """(negated, a test of a value) of each WHERE conjunct that matches the key itself, or its lower() or
-    upper(), with a constant ASCII LIKE or ILIKE pattern (Metabase's "contains": `lower(k) LIKE '%lab%'`)."""
+    upper(), with constant ASCII LIKE or ILIKE patterns (Metabase's "contains": `lower(k) LIKE '%lab%'`), or ORs
+    of such matches (`k ILIKE ANY (ARRAY['%lab%', '%den%'])`)."""
     text = to_sql(node)
     found = []
     for negated, test in _conjuncts(scope):
-        pattern = test.expression if isinstance(test, exp.Like | exp.ILike) else None
-        negated ^= bool(test.args.get("negate"))  # k NOT LIKE p
-        if not (isinstance(pattern, exp.Literal) and pattern.is_string and pattern.this.isascii()) \
-                or test.args.get("escape"):
-            continue
-        operand = test.this.unnest()
-        if to_sql(operand) == text:
-            shown = str
-        elif isinstance(operand, exp.Lower | exp.Upper) and to_sql(operand.this) == text:
-            shown = str.lower if isinstance(operand, exp.Lower) else str.upper
-        else:
-            continue
-        regex = like_regex(pattern.this, ignore_case=isinstance(test, exp.ILike))
-        found.append((negated, lambda v, regex=regex, shown=shown: regex.fullmatch(shown(v)) is not None))
+        tests = [_pattern_test(text, d.unnest()) for d in _disjuncts(test)]
+        if tests and all(t is not None for t in tests):
+            found.append((negated, tests[0] if len(tests) == 1 else lambda v, tests=tests: any(t(v) for t in tests)))
     return found
 
 
-def like_regex(pattern: str, ignore_case: bool = False) -> re.Pattern:
-    """PostgreSQL's LIKE pattern as a regular expression: % any text, _ one character, a backslash makes the next
-    character itself."""
-    parts, escaped = [], False
-    for char in pattern:
-        if escaped:
-            parts.append(re.escape(char))
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        else:
-            parts.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
-    return re.compile("".join(parts), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+def _disjuncts(node: exp.Expression) -> list[exp.Expression]:
+    node = node.unnest()
+    return [*_disjuncts(node.this), *_disjuncts(node.expression)] if isinstance(node, exp.Or) else [node]
+
+
+def _pattern_test(text: str, test: exp.Expression) -> Callable[[str], bool] | None:
+    """Whether a value passes `test` if it is the key (spelled `text`), or its lower() or upper(), LIKE or ILIKE
+    (or NOT LIKE) a constant ASCII pattern; None for any other condition."""
+    pattern = test.expression if isinstance(test, exp.Like | exp.ILike) else None
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string and pattern.this.isascii()) \
+            or test.args.get("escape"):
+        return None
+    operand = test.this.unnest()
+    if to_sql(operand) == text:
+        shown = str
+    elif isinstance(operand, exp.Lower | exp.Upper) and to_sql(operand.this) == text:
+        shown = str.lower if isinstance(operand, exp.Lower) else str.upper
+    else:
+        return None
+    regex, negated = like_regex(pattern.this, ignore_case=isinstance(test, exp.ILike)), bool(test.args.get("negate"))
+    return lambda v: (regex.fullmatch(shown(v)) is not None) != negated
 
 
 def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list]]:

@@ -15,6 +15,7 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import TEMPORAL_TYPES, temporal_value
 from dpsql.sql import to_sql
+from dpsql.sql.patterns import like_regex
 from dpsql.sql.to_char import number_to_char, template_of, to_char
 
 
@@ -273,6 +274,13 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return _to_char(node, evaluate(node.this, env))
     if isinstance(node, exp.Extract):
         return _extract(node, evaluate(node.expression, env))
+    if isinstance(node, exp.Like | exp.ILike) and isinstance(node.expression, exp.Literal) and (
+            node.expression.is_string):
+        value = evaluate(node.this, env)  # a key's pattern after grouping: HAVING category LIKE '%a%'
+        if value is None:
+            return None
+        found = like_regex(node.expression.this, ignore_case=isinstance(node, exp.ILike)).fullmatch(_as_text(value))
+        return (found is not None) != bool(node.args.get("negate"))
     if isinstance(node, exp.DPipe):
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         return None if left is None or right is None else _as_text(left) + _as_text(right)

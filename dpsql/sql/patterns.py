@@ -20,6 +20,7 @@ a stray `{`) is refused with what to write instead; a pattern over MAX_PATTERN c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -171,6 +172,21 @@ def _escape(reader: _Reader, in_bracket: bool) -> None:
     if char.isascii() and char.isalnum() and (char not in CLASS_ESCAPES or (in_bracket and char.isupper())):
         raise reader.refuse(f"has the escape \\{char}, which the backends read differently; "
                             "\\d, \\w and \\s are read alike")
+
+
+def like_regex(pattern: str, ignore_case: bool = False) -> re.Pattern:
+    """PostgreSQL's LIKE pattern as a regular expression: % any text, _ one character, a backslash makes the next
+    character itself."""
+    parts, escaped = [], False
+    for char in pattern:
+        if escaped:
+            parts.append(re.escape(char))
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        else:
+            parts.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
+    return re.compile("".join(parts), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
 
 
 def similar_to_regex(pattern: str) -> str:

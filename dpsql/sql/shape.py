@@ -71,7 +71,8 @@ def fetch_as_limit(tree: exp.Select) -> exp.Select:
 def any_as_in(tree: exp.Select) -> exp.Select:
     """`x = ANY(ARRAY[a, b])` (or a list parameter: `x = ANY(%s)`, or an array's text: `x = ANY('{a,b}')`) as
     `x IN (a, b)`, and `x <> ALL(...)` as `x NOT IN (...)`: PostgreSQL's meaning, NULLs included, in the form the
-    analysis reads (a filter on a key narrows its domain). Arrays of anything else (a subquery, an array of
+    analysis reads (a filter on a key narrows its domain); `x LIKE ANY(ARRAY[p, q])` (or ILIKE) as `x LIKE p OR x
+    LIKE q`. Arrays of anything else (a subquery, an array of
     arrays) are left as written."""
     def listed(node: exp.Expression) -> list[exp.Expression] | None:
         if isinstance(node, exp.Any):
@@ -87,6 +88,11 @@ def any_as_in(tree: exp.Select) -> exp.Select:
         return inner.expressions if isinstance(inner, exp.Array | exp.Tuple) and inner.expressions else None
 
     def rewrite(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Like | exp.ILike) and isinstance(node.expression, exp.Any):
+            patterns = listed(node.expression)  # x LIKE ANY (ARRAY[p, q]): x LIKE p OR x LIKE q
+            return node if patterns is None else exp.paren(exp.or_(*(
+                type(node)(this=node.this.copy(), expression=p.copy(), negate=node.args.get("negate"))
+                for p in patterns)))
         found = listed(node.expression) if isinstance(node, exp.EQ | exp.NEQ) else None
         if found is None or isinstance(node, exp.EQ) != isinstance(node.expression, exp.Any):
             return node
