@@ -15,15 +15,18 @@ import pytest
 from dpsql import errors
 from dpsql.answer import Answer
 from dpsql.combining import combine
+from dpsql.config import Settings
+from dpsql.engine import Engine
 from dpsql.explain import explain_statement
 from dpsql.postprocess.accuracy import Accuracy
+from dpsql.schema import load_schema
 from dpsql.sql import check_query
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.compose import Composition
 from dpsql.sql.parse import parse_select
 from dpsql.sql.query import to_sql
 from dpsql.sql.times import fold_times
-from tests.conftest import DECLARED_ROWS, PEOPLE
+from tests.conftest import DECLARED_ROWS, PEOPLE, SHIPPED_SCHEMA
 from tests.test_analysis import plan
 
 
@@ -1907,10 +1910,65 @@ def test_every_unit_s_row_left_joined_to_a_per_unit_subquery_reads_null_where_it
         exact = {row[0]: row[1:] for row in conn.execute(sql)}
         counted = {row[0]: row[1:1 + len(exact[row[0]])] for row in conn.execute(prepared.rewritten.sql)}
     assert counted == exact
-    with pytest.raises(errors.UnsupportedQuery, match="cannot be merged"):  # two tables: left as written
-        engine.prepare("SELECT AVG(t.n) FROM people p LEFT JOIN (SELECT v.person_id, COUNT(*) AS n FROM visits v "
-                       "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.person_id) t "
-                       "ON t.person_id = p.person_id")
+
+
+@pytest.mark.parametrize("sql", [
+    # Tableau's FIXED level of detail, a unit's total on each of its rows
+    "SELECT t0.category, COUNT(t1.total) FROM visits t0 JOIN (SELECT person_id, SUM(amount) AS total FROM visits "
+    "GROUP BY person_id) t1 ON t0.person_id = t1.person_id GROUP BY 1",
+    # a segment of units, then their rows summed
+    "SELECT CASE WHEN t.n >= 5 THEN 'frequent' ELSE 'occasional' END AS segment, COUNT(*) FROM visits v "
+    "JOIN (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1",
+    "SELECT t1.band, COUNT(*) FROM visits t0 JOIN (SELECT person_id, CASE WHEN SUM(amount) > 500 THEN 'big' "
+    "ELSE 'small' END AS band FROM visits GROUP BY person_id) t1 ON t0.person_id = t1.person_id GROUP BY 1",
+    # cohort retention: units by the month of their first visit, their visits by month
+    "WITH first AS (SELECT person_id, date_trunc('month', MIN(day)) AS cohort FROM visits GROUP BY person_id) "
+    "SELECT f.cohort, date_trunc('month', v.day) AS m, COUNT(DISTINCT v.person_id) FROM visits v JOIN first f "
+    "USING (person_id) GROUP BY 1, 2",
+    # the subquery first, its units' rows LEFT JOINed; two subqueries, one through a child table
+    "SELECT v.category, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE amount > 100 "
+    "GROUP BY person_id) t LEFT JOIN visits v ON t.person_id = v.person_id WHERE t.n > 1 GROUP BY 1",
+    "SELECT v.category, COUNT(t2.s) FROM visits v JOIN (SELECT person_id, MAX(day) AS last_day FROM visits "
+    "GROUP BY person_id) t1 ON t1.person_id = v.person_id AND v.day = t1.last_day LEFT JOIN (SELECT w.person_id, "
+    "SUM(r.cost) AS s FROM prescriptions r JOIN visits w ON w.visit_id = r.visit_id GROUP BY w.person_id) t2 "
+    "ON t2.person_id = v.person_id GROUP BY 1",
+    "SELECT p.sex, COUNT(t.n) FROM people p LEFT JOIN (SELECT v.person_id, COUNT(*) AS n FROM visits v "
+    "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.person_id) t ON t.person_id = p.person_id "
+    "GROUP BY 1",
+])
+def test_a_per_unit_subquery_joined_to_a_unit_s_rows_is_a_table_of_one_row_per_unit(base_url, sql):
+    """A subquery grouped by the unit alone, joined on the unit to tables of several rows per unit (BI tools'
+    level-of-detail, segment and cohort forms), is read as a table of one row per unit: each row a function of
+    that unit's rows alone, its values clamped to what they can give. Its keys are public (a CASE's labels, the
+    months of the declared dates), one per unit; the counts before noise are PostgreSQL's own (at the shipped
+    schema's declared rows per unit, which no person of the test data exceeds)."""
+    shipped = Engine(Settings(database=base_url), load_schema(SHIPPED_SCHEMA))
+    try:
+        prepared = shipped.prepare(sql)
+    finally:
+        shipped.close()
+    assert not prepared.plan.partition_selection
+    assert any("one row per unit, its values bounded" in note for note in prepared.plan.notes)
+    keys = len(prepared.plan.group_keys)
+    with psycopg.connect(base_url) as conn:
+        counted = {row[:keys]: row[keys] for row in conn.execute(prepared.rewritten.sql)}
+        exact = {row[:keys]: row[keys] for row in conn.execute(sql)}
+    assert {k: v for k, v in counted.items() if k in exact or v} == exact
+
+
+@pytest.mark.parametrize(("sql", "refused"), [
+    ("SELECT COUNT(*) FROM visits v JOIN (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
+     "ON t.n = v.person_id", "joined on their unit columns"),
+    ("SELECT t.n, COUNT(*) FROM visits v JOIN (SELECT person_id, category, COUNT(*) AS n FROM visits "
+     "GROUP BY person_id, category) t ON t.person_id = v.person_id GROUP BY 1", "must GROUP BY the unit alone"),
+    ("SELECT COUNT(*) FROM visits v JOIN (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t "
+     "ON t.category = v.category", "must GROUP BY the privacy unit"),
+])
+def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, refused):
+    """Joined to other rows, a subquery must hold one row per unit, matched on the unit: another key would join a
+    unit's row to other units' rows."""
+    with pytest.raises(errors.UnsupportedQuery, match=refused):
+        engine.prepare(sql)
 
 
 def test_an_output_computed_from_a_subquery_s_aggregates_is_computed_by_the_query_reading_it(engine, base_url,

@@ -252,6 +252,25 @@ QUERIES = [
     "SELECT p.sex, COUNT(t.person_id), AVG(COALESCE(t.n, 0)), SUM(t.s) FROM people p LEFT JOIN (SELECT person_id, "
     "COUNT(*) AS n, SUM(amount) AS s FROM visits WHERE amount > 10 GROUP BY person_id) t ON t.person_id = p.person_id "
     "GROUP BY p.sex",  # every person's row, the subquery's values NULL where it has none
+    # a per-unit subquery joined to a unit's several rows (Tableau's FIXED level of detail, a segment, a cohort): a
+    # table of one row per unit, its values clamped to what the unit's rows can give
+    "SELECT CASE WHEN t.n >= 5 THEN 'frequent' ELSE 'occasional' END AS segment, COUNT(*), SUM(v.amount) "
+    "FROM visits v JOIN (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
+    "ON t.person_id = v.person_id GROUP BY 1",
+    "SELECT t0.category, AVG(t1.total), SUM(t1.total) FROM visits t0 JOIN (SELECT person_id, SUM(amount) AS total "
+    "FROM visits GROUP BY person_id) t1 ON t0.person_id = t1.person_id GROUP BY 1",
+    "SELECT t1.band, COUNT(*) FROM visits t0 JOIN (SELECT person_id, CASE WHEN SUM(amount) > 500 THEN 'big' "
+    "ELSE 'small' END AS band FROM visits GROUP BY person_id) t1 ON t0.person_id = t1.person_id GROUP BY 1",
+    "WITH first AS (SELECT person_id, date_trunc('month', MIN(day)) AS cohort FROM visits GROUP BY person_id) "
+    "SELECT f.cohort, date_trunc('month', v.day) AS m, COUNT(DISTINCT v.person_id) FROM visits v JOIN first f "
+    "USING (person_id) GROUP BY 1, 2",
+    "SELECT v.category, COUNT(*) FROM visits v JOIN (SELECT person_id, MAX(day) AS last_day FROM visits "
+    "GROUP BY person_id) t ON t.person_id = v.person_id AND v.day = t.last_day GROUP BY 1",
+    "SELECT v.category, COUNT(*), AVG(t.n) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE amount > 100 "
+    "GROUP BY person_id) t LEFT JOIN visits v ON t.person_id = v.person_id GROUP BY 1",
+    "SELECT v.category, COUNT(*), SUM(t.s) FROM visits v LEFT JOIN (SELECT w.person_id, SUM(r.cost) AS s "
+    "FROM prescriptions r JOIN visits w ON w.visit_id = r.visit_id GROUP BY w.person_id) t "
+    "ON t.person_id = v.person_id GROUP BY 1",
     # days between dates, and dates plus days: the dates clamped to their bounds (the neighbour's ±infinity too)
     "SELECT category, AVG(DATE '2025-01-01' - day), SUM(day - DATE '2024-06-01') FROM visits "
     "WHERE day + 7 > DATE '2024-02-01' GROUP BY category",

@@ -27,7 +27,7 @@ from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, Table
-from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, to_sql
+from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, joined_derived_selects, to_sql
 
 
 def bound_subquery(scope: Scope) -> None:
@@ -37,18 +37,49 @@ def bound_subquery(scope: Scope) -> None:
     if tree.args.get("from_") is None:
         raise PrivacyRefusal("a query without FROM reads no private data", "dpsql answers aggregates over tables")
     select = derived_select(tree)
-    if select is None:
+    if select is None or tree.args.get("joins"):
+        _bound_joined_subqueries(scope)
         return
     alias = tree.args["from_"].this.alias_or_name
-    inner = Scope(CheckedQuery(select, (), canonical=""), scope.schema, scope.unique)  # never a cache key
-    inner.unique_sets, inner.not_null = scope.unique_sets, scope.not_null
+    inner = _inner_scope(scope, select)
     table, bounded, unit_rows = _per_unit_table(inner, alias)
     scope.aliases[alias] = table
     if unit_rows:
         scope.unique = scope.unique | {(alias, table.unit_column)}  # GROUP BY the unit: one row per unit
     scope.stability, scope.truncate = inner.stability, inner.truncate
     scope.notes += [f"subquery {alias}: {note}" for note in inner.notes]
-    scope.from_ = exp.From(this=exp.Subquery(this=bounded, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+    scope.from_ = exp.From(this=_aliased(bounded, alias))
+
+
+def _bound_joined_subqueries(scope: Scope) -> None:
+    """A per-unit subquery JOINed to the query's tables (Tableau's FIXED level of detail, a segment or a cohort
+    per unit: `FROM visits v JOIN (SELECT person_id, SUM(amount) AS total FROM visits GROUP BY person_id) t ON
+    t.person_id = v.person_id`) is a table of one row per unit, as `people` is: grouped by the unit alone, each
+    row is a function of that unit's rows only, clamped to declared bounds, so one unit added or removed adds or
+    removes its row alone. The outer query then joins it on the unit like any table of one row per unit."""
+    for alias, select in joined_derived_selects(scope.tree).items():
+        if scope.schema.row_level:
+            raise UnsupportedQuery(f"subquery {alias} is joined to other tables, which row-level privacy cannot "
+                                   "bound", f"read {alias} alone in FROM, or join its tables inside it")
+        table, bounded, unit_rows = _per_unit_table(_inner_scope(scope, select), alias)
+        if not unit_rows:
+            raise UnsupportedQuery(f"subquery {alias} is joined to other tables, so it must GROUP BY the unit "
+                                   "alone", f"group {alias} by the unit's column alone, or read it alone in FROM")
+        scope.aliases[alias] = table
+        scope.unique = scope.unique | {(alias, table.unit_column)}
+        scope.bounded_joins[alias] = _aliased(bounded, alias)
+        scope.notes.append(f"subquery {alias}: one row per unit, its values bounded by what the unit's rows "
+                           "can give")
+
+
+def _inner_scope(scope: Scope, select: exp.Select) -> Scope:
+    inner = Scope(CheckedQuery(select, (), canonical=""), scope.schema, scope.unique)  # never a cache key
+    inner.unique_sets, inner.not_null = scope.unique_sets, scope.not_null
+    return inner
+
+
+def _aliased(select: exp.Select, alias: str) -> exp.Subquery:
+    return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(alias)))
 
 
 def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select, bool]:

@@ -22,13 +22,12 @@ def read(scope: Scope) -> None:
     and semijoins."""
     tree = scope.tree
     derived = scope.from_ is not None
-    joins = list(tree.args.get("joins") or [])
-    if derived and joins:
-        raise UnsupportedQuery("a per-unit subquery cannot be joined to other tables here",
-                               "join the tables inside the subquery")
+    joins = [bounded_source(join, scope.bounded_joins) for join in tree.args.get("joins") or []]
     for source in [tree.args["from_"].this, *(j.this for j in joins)]:
         if derived:
             break
+        if source.alias_or_name in scope.bounded_joins:  # registered by `derived`
+            continue
         if not isinstance(source, exp.Table):
             raise UnsupportedQuery("only tables may appear in FROM and JOIN",
                                    "name the declared tables in FROM and JOIN (\\dt lists them), or a per-unit "
@@ -45,6 +44,16 @@ def read(scope: Scope) -> None:
         if node is not None:
             scope.exprs.check(node)
     scope.joins, scope.private, scope.equalities, scope.semijoins = joins, private, equalities, semijoins
+
+
+def bounded_source(node: exp.From | exp.Join, bounded: dict[str, exp.Subquery]) -> exp.From | exp.Join:
+    """A FROM or JOIN clause, reading the bounded per-unit subquery where it reads one (`derived`)."""
+    subquery = bounded.get(node.this.alias_or_name)
+    if subquery is None:
+        return node
+    copy = node.copy()
+    copy.set("this", subquery.copy())
+    return copy
 
 
 def _equalities(tree: exp.Select, joins: list[exp.Join]) -> list[Equality]:

@@ -47,6 +47,7 @@ class Scope:
     outer: list[str] = field(default_factory=list)  # the query's own tables; subqueries' and dpsql's joins later
     from_: exp.From | None = None  # a subquery in FROM, bounded; None when the query reads tables
     joins: list[exp.Join] = field(default_factory=list)
+    bounded_joins: dict[str, exp.Subquery] = field(default_factory=dict)  # per-unit subqueries JOINed, bounded
     private: list[str] = field(default_factory=list)  # aliases of private tables in FROM and JOIN
     equalities: list[Equality] = field(default_factory=list)  # the join conditions
     semijoins: list[Semijoin] = field(default_factory=list)

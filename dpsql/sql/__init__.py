@@ -48,6 +48,7 @@ from dpsql.sql.shape import (
     format_as_concat,
     having_of_source_as_where,
     inline_ctes,
+    joined_derived_selects,
     left_as_substring,
     logs_as_ln,
     percentiles_as_arrays,
@@ -181,5 +182,5 @@ def shown_sql(canonical: str) -> str:
     return REPEATABLE.sub("", canonical)
 
 
-__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "limit_clause", "operands",
-           "semijoin_selects", "shown_sql", "to_sql"]
+__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "joined_derived_selects",
+           "limit_clause", "operands", "semijoin_selects", "shown_sql", "to_sql"]

@@ -540,8 +540,9 @@ def require_flat(tree: exp.Select) -> None:
     x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
     semijoins = semijoin_selects(tree)
     allowed = {id(s) for s in semijoins} | {id(s.parent) for s in semijoins if isinstance(s.parent, exp.Subquery)}
-    derived = derived_select(tree)
-    if derived is not None:
+    for derived in [derived_select(tree), *joined_derived_selects(tree).values()]:
+        if derived is None:
+            continue
         allowed |= {id(derived), id(derived.parent), id(tree.args.get("with_"))}
         if any(isinstance(n, exp.Select | exp.Subquery | exp.CTE) for n in derived.walk() if n is not derived):
             raise UnsupportedQuery("a per-unit subquery may not hold subqueries of its own",
@@ -626,6 +627,32 @@ def derived_select(tree: exp.Select) -> exp.Select | None:
     """The grouped SELECT that `tree` reads FROM, as a subquery or a WITH query (None if it reads tables)."""
     source = _source_select(tree)
     return source if source is not None and source.args.get("group") else None
+
+
+def joined_derived_selects(tree: exp.Select) -> dict[str, exp.Select]:
+    """The grouped SELECTs that `tree` joins to other sources (`FROM visits v JOIN (SELECT person_id, SUM(amount)
+    AS total FROM visits GROUP BY person_id) t ON …`), as subqueries or WITH queries read once, by their aliases:
+    the one in FROM too where it has joins."""
+    joins = tree.args.get("joins") or []
+    sources = [join.this for join in joins] + ([tree.args["from_"].this] if joins and tree.args.get("from_") else [])
+    found = {}
+    for source in sources:
+        select = _read_select(tree, source)
+        if select is not None and select.args.get("group"):
+            found[source.alias_or_name] = select
+    return found
+
+
+def _read_select(tree: exp.Select, source: exp.Expression) -> exp.Select | None:
+    """The SELECT that the source `source` reads: a subquery's, or a WITH query's read there alone."""
+    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
+        return source.this
+    if isinstance(source, exp.Table) and not source.db and tree.args.get("with_"):
+        ctes = [c for c in tree.args["with_"].expressions if c.alias_or_name == source.name]
+        readers = [t for t in tree.find_all(exp.Table) if not t.db and t.name == source.name]
+        if len(ctes) == 1 and len(readers) == 1 and isinstance(ctes[0].this, exp.Select):
+            return ctes[0].this
+    return None
 
 
 def _source_select(tree: exp.Select) -> exp.Select | None:

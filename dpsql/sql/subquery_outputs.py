@@ -20,24 +20,34 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.sql.query import AGGREGATES, inside, replace_keeping_precedence
-from dpsql.sql.shape import derived_select
+from dpsql.sql.shape import derived_select, joined_derived_selects
 
 HIDDEN = "dpsql_a"  # the names of the aggregates moved out of an expression
 
 
 def aggregate_expressions_outside(tree: exp.Select) -> exp.Select:
-    """`tree` with each output of its grouped subquery that computes over aggregates (not an aggregate itself)
-    computed by `tree` from those aggregates instead."""
-    inner = derived_select(tree)
-    if inner is None or tree.args.get("joins"):
+    """`tree` with each output of its grouped subqueries (read alone in FROM, or JOINed) that computes over
+    aggregates (not an aggregate itself) computed by `tree` from those aggregates instead."""
+    if any(c.name.startswith(HIDDEN) for c in tree.find_all(exp.Column)):
         return tree
-    alias = tree.args["from_"].this.alias_or_name
+    sources = joined_derived_selects(tree)
+    inner = derived_select(tree)
+    if inner is not None and not sources:
+        sources[tree.args["from_"].this.alias_or_name] = inner
+    for alias, select in sources.items():
+        _moved_outside(tree, alias, select)
+    return tree
+
+
+def _moved_outside(tree: exp.Select, alias: str, inner: exp.Select) -> None:
+    """The outputs of `inner`, read by `tree` as `alias`, that compute over aggregates, computed by `tree`."""
     moved = {item.alias: item.this for item in inner.expressions
              if isinstance(item, exp.Alias) and _computed_from_aggregates(item.this)}
     named_inside = {c.name for k in ("having", "order", "qualify") if inner.args.get(k)
                     for c in inner.args[k].find_all(exp.Column)}  # (HAVING n > 2 would lose its n)
-    if not moved or moved.keys() & named_inside or any(c.name.startswith(HIDDEN) for c in tree.find_all(exp.Column)):
-        return tree
+    if not moved or moved.keys() & named_inside:
+        return
+    # unqualified, the name is the subquery's where PostgreSQL reads the query at all (else it is ambiguous)
     outer = [c for c in tree.find_all(exp.Column) if not inside(c, inner) and c.name in moved
              and c.table in ("", alias)]
     hidden: dict[str, str] = {}  # an aggregate's SQL -> its hidden output's name
@@ -51,7 +61,6 @@ def aggregate_expressions_outside(tree: exp.Select) -> exp.Select:
         if isinstance(column.parent, exp.Select) and column.parent is tree:
             value = exp.alias_(value, column.name)  # a bare output keeps the name PostgreSQL gives it
         replace_keeping_precedence(column, value)
-    return tree
 
 
 def _computed_from_aggregates(node: exp.Expression) -> bool:

@@ -116,7 +116,9 @@ output_names: ["avg"]
 
 -- SELECT AVG(t.n) FROM people p LEFT JOIN (SELECT v.person_id, COUNT(*) AS n FROM visits v JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.person_id) t ON t.person_id = p.person_id
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT AVG(t.n) FROM people p LEFT JOIN (SELECT v.person_id, COUNT(*) AS n FROM visits v JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.person_id) t ON t.person_id = p.person_id", "unique": []}
-error: "UnsupportedQuery: this subquery cannot be merged into the outer query (aggregating, grouped or nested subqueries are not supported yet) [DP002]\nHint: write the query as one SELECT over joined tables, or as EXISTS / IN (SELECT ...) in WHERE"
+error: "UnsupportedQuery: prescriptions reaches the unit through visits.visit_id, which no primary key or unique constraint guarantees to be unique [DP002]\nHint: add a PRIMARY KEY or UNIQUE constraint on visits(visit_id) (on Spark, which verifies no key, give prescriptions the unit column instead)"
+canonical: "SELECT AVG(\"dpsql_t1\".\"n\") AS \"_col_0\" FROM \"people\" AS \"dpsql_t0\" LEFT JOIN (SELECT \"dpsql_t2\".\"person_id\" AS \"person_id\", COUNT(*) AS \"n\" FROM \"visits\" AS \"dpsql_t2\" JOIN \"prescriptions\" AS \"dpsql_t3\" ON \"dpsql_t2\".\"visit_id\" = \"dpsql_t3\".\"visit_id\" GROUP BY \"dpsql_t2\".\"person_id\") AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\""
+output_names: ["avg"]
 
 -- SELECT AVG(v) FROM (SELECT person_id, VARIANCE(amount) AS v FROM visits GROUP BY person_id) t
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT AVG(v) FROM (SELECT person_id, VARIANCE(amount) AS v FROM visits GROUP BY person_id) t", "unique": [["people", "person_id"], ["states", "code"]]}
@@ -142,12 +144,6 @@ error: "UnsupportedQuery: UNION is not supported by dpsql [DP002]\nHint: sets of
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id ORDER BY n DESC LIMIT 9) t", "unique": [["people", "person_id"], ["states", "code"]]}
 error: "UnsupportedQuery: subquery t may not have HAVING, ORDER BY or LIMIT [DP002]\nHint: filter and order in the outer query"
 canonical: "SELECT COUNT(*) AS \"_col_0\" FROM (SELECT \"dpsql_t1\".\"person_id\" AS \"person_id\", COUNT(*) AS \"n\" FROM \"visits\" AS \"dpsql_t1\" GROUP BY \"dpsql_t1\".\"person_id\" ORDER BY \"n\" DESC LIMIT 9) AS \"dpsql_t0\""
-output_names: ["count"]
-
--- SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t JOIN visits v ON v.person_id = t.person_id
-input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t JOIN visits v ON v.person_id = t.person_id", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: a per-unit subquery cannot be joined to other tables here [DP002]\nHint: join the tables inside the subquery"
-canonical: "SELECT COUNT(*) AS \"_col_0\" FROM (SELECT \"dpsql_t2\".\"person_id\" AS \"person_id\", COUNT(*) AS \"n\" FROM \"visits\" AS \"dpsql_t2\" GROUP BY \"dpsql_t2\".\"person_id\") AS \"dpsql_t0\" JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\""
 output_names: ["count"]
 
 -- SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM visits WHERE amount > 100) t
@@ -658,11 +654,15 @@ error: "UnsupportedQuery: FETCH ... WITH TIES is not supported by dpsql [DP002]\
 
 -- SELECT category, COUNT(*) FROM visits LEFT JOIN (SELECT category AS c FROM visits GROUP BY category LIMIT 2) s ON category = c GROUP BY category
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, COUNT(*) FROM visits LEFT JOIN (SELECT category AS c FROM visits GROUP BY category LIMIT 2) s ON category = c GROUP BY category", "unique": []}
-error: "UnsupportedQuery: this subquery cannot be merged into the outer query (aggregating, grouped or nested subqueries are not supported yet) [DP002]\nHint: write the query as one SELECT over joined tables, or as EXISTS / IN (SELECT ...) in WHERE"
+error: "UnsupportedQuery: subquery s may not have HAVING, ORDER BY or LIMIT [DP002]\nHint: filter and order in the outer query"
+canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\", COUNT(*) AS \"_col_1\" FROM \"visits\" AS \"dpsql_t0\" LEFT JOIN (SELECT \"dpsql_t0\".\"category\" AS \"c\" FROM \"visits\" AS \"dpsql_t0\" GROUP BY \"dpsql_t0\".\"category\" LIMIT 2) AS \"dpsql_t1\" ON \"dpsql_t0\".\"category\" = \"dpsql_t1\".\"c\" GROUP BY \"dpsql_t0\".\"category\""
+output_names: ["category", "count"]
 
 -- SELECT category, COUNT(*) FROM visits v JOIN (SELECT category AS c, day AS d FROM visits GROUP BY 1, 2 LIMIT 2) s ON v.category = s.c AND v.day > s.d GROUP BY category
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, COUNT(*) FROM visits v JOIN (SELECT category AS c, day AS d FROM visits GROUP BY 1, 2 LIMIT 2) s ON v.category = s.c AND v.day > s.d GROUP BY category", "unique": []}
-error: "UnsupportedQuery: this subquery cannot be merged into the outer query (aggregating, grouped or nested subqueries are not supported yet) [DP002]\nHint: write the query as one SELECT over joined tables, or as EXISTS / IN (SELECT ...) in WHERE"
+error: "UnsupportedQuery: subquery s may not have HAVING, ORDER BY or LIMIT [DP002]\nHint: filter and order in the outer query"
+canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\", COUNT(*) AS \"_col_1\" FROM \"visits\" AS \"dpsql_t0\" JOIN (SELECT \"dpsql_t2\".\"category\" AS \"c\", \"dpsql_t2\".\"day\" AS \"d\" FROM \"visits\" AS \"dpsql_t2\" GROUP BY \"dpsql_t2\".\"category\", \"dpsql_t2\".\"day\" LIMIT 2) AS \"dpsql_t1\" ON \"dpsql_t0\".\"category\" = \"dpsql_t1\".\"c\" AND \"dpsql_t0\".\"day\" > \"dpsql_t1\".\"d\" GROUP BY \"dpsql_t0\".\"category\""
+output_names: ["category", "count"]
 
 -- SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, COUNT(*), SUM(amount) OVER () FROM visits GROUP BY category", "unique": [["people", "person_id"], ["states", "code"]]}
@@ -704,7 +704,9 @@ error: "UnsupportedQuery: this window frame ends before it starts [DP002]\nHint:
 
 -- SELECT category, mme FROM visits JOIN (SELECT category AS c, COUNT(*) AS mme FROM visits GROUP BY category) s ON category = c
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, mme FROM visits JOIN (SELECT category AS c, COUNT(*) AS mme FROM visits GROUP BY category) s ON category = c", "unique": []}
-error: "UnsupportedQuery: this subquery cannot be merged into the outer query (aggregating, grouped or nested subqueries are not supported yet) [DP002]\nHint: write the query as one SELECT over joined tables, or as EXISTS / IN (SELECT ...) in WHERE"
+error: "UnsupportedQuery: subquery s must GROUP BY the privacy unit alone (visits.person_id), with columns of a table that holds one row per unit, or by a key that fixes one unit's row (a unique NOT NULL column, or a child's parent key) [DP002]\nHint: group by the unit inside, then aggregate or group its results outside"
+canonical: "SELECT \"dpsql_t0\".\"category\" AS \"_col_0\", \"dpsql_t1\".\"mme\" AS \"_col_1\" FROM \"visits\" AS \"dpsql_t0\" JOIN (SELECT \"dpsql_t0\".\"category\" AS \"c\", COUNT(*) AS \"mme\" FROM \"visits\" AS \"dpsql_t0\" GROUP BY \"dpsql_t0\".\"category\") AS \"dpsql_t1\" ON \"dpsql_t0\".\"category\" = \"dpsql_t1\".\"c\""
+output_names: ["category", "mme"]
 
 -- SELECT category, n FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n DESC LIMIT 3) t WHERE n > 10
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, n FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category ORDER BY n DESC LIMIT 3) t WHERE n > 10", "unique": [["people", "person_id"], ["states", "code"]]}
