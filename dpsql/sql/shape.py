@@ -461,16 +461,50 @@ def having_of_source_as_where(tree: exp.Select) -> exp.Select:
     """`SELECT AVG(n) FROM (SELECT u, COUNT(*) AS n FROM t GROUP BY u HAVING SUM(x) > 100) s` is `SELECT AVG(n) FROM
     (SELECT u, COUNT(*) AS n, SUM(x) AS dpsql_having_1 FROM t GROUP BY u) s WHERE s.dpsql_having_1 > 100`: the same
     groups, kept by a filter outside, where the analysis reads a grouped subquery as a table of one row per group.
-    Only under an outer query that aggregates (one that does not is post-processing of released rows:
+    A subquery joined to other tables keeps its groups the same way, by the ON of the join that reads it (where that
+    join NULL-extends it, a group the HAVING drops reads as one the subquery never had). Only under
+    an outer query that aggregates (one that does not is post-processing of released rows:
     `projection_over_aggregates`). Anything else is left as written."""
-    inner = _source_select(tree)
-    if (inner is None or inner.args.get("having") is None or not inner.args.get("group")
-            or not any(_aggregates_rows(e) for e in tree.expressions) or inner.find(exp.Window)
-            or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct"))):
+    if not any(_aggregates_rows(e) for e in tree.expressions):
         return tree
     written, tree = tree, tree.copy()
-    inner = _source_select(tree)
-    alias = tree.args["from_"].this.alias_or_name
+    for alias, inner in derived_sources(tree).items():
+        if (inner.args.get("having") is None or inner.find(exp.Window)
+                or any(inner.args.get(k) for k in ("order", "limit", "offset", "distinct"))):
+            continue
+        place = _filter_place(tree, alias)
+        condition = _having_outside(inner, alias)
+        if place is None or condition is None:
+            return written
+        inner.set("having", None)
+        if place is tree:
+            tree.where(condition, copy=False)
+        else:
+            place.set("on", exp.and_(place.args["on"], condition))
+    return tree
+
+
+def _filter_place(tree: exp.Select, alias: str) -> exp.Select | exp.Join | None:
+    """Where a filter of the source `alias`'s rows keeps exactly the joined rows its own rows would: the ON of the
+    join that reads it (FROM: the first join), unless that join preserves its rows; else, under an inner join
+    without ON (USING) that nothing later NULL-extends, the WHERE. None where neither holds."""
+    joins = tree.args.get("joins") or []
+    if not joins:
+        return tree
+    index = next((i for i, join in enumerate(joins) if join.this.alias_or_name == alias), 0)
+    join, in_from = joins[index], joins[index].this.alias_or_name != alias
+    side = (join.side or "").upper()
+    if side == "FULL" or side == ("LEFT" if in_from else "RIGHT"):
+        return None
+    if join.args.get("on") is not None:
+        return join
+    nulled_later = any((later.side or "").upper() in ("RIGHT", "FULL") for later in joins[index + 1:])
+    return tree if not side and not nulled_later else None
+
+
+def _having_outside(inner: exp.Select, alias: str) -> exp.Expression | None:
+    """`inner`'s HAVING over outputs it selects for it (its aggregates and keys, under names of dpsql's own
+    where it does not select them already), read through `alias`; None where it reads another column."""
     named = {output.unalias().sql(): output_name(output) for output in inner.expressions}
     keys = {key.sql() for key in inner.args["group"].expressions}
     taken = set(named.values())
@@ -489,9 +523,8 @@ def having_of_source_as_where(tree: exp.Select) -> exp.Select:
 
     condition = inner.args["having"].this.transform(outside)
     if any(c.table != alias for c in condition.find_all(exp.Column)):
-        return written  # a column neither grouped by nor aggregated: PostgreSQL refuses it
-    inner.set("having", None)
-    return tree.where(condition, copy=False)
+        return None  # a column neither grouped by nor aggregated: PostgreSQL refuses it
+    return condition
 
 
 def shadowing_names_renamed(tree: exp.Select) -> exp.Select:
@@ -627,6 +660,13 @@ def derived_select(tree: exp.Select) -> exp.Select | None:
     """The grouped SELECT that `tree` reads FROM, as a subquery or a WITH query (None if it reads tables)."""
     source = _source_select(tree)
     return source if source is not None and source.args.get("group") else None
+
+
+def derived_sources(tree: exp.Select) -> dict[str, exp.Select]:
+    """The grouped SELECTs `tree` reads, by their aliases: the one it reads FROM alone, or those it joins."""
+    joined = joined_derived_selects(tree)
+    inner = derived_select(tree)
+    return joined if joined or inner is None else {tree.args["from_"].this.alias_or_name: inner}
 
 
 def joined_derived_selects(tree: exp.Select) -> dict[str, exp.Select]:

@@ -11,8 +11,9 @@ is
 The expression is a function of the subquery's row alone, so computing it on either side of the subquery gives the
 same rows. The subquery then holds bare aggregates, which the analysis bounds (a per-unit subquery: each clamped to
 what one unit can give), and the expression is judged where the query reads it (a CASE of constants is a key of
-public values). Only where the outer query reads the subquery alone and the expression reads columns only inside
-its aggregates; anything else is left as written.
+public values). The same for each grouped subquery the query joins (`FROM visits v JOIN (SELECT person_id, CASE WHEN
+SUM(amount) > 500 … END AS band …) t`). Only where the expression reads columns only inside its aggregates; anything
+else is left as written.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.sql.query import AGGREGATES, inside, replace_keeping_precedence
-from dpsql.sql.shape import derived_select, joined_derived_selects
+from dpsql.sql.shape import derived_sources
 
 HIDDEN = "dpsql_a"  # the names of the aggregates moved out of an expression
 
@@ -30,11 +31,7 @@ def aggregate_expressions_outside(tree: exp.Select) -> exp.Select:
     aggregates (not an aggregate itself) computed by `tree` from those aggregates instead."""
     if any(c.name.startswith(HIDDEN) for c in tree.find_all(exp.Column)):
         return tree
-    sources = joined_derived_selects(tree)
-    inner = derived_select(tree)
-    if inner is not None and not sources:
-        sources[tree.args["from_"].this.alias_or_name] = inner
-    for alias, select in sources.items():
+    for alias, select in derived_sources(tree).items():
         _moved_outside(tree, alias, select)
     return tree
 
