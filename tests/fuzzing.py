@@ -255,10 +255,16 @@ UNIT_SOURCES = [
     Source("people p JOIN states s ON s.code = p.state", ("p", "s")),
     Source("states s LEFT JOIN people p ON p.state = s.code", ("s", "p")),  # every state a key, even empty ones
     Source("visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id", ("v", "r")),
+    # per-unit subqueries joined to a unit's several rows: tables of one row per unit, their values clamped
+    Source("visits v JOIN (SELECT w.person_id, COUNT(*) AS n, SUM(w.amount) AS s FROM visits w "
+           "GROUP BY w.person_id) t ON t.person_id = v.person_id", ("v", "t")),
+    Source("(SELECT person_id, CASE WHEN COUNT(*) > 2 THEN 'many' ELSE 'few' END AS b, MAX(amount) AS m FROM visits "
+           "WHERE amount > 10 GROUP BY person_id HAVING SUM(amount) > 50) u RIGHT JOIN visits v "
+           "ON u.person_id = v.person_id", ("u", "v")),
 ]
-BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"]}
+BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"], "t": ["t.n", "t.s"], "u": ["u.m"]}
 UNBOUNDED = {"p": ["p.score", "p.balance"]}
-TEXT = {"p": ["p.state", "p.sex"], "v": ["v.category", "v.note"], "r": ["r.drug"], "s": ["s.region"]}
+TEXT = {"p": ["p.state", "p.sex"], "v": ["v.category", "v.note"], "r": ["r.drug"], "s": ["s.region"], "u": ["u.b"]}
 DATES = {"p": ["p.born", "p.seen"], "v": ["v.day"]}
 BOUNDED_DATES = {"p": ["p.born", "p.seen"]}
 UNIT_OF = {"p": "p.person_id", "v": "v.person_id"}
@@ -321,7 +327,8 @@ def _group_key(rng: random.Random, aliases: tuple[str, ...]) -> str | None:
         "v": ["v.category", "v.day", "date_trunc('month', v.day)", "EXTRACT(MONTH FROM v.day)", "v.note",
               "substring(v.note, 1, 2)", "lower(v.category)", "floor(extract(epoch from v.day) / 86400) * 86400",
               "to_char(v.day, 'IYYY-IW')"],
-        "r": ["r.drug"], "s": ["s.region"],
+        "r": ["r.drug"], "s": ["s.region"], "t": ["t.n", "CASE WHEN t.s > 200 THEN 'big' ELSE 'small' END"],
+        "u": ["u.b", "u.m > 100"],
     }
     return _pick(rng, pools, aliases)
 
