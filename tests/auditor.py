@@ -469,6 +469,10 @@ QUERY_CLASSES = [
                query("SELECT kind, a.n, b.n FROM (SELECT kind, COUNT(*) AS n FROM trips WHERE fare > 28 GROUP BY kind) "
                      "a FULL JOIN (SELECT kind, COUNT(*) AS n FROM trips WHERE fare <= 28 GROUP BY kind) b "
                      "USING (kind)"), 1),
+    QueryClass("a per-unit subquery joined to the unit's several rows: a segment's count and sum (stop 69)",
+               query("SELECT CASE WHEN t.n >= 3 THEN 'many' ELSE 'few' END, COUNT(*), SUM(r.fare) FROM trips r "
+                     "JOIN (SELECT person_id, COUNT(*) AS n FROM trips GROUP BY person_id HAVING SUM(fare) > 10) t "
+                     "ON t.person_id = r.person_id GROUP BY 1", rows_per_unit="auto"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
