@@ -350,6 +350,24 @@ def test_tableaus_month_truncated_toward_zero_releases_every_month(demo_schema, 
                        demo_schema).output_names == ("b", "count")
 
 
+@pytest.mark.parametrize(("key", "periods"), [
+    ("extract(epoch from day)", 31),  # Grafana's $__timeEpoch(day)
+    ("extract(epoch from date_trunc('day', day))", 31),
+    ("extract(epoch from date_trunc('week', day))::bigint * 1000", 5),  # a JavaScript time axis, in milliseconds
+])
+def test_grafanas_epoch_of_a_date_releases_every_period_of_its_bounds(engine, analyst, base_url, key, periods):
+    """EXTRACT(EPOCH FROM …) of a bounded date or of its truncation was a private key (partition selection: no
+    day released at 20,000 people) and, times 1000, refused as overflowing: its values are the epochs of the
+    periods the declared bounds (narrowed by the WHERE) hold, public, each as PostgreSQL computes it."""
+    sql = f"SELECT {key} AS time, COUNT(*) FROM visits WHERE day BETWEEN '2024-03-01' AND '2024-03-31' GROUP BY 1"
+    prepared = engine.prepare(sql)
+    assert not prepared.plan.partition_selection and len(prepared.plan.domain) == periods
+    with psycopg.connect(base_url) as conn:
+        exact = {row[0] for row in conn.execute(sql)}
+    assert exact <= {key[0] for key in prepared.plan.domain}
+    assert len(engine.query(sql, analyst=analyst, epsilon=1.0).rows) == periods
+
+
 def test_lookers_relative_dates_in_scalar_subqueries_of_constants_are_answered(demo_schema, engine, analyst):
     """Looker's "in the past 7 days" puts each end in a scalar subquery that reads no table, `(SELECT
     (DATE_TRUNC('day', CURRENT_TIMESTAMP AT TIME ZONE 'UTC') + (-6 || ' day')::INTERVAL))`: refused as "not one

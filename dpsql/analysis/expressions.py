@@ -55,6 +55,10 @@ TIME_CASTS = {exp.DataType.Type.DATE: "date", exp.DataType.Type.TIMESTAMP: "time
 EPOCH_TIMESTAMPS = (-210_866_803_200, 9_224_318_015_999)  # the seconds to_timestamp accepts (4714 BC to 294276 AD)
 TRUNC_UNITS = ("microseconds", "milliseconds", "second", "minute", "hour", "day", "week", "month", "quarter",
                "year", "decade", "century", "millennium")
+# the longest period of each date_trunc unit, in days: a period's start lies at most that far before a time in it
+PERIOD_DAYS = {"microseconds": 1, "milliseconds": 1, "second": 1, "minute": 1, "hour": 1, "day": 1, "week": 7,
+               "month": 31, "quarter": 92, "year": 366, "decade": 3_653, "century": 36_525, "millennium": 365_250}
+WHOLE_SECONDS = set(PERIOD_DAYS) - {"microseconds", "milliseconds"}  # periods that start on a whole second
 TIME_FIELDS = ("HOUR", "MINUTE")  # EXTRACT of these fails on a date (PostgreSQL 14+)
 MAX_BUCKETS = 100_000
 MAX_TEXT_POSITION = 2**30  # substring positions and lengths, like the longest text PostgreSQL stores
@@ -127,9 +131,12 @@ class Expressions:
         if isinstance(node, exp.AtTimeZone):  # the time read within its declared bounds: the shift cannot overflow
             node.set("this", self._clamped_times(node.this))
         if isinstance(node, exp.Extract):
-            declared = self._declared_epoch(node)
-            node.set("expression", clamp(node.expression, declared) if declared is not None
-                     else temporal_guard(node.expression, keep_infinite=False))
+            declared, truncated = self._declared_epoch(node), self._truncated_epoch(node)
+            if truncated is not None:  # the truncation of the column clamped to its bounds
+                node.expression.set("this", clamp(node.expression.this, truncated[0]))
+            else:
+                node.set("expression", clamp(node.expression, declared) if declared is not None
+                         else temporal_guard(node.expression, keep_infinite=False))
         elif isinstance(node, exp.TimestampTrunc | exp.DateTrunc | exp.TimeToStr):
             node.set("this", temporal_guard(node.this, keep_infinite=False))
         elif isinstance(node, exp.Cast) and node.to.this in TIMESTAMP_CASTS:
@@ -753,6 +760,13 @@ class Expressions:
         if declared is not None:  # the guard clamps the column to its declared bounds
             per_unit = 86_400 if declared.type == "date" else 1  # the bounds of a date are kept in days
             return Range(declared.lower * per_unit, declared.upper * per_unit, declared.type == "date")
+        truncated = self._truncated_epoch(node)
+        if truncated is not None:  # a period's start: at most one period before the clamped column, a day of time
+            # zones either side (a date truncates at its midnight in the session's zone)
+            column, unit = truncated
+            per_unit = 86_400 if column.type == "date" else 1
+            before = PERIOD_DAYS[unit] * 86_400 + 86_400
+            return Range(column.lower * per_unit - before, column.upper * per_unit + 86_400, unit in WHOLE_SECONDS)
         lo, hi = EXTRACT_RANGES[field]
         return Range(lo, hi, field != "EPOCH")  # seconds since 1970 have fractions
 
@@ -772,6 +786,20 @@ class Expressions:
         if nominal and column is not None and column.type not in ("date", "timestamp"):
             return None
         return column if column is not None and column.is_temporal and column.bounded else None
+
+    def _truncated_epoch(self, node: exp.Extract) -> tuple[Column, str] | None:
+        """For EXTRACT(EPOCH FROM date_trunc(unit, c)) of a date or timestamp column with declared bounds (Grafana's
+        and analysts' time axis of weeks, months), the column and the unit: the guard clamps the column inside
+        the truncation, so the period's start lies within a period of its bounds. None for anything else."""
+        operand = node.expression.unnest()
+        if node.this.name.upper() != "EPOCH" or not isinstance(operand, exp.TimestampTrunc | exp.DateTrunc):
+            return None
+        unit, inner = operand.args.get("unit"), operand.this
+        unit_name = unit.name.lower() if unit is not None else ""
+        column = self.column(inner) if isinstance(inner, exp.Column) else None
+        if unit_name not in PERIOD_DAYS or column is None or not column.is_temporal or not column.bounded:
+            return None
+        return column, unit_name
 
     def _range_length(self, node: exp.Length) -> Range:
         self.value_range(node.this)

@@ -34,6 +34,7 @@ import datetime
 import math
 import re
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from itertools import product
 
 from sqlglot import exp
@@ -51,6 +52,7 @@ from dpsql.sql.times import interval_step
 from dpsql.sql.to_char import finest_period, template_of, to_char
 
 CONTINUOUS_TYPES = {"double precision", "real"}  # as the schema names them
+INTEGER_CASTS = {exp.DataType.Type.BIGINT, exp.DataType.Type.INT, exp.DataType.Type.SMALLINT}
 
 
 def bound_groups(scope: Scope) -> None:
@@ -192,6 +194,12 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
             values = [b.args["true"].to_py() for b in node.args["ifs"]]
             values.append(default.to_py() if default is not None else None)
             return tuple(dict.fromkeys(values))
+    if isinstance(node, exp.Extract) and node.this.name.upper() == "EPOCH":
+        return _epoch_domain(key_domain(scope, node.expression.unnest(), None))
+    if isinstance(node, exp.Cast) and node.to.this in INTEGER_CASTS:  # (extract(epoch from …)::bigint)
+        whole = _whole_numbers(key_domain(scope, node.this.unnest(), None))
+        if whole is not None:
+            return whole
     stepped = _integer_domain(scope, node)
     if stepped is not None:
         return stepped
@@ -202,6 +210,29 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
     found = _period_domain(scope, node) if isinstance(node, exp.TimestampTrunc | exp.DateTrunc) \
         else _period_dates(scope, node) if _is_period_date(node) else _function_domain(scope, node)
     return found if found is not None else _listed_domain(scope, node)
+
+
+def _whole_numbers(values: tuple | None) -> tuple | None:
+    """The values as integers, where every one is a whole number (an epoch's seconds); else None."""
+    if values is None or not all(isinstance(v, int | Decimal) and not isinstance(v, bool) and v == int(v)
+                                 for v in values):
+        return None
+    return tuple(dict.fromkeys(int(v) for v in values))
+
+
+def _epoch_domain(times: tuple | None) -> tuple | None:
+    """EXTRACT(EPOCH FROM t) of each public time, as PostgreSQL computes it: a date's midnight and a timestamp's
+    wall time read as UTC, a timestamptz's instant; a whole number of seconds as an integer."""
+    if times is None or not all(isinstance(t, datetime.date) for t in times):
+        return None
+    seconds = []
+    for t in times:
+        if not isinstance(t, datetime.datetime):
+            t = datetime.datetime.combine(t, datetime.time())
+        elapsed = t - datetime.datetime(1970, 1, 1, tzinfo=None if t.tzinfo is None else datetime.UTC)
+        whole, micro = divmod(elapsed // datetime.timedelta(microseconds=1), 1_000_000)
+        seconds.append(whole if micro == 0 else Decimal(whole) + Decimal(micro) / 1_000_000)
+    return tuple(dict.fromkeys(seconds))
 
 
 def _is_period_date(node: exp.Expression) -> bool:
@@ -361,8 +392,8 @@ def _integer_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     constant = node.expression if isinstance(node, exp.Binary) else None
     if isinstance(constant, exp.Literal) and not constant.is_string and constant.this.isdigit():
         c = int(constant.this)
-        inner = _integer_domain(scope, node.this) if isinstance(node, exp.Mul | exp.Div | exp.Add | exp.Sub) \
-            else None
+        inner = (_integer_domain(scope, node.this) or _whole_numbers(key_domain(scope, node.this.unnest(), None))) \
+            if isinstance(node, exp.Mul | exp.Div | exp.Add | exp.Sub) else None
         if inner is not None and c != 0:
             if isinstance(node, exp.Mul):
                 return tuple(v * c for v in inner)
