@@ -321,6 +321,15 @@ def test_a_having_inside_a_per_unit_subquery_is_its_filter_outside(demo_schema):
     assert [m.sensitivity for m in having.measures] == [m.sensitivity for m in where.measures]
 
 
+def test_a_unit_s_first_value_of_a_declared_domain_keeps_the_domain_outside(demo_schema):
+    """MIN or MAX of a text column with declared values, per unit, is one of its values: outside, a key of those
+    values (a unit's first category), released without partition selection."""
+    p = plan("SELECT first_cat, COUNT(*) FROM (SELECT person_id, MIN(category) AS first_cat FROM visits "
+             "GROUP BY person_id) t GROUP BY 1", demo_schema)
+    assert [key[0] for key in p.domain] == list(demo_schema.tables["visits"].columns["category"].domain)
+    assert not p.partition_selection
+
+
 @pytest.mark.parametrize(("sql", "message"), [
     ("SELECT n, COUNT(*) FROM (SELECT category, COUNT(*) AS n FROM visits GROUP BY category) t GROUP BY n",
      "must GROUP BY the privacy unit alone"),

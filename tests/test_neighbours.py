@@ -268,6 +268,8 @@ QUERIES = [
     "GROUP BY person_id) t ON t.person_id = v.person_id AND v.day = t.last_day GROUP BY 1",
     "SELECT v.category, COUNT(*), AVG(t.n) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE amount > 100 "
     "GROUP BY person_id) t LEFT JOIN visits v ON t.person_id = v.person_id GROUP BY 1",
+    "SELECT t.top, COUNT(*), SUM(v.amount) FROM visits v JOIN (SELECT person_id, MAX(category) AS top FROM visits "
+    "GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1",  # a unit's last category, one of the declared
     "SELECT v.category, COUNT(*), AVG(t.total) FROM visits v LEFT JOIN (SELECT person_id, SUM(amount) AS total "
     "FROM visits GROUP BY person_id HAVING COUNT(*) > 3) t ON t.person_id = v.person_id GROUP BY 1",
     "SELECT v.category, COUNT(*), SUM(t.s) FROM visits v LEFT JOIN (SELECT w.person_id, SUM(r.cost) AS s "

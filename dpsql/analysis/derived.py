@@ -296,6 +296,13 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int,
         most = k if values is None else min(k, values)
         return clamp_to(node, 0, most, "integer"), Column(name, "bigint", 0.0, float(most),
                                                           unit_total=float(k) if within else None)
+    if kind in ("min", "max") and declared is not None and declared.domain is not None and all(
+            isinstance(v, str) for v in declared.domain):
+        # a unit's first or last category (in the database's order): one of its values, so outside one of the
+        # declared ones (a value the data holds beyond them is never released as a key)
+        guarded = node.copy()
+        guarded.set("this", scope.exprs.guard(argument))
+        return guarded, Column(name, "text", domain=declared.domain)
     if kind in ("min", "max") and declared is not None and declared.is_temporal and declared.bounded:
         # a unit's first or last date (a cohort): within the column's declared bounds, clamped to them
         guarded = node.copy()
