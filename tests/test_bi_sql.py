@@ -73,6 +73,11 @@ def test_refusals_name_the_function_the_user_wrote(demo_schema, sql, named):
     ("(SELECT COUNT(*) FROM visits WHERE person_id = p.person_id AND category = 'lab') > 2",
      "p.person_id IN (SELECT v.person_id FROM visits v WHERE v.category = 'lab' GROUP BY v.person_id "
      "HAVING COUNT(*) > 2)"),
+    # the key of a grouped subquery filtered on its outputs: those outputs' aggregates in its HAVING
+    ("p.person_id IN (SELECT t.person_id FROM (SELECT v.person_id, COUNT(*) AS n, SUM(amount) AS s FROM visits v "
+     "GROUP BY 1) t WHERE t.n > 5 AND s < 100)",
+     "p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id "
+     "HAVING COUNT(*) > 5 AND SUM(amount) < 100)"),
 ])
 def test_a_correlated_cohort_is_the_in_cohort(demo_schema, correlated, cohort):
     sql = "SELECT COUNT(*), AVG(age) FROM people p WHERE {}"

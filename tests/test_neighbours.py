@@ -299,6 +299,8 @@ QUERIES = [
     "AND v.category = 'lab') < 2",  # holds for no rows: the complement of those with 2 or more
     "SELECT category, COUNT(*) FROM visits w WHERE 1000 < (SELECT SUM(amount) FROM visits v "
     "WHERE v.person_id = w.person_id) GROUP BY category",
+    "SELECT category, COUNT(*) FROM visits w WHERE w.person_id NOT IN (SELECT t.person_id FROM (SELECT person_id, "
+    "COUNT(*) AS n FROM visits GROUP BY 1) t WHERE t.n > 3) GROUP BY 1",  # a grouped subquery's WHERE: its HAVING
     "SELECT COUNT(*) FROM people p WHERE EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id "
     "GROUP BY v.person_id HAVING COUNT(*) > 5)",
     # keys alone, without an aggregate (a BI tool's filter list): released by partition selection on the units

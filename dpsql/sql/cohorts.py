@@ -3,7 +3,10 @@
 
 - `(SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id) > 5` is
   `p.person_id IN (SELECT v.person_id FROM visits v GROUP BY v.person_id HAVING COUNT(*) > 5)`;
-- `EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id GROUP BY v.person_id HAVING …)` is the same IN.
+- `EXISTS (SELECT 1 FROM visits v WHERE v.person_id = p.person_id GROUP BY v.person_id HAVING …)` is the same IN;
+- `x IN (SELECT t.person_id FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t WHERE t.n > 5)`
+  is `x IN (SELECT person_id FROM visits GROUP BY person_id HAVING COUNT(*) > 5)`: the WHERE over the grouped
+  subquery's outputs keeps the groups its HAVING would.
 
 A unit with no rows in the subquery is in no group: its COUNT is 0 and any other aggregate NULL. Where the
 comparison holds for that empty set (`(SELECT COUNT(*) …) < 3`), the cohort is the complement,
@@ -38,6 +41,55 @@ def correlated_cohorts_as_in(tree: exp.Select) -> exp.Select:
         if spelled is not None:
             node.replace(spelled)
     return tree
+
+
+def filtered_cohorts_as_having(tree: exp.Select) -> exp.Select:
+    """Each IN subquery of `tree`'s own WHERE that selects the key of a grouped subquery, filtered by a WHERE on
+    its outputs, spelled as that grouped subquery with the filter as its HAVING."""
+    where = tree.args.get("where")
+    for node in list(where.find_all(exp.In)) if where is not None else []:
+        query = node.args.get("query")
+        if node.parent_select is tree and isinstance(query, exp.Subquery) and isinstance(query.this, exp.Select):
+            spelled = _having_cohort(query.this)
+            if spelled is not None:
+                query.set("this", spelled)
+    return tree
+
+
+def _having_cohort(select: exp.Select) -> exp.Select | None:
+    """`SELECT t.c FROM (SELECT c, … FROM … GROUP BY c) t WHERE cond` as `SELECT c FROM … GROUP BY c HAVING cond`
+    (cond over the inner outputs, spelled as their expressions); None for any other shape."""
+    source = select.args["from_"].this if select.args.get("from_") else None
+    if not isinstance(source, exp.Subquery) or not isinstance(source.this, exp.Select) or len(select.expressions) != 1 \
+            or any(select.args.get(k) for k in ("joins", "group", "having", "order", "limit", "distinct", "with_")):
+        return None
+    inner, alias = source.this, source.alias_or_name
+    group = inner.args.get("group")
+    if group is None or len(group.expressions) != 1 or inner.find(exp.Window, exp.Subquery) or any(
+            inner.args.get(k) for k in ("order", "limit", "offset", "distinct", "with_")):
+        return None
+    outputs = {item.alias_or_name: item.unalias() for item in inner.expressions}
+    key = group.expressions[0]
+    if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(inner.expressions):
+        key = inner.expressions[int(key.this) - 1].unalias()  # GROUP BY 1
+    returned = select.expressions[0].unalias()
+    condition = select.args["where"].this if select.args.get("where") else None
+    columns = [returned, *(condition.find_all(exp.Column) if condition is not None else [])]
+    if not isinstance(returned, exp.Column) or any(c.table not in ("", alias) or c.name not in outputs
+                                                   for c in columns) \
+            or outputs[returned.name] != key:
+        return None
+    if condition is not None and condition.find(exp.Subquery, exp.Exists):
+        return None
+    spelled = inner.copy()
+    spelled.set("expressions", [key.copy()])
+    spelled.set("group", exp.Group(expressions=[key.copy()]))
+    if condition is not None:
+        filtered = condition.copy().transform(
+            lambda n: outputs[n.name].copy() if isinstance(n, exp.Column) else n)
+        having = spelled.args.get("having")
+        spelled.set("having", exp.Having(this=filtered if having is None else exp.and_(having.this, filtered)))
+    return spelled
 
 
 def _exists_cohort(node: exp.Exists) -> exp.Expression | None:
