@@ -341,6 +341,14 @@ NARROWED = [
                                                          "vaccination"]),
     ("(category LIKE 'p%' OR amount > 3)", ["checkup", "dental", "emergency", "lab", "pharmacy", "physio",
                                             "specialist", "vaccination"]),  # not a condition on the key alone
+    # ORs of equalities, negated or not, and Metabase's "is not" (the key's NULL passes too)
+    ("NOT (category = 'lab' OR category IN ('dental', 'physio'))", ["checkup", "emergency", "pharmacy",
+                                                                    "specialist", "vaccination"]),
+    ("category = 'lab' OR 'dental' = category", ["dental", "lab"]),
+    ("(category <> 'lab' OR category IS NULL)", ["checkup", "dental", "emergency", "pharmacy", "physio",
+                                                 "specialist", "vaccination"]),
+    ("(category <> 'lab' OR category = 'dental')", ["checkup", "dental", "emergency", "lab", "pharmacy", "physio",
+                                                    "specialist", "vaccination"]),  # an OR with a negation: all
 ]
 
 

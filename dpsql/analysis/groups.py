@@ -276,7 +276,7 @@ def _listed_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     kind = "text" if text_key(scope.exprs, node) else "integer" if _integer_key(scope, node) else \
         "date" if scope.exprs.time_type(node) == "date" else None
     wanted = {"text": str, "integer": int, "date": datetime.date}.get(kind)
-    for negated, values in _key_conditions(scope, node) if kind is not None else []:
+    for negated, values, _ in _key_conditions(scope, node) if kind is not None else []:
         if not negated and values and all(v is None or type(v) is wanted for v in values) \
                 and len(values) <= MAX_DOMAIN:
             return tuple(dict.fromkeys(v for v in values if v is not None))
@@ -573,13 +573,14 @@ def _every_group(scope: Scope, keys: list[GroupKey]) -> str:
 def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
     """The values of `domain` that the WHERE's conditions on the key itself admit (PostgreSQL's equality of the
     key's values with the constants: exact for text, by value for numbers and booleans)."""
-    for negated, values in _key_conditions(scope, node):
+    for negated, values, with_null in _key_conditions(scope, node):
         if any(v is _UNKNOWN or not _comparable(v, domain) for v in values):
             continue
         listed = [v for v in values if v is not None]
-        if negated and len(listed) < len(values):  # NOT IN with a NULL, or <> NULL: no row passes
-            return ()
-        domain = tuple(v for v in domain if v is not None and (v in listed) != negated)
+        if negated and len(listed) < len(values):  # NOT IN with a NULL, or <> NULL: no row passes but a NULL key's
+            return tuple(v for v in domain if v is None and with_null)
+        domain = tuple(v for v in domain if (v is None and with_null)
+                       or (v is not None and (v in listed) != negated))
     for negated, matches in _key_patterns(scope, node):
         if all(isinstance(v, str) and v.isascii() for v in domain if v is not None):
             domain = tuple(v for v in domain if v is not None and matches(v) != negated)
@@ -630,26 +631,45 @@ def _pattern_test(text: str, test: exp.Expression) -> Callable[[str], bool] | No
     return lambda v: (regex.fullmatch(shown(v)) is not None) != negated
 
 
-def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list]]:
-    """(negated, the constants' values) of each WHERE conjunct that compares the key itself with constants: `k = c`,
-    `k <> c`, `k IN (...)`, `NOT k IN (...)`, the key on either side of an equality."""
+def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list, bool]]:
+    """(negated, the constants' values, whether NULL passes) of each WHERE conjunct that compares the key itself
+    with constants: `k = c`, `k <> c`, `k IN (...)`, `NOT k IN (...)`, the key on either side of an equality; an
+    OR of such matches (`NOT (k = 'a' OR k = 'b')`); and either with `OR k IS NULL` (Metabase's "is not":
+    `k <> 'lab' OR k IS NULL`, which keeps the NULL key)."""
     text = to_sql(node)
     found = []
     for negated, test in _conjuncts(scope):
-        if isinstance(test, exp.EQ | exp.NEQ):
-            sides = [test.this.unnest(), test.expression.unnest()]
-            key, constants = (sides[0], [sides[1]]) if to_sql(sides[0]) == text else (sides[1], [sides[0]])
-            negated ^= isinstance(test, exp.NEQ)
-        elif isinstance(test, exp.In) and not test.args.get("query"):
-            key, constants = test.this.unnest(), test.expressions
-        elif _in_is_true(test):  # (k IN (...)) IS TRUE: a NULL among the constants matches nothing
-            listed = test.this.unnest()
-            key, constants = listed.this.unnest(), [c for c in listed.expressions if not isinstance(c, exp.Null)]
-        else:
+        disjuncts = [d.unnest() for d in _disjuncts(test)]
+        compared = [_compared(text, d) for d in disjuncts if not _is_null_test(text, d)]
+        with_null = len(compared) < len(disjuncts) and not negated
+        if not compared or any(c is None for c in compared):
             continue
-        if to_sql(key) == text:
-            found.append((negated, [_constant_value(c) for c in constants]))
+        if len(compared) == 1:
+            found.append((negated ^ compared[0][0], compared[0][1], with_null))
+        elif not any(inverted for inverted, _ in compared):
+            found.append((negated, [v for _, values in compared for v in values], with_null))
     return found
+
+
+def _is_null_test(text: str, node: exp.Expression) -> bool:
+    return isinstance(node, exp.Is) and isinstance(node.expression, exp.Null) and to_sql(node.this.unnest()) == text
+
+
+def _compared(text: str, test: exp.Expression) -> tuple[bool, list] | None:
+    """(negated, the constants' values) where `test` compares the key (spelled `text`) with constants; else None."""
+    negated = False
+    if isinstance(test, exp.EQ | exp.NEQ):
+        sides = [test.this.unnest(), test.expression.unnest()]
+        key, constants = (sides[0], [sides[1]]) if to_sql(sides[0]) == text else (sides[1], [sides[0]])
+        negated = isinstance(test, exp.NEQ)
+    elif isinstance(test, exp.In) and not test.args.get("query"):
+        key, constants = test.this.unnest(), test.expressions
+    elif _in_is_true(test):  # (k IN (...)) IS TRUE: a NULL among the constants matches nothing
+        listed = test.this.unnest()
+        key, constants = listed.this.unnest(), [c for c in listed.expressions if not isinstance(c, exp.Null)]
+    else:
+        return None
+    return (negated, [_constant_value(c) for c in constants]) if to_sql(key) == text else None
 
 
 def _in_is_true(node: exp.Expression) -> bool:
