@@ -89,7 +89,9 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     the first part where it is not a NULL a grouping set put there; noisy where any part's is. After scalar
     subqueries, the last part's."""
     if composition is not None and composition.values_present is not None:
-        return [composition.values_present], ["int8"], [True]
+        keys = parts[0].outputs[:composition.values_keys]
+        return ([o.name for o in keys] + [composition.values_present], [o.type_name for o in keys] + ["int8"],
+                [False] * len(keys) + [True])
     if composition is not None and composition.outer is not None:
         return outer_columns(composition.outer, parts[0].outputs)
     if composition is not None and composition.joined_outer is not None:
@@ -114,7 +116,7 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
     the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs. A COUNT(DISTINCT c) over a
     declared domain is counted from its one part's rows."""
     if composition.values_present is not None:
-        return _values_present(composition.values_present, answers[0])
+        return _values_present(composition, answers[0])
     names, types, noisy = columns_of(parts, composition)
     if composition.booleans:
         return _decided(composition.booleans, replace(answers[0], names=names, types=types, noisy=noisy))
@@ -321,20 +323,30 @@ def _decided(booleans: tuple[tuple[int, bool], ...], counts: Answer) -> Answer:
                    explained=tuple(counts.names[i] for i, _ in booleans))
 
 
-def _values_present(name: str, counts: Answer) -> Answer:
-    """COUNT(DISTINCT c) over a declared domain, from the noisy count of units per declared value: the values
-    whose 95% interval lies above zero (post-processing). A value held by a few units may be missed; a value held
-    by none is counted with probability about 2.5%."""
-    present = sum(1 for accuracy in counts.accuracy if accuracy[1] is not None and (accuracy[1].ci_low or 0) > 0)
+def _values_present(composition: Composition, counts: Answer) -> Answer:
+    """COUNT(DISTINCT c) over a declared domain, from the noisy count of units per declared value (and group of the
+    keys before it): the values whose 95% interval lies above zero (post-processing). A value held by a few units
+    may be missed; a value held by none is counted with probability about 2.5%."""
+    keys = composition.values_keys
+    present: dict[tuple, int] = {}
+    for row, accuracy in zip(counts.rows, counts.accuracy, strict=True):
+        interval = accuracy[keys + 1]
+        present[tuple(row[:keys])] = present.get(tuple(row[:keys]), 0) + int(
+            interval is not None and (interval.ci_low or 0) > 0)
+    if not keys:
+        present = {(): present.get((), 0)}
     note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
-            f"(each count ±{_halfwidth(counts):.3g}); values held by fewer units may be missed, so the count leans low")
-    return replace(counts, names=[name], types=["int8"], rows=[(present,)], accuracy=[(None,)], noisy=[True],
-                   explained=(name,),
-                   notes=[*counts.notes, note])
+            f"(each count ±{_halfwidth(counts, keys + 1):.3g}); values held by fewer units may be missed, so the count "
+            "leans low")
+    return replace(counts, names=[*counts.names[:keys], composition.values_present],
+                   types=[*counts.types[:keys], "int8"], rows=[(*k, n) for k, n in present.items()],
+                   accuracy=[(None,) * (keys + 1)] * len(present), noisy=[False] * keys + [True],
+                   explained=(composition.values_present,), notes=[*counts.notes, note])
 
 
-def _halfwidth(counts: Answer) -> float:
-    accuracy = next((a[1] for a in counts.accuracy if a[1] is not None and a[1].ci_high is not None), None)
+def _halfwidth(counts: Answer, column: int) -> float:
+    accuracy = next((a[column] for a in counts.accuracy if a[column] is not None and a[column].ci_high is not None),
+                    None)
     return 0.0 if accuracy is None else (accuracy.ci_high - accuracy.ci_low) / 2
 
 

@@ -473,6 +473,9 @@ QUERY_CLASSES = [
                query("SELECT CASE WHEN t.n >= 3 THEN 'many' ELSE 'few' END, COUNT(*), SUM(r.fare) FROM trips r "
                      "JOIN (SELECT person_id, COUNT(*) AS n FROM trips GROUP BY person_id HAVING SUM(fare) > 10) t "
                      "ON t.person_id = r.person_id GROUP BY 1", rows_per_unit="auto"), 1),
+    QueryClass("declared values present per group, from units per (key, value) (stop 69)",
+               query("SELECT p.state, COUNT(DISTINCT t.kind) FROM trips t JOIN people p USING (person_id) "
+                     "GROUP BY 1"), 1, delta=DELTA),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both

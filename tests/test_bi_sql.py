@@ -104,6 +104,25 @@ def test_approx_count_distinct_of_a_declared_column_counts_the_values_present(en
     assert approx.parts == exact.parts and approx.values_present == "approx_count_distinct"
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT p.sex, COUNT(DISTINCT v.category) FROM visits v JOIN people p USING (person_id) GROUP BY 1",
+    "SELECT sex AS s, approx_count_distinct(category) AS kinds FROM people JOIN visits USING (person_id) GROUP BY sex",
+])
+def test_declared_values_present_per_group_are_counted_from_units_per_value(engine, analyst, base_url, sql):
+    """COUNT(DISTINCT c) of a declared domain by a key is the values present per group, read off one noisy count of
+    units per (key, value): each person reaches at most the 8 categories of their sex, not the 366 a plain
+    COUNT(DISTINCT) bounds it by (+300% at 20,000 people)."""
+    composition, _ = engine.prepare_parts(sql)
+    assert composition.values_present is not None and composition.values_keys == 1
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    with psycopg.connect(base_url) as conn:  # (PostgreSQL has no approx_count_distinct: the same count)
+        cursor = conn.execute(sql.replace("approx_count_distinct(category)", "COUNT(DISTINCT category)"))
+        exact, names = dict(cursor.fetchall()), [column.name for column in cursor.description]
+    assert answer.names == names and answer.types == ["text", "int8"]
+    assert {key for key, _ in answer.rows} == set(exact)
+    assert all(exact[key] - 2 <= present <= exact[key] for key, present in answer.rows)
+
+
 def test_a_limit_that_cannot_cut_is_a_row_limit_not_a_top_k(demo_schema, engine, analyst):
     superset = ("SELECT category AS category, COUNT(*) AS count FROM public.visits GROUP BY category "
                 "ORDER BY count DESC LIMIT 10000")
