@@ -934,6 +934,8 @@ def test_a_units_sums_weighed_down_to_a_total_move_within_their_sensitivities_ho
     ("EXTRACT(QUARTER FROM day), EXTRACT(MONTH FROM day)", "WHERE day >= '2024-04-01'", 9),
     ("EXTRACT(YEAR FROM day), EXTRACT(WEEK FROM day)", "", 53),  # week 53 is no 2024 day's: every pair, as before
     ("EXTRACT(YEAR FROM day), to_char(day, 'YYYY-MM')", "WHERE day < '2024-03-01'", 2),
+    ("date_trunc('month', day)::date, to_char(day, 'Mon')", "", 12),  # a period's first day, read in Python
+    ("date_trunc('quarter', day)::date, EXTRACT(QUARTER FROM day)", "WHERE day >= '2024-04-01'", 3),
 ])
 def test_keys_of_one_date_column_release_the_combinations_its_days_give(engine, base_url, keys, where, cells):
     """Keys that are all functions of one date column (a month's name beside its number, to order by) release

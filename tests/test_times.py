@@ -136,6 +136,25 @@ def test_to_char_of_a_released_time_is_postgresql_s(base_url):
                 assert to_char(time, template_of(node)) == expected.fetchone()[0], (written, time)
 
 
+def test_a_period_s_first_day_computed_in_python_is_postgresql_s(base_url):
+    """date_trunc(unit, d)::date, read in Python to find the key combinations a date column's days give: for every
+    unit and dates across leap days, year, decade, century and millennium ends, PostgreSQL's own day."""
+    import datetime
+
+    from dpsql.postprocess.evaluate import PERIOD_STARTS, evaluate
+    from dpsql.sql.parse import parse_select
+
+    days = [datetime.date(2024, 2, 29), datetime.date(2024, 12, 30), datetime.date(2000, 1, 1),
+            datetime.date(2001, 1, 1), datetime.date(1999, 12, 31), datetime.date(2100, 6, 15),
+            datetime.date(2023, 1, 1), datetime.date(1901, 1, 1)]
+    with psycopg.connect(base_url) as conn:
+        for unit in PERIOD_STARTS:
+            node = parse_select(f"SELECT date_trunc('{unit}', day)::date FROM visits").expressions[0]
+            for day in days:
+                expected = conn.execute(f"SELECT date_trunc('{unit}', %s::date)::date", (day,)).fetchone()[0]
+                assert evaluate(node, {"day": day}) == expected, (unit, day)
+
+
 def test_to_char_of_a_released_key_is_post_processing(engine, analyst, base_url):
     """Metabase and Superset label a month as text over the key they group by; the label is computed from the
     released key, so the months are the declared domain's, and each label is PostgreSQL's for its month."""

@@ -47,6 +47,31 @@ def _time_cast(value: datetime.date, to: exp.DataType.Type) -> datetime.date:
     return value.replace(tzinfo=None)
 
 
+def _period_start(node: exp.TimestampTrunc | exp.DateTrunc, value: Any) -> datetime.date | None:
+    """`date_trunc(unit, value)::date`: the first day of the value's period (a timestamptz's in the session's zone,
+    which the released value carries; a date's own), as PostgreSQL computes it."""
+    if value is None:
+        return None
+    unit = node.args["unit"].name.lower() if node.args.get("unit") is not None else ""
+    day = value.date() if isinstance(value, datetime.datetime) else value
+    if not isinstance(day, datetime.date) or unit not in PERIOD_STARTS:
+        raise UnsupportedQuery(f"{to_sql(node)} cannot be computed after noise", "truncate a date by day, week, "
+                               "month, quarter, year, decade, century or millennium")
+    return PERIOD_STARTS[unit](day)
+
+
+PERIOD_STARTS: dict[str, Callable[[datetime.date], datetime.date]] = {
+    **dict.fromkeys(("microseconds", "milliseconds", "second", "minute", "hour", "day"), lambda d: d),
+    "week": lambda d: d - datetime.timedelta(days=d.weekday()),  # ISO weeks start on Monday
+    "month": lambda d: d.replace(day=1),
+    "quarter": lambda d: datetime.date(d.year, (d.month - 1) // 3 * 3 + 1, 1),
+    "year": lambda d: datetime.date(d.year, 1, 1),
+    "decade": lambda d: datetime.date(d.year - d.year % 10, 1, 1),
+    "century": lambda d: datetime.date((d.year - 1) // 100 * 100 + 1, 1, 1),
+    "millennium": lambda d: datetime.date((d.year - 1) // 1000 * 1000 + 1, 1, 1),
+}
+
+
 def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
     """to_char of a released date or time (a group key) or of a noisy number (`to_char(SUM(x), 'FM999,990')`:
     text, so it has no interval). A time Python cannot hold arrives as PostgreSQL's text ('infinity', whose
@@ -243,6 +268,9 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
             if value is not None:
                 return value
         return None
+    if isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.DATE \
+            and isinstance(node.this.unnest(), exp.TimestampTrunc | exp.DateTrunc):
+        return _period_start(node.this.unnest(), evaluate(node.this.unnest().this, env))
     if isinstance(node, exp.Cast):
         value = evaluate(node.this, env)
         if value is None:
