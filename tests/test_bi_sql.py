@@ -1977,6 +1977,11 @@ def test_every_unit_s_row_left_joined_to_a_per_unit_subquery_reads_null_where_it
     "SELECT p.sex, COUNT(t.n) FROM people p LEFT JOIN (SELECT v.person_id, COUNT(*) AS n FROM visits v "
     "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.person_id) t ON t.person_id = p.person_id "
     "GROUP BY 1",
+    # Metabase's saved question joined, ordered without a limit: the order changes nothing the query aggregates
+    'SELECT "Question 1"."n" AS "Question 1__n", COUNT(*) AS "count" FROM "public"."visits" LEFT JOIN (SELECT '
+    '"public"."visits"."person_id" AS "person_id", COUNT(*) AS "n" FROM "public"."visits" GROUP BY '
+    '"public"."visits"."person_id" ORDER BY "public"."visits"."person_id" ASC) AS "Question 1" '
+    'ON "public"."visits"."person_id" = "Question 1"."person_id" GROUP BY "Question 1"."n"',
     # its HAVING, a filter of its rows in the ON of the join that reads it (a group dropped is one it never had)
     "SELECT v.category, COUNT(t.total) FROM visits v LEFT JOIN (SELECT person_id, SUM(amount) AS total FROM visits "
     "GROUP BY person_id HAVING COUNT(*) > 3) t ON t.person_id = v.person_id GROUP BY 1",

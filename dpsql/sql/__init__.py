@@ -51,6 +51,7 @@ from dpsql.sql.shape import (
     joined_derived_selects,
     left_as_substring,
     logs_as_ln,
+    order_of_aggregated_sources_dropped,
     percentiles_as_arrays,
     projection_over_aggregates,
     regressions_as_moments,
@@ -95,6 +96,7 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 SPELLINGS: tuple[Rule, ...] = (
     _tree_only(fetch_as_limit),
     _tree_only(empty_grouping_dropped),
+    _tree_only(order_of_aggregated_sources_dropped),
     _tree_only(constant_subqueries_inlined),
     _tree_only(any_as_in),
     lambda tree, context: fold_times(tree, context.now, context.schema),

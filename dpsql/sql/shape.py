@@ -50,6 +50,23 @@ def empty_grouping_dropped(tree: exp.Select) -> exp.Select:
     return tree
 
 
+def order_of_aggregated_sources_dropped(tree: exp.Select) -> exp.Select:
+    """The ORDER BY of a subquery in FROM or JOIN without LIMIT or OFFSET, where the query reading it aggregates
+    (Metabase orders a saved question it joins, `LEFT JOIN (SELECT person_id, COUNT(*) AS n … GROUP BY person_id
+    ORDER BY person_id ASC) AS "Question 1"`): it orders rows that are then grouped or summed, which PostgreSQL
+    reads in any order, so it changes nothing."""
+    if not any(e.find(*AGGREGATES) for e in tree.expressions) or tree.find(exp.Window):
+        return tree
+    sources = [tree.args["from_"].this] if tree.args.get("from_") else []
+    for source in [*sources, *(join.this for join in tree.args.get("joins") or [])]:
+        select = source.this if isinstance(source, exp.Subquery) else None
+        if isinstance(select, exp.Select) and select.args.get("order") and not any(
+                select.args.get(k) for k in ("limit", "offset", "fetch", "distinct")) \
+                and not select.find(exp.Window):
+            select.set("order", None)
+    return tree
+
+
 def fetch_as_limit(tree: exp.Select) -> exp.Select:
     """`FETCH FIRST n ROWS ONLY` (the standard's spelling, which Tableau and DBeaver send) is `LIMIT n`; with no n it
     is one row. WITH TIES, whose rows depend on ties among released values, is left as written (refused).
