@@ -2017,6 +2017,8 @@ def test_a_per_unit_subquery_joined_to_a_unit_s_rows_is_a_table_of_one_row_per_u
      "ON t.category = v.category", "must GROUP BY the privacy unit"),
     ("SELECT v.category, COUNT(*) FROM (SELECT person_id, SUM(amount) AS total FROM visits GROUP BY person_id "
      "HAVING COUNT(*) > 3) t LEFT JOIN visits v ON t.person_id = v.person_id GROUP BY 1", "may not have HAVING"),
+    ("SELECT s.region, COUNT(*) FROM people p JOIN (SELECT code, MIN(region) AS region FROM states GROUP BY code) s "
+     "ON s.code = p.state GROUP BY 1", "reads only public tables"),
 ])
 def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, refused):
     """Joined to other rows, a subquery must hold one row per unit, matched on the unit: another key would join a

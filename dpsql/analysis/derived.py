@@ -61,6 +61,10 @@ def _bound_joined_subqueries(scope: Scope) -> None:
         if scope.schema.row_level:
             raise UnsupportedQuery(f"subquery {alias} is joined to other tables, which row-level privacy cannot "
                                    "bound", f"read {alias} alone in FROM, or join its tables inside it")
+        if all(scope.schema.tables[t.name].public for t in select.find_all(exp.Table) if t.name in scope.schema.tables):
+            raise UnsupportedQuery(f"subquery {alias} reads only public tables, which dpsql joins as tables, not as "
+                                   "grouped subqueries", "join the public table itself and group the outer query, e.g. "
+                                   "JOIN states s ON s.code = p.state … GROUP BY s.region")
         table, bounded, unit_rows = _per_unit_table(_inner_scope(scope, select), alias)
         if not unit_rows:
             raise UnsupportedQuery(f"subquery {alias} is joined to other tables, so it must GROUP BY the unit "
