@@ -268,6 +268,10 @@ QUERIES = [
     "GROUP BY person_id) t ON t.person_id = v.person_id AND v.day = t.last_day GROUP BY 1",
     "SELECT v.category, COUNT(*), AVG(t.n) FROM (SELECT person_id, COUNT(*) AS n FROM visits WHERE amount > 100 "
     "GROUP BY person_id) t LEFT JOIN visits v ON t.person_id = v.person_id GROUP BY 1",
+    "SELECT v.category, COUNT(*), AVG(COALESCE(r.n, 0)), SUM(r.c) FROM visits v LEFT JOIN (SELECT visit_id, "
+    "COUNT(*) AS n, SUM(cost) AS c FROM prescriptions GROUP BY visit_id) r ON r.visit_id = v.visit_id GROUP BY 1",
+    "SELECT r.n, COUNT(*) FROM visits v JOIN (SELECT visit_id, COUNT(*) AS n FROM prescriptions GROUP BY visit_id) r "
+    "ON r.visit_id = v.visit_id GROUP BY 1",
     "SELECT t.top, COUNT(*), SUM(v.amount) FROM visits v JOIN (SELECT person_id, MAX(category) AS top FROM visits "
     "GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1",  # a unit's last category, one of the declared
     "SELECT v.category, COUNT(*), AVG(t.total) FROM visits v LEFT JOIN (SELECT person_id, SUM(amount) AS total "

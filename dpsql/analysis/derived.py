@@ -28,6 +28,7 @@ from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, Table
 from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, joined_derived_selects, to_sql
+from dpsql.sql.shape import tables_read
 
 
 def bound_subquery(scope: Scope) -> None:
@@ -66,14 +67,67 @@ def _bound_joined_subqueries(scope: Scope) -> None:
                                    "grouped subqueries", "join the public table itself and group the outer query, e.g. "
                                    "JOIN states s ON s.code = p.state … GROUP BY s.region")
         table, bounded, unit_rows = _per_unit_table(_inner_scope(scope, select), alias)
-        if not unit_rows:
-            raise UnsupportedQuery(f"subquery {alias} is joined to other tables, so it must GROUP BY the unit "
-                                   "alone", f"group {alias} by the unit's column alone, or read it alone in FROM")
+        if unit_rows:
+            scope.unique = scope.unique | {(alias, table.unit_column)}
+            scope.notes.append(f"subquery {alias}: one row per unit, its values bounded by what the unit's rows "
+                               "can give")
+        else:
+            _link_to_unit(scope, alias, table, select)
         scope.aliases[alias] = table
-        scope.unique = scope.unique | {(alias, table.unit_column)}
         scope.bounded_joins[alias] = _aliased(bounded, alias)
-        scope.notes.append(f"subquery {alias}: one row per unit, its values bounded by what the unit's rows "
-                           "can give")
+
+
+def _link_to_unit(scope: Scope, alias: str, table: Table, select: exp.Select) -> None:
+    """A joined subquery grouped by a key that fixes one unit's row (prescriptions per visit, `JOIN (SELECT visit_id,
+    COUNT(*) AS n FROM prescriptions GROUP BY visit_id) r ON r.visit_id = v.visit_id`): one row per key, each of
+    one unit's rows. Joined on that key to the row it names (the parent's key, or the same unique column), the row
+    it meets is of the same unit, so the join also holds `r.<unit> = v.<unit>`, which the analysis needs to tie
+    the two, and is added to its ON; its keys, the unit's among them, are unique. Refused for any other join."""
+    targets = _fixing_keys(scope, select)
+    sources = {t.alias_or_name: scope.schema.tables.get(t.name) for t in tables_read(scope.tree)}
+    names = {t.alias_or_name: t.name for t in tables_read(scope.tree)}
+    joins = scope.tree.args.get("joins") or []
+    reading = next((j for j in joins if j.this.alias_or_name == alias), joins[0] if joins else None)
+    on = reading.args.get("on") if reading is not None else None
+    for condition in on.flatten() if isinstance(on, exp.And) else [on] if on is not None else []:
+        sides = [condition.this, condition.expression] if isinstance(condition, exp.EQ) else []
+        if not all(isinstance(side, exp.Column) for side in sides):
+            continue
+        for mine, other in (sides, sides[::-1]):
+            held = sources.get(other.table)
+            if mine.table == alias and targets.get(mine.name) == (names.get(other.table), other.name) \
+                    and held is not None and held.unit_column is not None and not held.public:
+                link = exp.column(table.unit_column, table=alias).eq(exp.column(held.unit_column, table=other.table))
+                keys = {item.alias_or_name for item in select.expressions if not item.unalias().find(*AGGREGATES)}
+                scope.unit_links[reading.this.alias_or_name] = link
+                scope.unique_sets = scope.unique_sets | {(alias, frozenset(keys | {table.unit_column}))}
+                scope.notes.append(f"subquery {alias}: one row per {mine.name}, each of one unit's rows; joined on "
+                                   f"it, {to_sql(link)}")
+                return
+    raise UnsupportedQuery(f"subquery {alias} is joined to other tables, so it must GROUP BY the unit alone, or by "
+                           "a key of one unit's rows that it is joined on to the row that key names",
+                           f"group {alias} by the unit's column, or join it on its key to that row's table, e.g. "
+                           f"JOIN visits v ON {alias}.visit_id = v.visit_id")
+
+
+def _fixing_keys(scope: Scope, select: exp.Select) -> dict[str, tuple[str, str]]:
+    """The subquery's outputs that are group keys fixing one unit's row, each with the (table, column) it names: a
+    child's parent key names its parent's row (prescriptions.visit_id: visits.visit_id), a unique NOT NULL column
+    its own table's row."""
+    tables = {t.alias_or_name: t.name for t in tables_read(select)}
+    grouped = {to_sql(key) for key in select.args["group"].expressions}
+    found = {}
+    for item in select.expressions:
+        node = item.unalias()
+        name = tables.get(node.table) if isinstance(node, exp.Column) else None
+        declared = scope.schema.tables.get(name) if name is not None else None
+        if declared is None or to_sql(node) not in grouped:
+            continue
+        if declared.parent is not None and declared.parent.column == node.name:
+            found[item.alias_or_name] = (declared.parent.table, declared.parent.key)
+        elif (name, node.name) in scope.unique and (name, node.name) in scope.not_null:
+            found[item.alias_or_name] = (name, node.name)
+    return found
 
 
 def _inner_scope(scope: Scope, select: exp.Select) -> Scope:

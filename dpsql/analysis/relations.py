@@ -22,7 +22,7 @@ def read(scope: Scope) -> None:
     and semijoins."""
     tree = scope.tree
     derived = scope.from_ is not None
-    joins = [bounded_source(join, scope.bounded_joins) for join in tree.args.get("joins") or []]
+    joins = [bounded_source(join, scope.bounded_joins, scope.unit_links) for join in tree.args.get("joins") or []]
     for source in [tree.args["from_"].this, *(j.this for j in joins)]:
         if derived:
             break
@@ -46,13 +46,18 @@ def read(scope: Scope) -> None:
     scope.joins, scope.private, scope.equalities, scope.semijoins = joins, private, equalities, semijoins
 
 
-def bounded_source(node: exp.From | exp.Join, bounded: dict[str, exp.Subquery]) -> exp.From | exp.Join:
-    """A FROM or JOIN clause, reading the bounded per-unit subquery where it reads one (`derived`)."""
-    subquery = bounded.get(node.this.alias_or_name)
-    if subquery is None:
+def bounded_source(node: exp.From | exp.Join, bounded: dict[str, exp.Subquery],
+                   links: dict[str, exp.Expression] | None = None) -> exp.From | exp.Join:
+    """A FROM or JOIN clause, reading the bounded per-unit subquery where it reads one, its ON with the unit link
+    `derived` found for it (`derived._link_to_unit`)."""
+    subquery, link = bounded.get(node.this.alias_or_name), (links or {}).get(node.this.alias_or_name)
+    if subquery is None and link is None:
         return node
     copy = node.copy()
-    copy.set("this", subquery.copy())
+    if subquery is not None:
+        copy.set("this", subquery.copy())
+    if link is not None:
+        copy.set("on", exp.and_(copy.args["on"], link.copy()))
     return copy
 
 
@@ -67,7 +72,7 @@ def _equalities(tree: exp.Select, joins: list[exp.Join]) -> list[Equality]:
             raise UnsupportedQuery("JOIN ... USING is not supported", "write JOIN ... ON a.x = b.x")
         if join.args.get("on") is not None:
             conditions.append(join.args["on"])
-    return _column_equalities(conditions)
+    return column_equalities(conditions)
 
 
 def _semijoins(scope: Scope) -> list[Semijoin]:
@@ -107,7 +112,7 @@ def _semijoins(scope: Scope) -> list[Semijoin]:
             raise UnsupportedQuery("a subquery in WHERE may use inner joins only",
                                    "use an inner JOIN inside the subquery, or write the outer join in the main query")
         conditions = [select.args["where"].this] if select.args.get("where") else []
-        equalities = _column_equalities(conditions + [j.args["on"] for j in sub_joins if j.args.get("on")])
+        equalities = column_equalities(conditions + [j.args["on"] for j in sub_joins if j.args.get("on")])
         if isinstance(condition, exp.In):
             value = select.expressions[0].unalias()
             if isinstance(condition.this, exp.Column) and isinstance(value, exp.Column):
@@ -116,7 +121,7 @@ def _semijoins(scope: Scope) -> list[Semijoin]:
     return found
 
 
-def _column_equalities(conditions: list[exp.Expression]) -> list[Equality]:
+def column_equalities(conditions: list[exp.Expression]) -> list[Equality]:
     """The column = column conjuncts of `conditions` between two different tables."""
     pairs = []
     for condition in conditions:

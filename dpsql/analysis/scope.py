@@ -48,6 +48,7 @@ class Scope:
     from_: exp.From | None = None  # a subquery in FROM, bounded; None when the query reads tables
     joins: list[exp.Join] = field(default_factory=list)
     bounded_joins: dict[str, exp.Subquery] = field(default_factory=dict)  # per-unit subqueries JOINed, bounded
+    unit_links: dict[str, exp.Expression] = field(default_factory=dict)  # by the join's source: ANDed to its ON
     private: list[str] = field(default_factory=list)  # aliases of private tables in FROM and JOIN
     equalities: list[Equality] = field(default_factory=list)  # the join conditions
     semijoins: list[Semijoin] = field(default_factory=list)

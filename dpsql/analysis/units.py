@@ -22,6 +22,7 @@ from sqlglot import exp
 
 from dpsql.analysis import public_joins, semijoins
 from dpsql.analysis.joins import join_stability
+from dpsql.analysis.relations import column_equalities
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import Table
@@ -75,6 +76,8 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
              if child.table in component and parent.table in component and scope.is_parent_link(child, parent)]
     if not any(j.side for j in scope.joins):  # an outer join keeps rows that nothing fixes
         links += _key_links(scope, component, equalities)
+    else:
+        links += _left_joined_key_links(scope, component)
     added: list[exp.Join] = []
     pending = list(private)
     while pending:
@@ -147,6 +150,21 @@ def _key_links(scope: Scope, aliases: dict, equalities: list[Equality]) -> list[
                 if mine.table == alias and other.table in aliases and other.table != alias:
                     matched.setdefault(other.table, set()).add(mine.name)
         links += [(other, alias) for other, names in matched.items() if scope.whole_keys(name, names)]
+    return links
+
+
+def _left_joined_key_links(scope: Scope, aliases: dict) -> list[tuple[str, str]]:
+    """Under LEFT JOINs only: (fixing alias, fixed alias) for each table LEFT JOINed on a whole unique key of its own
+    to the columns of a table before it, in its own ON (`visits v LEFT JOIN (… GROUP BY visit_id) r ON r.visit_id =
+    v.visit_id`). Each row before it meets at most one of its rows, or none and is kept with NULLs: the join adds
+    no row. A RIGHT or FULL join keeps rows nothing fixes, so there are none."""
+    if any((join.side or "").upper() in ("RIGHT", "FULL") for join in scope.joins):
+        return []
+    links = []
+    for join in scope.joins:
+        alias, on = join.this.alias_or_name, join.args.get("on")
+        if (join.side or "").upper() == "LEFT" and on is not None and alias in aliases:
+            links += [link for link in _key_links(scope, aliases, column_equalities([on])) if link[1] == alias]
     return links
 
 
