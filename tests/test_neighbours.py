@@ -473,7 +473,7 @@ EPOCH_QUERIES = [
     "SELECT category, SUM(EXTRACT(EPOCH FROM CAST(day AS timestamp)) - EXTRACT(EPOCH FROM DATE '2024-01-01')) "
     "FROM visits GROUP BY 1",
     # a period's start: the column clamped inside the truncation, the epochs of the declared periods as keys
-    "SELECT category, AVG(EXTRACT(EPOCH FROM date_trunc('month', day))) FROM visits GROUP BY 1",
+    "SELECT category, AVG(EXTRACT(EPOCH FROM (date_trunc('month', day)))) FROM visits GROUP BY 1",  # in brackets
     "SELECT extract(epoch from date_trunc('week', day))::bigint * 1000 AS time, COUNT(*), SUM(amount) FROM visits "
     "GROUP BY 1",
 ]

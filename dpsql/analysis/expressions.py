@@ -133,7 +133,8 @@ class Expressions:
         if isinstance(node, exp.Extract):
             declared, truncated = self._declared_epoch(node), self._truncated_epoch(node)
             if truncated is not None:  # the truncation of the column clamped to its bounds
-                node.expression.set("this", clamp(node.expression.this, truncated[0]))
+                truncation = node.expression.unnest()
+                truncation.set("this", clamp(truncation.this, truncated[0]))
             else:
                 node.set("expression", clamp(node.expression, declared) if declared is not None
                          else temporal_guard(node.expression, keep_infinite=False))
