@@ -335,13 +335,17 @@ def _values_present(composition: Composition, counts: Answer) -> Answer:
             interval is not None and (interval.ci_low or 0) > 0)
     if not keys:
         present = {(): present.get((), 0)}
+    rows = [(*k, n) for k, n in present.items()]
+    sort_rows(rows, lambda row, i: row[composition.order[i][0]], [(d, n) for _, d, n in composition.order])
+    end = None if composition.limit is None else composition.offset + composition.limit
+    rows = rows[composition.offset:end]
     note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
             f"(each count ±{_halfwidth(counts, keys + 1):.3g}); values held by fewer units may be missed, so the count "
             "leans low")
     return replace(counts, names=[*counts.names[:keys], composition.values_present],
-                   types=[*counts.types[:keys], "int8"], rows=[(*k, n) for k, n in present.items()],
-                   accuracy=[(None,) * (keys + 1)] * len(present), noisy=[False] * keys + [True],
-                   explained=(composition.values_present,), notes=[*counts.notes, note])
+                   types=[*counts.types[:keys], "int8"], rows=rows, accuracy=[(None,) * (keys + 1)] * len(rows),
+                   noisy=[False] * keys + [True], explained=(composition.values_present,),
+                   notes=[*counts.notes, note])
 
 
 def _halfwidth(counts: Answer, column: int) -> float:

@@ -107,6 +107,7 @@ def test_approx_count_distinct_of_a_declared_column_counts_the_values_present(en
 @pytest.mark.parametrize("sql", [
     "SELECT p.sex, COUNT(DISTINCT v.category) FROM visits v JOIN people p USING (person_id) GROUP BY 1",
     "SELECT sex AS s, approx_count_distinct(category) AS kinds FROM people JOIN visits USING (person_id) GROUP BY sex",
+    "SELECT sex, COUNT(DISTINCT category) FROM people JOIN visits USING (person_id) GROUP BY 1 ORDER BY 2 DESC, 1",
 ])
 def test_declared_values_present_per_group_are_counted_from_units_per_value(engine, analyst, base_url, sql):
     """COUNT(DISTINCT c) of a declared domain by a key is the values present per group, read off one noisy count of
@@ -121,6 +122,8 @@ def test_declared_values_present_per_group_are_counted_from_units_per_value(engi
     assert answer.names == names and answer.types == ["text", "int8"]
     assert {key for key, _ in answer.rows} == set(exact)
     assert all(exact[key] - 2 <= present <= exact[key] for key, present in answer.rows)
+    if "ORDER BY" in sql:  # the counts per group in the statement's order
+        assert answer.rows == sorted(answer.rows, key=lambda row: (-row[1], row[0]))
 
 
 def test_a_limit_that_cannot_cut_is_a_row_limit_not_a_top_k(demo_schema, engine, analyst):

@@ -228,6 +228,10 @@ DOOR_STATEMENTS = [
     "FROM people WHERE age >= 40 GROUP BY sex) b USING (sex) ORDER BY 1",  # typed text, bigint, text on the wire
     "SELECT sex, n FROM (SELECT sex, COUNT(*) AS n, RANK() OVER (ORDER BY COUNT(*) DESC) AS r FROM people "
     "GROUP BY sex) t WHERE r = 1",  # a row picked after a window
+    "SELECT CASE WHEN t.n >= 3 THEN 'frequent' ELSE 'occasional' END AS segment, COUNT(*) AS visits, "
+    "COUNT(DISTINCT v.category) AS kinds FROM visits v JOIN (SELECT person_id, COUNT(*) AS n FROM visits "
+    "GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1 ORDER BY 1",  # a per-unit subquery joined
+    "SELECT p.sex, COUNT(DISTINCT v.category) AS kinds FROM visits v JOIN people p USING (person_id) GROUP BY 1",
     "SELECT version()",  # what clients ask on connecting: PostgreSQL's own answer, free
     "SELECT EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01')) AS years",  # constants only
 ]

@@ -626,7 +626,7 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
     group = tree.args.get("group")
     keys = [_resolved(k, {}, tree.expressions) for k in group.expressions] if group is not None else []
     if not tree.expressions or [e.unalias() for e in tree.expressions[:-1]] != keys or any(
-            tree.args.get(k) for k in ("having", "with_", "order", "limit", "offset", "distinct")) \
+            tree.args.get(k) for k in ("having", "with_", "distinct")) \
             or any(k.find(*AGGREGATES, exp.Window) for k in keys):
         return None
     count = tree.expressions[-1].unalias()
@@ -674,9 +674,13 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
     inner.set("group", exp.Group(expressions=[*(owned(k) for k in keys), value.copy()]))
     name = "approx_count_distinct" if isinstance(tree.expressions[-1], exp.ApproxDistinct) \
         else output_name(tree.expressions[-1])
+    try:  # ORDER BY, LIMIT and OFFSET over the counts per group (BI tools order by the count)
+        order, limit, offset = _outer_order(tree, [output_name(e) for e in tree.expressions], tree.expressions)
+    except UnsupportedQuery:
+        return None
     return Composition([to_sql(inner)], f"the declared values of {table.name}.{column.name} present: counted from "
                        "a noisy count of units per value" + (" and group" if keys else ""), values_present=name,
-                       values_keys=len(keys))
+                       values_keys=len(keys), order=order, limit=limit, offset=offset)
 
 
 def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.Column, list[exp.Join]] | None:
