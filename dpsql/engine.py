@@ -397,7 +397,7 @@ class Engine:
             result = finish(prepared.plan, cost, groups)
             selection = describe_selection(prepared.plan, cost)  # at the bound the answer used, kept with it
             answer = Answer(result.names, result.types, result.rows, result.accuracy, charged.epsilon, charged.delta,
-                            notes=[note for note in (selection, prepared.bound_note) if note])
+                            notes=[note for note in (selection, prepared.bound_note, prepared.plan.caveat) if note])
             encoded = encode_answer(answer)
         except Exception as exc:
             raise self._bug_after_charge(analyst, prepared.key, exc, "the query ran") from exc

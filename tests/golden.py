@@ -96,6 +96,9 @@ def decode_params(value: Any) -> Any:
 # --- replay: one entry's outputs ----------------------------------------------------------------------------------
 
 
+UNSET_OMITTED = ("caveat",)  # plan fields added after most entries were recorded: written only where set
+
+
 def plain(value: Any) -> Any:
     """A stage's result as JSON: dataclasses field by field, SQL trees as their SQL, floats by repr."""
     if isinstance(value, exp.Expression):
@@ -140,7 +143,7 @@ def replay(entry: dict) -> dict:
         unique = frozenset(tuple(pair) for pair in entry["unique"])
         not_null = frozenset(tuple(pair) for pair in entry.get("not_null", []))
         plan = analyze(query, schema, unique, entry["max_groups"], not_null=not_null)
-        out["plan"] = plain(plan)
+        out["plan"] = {k: v for k, v in plain(plan).items() if not (k in UNSET_OMITTED and v is None)}
         rewritten = rewrite(plan, HASH_SEED)
         out["sql"], out["histograms"] = rewritten.sql, rewritten.histograms
         for mechanism in ("laplace", "gaussian"):

@@ -2017,6 +2017,20 @@ def test_a_per_unit_subquery_joined_to_a_unit_s_rows_is_a_table_of_one_row_per_u
     assert {k: v for k, v in counted.items() if k in exact or v} == exact
 
 
+def test_a_per_unit_value_weighed_over_a_unit_s_rows_says_which_way_it_leans(engine, analyst):
+    """An average or percentile of a joined per-unit subquery's value over each of a unit's rows weighs each unit
+    by its rows: the bounds cut the heaviest units', so the answer says it leans beyond its interval. Keys and
+    filters from it, and sums of the rows' own values, say nothing."""
+    lod = ("SELECT t0.category, AVG(t1.total) FROM visits t0 JOIN (SELECT person_id, SUM(amount) AS total "
+           "FROM visits GROUP BY person_id) t1 ON t0.person_id = t1.person_id GROUP BY 1")
+    answer = engine.query(lod, analyst=analyst, epsilon=1.0)
+    assert any(note.startswith("t1.total: one value per unit, repeated on each of its rows") for note in answer.notes)
+    segment = ("SELECT CASE WHEN t.n >= 5 THEN 'frequent' ELSE 'occasional' END, SUM(v.amount) FROM visits v "
+               "JOIN (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t ON t.person_id = v.person_id "
+               "GROUP BY 1")
+    assert engine.prepare(segment).plan.caveat is None
+
+
 @pytest.mark.parametrize(("sql", "refused"), [
     ("SELECT COUNT(*) FROM visits v JOIN (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
      "ON t.n = v.person_id", "joined on their unit columns"),

@@ -82,7 +82,8 @@ def _plan(scope: Scope) -> Plan:
         measures=list(scope.measures.values()), histograms=list(scope.histograms.values()),
         aggregates=scope.aggregates, outputs=scope.outputs, having=scope.having, order=scope.order,
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
-        notes=scope.notes, every_group=scope.every_group, stability=scope.stability, truncate=scope.truncate,
+        notes=scope.notes, every_group=scope.every_group, caveat=derived.repeated_unit_values(scope),
+        stability=scope.stability, truncate=scope.truncate,
         rows_total=scope.rows_total, unit_total=scope.total_cap,
         windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key,
         public_keys=dict(scope.public_keys))
