@@ -1980,6 +1980,11 @@ def test_every_unit_s_row_left_joined_to_a_per_unit_subquery_reads_null_where_it
     "SELECT p.sex, COUNT(t.n) FROM people p LEFT JOIN (SELECT v.person_id, COUNT(*) AS n FROM visits v "
     "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.person_id) t ON t.person_id = p.person_id "
     "GROUP BY 1",
+    # a window over each person's rows inside a subquery: the per-unit subquery joined to them
+    "SELECT t.bucket, COUNT(DISTINCT t.person_id) FROM (SELECT v.person_id, CASE WHEN SUM(v.amount) OVER (PARTITION "
+    "BY v.person_id) > 500 THEN 'hi' ELSE 'lo' END AS bucket FROM visits v) t GROUP BY 1",
+    "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) OVER (PARTITION BY person_id) AS n FROM visits "
+    "WHERE amount > 10) t GROUP BY 1",
     # grouped by a key of one unit's rows, joined on it to a table with the unit (prescriptions per visit)
     "SELECT v.category, COUNT(r.n) FROM visits v JOIN (SELECT visit_id, COUNT(*) AS n FROM prescriptions "
     "GROUP BY visit_id) r ON r.visit_id = v.visit_id GROUP BY 1",

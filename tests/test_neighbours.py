@@ -272,6 +272,8 @@ QUERIES = [
     "COUNT(*) AS n, SUM(cost) AS c FROM prescriptions GROUP BY visit_id) r ON r.visit_id = v.visit_id GROUP BY 1",
     "SELECT r.n, COUNT(*) FROM visits v JOIN (SELECT visit_id, COUNT(*) AS n FROM prescriptions GROUP BY visit_id) r "
     "ON r.visit_id = v.visit_id GROUP BY 1",
+    "SELECT bucket, COUNT(*), SUM(amount) FROM (SELECT amount, CASE WHEN SUM(amount) OVER (PARTITION BY person_id) "
+    "> 500 THEN 'hi' ELSE 'lo' END AS bucket FROM visits WHERE amount > 10) t GROUP BY 1",  # a window per person
     "SELECT t.top, COUNT(*), SUM(v.amount) FROM visits v JOIN (SELECT person_id, MAX(category) AS top FROM visits "
     "GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1",  # a unit's last category, one of the declared
     "SELECT v.category, COUNT(*), AVG(t.total) FROM visits v LEFT JOIN (SELECT person_id, SUM(amount) AS total "
