@@ -397,6 +397,9 @@ DERIVED = [
     "ELSE 'some' END AS bucket, SUM(v.amount) / COUNT(v.visit_id) AS spend FROM people p LEFT JOIN visits v "
     "ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY bucket",
     "SELECT v.amount > 100 AS big, COUNT(*), SUM(v.amount) FROM visits v GROUP BY 1",
+    # a window over each person's rows inside a subquery: a per-person subquery joined to them
+    "SELECT bucket, COUNT(*), SUM(m) FROM (SELECT v.amount AS m, CASE WHEN SUM(v.amount) OVER (PARTITION BY "
+    "v.person_id) > 100 THEN 'hi' ELSE 'lo' END AS bucket FROM visits v WHERE v.amount > 10) t GROUP BY 1",
     # a subquery by unit and key regrouped by the key, and the people beside a sum
     "SELECT t.note, COUNT(*), AVG(t.n), SUM(t.s) FROM (SELECT v.person_id, v.note, COUNT(*) AS n, SUM(v.amount) AS s "
     "FROM visits v WHERE v.amount > 10 GROUP BY 1, 2) t GROUP BY t.note",
