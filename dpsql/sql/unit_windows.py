@@ -11,9 +11,9 @@ is
 
 An aggregate over a whole partition (no ORDER BY, no frame) is the same value on each of the partition's rows: the
 aggregate of the rows the subquery reads with that unit, which the joined subquery computes over the same FROM,
-joins and WHERE. Only a partition by the unit column of a declared table (rows without a unit are dropped by the
-analysis either way, as the join drops them); the analysis then reads the joined subquery as a table of one row per
-unit (`analysis.derived`). Anything else is left as written (and refused where it was).
+joins and WHERE. Only a partition by the unit column of a declared table, without outer joins (a row without a unit
+is then in no partition the analysis keeps, and the join drops it too); the analysis then reads the joined subquery
+as a table of one row per unit (`analysis.derived`). Anything else is left as written (and refused where it was).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def unit_windows_as_joins(tree: exp.Select, schema: PrivacySchema) -> exp.Select
 
 def _joined(select: exp.Select, schema: PrivacySchema) -> None:
     if any(select.args.get(k) for k in ("group", "having", "distinct", "limit", "offset", "with_")) \
-            or select.args.get("from_") is None:
-        return
+            or select.args.get("from_") is None or any(join.side for join in select.args.get("joins") or []):
+        return  # (under an outer join, a NULL unit is a partition of its own, which the join would drop)
     windows = [w for item in select.expressions for w in item.find_all(exp.Window) if _whole_partition(w)]
     units = {_unit(w.args["partition_by"][0], select, schema) for w in windows}
     if not windows or len(units) != 1 or None in units or any(n.name.startswith(WINDOWED)
