@@ -270,6 +270,10 @@ QUERIES = [
     "GROUP BY person_id) t LEFT JOIN visits v ON t.person_id = v.person_id GROUP BY 1",
     "SELECT v.category, COUNT(*), AVG(COALESCE(r.n, 0)), SUM(r.c) FROM visits v LEFT JOIN (SELECT visit_id, "
     "COUNT(*) AS n, SUM(cost) AS c FROM prescriptions GROUP BY visit_id) r ON r.visit_id = v.visit_id GROUP BY 1",
+    "SELECT v.category, COUNT(*), SUM(t.s) FROM visits v JOIN (SELECT person_id, category, SUM(amount) AS s "
+    "FROM visits GROUP BY 1, 2) t ON t.person_id = v.person_id AND t.category = v.category GROUP BY 1",
+    "SELECT t.n, COUNT(*) FROM visits v JOIN (SELECT person_id, category, COUNT(*) AS n FROM visits GROUP BY 1, 2) t "
+    "ON t.person_id = v.person_id GROUP BY 1",  # several of its rows a visit: not fixed, its rows multiply
     "SELECT r.n, COUNT(*) FROM visits v JOIN (SELECT visit_id, COUNT(*) AS n FROM prescriptions GROUP BY visit_id) r "
     "ON r.visit_id = v.visit_id GROUP BY 1",
     "SELECT bucket, COUNT(*), SUM(amount) FROM (SELECT amount, CASE WHEN SUM(amount) OVER (PARTITION BY person_id) "

@@ -71,6 +71,11 @@ def _bound_joined_subqueries(scope: Scope) -> None:
             scope.unique = scope.unique | {(alias, table.unit_column)}
             scope.notes.append(f"subquery {alias}: one row per unit, its values bounded by what the unit's rows "
                                "can give")
+        elif table.unit_column != "dpsql_unit":  # grouped by the unit and other keys: its rows unique on them all
+            keys = {item.alias_or_name for item in select.expressions if not item.unalias().find(*AGGREGATES)}
+            scope.unique_sets = scope.unique_sets | {(alias, frozenset(keys))}
+            scope.notes.append(f"subquery {alias}: one row per {', '.join(sorted(keys))}, at most "
+                               f"{table.max_rows_per_unit} a unit")
         else:
             _link_to_unit(scope, alias, table, select)
         scope.aliases[alias] = table
