@@ -72,7 +72,7 @@ def _bound_joined_subqueries(scope: Scope) -> None:
             scope.notes.append(f"subquery {alias}: one row per unit, its values bounded by what the unit's rows "
                                "can give")
         elif table.unit_column != "dpsql_unit":  # grouped by the unit and other keys: its rows unique on them all
-            keys = {item.alias_or_name for item in select.expressions if not item.unalias().find(*AGGREGATES)}
+            keys = _key_outputs(select)
             scope.unique_sets = scope.unique_sets | {(alias, frozenset(keys))}
             scope.notes.append(f"subquery {alias}: one row per {', '.join(sorted(keys))}, at most "
                                f"{table.max_rows_per_unit} a unit")
@@ -111,7 +111,6 @@ def _link_to_unit(scope: Scope, alias: str, table: Table, select: exp.Select) ->
     it meets is of the same unit, so the join also holds `r.<unit> = v.<unit>`, which the analysis needs to tie
     the two, and is added to its ON; its keys, the unit's among them, are unique. Refused for any other join."""
     targets = _fixing_keys(scope, select)
-    sources = {t.alias_or_name: scope.schema.tables.get(t.name) for t in tables_read(scope.tree)}
     names = {t.alias_or_name: t.name for t in tables_read(scope.tree)}
     joins = scope.tree.args.get("joins") or []
     reading = next((j for j in joins if j.this.alias_or_name == alias), joins[0] if joins else None)
@@ -121,11 +120,11 @@ def _link_to_unit(scope: Scope, alias: str, table: Table, select: exp.Select) ->
         if not all(isinstance(side, exp.Column) for side in sides):
             continue
         for mine, other in (sides, sides[::-1]):
-            held = sources.get(other.table)
+            held = scope.schema.tables.get(names.get(other.table, ""))
             if mine.table == alias and targets.get(mine.name) == (names.get(other.table), other.name) \
                     and held is not None and held.unit_column is not None and not held.public:
                 link = exp.column(table.unit_column, table=alias).eq(exp.column(held.unit_column, table=other.table))
-                keys = {item.alias_or_name for item in select.expressions if not item.unalias().find(*AGGREGATES)}
+                keys = _key_outputs(select)
                 scope.unit_links[reading.this.alias_or_name] = link
                 scope.unique_sets = scope.unique_sets | {(alias, frozenset(keys | {table.unit_column}))}
                 scope.notes.append(f"subquery {alias}: one row per {mine.name}, each of one unit's rows; joined on "
@@ -135,6 +134,11 @@ def _link_to_unit(scope: Scope, alias: str, table: Table, select: exp.Select) ->
                            "a key of one unit's rows that it is joined on to the row that key names",
                            f"group {alias} by the unit's column, or join it on its key to that row's table, e.g. "
                            f"JOIN visits v ON {alias}.visit_id = v.visit_id")
+
+
+def _key_outputs(select: exp.Select) -> set[str]:
+    """The names of a grouped subquery's outputs that aggregate nothing: its keys."""
+    return {item.alias_or_name for item in select.expressions if not item.unalias().find(*AGGREGATES)}
 
 
 def _fixing_keys(scope: Scope, select: exp.Select) -> dict[str, tuple[str, str]]:
