@@ -2059,6 +2059,106 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
         engine.prepare(sql)
 
 
+@pytest.mark.parametrize("sql", [
+    # each person's first visit, or last (a WITH query), by ROW_NUMBER()
+    "SELECT category, COUNT(*) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day, visit_id) "
+    "AS rn FROM visits v) t WHERE rn = 1 GROUP BY category",
+    "WITH ranked AS (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day DESC, "
+    "visit_id DESC) AS rn FROM visits) SELECT category, COUNT(*) FROM ranked WHERE rn = 1 GROUP BY 1",
+    "SELECT COUNT(*) FROM (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day, visit_id) AS rn "
+    "FROM visits WHERE amount > 100) t WHERE rn <= 2",  # the WHERE before the window
+    # the previous and next visits, a running total and count, a rank, a quartile, a share of the rows
+    "SELECT category, COUNT(prev) FROM (SELECT category, day, LAG(day) OVER (PARTITION BY person_id ORDER BY day, "
+    "visit_id) AS prev FROM visits) t GROUP BY 1",
+    "SELECT category, COUNT(*) FROM (SELECT category, day, LEAD(day) OVER (PARTITION BY person_id ORDER BY day, "
+    "visit_id) AS next_day FROM visits) t WHERE next_day - day <= 30 GROUP BY 1",
+    "SELECT category, COUNT(*) FROM (SELECT category, SUM(amount) OVER (PARTITION BY person_id ORDER BY day, "
+    "visit_id) AS running FROM visits) t WHERE running > 1000 GROUP BY 1",
+    "SELECT n, COUNT(*) FROM (SELECT COUNT(*) OVER (PARTITION BY person_id ORDER BY day, visit_id) AS n FROM visits "
+    "WHERE category = 'lab') t WHERE n <= 3 GROUP BY 1",
+    "SELECT p.sex, COUNT(*) FROM people p JOIN (SELECT person_id, RANK() OVER (PARTITION BY person_id ORDER BY "
+    "amount DESC) AS r FROM visits) v ON v.person_id = p.person_id WHERE v.r <= 2 GROUP BY 1",
+    "SELECT q, COUNT(*) FROM (SELECT NTILE(4) OVER (PARTITION BY person_id ORDER BY amount, visit_id) AS q "
+    "FROM visits) t GROUP BY 1",
+    "SELECT COUNT(*) FROM (SELECT person_id, PERCENT_RANK() OVER (PARTITION BY person_id ORDER BY amount) AS pr "
+    "FROM visits) t WHERE pr >= 0.5",
+    # a person's first category, a key of the declared ones; a partition within a person (by category too)
+    "SELECT first_cat, COUNT(DISTINCT person_id) FROM (SELECT person_id, FIRST_VALUE(category) OVER (PARTITION BY "
+    "person_id ORDER BY day, visit_id) AS first_cat FROM visits) t GROUP BY 1",
+    "SELECT p.sex, COUNT(*) FROM (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id, category ORDER BY "
+    "day, visit_id) AS rn FROM visits) v JOIN people p ON p.person_id = v.person_id WHERE v.rn = 1 GROUP BY 1",
+])
+def test_a_window_over_each_unit_s_rows_is_read_from_a_windowed_source(base_url, sql):
+    """A window partitioned by the unit inside a subquery (each person's first visit by ROW_NUMBER(), the days
+    since their last by LAG, a running total) is computed in a subquery of its own over the table, and the
+    analysis reads it as the table with a column per window: each row a row of one unit, its window values a
+    function of that unit's rows alone. The counts before noise are PostgreSQL's own (at the shipped schema's
+    declared rows per unit, which no person of the test data exceeds; ties ordered by visit_id, as the rewrite
+    orders them by the row)."""
+    shipped = Engine(Settings(database=base_url), load_schema(SHIPPED_SCHEMA))
+    try:
+        prepared = shipped.prepare(sql)
+    finally:
+        shipped.close()
+    assert "dpsql_win0" in prepared.rewritten.sql
+    keys = len(prepared.plan.group_keys)
+    with psycopg.connect(base_url) as conn:
+        counted = {row[:keys]: row[keys] for row in conn.execute(prepared.rewritten.sql)}
+        exact = {row[:keys]: row[keys] for row in conn.execute(sql)}
+    assert {k: v for k, v in counted.items() if k in exact or v} == exact
+
+
+def test_a_window_that_orders_tied_rows_breaks_their_ties_by_the_row(engine):
+    """PostgreSQL orders rows that tie on a window's ORDER BY as it reads them, which other units' rows can change:
+    a window whose value depends on that order (ROW_NUMBER, LAG, a ROWS frame) is ordered by the row's declared
+    columns last; one whose value does not (RANK, a RANGE frame) is left as written."""
+    row = "visits.visit_id, visits.person_id, visits.day, visits.category, visits.amount"
+    for window, broken in [("ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day)", True),
+                           ("LAG(amount) OVER (PARTITION BY person_id ORDER BY day)", True),
+                           ("SUM(amount) OVER (PARTITION BY person_id ORDER BY day ROWS 2 PRECEDING)", True),
+                           ("ROW_NUMBER() OVER (PARTITION BY person_id)", True),
+                           ("RANK() OVER (PARTITION BY person_id ORDER BY day)", False),
+                           ("SUM(amount) OVER (PARTITION BY person_id ORDER BY day)", False)]:
+        sql = engine.prepare(f"SELECT COUNT(*), SUM(w) FROM (SELECT {window} AS w FROM visits) t").rewritten.sql
+        assert (row in sql) is broken, window
+
+
+@pytest.mark.parametrize(("condition", "rows"), [
+    ("rn = 1", 1), ("rn <= 3", 3), ("rn < 3", 2), ("3 >= rn", 3), ("rn BETWEEN 2 AND 4", 3), ("rn IN (1, 2)", 2),
+    ("rn = 1 OR amount > 5", 10), ("rn > 1", 10), ("rk = 1", 10), ("rc = 1", 10),
+])
+def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, condition, rows):
+    """ROW_NUMBER() over each unit's rows alone numbers them 1, 2, 3, …: a condition that keeps a few of the numbers
+    keeps that many rows of a unit (a person's first visit: one), which the per-unit stage then enforces. RANK (ties
+    share a number) and a partition within a unit (by category too) bound nothing."""
+    sql = (f"SELECT COUNT(*) FROM (SELECT amount, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn, "
+           f"RANK() OVER (PARTITION BY person_id ORDER BY day) AS rk, ROW_NUMBER() OVER (PARTITION BY person_id, "
+           f"category ORDER BY day) AS rc FROM visits) t WHERE {condition}")
+    assert engine.prepare(sql).plan.rows_per_unit == rows
+
+
+@pytest.mark.parametrize(("sql", "refused"), [
+    ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (PARTITION BY category ORDER BY day) AS rn FROM visits) t "
+     "WHERE rn = 1", "reads each partition's raw rows"),  # one partition holds many people's rows
+    ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (ORDER BY day) AS rn FROM visits) t WHERE rn = 1",
+     "may appear only in the outer SELECT list"),
+    ("SELECT COUNT(*) FROM (SELECT v.person_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.day) AS rn "
+     "FROM visits v JOIN people p ON p.person_id = v.person_id) t WHERE rn = 1", "reads each partition's raw rows"),
+    ("SELECT COUNT(*) FROM (SELECT LAG(amount * 2) OVER (PARTITION BY person_id ORDER BY day) AS x FROM visits) t "
+     "WHERE x > 10", "reads each partition's raw rows"),  # over an expression: not a declared column's values
+    ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits "
+     "WHERE person_id IN (SELECT person_id FROM people WHERE age > 40)) t WHERE rn = 1", "may not read subqueries"),
+    ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (PARTITION BY code) AS rn FROM states) t WHERE rn = 1",
+     "reads each partition's raw rows"),  # a public table's: no unit to partition by
+])
+def test_a_window_not_over_one_unit_s_rows_of_one_table_is_refused(engine, sql, refused):
+    """A window inside a subquery is computed in a windowed source only where it is partitioned by the unit of the
+    one table the subquery reads, over its declared columns: a partition of many people's rows, or over a join,
+    or an expression's values, stays refused, and so does a subquery inside the windowed rows' WHERE."""
+    with pytest.raises(errors.UnsupportedQuery, match=refused):
+        engine.prepare(sql)
+
+
 def test_an_output_computed_from_a_subquery_s_aggregates_is_computed_by_the_query_reading_it(engine, base_url,
                                                                                           demo_schema):
     """`CASE WHEN COUNT(v.visit_id) = 0 THEN '0' … END AS bucket` in a per-unit subquery: the subquery keeps the

@@ -278,6 +278,20 @@ QUERIES = [
     "ON r.visit_id = v.visit_id GROUP BY 1",
     "SELECT bucket, COUNT(*), SUM(amount) FROM (SELECT amount, CASE WHEN SUM(amount) OVER (PARTITION BY person_id) "
     "> 500 THEN 'hi' ELSE 'lo' END AS bucket FROM visits WHERE amount > 10) t GROUP BY 1",  # a window per person
+    # windows over each person's rows read from a windowed source: their first visit, the days since their last,
+    # a running total and a row's rank read as values (clamped to what they can be), a quartile as a key
+    "SELECT category, COUNT(*), SUM(amount) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) "
+    "AS rn FROM visits v) t WHERE rn = 1 GROUP BY category",
+    "SELECT AVG(gap), SUM(gap), COUNT(*) FROM (SELECT day - LAG(day) OVER (PARTITION BY person_id ORDER BY day) AS gap "
+    "FROM visits WHERE amount > 10) t",
+    "SELECT category, SUM(running), AVG(rn) FROM (SELECT category, SUM(amount) OVER (PARTITION BY person_id ORDER BY "
+    "day ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS running, RANK() OVER (PARTITION BY person_id ORDER BY amount) "
+    "AS rn FROM visits) t GROUP BY 1",
+    "SELECT q, COUNT(*), AVG(p.income) FROM (SELECT person_id, NTILE(4) OVER (PARTITION BY person_id ORDER BY amount) "
+    "AS q FROM visits) v JOIN people p ON p.person_id = v.person_id GROUP BY 1",
+    "SELECT first_cat, COUNT(DISTINCT person_id), SUM(next_day - day) FROM (SELECT person_id, day, FIRST_VALUE("
+    "category) OVER (PARTITION BY person_id ORDER BY day) AS first_cat, LEAD(day, 2) OVER (PARTITION BY person_id "
+    "ORDER BY day) AS next_day FROM visits) t GROUP BY 1",
     "SELECT t.top, COUNT(*), SUM(v.amount) FROM visits v JOIN (SELECT person_id, MAX(category) AS top FROM visits "
     "GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1",  # a unit's last category, one of the declared
     "SELECT v.category, COUNT(*), AVG(t.total) FROM visits v LEFT JOIN (SELECT person_id, SUM(amount) AS total "

@@ -74,7 +74,7 @@ def _plan(scope: Scope) -> Plan:
     tree = scope.tree
     return Plan(
         from_=scope.from_ if scope.from_ is not None else scope.guarded(
-            relations.bounded_source(tree.args["from_"], scope.bounded_joins)),
+            relations.bounded_source(tree.args["from_"], scope.read_as)),
         joins=[scope.guarded(j) for j in scope.joins],
         where=scope.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None,
         unit=scope.unit, rows_per_unit=scope.rows_per_unit, group_keys=scope.group_keys,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from dpsql.analysis import windowed
 from dpsql.analysis.scope import Equality, Scope, Semijoin
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
-from dpsql.sql import operands, semijoin_selects
+from dpsql.sql import operands, semijoin_selects, windowed_sources
 
 
 def read(scope: Scope) -> None:
@@ -22,11 +23,13 @@ def read(scope: Scope) -> None:
     and semijoins."""
     tree = scope.tree
     derived = scope.from_ is not None
-    joins = [bounded_source(join, scope.bounded_joins, scope.unit_links) for join in tree.args.get("joins") or []]
+    for alias, select in ({} if derived else windowed_sources(tree)).items():
+        scope.aliases[alias], scope.windowed[alias] = windowed.read(scope, alias, select)
+    joins = [bounded_source(join, scope.read_as, scope.unit_links) for join in tree.args.get("joins") or []]
     for source in [tree.args["from_"].this, *(j.this for j in joins)]:
         if derived:
             break
-        if source.alias_or_name in scope.bounded_joins:  # registered by `derived`
+        if source.alias_or_name in scope.read_as:  # registered by `derived`, or a windowed source
             continue
         if not isinstance(source, exp.Table):
             raise UnsupportedQuery("only tables may appear in FROM and JOIN",
@@ -48,7 +51,8 @@ def read(scope: Scope) -> None:
 
 def bounded_source(node: exp.From | exp.Join, bounded: dict[str, exp.Subquery],
                    links: dict[str, exp.Expression] | None = None) -> exp.From | exp.Join:
-    """A FROM or JOIN clause, reading the bounded per-unit subquery where it reads one, its ON with the unit link
+    """A FROM or JOIN clause, reading the SQL the analysis wrote for its source where it wrote some (a bounded
+    per-unit subquery, a windowed source), its ON with the unit link
     `derived` found for it (`derived._link_to_unit`)."""
     subquery, link = bounded.get(node.this.alias_or_name), (links or {}).get(node.this.alias_or_name)
     if subquery is None and link is None:

@@ -48,6 +48,7 @@ class Scope:
     from_: exp.From | None = None  # a subquery in FROM, bounded; None when the query reads tables
     joins: list[exp.Join] = field(default_factory=list)
     bounded_joins: dict[str, exp.Subquery] = field(default_factory=dict)  # per-unit subqueries JOINed, bounded
+    windowed: dict[str, exp.Subquery] = field(default_factory=dict)  # windowed sources, ties broken, guarded
     unit_links: dict[str, exp.Expression] = field(default_factory=dict)  # by the join's source: ANDed to its ON
     private: list[str] = field(default_factory=list)  # aliases of private tables in FROM and JOIN
     equalities: list[Equality] = field(default_factory=list)  # the join conditions
@@ -96,6 +97,12 @@ class Scope:
 
     def __post_init__(self) -> None:
         self.exprs = Expressions(self.declared_column, lambda: self.time_zone)
+
+    @property
+    def read_as(self) -> dict[str, exp.Subquery]:
+        """The SQL read in place of a FROM or JOIN source, by its alias: a bounded per-unit subquery or a windowed
+        source as the analysis wrote it."""
+        return {**self.bounded_joins, **self.windowed}
 
     @property
     def tree(self) -> exp.Select:

@@ -60,13 +60,14 @@ from dpsql.sql.shape import (
     shadowing_names_renamed,
     totals_as_windows,
     trunc_as_floor_or_ceil,
+    windowed_sources,
 )
 from dpsql.sql.subquery_outputs import aggregate_expressions_outside
 from dpsql.sql.times import CLOCKS, fold_times
 from dpsql.sql.unit_key_groups import unit_key_groups_merged
 from dpsql.sql.unit_rows import unit_row_joined_inside
 from dpsql.sql.unit_sets import unit_sets_as_groups
-from dpsql.sql.unit_windows import unit_windows_as_joins
+from dpsql.sql.unit_windows import unit_windows_as_joins, unit_windows_as_sources
 
 Rule = Callable[[exp.Select, "Context"], exp.Select]
 REPEATABLE = re.compile(r" REPEATABLE \(\d+\)")  # a sample's seed in canonical text (`with_sample_seeds`)
@@ -118,6 +119,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(inline_ctes),
     lambda tree, context: unit_sets_as_groups(tree, context.schema),
     lambda tree, context: unit_windows_as_joins(tree, context.schema),
+    lambda tree, context: unit_windows_as_sources(tree, context.schema),
     _tree_only(shadowing_names_renamed),
     _tree_only(correlated_cohorts_as_in),
     _tree_only(filtered_cohorts_as_having),
@@ -188,4 +190,4 @@ def shown_sql(canonical: str) -> str:
 
 
 __all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "joined_derived_selects",
-           "limit_clause", "operands", "semijoin_selects", "shown_sql", "to_sql"]
+           "limit_clause", "operands", "semijoin_selects", "shown_sql", "to_sql", "windowed_sources"]

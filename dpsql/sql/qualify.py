@@ -13,6 +13,7 @@ from sqlglot.optimizer.qualify import qualify
 from dpsql.errors import PrivacyRefusal, UnknownColumn, UnknownObject
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import DIALECT, to_sql
+from dpsql.sql.shape import is_windowed_source
 
 
 def qualify_columns(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
@@ -25,7 +26,26 @@ def qualify_columns(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
         raise UnknownColumn(_column_message(str(exc)),
                             "every column must be declared in the privacy schema; `dpsql schema check` lists them"
                             ) from None
-    return _plain_aliases(merge_subqueries(tree))
+    return _plain_aliases(_merged(tree))
+
+
+def _merged(tree: exp.Select) -> exp.Select:
+    """`tree` with its mergeable subqueries merged, its windowed sources (`shape.is_windowed_source`) kept as the
+    tables they stand for: sqlglot would merge one into a subquery that reads its windows without a filter, and
+    then that subquery could not merge into the query that filters them (`WHERE rn = 1`)."""
+    hidden: dict[str, exp.Subquery] = {}
+    for select in list(tree.find_all(exp.Select)):
+        if select is not tree and is_windowed_source(select):
+            name = f"dpsql_windowed{len(hidden)}"
+            hidden[name] = select.parent
+            select.parent.replace(exp.Table(this=exp.to_identifier(name), alias=select.parent.args["alias"].copy()))
+    tree = merge_subqueries(tree)
+    for table in list(tree.find_all(exp.Table)):
+        if table.name in hidden:  # under the alias the merge gave it, where it renamed the source
+            source = hidden[table.name]
+            source.set("alias", table.args["alias"].copy())
+            table.replace(source)
+    return tree
 
 
 PLAIN = re.compile(r"^[a-z_][a-z0-9_]*$")  # what PostgreSQL reads the same quoted or not

@@ -12,7 +12,7 @@ from sqlglot import exp
 
 from dpsql.errors import InvalidConstant, PrivacyRefusal, UnsupportedQuery
 from dpsql.sql.query import AGGREGATES, to_sql
-from dpsql.sql.shape import is_percentile_array
+from dpsql.sql.shape import is_percentile_array, is_windowed_source
 from dpsql.sql.times import interval_step
 
 # Node types a query may contain. Functions that can fail on some value are made total by the rewrite
@@ -154,17 +154,22 @@ def _instead(node: exp.Expression) -> str:
 def _check_window(window: exp.Window, tree: exp.Select) -> None:
     """A window runs over the released rows (post-processing): only in the outer SELECT list or ORDER BY, with a
     frame dpsql computes (`window_frame`), and as a ranking, another row's value (LAG, LEAD, FIRST_VALUE,
-    LAST_VALUE, with constant offsets) or a SUM, AVG, MIN, MAX or COUNT."""
+    LAST_VALUE, with constant offsets) or a SUM, AVG, MIN, MAX or COUNT. Or over each unit's rows in a windowed
+    source (`unit_windows`), which PostgreSQL computes and the analysis judges (`analysis.windowed`)."""
     place = window.parent
     while isinstance(place, exp.Expression) and not isinstance(place, exp.Select | exp.Ordered | exp.Where
                                                                   | exp.Group | exp.Having | exp.Join):
         place = place.parent
     in_order = isinstance(place, exp.Ordered) and place.parent is not None and place.parent.parent is tree
-    if not (place is tree or in_order) or window.find_ancestor(exp.Window, *AGGREGATES):
+    sourced = isinstance(place, exp.Select) and place is not tree and window.parent.parent is place \
+        and is_windowed_source(place)
+    if not (place is tree or in_order or sourced) or window.find_ancestor(exp.Window, *AGGREGATES):
         if window.args.get("partition_by"):  # a row of each unit's (its first by ROW_NUMBER(), a running total)
             raise UnsupportedQuery(f"{to_sql(window)} outside the outer SELECT list reads each partition's raw rows",
-                                   f"{PER_UNIT}; a window over the answer's own rows runs in the outer SELECT "
-                                   "(rank() OVER (ORDER BY COUNT(*) DESC))")
+                                   "partition it by the unit, over a declared column of the one table a subquery "
+                                   "reads: FROM (SELECT t.*, ROW_NUMBER() OVER (PARTITION BY <unit column> ORDER BY "
+                                   f"day) AS rn FROM t) s WHERE rn = 1; or {PER_UNIT}; a window over the answer's "
+                                   "own rows runs in the outer SELECT (rank() OVER (ORDER BY COUNT(*) DESC))")
         raise UnsupportedQuery("a window function may appear only in the outer SELECT list or ORDER BY",
                                "dpsql computes windows over the released rows, after noise: write it in the outer "
                                "SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t "

@@ -1,5 +1,6 @@
 """Shape: after merging, a query is one flat SELECT. It may read FROM one grouped subquery (a per-unit
-table, analysed by `analysis.derived`), and its WHERE may hold EXISTS / IN (SELECT ...) semijoins over plain
+table, analysed by `analysis.derived`) or a windowed source (a table's rows with windows over each unit's rows,
+`analysis.windowed`), and its WHERE may hold EXISTS / IN (SELECT ...) semijoins over plain
 SELECTs; anything else nested is refused. `x NOT IN (SELECT c ...)` is read so that NULLs cannot make one unit
 flip every row."""
 
@@ -13,6 +14,8 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import AGGREGATES, output_name, replace_keeping_precedence
+
+WINDOW_COLUMN = "dpsql_win"  # a windowed source's window columns: dpsql_win0, dpsql_win1, …
 
 
 def filters_as_case(tree: exp.Select) -> exp.Select:
@@ -585,11 +588,37 @@ def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
     return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
 
 
+def is_windowed_source(select: exp.Select) -> bool:
+    """The shape `unit_windows_as_sources` writes: one table's columns and named windows over it, and a WHERE: a
+    windowed source, which the analysis reads as that table with more columns (`analysis.windowed`)."""
+    source = select.args["from_"].this if select.args.get("from_") else None
+    return isinstance(source, exp.Table) and isinstance(select.parent, exp.Subquery) \
+        and not any(select.args.get(k) for k in ("joins", "group", "having", "distinct", "order", "limit", "offset",
+                                                  "with_", "qualify", "windows")) \
+        and any(isinstance(item.unalias(), exp.Window) for item in select.expressions) \
+        and all(isinstance(item.unalias(), exp.Column) or isinstance(item, exp.Alias) and isinstance(
+            item.this, exp.Window) and item.alias.startswith(WINDOW_COLUMN) for item in select.expressions)
+
+
+
+def windowed_sources(tree: exp.Select) -> dict[str, exp.Select]:
+    """The windowed sources `tree` reads in FROM and JOIN, by their aliases."""
+    sources = [tree.args["from_"].this] if tree.args.get("from_") else []
+    sources += [join.this for join in tree.args.get("joins") or []]
+    return {s.alias_or_name: s.this for s in sources if isinstance(s, exp.Subquery) and isinstance(s.this, exp.Select)
+            and is_windowed_source(s.this)}
+
+
 def require_flat(tree: exp.Select) -> None:
     """After merging, the only subqueries left may be semijoins in WHERE: EXISTS (SELECT ...) and
     x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
     semijoins = semijoin_selects(tree)
     allowed = {id(s) for s in semijoins} | {id(s.parent) for s in semijoins if isinstance(s.parent, exp.Subquery)}
+    for windowed in windowed_sources(tree).values():
+        if any(select is not windowed for select in windowed.find_all(exp.Select)):
+            raise UnsupportedQuery("a window over each unit's rows may not read subqueries",
+                                   "filter its rows with conditions on their own columns")
+        allowed |= {id(windowed), id(windowed.parent)}
     for derived in [derived_select(tree), *joined_derived_selects(tree).values()]:
         if derived is None:
             continue

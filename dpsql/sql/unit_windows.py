@@ -13,7 +13,23 @@ An aggregate over a whole partition (no ORDER BY, no frame) is the same value on
 aggregate of the rows the subquery reads with that unit, which the joined subquery computes over the same FROM,
 joins and WHERE. Only a partition by the unit column of a declared table, without outer joins (a row without a unit
 is then in no partition the analysis keeps, and the join drops it too); the analysis then reads the joined subquery
-as a table of one row per unit (`analysis.derived`). Anything else is left as written (and refused where it was).
+as a table of one row per unit (`analysis.derived`).
+
+Any other window over each unit's rows (each person's first visit by ROW_NUMBER(), the days since their last visit
+by LAG, a running total) is computed in a subquery of its own over the table, its windows as named columns:
+
+    SELECT category, COUNT(*) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn
+        FROM visits v) t WHERE rn = 1 GROUP BY category
+
+is
+
+    SELECT category, COUNT(*) FROM (SELECT v.visit_id, …, v.dpsql_win0 AS rn FROM (SELECT v.visit_id,
+        v.person_id, …, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS dpsql_win0 FROM visits v) AS v)
+        t WHERE rn = 1 GROUP BY category
+
+which the analysis reads as the table with more columns (`analysis.windowed`, which also breaks the ties of rows
+such windows order): each of its rows is a row of the table, its window values a function of its unit's rows
+alone. Anything else is left as written (and refused where it was).
 """
 
 from __future__ import annotations
@@ -22,9 +38,12 @@ from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import AGGREGATES
-from dpsql.sql.shape import tables_read
+from dpsql.sql.shape import WINDOW_COLUMN, is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
+# the window functions a windowed source computes
+SOURCE_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag,
+                    exp.Lead, exp.FirstValue, exp.LastValue, exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
 
 def unit_windows_as_joins(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
@@ -42,7 +61,9 @@ def _joined(select: exp.Select, schema: PrivacySchema) -> None:
     if any(select.args.get(k) for k in ("group", "having", "distinct", "limit", "offset", "with_")) \
             or select.args.get("from_") is None or any(join.side for join in select.args.get("joins") or []):
         return  # (under an outer join, a NULL unit is a partition of its own, which the join would drop)
-    windows = [w for item in select.expressions for w in item.find_all(exp.Window) if _whole_partition(w)]
+    windows = [w for item in select.expressions for w in item.find_all(exp.Window)]
+    if not all(_whole_partition(w) for w in windows):
+        return  # a windowed source computes them all (`unit_windows_as_sources`)
     units = {_unit(w.args["partition_by"][0], select, schema) for w in windows}
     if not windows or len(units) != 1 or None in units or any(n.name.startswith(WINDOWED)
                                                              for n in select.find_all(exp.Identifier)):
@@ -74,3 +95,62 @@ def _unit(column: exp.Column, select: exp.Select, schema: PrivacySchema) -> exp.
     owners = [a for a, t in tables.items() if t is not None and not t.public and t.unit_column == column.name
               and (not column.table or column.table == a)]
     return column if len(owners) == 1 and (column.table or len(tables) == 1) else None
+
+
+def unit_windows_as_sources(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
+    """`tree` with each subquery in FROM or JOIN (not `tree` itself) whose windows run over each unit's rows of its
+    one table reading that table from a windowed source: a subquery of the table's declared columns and those
+    windows, the subquery's WHERE inside it (the windows read the rows it keeps)."""
+    if schema.row_level:
+        return tree
+    for select in list(tree.find_all(exp.Select)):
+        if select is not tree and isinstance(select.parent, exp.Subquery | exp.CTE):
+            _sourced(select, schema)
+    return tree
+
+
+def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
+    windows = [w for item in select.expressions for w in item.find_all(exp.Window)]
+    source = select.args["from_"].this if select.args.get("from_") else None
+    if not windows or not isinstance(source, exp.Table) or source.db or is_windowed_source(select) \
+            or any(select.args.get(k) for k in ("joins", "group", "having", "distinct", "order", "limit", "offset",
+                                                "with_", "qualify", "windows")):
+        return
+    declared = schema.tables.get(source.name.lower())
+    if declared is None or declared.public or declared.unit_column is None:
+        return
+    alias = source.alias_or_name
+    outside = [n for n in select.find_all(*AGGREGATES) if n.find_ancestor(exp.Select) is select
+               and not (isinstance(n.parent, exp.Window) and n is n.parent.this)]
+    if outside or not all(_movable(w, declared.unit_column, alias) for w in windows):
+        return
+    columns = list(declared.columns)
+    inner = exp.select(*(exp.column(c, table=alias) for c in columns)).from_(source.copy())
+    if select.args.get("where"):
+        inner.set("where", select.args["where"].copy())
+        select.set("where", None)
+    for i, window in enumerate(windows):
+        inner.select(exp.alias_(window.copy(), f"{WINDOW_COLUMN}{i}"), copy=False)
+        window.replace(exp.column(f"{WINDOW_COLUMN}{i}", table=alias))
+    for item in list(select.expressions):  # the table's columns, not the windows dpsql adds to its source
+        if isinstance(item, exp.Star) or isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+            item.replace(exp.Tuple(expressions=[exp.column(c, table=alias) for c in columns]))
+    select.set("expressions", [e for item in select.expressions
+                               for e in (item.expressions if isinstance(item, exp.Tuple) else [item])])
+    source.replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+
+
+def _movable(window: exp.Window, unit: str, alias: str) -> bool:
+    """A window over partitions within one unit (its PARTITION BY holds the unit column), of a function a windowed
+    source computes, over plain columns."""
+    partition = window.args.get("partition_by") or []
+    order = window.args["order"].expressions if window.args.get("order") else []
+    function = window.this
+    arguments = [function.this] if isinstance(function.this, exp.Expression) and not isinstance(
+        function, exp.Ntile) else []
+    return (isinstance(function, SOURCE_FUNCTIONS) and not window.args.get("alias")
+            and all(isinstance(c, exp.Column) for c in partition)
+            and any(c.name == unit and c.table in ("", alias) for c in partition)
+            and all(isinstance(o.this, exp.Column) for o in order)
+            and all(isinstance(a, exp.Column | exp.Star) for a in arguments) and not window.find(exp.Select)
+            and (function.args.get("default") is None or isinstance(function.args["default"], exp.Null)))

@@ -644,10 +644,6 @@ error: "UnsupportedQuery: VALUES is not supported by dpsql [DP002]\nHint: rewrit
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category FROM visits GROUP BY category HAVING RANK() OVER (ORDER BY COUNT(*)) < 3", "unique": []}
 error: "UnsupportedQuery: a window function may appear only in the outer SELECT list or ORDER BY [DP002]\nHint: dpsql computes windows over the released rows, after noise: write it in the outer SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t GROUP BY k"
 
--- SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits) t WHERE rn = 1 GROUP BY 1
-input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits) t WHERE rn = 1 GROUP BY 1", "unique": []}
-error: "UnsupportedQuery: ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) outside the outer SELECT list reads each partition's raw rows [DP002]\nHint: aggregate per unit instead: FROM (SELECT <unit column>, MIN(day) AS first_day, COUNT(*) AS n FROM t GROUP BY 1) s; a window over the answer's own rows runs in the outer SELECT (rank() OVER (ORDER BY COUNT(*) DESC))"
-
 -- SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 2 ROWS WITH TIES
 input: {"max_groups": null, "params": null, "schema": "s1", "sql": "SELECT category, COUNT(*) FROM visits GROUP BY 1 ORDER BY 2 DESC FETCH FIRST 2 ROWS WITH TIES", "unique": []}
 error: "UnsupportedQuery: FETCH ... WITH TIES is not supported by dpsql [DP002]\nHint: write FETCH FIRST n ROWS ONLY, or LIMIT n: WITH TIES is not answered (which noisy values tie is noise)"

@@ -1,0 +1,172 @@
+"""A windowed source (`sql.shape.is_windowed_source`, written by `sql.unit_windows`): a table's rows with windows
+over each unit's rows (each person's first visit by ROW_NUMBER(), the days since their last visit by LAG, a running
+total), read as that table with a column for each window.
+
+Rule, under unit-level privacy: every window's PARTITION BY holds the table's unit column, so it reads the rows of
+one unit alone. Each row of the source is then a row of the table (its WHERE only drops rows), with the table's
+unit, and its window values are a function of that unit's rows: one unit added or removed adds or removes its own
+rows, the other units' rows and values unchanged, as for the table itself. The rewrite bounds the rows per unit
+outside, as for the table. Each window column is declared by the values it can take, and clamped to them wherever
+it is read as a value, like a declared column:
+- ROW_NUMBER, RANK, DENSE_RANK: 1 to the table's declared rows per unit (k); NTILE(n): 1 to n; PERCENT_RANK and
+  CUME_DIST: 0 to 1; COUNT: 0 to k;
+- LAG, LEAD, FIRST_VALUE, LAST_VALUE of a column: that column's declaration (its bounds or its domain);
+- SUM of a column: k times its range; AVG, MIN, MAX: its range. A SUM or AVG adds the column's values clamped to
+  its bounds, as the rewrite reads them everywhere: an extreme value stored cannot make the sum overflow, an error
+  that one person's rows would otherwise cause.
+
+Ties: PostgreSQL orders rows that tie on a window's ORDER BY as it happens to read them, and where other units'
+rows are stored can change that order. A window whose value depends on it (ROW_NUMBER, NTILE, LAG, LEAD,
+FIRST_VALUE, LAST_VALUE, a ROWS frame) is computed with the row's declared columns as its last ORDER BY keys, so
+tied rows are ordered by what they hold (in every engine's SQL); rows that tie on all of them are the same row to
+every reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlglot import exp
+
+from dpsql.analysis.scope import Scope
+from dpsql.errors import UnsupportedQuery
+from dpsql.schema import Column, Table
+from dpsql.sql import operands, to_sql
+
+TIE_SENSITIVE = (exp.RowNumber, exp.Ntile, exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue)
+RANKS = (exp.RowNumber, exp.Rank, exp.DenseRank)
+VALUES = (exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue)
+SUM_TYPES = {"smallint": "bigint", "integer": "bigint", "bigint": "numeric"}  # PostgreSQL's SUM and AVG types
+AVG_TYPES = {"smallint": "numeric", "integer": "numeric", "bigint": "numeric", "real": "double precision"}
+
+
+def read(scope: Scope, alias: str, select: exp.Select) -> tuple[Table, exp.Subquery]:
+    """The windowed source `select`, read as `alias`: the table it stands for (the declared table and a column per
+    window), and the SQL to read in its place (ties broken, its WHERE guarded)."""
+    source = select.args["from_"].this
+    declared = scope.schema.tables.get(source.name)
+    if scope.schema.row_level or declared is None or declared.public or declared.unit_column is None:
+        raise UnsupportedQuery(f"a window over the rows of {source.name} reads other rows than one unit's",
+                               "under row-level privacy, or over a table without the unit's column, aggregate "
+                               "over all rows instead")
+    sql = select.copy()
+    inner = sql.args["from_"].this.alias_or_name
+    if inner != alias:  # the merge renamed the source outside: its reader names it by the outer alias
+        for column in sql.find_all(exp.Column):
+            if column.table == inner:
+                column.set("table", exp.to_identifier(alias))
+        sql.args["from_"].this.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    columns = dict(declared.columns)
+    for item in sql.expressions:
+        if isinstance(item.this, exp.Window):
+            columns[item.alias] = _window_column(item.alias, item.this, declared, alias)
+            _break_ties(item.this, alias, list(declared.columns))
+        elif not isinstance(item.unalias(), exp.Column) or item.unalias().name not in declared.columns:
+            raise UnsupportedQuery(f"{to_sql(item)} in a window's source is not a column of {source.name}",
+                                   "select the table's columns beside the windows")
+    numbered = [_numbered_rows(scope, alias, item.alias) for item in sql.expressions
+                if _numbers_units(item, declared.unit_column, alias)]
+    rows = max(1, min([declared.max_rows_per_unit, *(n for n in numbered if n is not None)]))
+    if rows < declared.max_rows_per_unit:
+        scope.notes.append(f"relation {alias}: at most {rows} row{'s' * (rows != 1)} per unit, by its row numbers")
+    table = dataclasses.replace(declared, columns=columns, max_rows_per_unit=rows)
+    scope.aliases[alias] = table  # the WHERE's and the windows' columns are the table's, read as the guard reads them
+    for window in sql.find_all(exp.Window):
+        if isinstance(window.this, exp.Sum | exp.Avg):  # summed within its bounds: a stored value cannot overflow
+            window.this.set("this", scope.exprs.guard(window.this.this))
+    if sql.args.get("where"):
+        scope.exprs.check(sql.args["where"].this)
+        sql.set("where", exp.Where(this=scope.exprs.guard(sql.args["where"].this)))
+    return table, exp.Subquery(this=sql, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+
+
+def _numbers_units(item: exp.Expression, unit: str, alias: str) -> bool:
+    """`item` is ROW_NUMBER() over each unit's rows (partitioned by the unit column alone): each unit's rows are
+    numbered 1, 2, 3, … whatever they tie on."""
+    window = item.unalias()
+    partition = window.args.get("partition_by") or [] if isinstance(window, exp.Window) else []
+    return isinstance(window, exp.Window) and isinstance(window.this, exp.RowNumber) and len(partition) == 1 \
+        and partition[0].name == unit and partition[0].table == alias
+
+
+def _numbered_rows(scope: Scope, alias: str, name: str) -> int | None:
+    """The most rows of a unit that the query's conditions keep by their row number `alias.name` (`rn = 1`, `rn <=
+    3`, `rn IN (1, 2)`), from the WHERE and the ON of inner joins; None where none does. The per-unit stage enforces
+    the bound whatever the conditions, so a wrong reading could only cut rows, never leak."""
+    where = scope.tree.args.get("where")
+    conditions = [where.this] if where is not None else []
+    conditions += [j.args["on"] for j in scope.tree.args.get("joins") or [] if not j.side and j.args.get("on")]
+    kept = [_kept(test, alias, name) for condition in conditions for test in operands(condition)]
+    return min((k for k in kept if k is not None), default=None)
+
+
+def _kept(test: exp.Expression, alias: str, name: str) -> int | None:
+    """How many row numbers 1, 2, 3, … the condition `test` admits, if it compares the column `alias.name` with
+    whole-number constants."""
+    def numbered(node: exp.Expression) -> bool:
+        return isinstance(node, exp.Column) and node.table == alias and node.name == name
+
+    def whole(node: exp.Expression) -> int | None:
+        return int(node.this) if isinstance(node, exp.Literal) and node.is_int else None
+
+    test = test.unnest()
+    if isinstance(test, exp.In) and numbered(test.this) and not test.args.get("query"):
+        values = [whole(v) for v in test.expressions]
+        return None if None in values else len({v for v in values if v >= 1})
+    if isinstance(test, exp.Between) and numbered(test.this):
+        low, high = whole(test.args["low"]), whole(test.args["high"])
+        return None if low is None or high is None else max(0, high - max(low, 1) + 1)
+    flipped = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ}
+    if type(test) not in flipped:
+        return None
+    kind, column, value = type(test), test.this, test.expression
+    if numbered(value):
+        kind, column, value = flipped[kind], value, column
+    bound = whole(value)
+    if not numbered(column) or bound is None:
+        return None
+    return 1 if kind is exp.EQ else max(0, bound) if kind is exp.LTE else max(0, bound - 1) if kind is exp.LT \
+        else None
+
+
+def _window_column(name: str, window: exp.Window, table: Table, alias: str) -> Column:
+    """How the outer query sees one window's values."""
+    partition = window.args.get("partition_by") or []
+    if not any(isinstance(c, exp.Column) and c.name == table.unit_column and c.table == alias for c in partition):
+        raise UnsupportedQuery(f"{to_sql(window)} reads other units' rows",
+                               f"partition it by the unit: PARTITION BY {table.unit_column}")
+    function, k = window.this, float(table.max_rows_per_unit)
+    if isinstance(function, RANKS):
+        return Column(name, "bigint", 1.0, k)
+    if isinstance(function, exp.Ntile):
+        return Column(name, "integer", 1.0, float(function.this.this))
+    if isinstance(function, exp.PercentRank | exp.CumeDist):
+        return Column(name, "double precision", 0.0, 1.0)
+    if isinstance(function, exp.Count):
+        return Column(name, "bigint", 0.0, k)
+    argument = function.this
+    column = table.columns.get(argument.name) if isinstance(argument, exp.Column) else None
+    if column is None or column.local is not None:
+        raise UnsupportedQuery(f"{to_sql(window)} reads {to_sql(argument)}, not a declared column",
+                               "compute windows over the table's declared columns")
+    if isinstance(function, VALUES) or isinstance(function, exp.Min | exp.Max) and column.is_temporal:
+        return dataclasses.replace(column, name=name, unique=False, max_frequency=None)
+    if not (column.is_numeric and column.bounded):
+        raise UnsupportedQuery(f"{to_sql(window)} sums or averages {to_sql(argument)}, which has no declared "
+                               "numeric bounds", "declare its lower and upper bounds in the privacy schema")
+    if isinstance(function, exp.Sum):
+        return Column(name, SUM_TYPES.get(column.type, column.type), min(0.0, k * column.lower),
+                      max(0.0, k * column.upper))
+    kind = AVG_TYPES.get(column.type, column.type) if isinstance(function, exp.Avg) else column.type
+    return Column(name, kind, column.lower, column.upper)
+
+
+def _break_ties(window: exp.Window, alias: str, columns: list[str]) -> None:
+    """`window` (a copy) ordered by the row's declared columns last, where its value depends on the order of ties."""
+    spec = window.args.get("spec")
+    if not (isinstance(window.this, TIE_SENSITIVE) or spec is not None and (spec.args.get("kind") or "").upper()
+            == "ROWS"):
+        return
+    keys = list(window.args["order"].expressions) if window.args.get("order") else []
+    window.set("order", exp.Order(expressions=[*keys, *(exp.Ordered(this=exp.column(c, table=alias))
+                                                         for c in columns)]))
