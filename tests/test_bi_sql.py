@@ -2087,6 +2087,13 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "person_id ORDER BY day, visit_id) AS first_cat FROM visits) t GROUP BY 1",
     "SELECT p.sex, COUNT(*) FROM (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id, category ORDER BY "
     "day, visit_id) AS rn FROM visits) v JOIN people p ON p.person_id = v.person_id WHERE v.rn = 1 GROUP BY 1",
+    # PostgreSQL's DISTINCT ON a person: their first (or latest) row, as ROW_NUMBER() = 1 in the rest of the order
+    "SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS c FROM visits ORDER BY "
+    "person_id, day, visit_id) t GROUP BY 1",
+    "WITH latest AS (SELECT DISTINCT ON (v.person_id) * FROM visits v WHERE v.category = 'lab' ORDER BY 2, "
+    "v.day DESC, v.visit_id) SELECT category, COUNT(*) FROM latest GROUP BY 1",
+    "SELECT p.sex, COUNT(*) FROM (SELECT DISTINCT ON (person_id, category) person_id, category FROM visits ORDER BY "
+    "person_id, category, day) v JOIN people p ON p.person_id = v.person_id GROUP BY 1",
 ])
 def test_a_window_over_each_unit_s_rows_is_read_from_a_windowed_source(base_url, sql):
     """A window partitioned by the unit inside a subquery (each person's first visit by ROW_NUMBER(), the days
@@ -2135,6 +2142,8 @@ def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, conditio
            f"RANK() OVER (PARTITION BY person_id ORDER BY day) AS rk, ROW_NUMBER() OVER (PARTITION BY person_id, "
            f"category ORDER BY day) AS rc FROM visits) t WHERE {condition}")
     assert engine.prepare(sql).plan.rows_per_unit == rows
+    first = "SELECT COUNT(*) FROM (SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, day) t"
+    assert engine.prepare(first).plan.rows_per_unit == 1  # DISTINCT ON a person: their first row
 
 
 @pytest.mark.parametrize(("sql", "refused"), [

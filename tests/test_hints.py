@@ -50,8 +50,8 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
 
 
 @pytest.mark.parametrize("sql,construct,instead", [
-    ("SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS c FROM visits ORDER BY "
-     "person_id, day) t GROUP BY 1", "DISTINCT ON", "MIN(day) AS first_day"),
+    ("SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (category) person_id, category AS c FROM visits ORDER BY "
+     "category, day) t GROUP BY 1", "DISTINCT ON", "DISTINCT ON (<unit column>) <unit column>, category AS c"),
     ("SELECT region, COUNT(*) FILTER (WHERE 'fever' = ANY(symptom)) FROM survey GROUP BY 1", "ANY",
      "SELECT symptom, COUNT(*)"),
     ("SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY category "

@@ -282,6 +282,8 @@ QUERIES = [
     # a running total and a row's rank read as values (clamped to what they can be), a quartile as a key
     "SELECT category, COUNT(*), SUM(amount) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) "
     "AS rn FROM visits v) t WHERE rn = 1 GROUP BY category",
+    "SELECT category, COUNT(*), AVG(amount) FROM (SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, "
+    "day DESC) t GROUP BY category",
     "SELECT AVG(gap), SUM(gap), COUNT(*) FROM (SELECT day - LAG(day) OVER (PARTITION BY person_id ORDER BY day) AS gap "
     "FROM visits WHERE amount > 10) t",
     "SELECT category, SUM(running), AVG(rn) FROM (SELECT category, SUM(amount) OVER (PARTITION BY person_id ORDER BY "

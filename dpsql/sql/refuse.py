@@ -110,8 +110,10 @@ def refuse_unsafe(tree: exp.Select) -> None:
             distinct = node.args.get("distinct")
             if distinct is not None and distinct.args.get("on"):
                 raise UnsupportedQuery("SELECT DISTINCT ON releases one raw row per key and is not supported",
-                                       f"{PER_UNIT}; a column of a unit's first row itself (its category) is not "
-                                       "answered")
+                                       "keep each unit's first row in a subquery of one table, DISTINCT ON its unit "
+                                       "column, and aggregate outside: SELECT c, COUNT(*) FROM (SELECT DISTINCT ON "
+                                       "(<unit column>) <unit column>, category AS c FROM t ORDER BY <unit column>, "
+                                       f"day) s GROUP BY 1; or {PER_UNIT}")
             if distinct is not None:
                 raise UnsupportedQuery("SELECT DISTINCT releases raw values and is not supported",
                                        "use GROUP BY with an aggregate, e.g. SELECT c, COUNT(*) ... GROUP BY c")

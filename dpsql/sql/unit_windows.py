@@ -37,10 +37,11 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
-from dpsql.sql.query import AGGREGATES
+from dpsql.sql.query import AGGREGATES, to_sql
 from dpsql.sql.shape import WINDOW_COLUMN, is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
+FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON: the subquery's alias and its numbers' name
 # the window functions a windowed source computes
 SOURCE_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag,
                     exp.Lead, exp.FirstValue, exp.LastValue, exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
@@ -154,3 +155,71 @@ def _movable(window: exp.Window, unit: str, alias: str) -> bool:
             and all(isinstance(o.this, exp.Column) for o in order)
             and all(isinstance(a, exp.Column | exp.Star) for a in arguments) and not window.find(exp.Select)
             and (function.args.get("default") is None or isinstance(function.args["default"], exp.Null)))
+
+
+def distinct_on_as_row_numbers(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
+    """`tree` with each subquery in FROM or JOIN that keeps one row per unit by DISTINCT ON (each person's first or
+    latest row: `SELECT DISTINCT ON (person_id) person_id, category FROM visits ORDER BY person_id, day DESC`)
+    written as the rows whose ROW_NUMBER() over the unit's rows, in the rest of its ORDER BY, is 1 (which
+    `unit_windows_as_sources` then computes in a windowed source). PostgreSQL keeps the first row of each key in
+    that order, any of the rows that tie on it."""
+    if schema.row_level:
+        return tree
+    for select in list(tree.find_all(exp.Select)):
+        distinct = select.args.get("distinct")
+        if select is not tree and distinct is not None and distinct.args.get("on") is not None \
+                and isinstance(select.parent, exp.Subquery | exp.CTE):
+            _first_rows(select, schema)
+    return tree
+
+
+def _first_rows(select: exp.Select, schema: PrivacySchema) -> None:
+    source = select.args["from_"].this if select.args.get("from_") else None
+    if not isinstance(source, exp.Table) or any(select.args.get(k) for k in (
+            "joins", "group", "having", "limit", "offset", "with_", "qualify", "windows")):
+        return
+    declared = schema.tables.get(source.name.lower())
+    if declared is None or declared.public or declared.unit_column is None:
+        return
+    columns = [exp.column(c, table=source.alias_or_name) for c in declared.columns]
+    outputs = [e for item in select.expressions for e in (  # a * is the table's declared columns
+        columns if isinstance(item, exp.Star) or isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        else [item])]
+    items = {item.alias: item.this for item in outputs if isinstance(item, exp.Alias)}
+    keys = [_column_of(k, outputs, items) for k in select.args["distinct"].args["on"].expressions]
+    order = [_ordered_by(o, outputs, items) for o in (select.args["order"].expressions
+                                                      if select.args.get("order") else [])]
+    if None in keys or None in order or not all(isinstance(item, exp.Column | exp.Alias) for item in outputs) \
+            or not any(k.name == declared.unit_column and k.table in ("", source.alias_or_name) for k in keys):
+        return
+    if order and {to_sql(o.this) for o in order[:len(keys)]} != {to_sql(k) for k in keys}:
+        return  # (PostgreSQL requires the ORDER BY to lead with the DISTINCT ON keys)
+    window = exp.Window(this=exp.RowNumber(), partition_by=[k.copy() for k in keys],
+                        order=exp.Order(expressions=order[len(keys):]) if order[len(keys):] else None)
+    numbered = exp.select(*(item.copy() for item in outputs), exp.alias_(window, FIRST)).from_(source.copy())
+    if select.args.get("where"):
+        numbered.set("where", select.args["where"].copy())
+    first = exp.select(*(exp.column(item.alias_or_name, table=FIRST) for item in outputs)).from_(
+        exp.Subquery(this=numbered, alias=exp.TableAlias(this=exp.to_identifier(FIRST))))
+    select.replace(first.where(exp.column(FIRST, table=FIRST).eq(exp.Literal.number(1))))
+
+
+def _ordered_by(ordered: exp.Ordered, outputs: list[exp.Expression], aliases: dict[str, exp.Expression]
+                ) -> exp.Ordered | None:
+    """An ORDER BY key as the column it orders by."""
+    key = _column_of(ordered.this, outputs, aliases)
+    if key is None:
+        return None
+    copy = ordered.copy()
+    copy.set("this", key.copy())
+    return copy
+
+
+def _column_of(key: exp.Expression, outputs: list[exp.Expression], aliases: dict[str, exp.Expression]
+               ) -> exp.Column | None:
+    """A DISTINCT ON or ORDER BY key as the column it names, an output's position or name read as the output."""
+    if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(outputs):
+        key = outputs[int(key.this) - 1].unalias()
+    elif isinstance(key, exp.Column) and not key.table and key.name in aliases:
+        key = aliases[key.name]
+    return key if isinstance(key, exp.Column) else None
