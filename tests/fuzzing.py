@@ -261,8 +261,14 @@ UNIT_SOURCES = [
     Source("(SELECT person_id, CASE WHEN COUNT(*) > 2 THEN 'many' ELSE 'few' END AS b, MAX(amount) AS m FROM visits "
            "WHERE amount > 10 GROUP BY person_id HAVING SUM(amount) > 50) u RIGHT JOIN visits v "
            "ON u.person_id = v.person_id", ("u", "v")),
+    # windows over each person's rows, read from a windowed source (ties broken by the row), and DISTINCT ON
+    Source("(SELECT v.*, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.day) AS rn, LAG(v.amount) OVER "
+           "(PARTITION BY v.person_id ORDER BY v.day) AS prev FROM visits v WHERE v.amount > 10) v", ("v", "vw")),
+    Source("(SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, day DESC) v JOIN people p "
+           "ON p.person_id = v.person_id", ("v", "p")),
 ]
-BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"], "t": ["t.n", "t.s"], "u": ["u.m"]}
+BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"], "t": ["t.n", "t.s"], "u": ["u.m"],
+           "vw": ["v.rn", "v.prev"]}
 UNBOUNDED = {"p": ["p.score", "p.balance"]}
 TEXT = {"p": ["p.state", "p.sex"], "v": ["v.category", "v.note"], "r": ["r.drug"], "s": ["s.region"], "u": ["u.b"]}
 DATES = {"p": ["p.born", "p.seen"], "v": ["v.day"]}
@@ -400,6 +406,9 @@ DERIVED = [
     # a window over each person's rows inside a subquery: a per-person subquery joined to them
     "SELECT bucket, COUNT(*), SUM(m) FROM (SELECT v.amount AS m, CASE WHEN SUM(v.amount) OVER (PARTITION BY "
     "v.person_id) > 100 THEN 'hi' ELSE 'lo' END AS bucket FROM visits v WHERE v.amount > 10) t GROUP BY 1",
+    "SELECT t.category, COUNT(*), SUM(t.running), AVG(t.q) FROM (SELECT v.category, SUM(v.amount) OVER (PARTITION BY "
+    "v.person_id ORDER BY v.day ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS running, NTILE(3) OVER (PARTITION BY "
+    "v.person_id ORDER BY v.amount) AS q FROM visits v) t WHERE t.running > 20 GROUP BY 1",
     # a subquery by unit and key regrouped by the key, and the people beside a sum
     "SELECT t.note, COUNT(*), AVG(t.n), SUM(t.s) FROM (SELECT v.person_id, v.note, COUNT(*) AS n, SUM(v.amount) AS s "
     "FROM visits v WHERE v.amount > 10 GROUP BY 1, 2) t GROUP BY t.note",

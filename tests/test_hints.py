@@ -56,7 +56,7 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
      "SELECT symptom, COUNT(*)"),
     ("SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER (PARTITION BY category "
      "ORDER BY day) AS rn FROM visits) t WHERE rn = 1 GROUP BY 1", "ROW_NUMBER() OVER (PARTITION BY category",
-     "PARTITION BY <unit column> ORDER BY day"),
+     "ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day)"),
     ("SELECT date_trunc('week', day AT TIME ZONE p.state) AS t, COUNT(*) FROM visits v JOIN people p "
      "ON v.person_id = p.person_id GROUP BY 1", "AT TIME ZONE p.state", "day AT TIME ZONE 'America/New_York'"),
     ("SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM "

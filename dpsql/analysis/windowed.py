@@ -57,13 +57,15 @@ def read(scope: Scope, alias: str, select: exp.Select) -> tuple[Table, exp.Subqu
                 column.set("table", exp.to_identifier(alias))
         sql.args["from_"].this.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
     columns = dict(declared.columns)
-    for item in sql.expressions:
-        if isinstance(item.this, exp.Window):
-            columns[item.alias] = _window_column(item.alias, item.this, declared, alias)
-            _break_ties(item.this, alias, list(declared.columns))
-        elif not isinstance(item.unalias(), exp.Column) or item.unalias().name not in declared.columns:
-            raise UnsupportedQuery(f"{to_sql(item)} in a window's source is not a column of {source.name}",
-                                   "select the table's columns beside the windows")
+    windows = [item for item in sql.expressions if isinstance(item.this, exp.Window)]
+    for item in windows:
+        if item.alias in columns:
+            raise UnsupportedQuery(f"the window {_written(item.this)} is named {item.alias}, as a column of "
+                                   f"{source.name} is", f"name it otherwise: … AS {item.alias}_w")
+        columns[item.alias] = _window_column(item.alias, item.this, declared, alias)
+        _break_ties(item.this, alias, list(declared.columns))
+    # every row of the table, whichever of its columns the subquery named: its unit's column for the rewrite too
+    sql.set("expressions", [*(exp.alias_(exp.column(c, table=alias), c) for c in declared.columns), *windows])
     numbered = [_numbered_rows(scope, alias, item.alias) for item in sql.expressions
                 if _numbers_units(item, declared.unit_column, alias)]
     rows = max(1, min([declared.max_rows_per_unit, *(n for n in numbered if n is not None)]))
@@ -133,8 +135,10 @@ def _window_column(name: str, window: exp.Window, table: Table, alias: str) -> C
     """How the outer query sees one window's values."""
     partition = window.args.get("partition_by") or []
     if not any(isinstance(c, exp.Column) and c.name == table.unit_column and c.table == alias for c in partition):
-        raise UnsupportedQuery(f"{to_sql(window)} reads other units' rows",
-                               f"partition it by the unit: PARTITION BY {table.unit_column}")
+        by_unit = window.copy()
+        by_unit.set("partition_by", [exp.column(table.unit_column)])
+        raise UnsupportedQuery(f"{_written(window)} reads other units' rows",
+                               f"partition it by the unit: {_written(by_unit)}")
     function, k = window.this, float(table.max_rows_per_unit)
     if isinstance(function, RANKS):
         return Column(name, "bigint", 1.0, k)
@@ -147,12 +151,12 @@ def _window_column(name: str, window: exp.Window, table: Table, alias: str) -> C
     argument = function.this
     column = table.columns.get(argument.name) if isinstance(argument, exp.Column) else None
     if column is None or column.local is not None:
-        raise UnsupportedQuery(f"{to_sql(window)} reads {to_sql(argument)}, not a declared column",
+        raise UnsupportedQuery(f"{_written(window)} reads {_written(argument)}, not a declared column",
                                "compute windows over the table's declared columns")
     if isinstance(function, VALUES) or isinstance(function, exp.Min | exp.Max) and column.is_temporal:
         return dataclasses.replace(column, name=name, unique=False, max_frequency=None)
     if not (column.is_numeric and column.bounded):
-        raise UnsupportedQuery(f"{to_sql(window)} sums or averages {to_sql(argument)}, which has no declared "
+        raise UnsupportedQuery(f"{_written(window)} sums or averages {_written(argument)}, which has no declared "
                                "numeric bounds", "declare its lower and upper bounds in the privacy schema")
     if isinstance(function, exp.Sum):
         return Column(name, SUM_TYPES.get(column.type, column.type), min(0.0, k * column.lower),
@@ -170,3 +174,11 @@ def _break_ties(window: exp.Window, alias: str, columns: list[str]) -> None:
     keys = list(window.args["order"].expressions) if window.args.get("order") else []
     window.set("order", exp.Order(expressions=[*keys, *(exp.Ordered(this=exp.column(c, table=alias))
                                                          for c in columns)]))
+
+
+def _written(node: exp.Expression) -> str:
+    """`node` as the analyst wrote it: its columns unqualified (a windowed source reads one table)."""
+    copy = node.copy()
+    for column in copy.find_all(exp.Column):
+        column.set("table", None)
+    return to_sql(copy)

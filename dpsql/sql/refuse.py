@@ -164,7 +164,7 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
         place = place.parent
     in_order = isinstance(place, exp.Ordered) and place.parent is not None and place.parent.parent is tree
     sourced = isinstance(place, exp.Select) and place is not tree and window.parent.parent is place \
-        and is_windowed_source(place)
+        and bool(window.args.get("partition_by")) and is_windowed_source(place)
     if not (place is tree or in_order or sourced) or window.find_ancestor(exp.Window, *AGGREGATES):
         if window.args.get("partition_by"):  # a row of each unit's (its first by ROW_NUMBER(), a running total)
             raise UnsupportedQuery(f"{to_sql(window)} outside the outer SELECT list reads each partition's raw rows",

@@ -15,8 +15,6 @@ from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import AGGREGATES, output_name, replace_keeping_precedence
 
-WINDOW_COLUMN = "dpsql_win"  # a windowed source's window columns: dpsql_win0, dpsql_win1, …
-
 
 def filters_as_case(tree: exp.Select) -> exp.Select:
     """`agg(x) FILTER (WHERE c)` is `agg(CASE WHEN c THEN x END)`: the rows c rejects become NULL, which every
@@ -589,16 +587,17 @@ def _when(condition: exp.Expression, value: exp.Expression) -> exp.Case:
 
 
 def is_windowed_source(select: exp.Select) -> bool:
-    """The shape `unit_windows_as_sources` writes: one table's columns and named windows over it, and a WHERE: a
-    windowed source, which the analysis reads as that table with more columns (`analysis.windowed`)."""
+    """The shape `unit_windows_as_sources` writes: one table's columns and named windows over it, and a WHERE, read
+    in FROM or JOIN: a windowed source, which the analysis reads as that table with more columns
+    (`analysis.windowed`)."""
     source = select.args["from_"].this if select.args.get("from_") else None
     return isinstance(source, exp.Table) and isinstance(select.parent, exp.Subquery) \
+        and isinstance(select.parent.parent, exp.From | exp.Join) \
         and not any(select.args.get(k) for k in ("joins", "group", "having", "distinct", "order", "limit", "offset",
                                                   "with_", "qualify", "windows")) \
         and any(isinstance(item.unalias(), exp.Window) for item in select.expressions) \
-        and all(isinstance(item.unalias(), exp.Column) or isinstance(item, exp.Alias) and isinstance(
-            item.this, exp.Window) and item.alias.startswith(WINDOW_COLUMN) for item in select.expressions)
-
+        and all(isinstance(item.unalias(), exp.Column) and item.alias_or_name == item.unalias().name
+                or isinstance(item, exp.Alias) and isinstance(item.this, exp.Window) for item in select.expressions)
 
 
 def windowed_sources(tree: exp.Select) -> dict[str, exp.Select]:

@@ -23,13 +23,16 @@ by LAG, a running total) is computed in a subquery of its own over the table, it
 
 is
 
-    SELECT category, COUNT(*) FROM (SELECT v.visit_id, …, v.dpsql_win0 AS rn FROM (SELECT v.visit_id,
-        v.person_id, …, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS dpsql_win0 FROM visits v) AS v)
-        t WHERE rn = 1 GROUP BY category
+    SELECT category, COUNT(*) FROM (SELECT v.visit_id, …, v.rn AS rn FROM (SELECT v.visit_id, v.person_id, …,
+        ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits v) AS v) t WHERE rn = 1
+        GROUP BY category
 
-which the analysis reads as the table with more columns (`analysis.windowed`, which also breaks the ties of rows
-such windows order): each of its rows is a row of the table, its window values a function of its unit's rows
-alone. Anything else is left as written (and refused where it was).
+(a window inside an expression, `day - LAG(day) OVER (…)`, is the source's column dpsql_win0, …), which the
+analysis reads as the table with more columns (`analysis.windowed`, which also breaks the ties of rows such windows
+order): each of its rows is a row of the table, its window values a function of its unit's rows alone. A subquery
+that already has that shape is read as it is. Anything else is left as written (and refused where it was).
+
+PostgreSQL's DISTINCT ON a unit in such a subquery is first spelled as ROW_NUMBER() = 1 (`distinct_on_as_row_numbers`).
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import AGGREGATES, to_sql
-from dpsql.sql.shape import WINDOW_COLUMN, is_windowed_source, tables_read
+from dpsql.sql.shape import is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
 FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON: the subquery's alias and its numbers' name
+WINDOW_COLUMN = "dpsql_win"  # a windowed source's column for a window inside an expression: dpsql_win0, …
 # the window functions a windowed source computes
 SOURCE_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag,
                     exp.Lead, exp.FirstValue, exp.LastValue, exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
@@ -130,9 +134,15 @@ def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
     if select.args.get("where"):
         inner.set("where", select.args["where"].copy())
         select.set("where", None)
+    taken = set(columns)
     for i, window in enumerate(windows):
-        inner.select(exp.alias_(window.copy(), f"{WINDOW_COLUMN}{i}"), copy=False)
-        window.replace(exp.column(f"{WINDOW_COLUMN}{i}", table=alias))
+        # named as the analyst named it where it stands alone (refusals and notes then read `v.rn`)
+        name = window.parent.alias if isinstance(window.parent, exp.Alias) else f"{WINDOW_COLUMN}{i}"
+        while name in taken:
+            name = f"{WINDOW_COLUMN}{i}" if name != f"{WINDOW_COLUMN}{i}" else f"{name}_"
+        taken.add(name)
+        inner.select(exp.alias_(window.copy(), name), copy=False)
+        window.replace(exp.column(name, table=alias))
     for item in list(select.expressions):  # the table's columns, not the windows dpsql adds to its source
         if isinstance(item, exp.Star) or isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
             item.replace(exp.Tuple(expressions=[exp.column(c, table=alias) for c in columns]))
