@@ -476,6 +476,14 @@ QUERY_CLASSES = [
     QueryClass("declared values present per group, from units per (key, value) (stop 69)",
                query("SELECT p.state, COUNT(DISTINCT t.kind) FROM trips t JOIN people p USING (person_id) "
                      "GROUP BY 1"), 1, delta=DELTA),
+    QueryClass("each unit's first rows by ROW_NUMBER() and a previous value by LAG, from a windowed source (ties "
+               "broken by the row, stop 70)",
+               query("SELECT kind, COUNT(*), SUM(prev) FROM (SELECT kind, ROW_NUMBER() OVER (PARTITION BY person_id "
+                     "ORDER BY fare) AS rn, LAG(fare) OVER (PARTITION BY person_id ORDER BY kind) AS prev FROM trips) t "
+                     "WHERE rn <= 2 GROUP BY 1"), 1),
+    QueryClass("each unit's latest row by DISTINCT ON (one row a unit, stop 70)",
+               query("SELECT kind, COUNT(*), SUM(fare) FROM (SELECT DISTINCT ON (person_id) * FROM trips ORDER BY "
+                     "person_id, kind DESC) t GROUP BY 1"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
