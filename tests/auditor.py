@@ -479,8 +479,8 @@ QUERY_CLASSES = [
     QueryClass("each unit's first rows by ROW_NUMBER() and a previous value by LAG, from a windowed source (ties "
                "broken by the row, stop 70)",
                query("SELECT kind, COUNT(*), SUM(prev) FROM (SELECT kind, ROW_NUMBER() OVER (PARTITION BY person_id "
-                     "ORDER BY fare) AS rn, LAG(fare) OVER (PARTITION BY person_id ORDER BY kind) AS prev FROM trips) t "
-                     "WHERE rn <= 2 GROUP BY 1"), 1),
+                     "ORDER BY fare) AS rn, LAG(fare) OVER (PARTITION BY person_id ORDER BY kind) AS prev "
+                     "FROM trips) t WHERE rn <= 2 GROUP BY 1"), 1),
     QueryClass("each unit's latest row by DISTINCT ON (one row a unit, stop 70)",
                query("SELECT kind, COUNT(*), SUM(fare) FROM (SELECT DISTINCT ON (person_id) * FROM trips ORDER BY "
                      "person_id, kind DESC) t GROUP BY 1"), 1),

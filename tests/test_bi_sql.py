@@ -2087,6 +2087,11 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "person_id ORDER BY day, visit_id) AS first_cat FROM visits) t GROUP BY 1",
     "SELECT p.sex, COUNT(*) FROM (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id, category ORDER BY "
     "day, visit_id) AS rn FROM visits) v JOIN people p ON p.person_id = v.person_id WHERE v.rn = 1 GROUP BY 1",
+    # read by a per-unit subquery (each person's longest gap between visits), or joined to the person's rows
+    "SELECT COUNT(*) FROM (SELECT person_id, MAX(day - prev) AS longest FROM (SELECT person_id, day, LAG(day) OVER "
+    "(PARTITION BY person_id ORDER BY day, visit_id) AS prev FROM visits) t GROUP BY person_id) s WHERE longest > 60",
+    "SELECT t.first_cat, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS first_cat FROM visits "
+    "ORDER BY person_id, day, visit_id) t JOIN visits v ON v.person_id = t.person_id GROUP BY 1",
     # PostgreSQL's DISTINCT ON a person: their first (or latest) row, as ROW_NUMBER() = 1 in the rest of the order
     "SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS c FROM visits ORDER BY "
     "person_id, day, visit_id) t GROUP BY 1",

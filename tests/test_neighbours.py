@@ -284,6 +284,9 @@ QUERIES = [
     "AS rn FROM visits v) t WHERE rn = 1 GROUP BY category",
     "SELECT category, COUNT(*), AVG(amount) FROM (SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, "
     "day DESC) t GROUP BY category",
+    "SELECT AVG(first3), COUNT(*), SUM(n) FROM (SELECT person_id, AVG(amount) AS first3, COUNT(*) AS n FROM (SELECT "
+    "v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits v) t WHERE rn <= 3 "
+    "GROUP BY person_id) s",
     "SELECT AVG(gap), SUM(gap), COUNT(*) FROM (SELECT day - LAG(day) OVER (PARTITION BY person_id ORDER BY day) AS gap "
     "FROM visits WHERE amount > 10) t",
     "SELECT category, SUM(running), AVG(rn) FROM (SELECT category, SUM(amount) OVER (PARTITION BY person_id ORDER BY "

@@ -223,7 +223,7 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select, bool]:
         outputs.append(exp.alias_(group[0].copy(), unit_name))
     where = scope.exprs.guard(tree.args["where"].this) if tree.args.get("where") else None
     present = exp.Not(this=exp.Is(this=group[0].copy(), expression=exp.Null()))
-    bounded = exp.select(*outputs).from_(scope.guarded(tree.args["from_"]))
+    bounded = exp.select(*outputs).from_(scope.guarded(relations.bounded_source(tree.args["from_"], scope.read_as)))
     for join in scope.joins:
         bounded = bounded.join(scope.guarded(join))
     bounded = bounded.where(present if where is None else exp.and_(exp.paren(where), present))

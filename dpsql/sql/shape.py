@@ -613,16 +613,16 @@ def require_flat(tree: exp.Select) -> None:
     x IN (SELECT ...), possibly under NOT, over plain SELECTs without nesting, grouping or aggregates."""
     semijoins = semijoin_selects(tree)
     allowed = {id(s) for s in semijoins} | {id(s.parent) for s in semijoins if isinstance(s.parent, exp.Subquery)}
-    for windowed in windowed_sources(tree).values():
+    derived_selects = [d for d in [derived_select(tree), *joined_derived_selects(tree).values()] if d is not None]
+    for windowed in [w for select in [tree, *derived_selects] for w in windowed_sources(select).values()]:
         if any(select is not windowed for select in windowed.find_all(exp.Select)):
             raise UnsupportedQuery("a window over each unit's rows may not read subqueries",
                                    "filter its rows with conditions on their own columns")
         allowed |= {id(windowed), id(windowed.parent)}
-    for derived in [derived_select(tree), *joined_derived_selects(tree).values()]:
-        if derived is None:
-            continue
+    for derived in derived_selects:
         allowed |= {id(derived), id(derived.parent), id(tree.args.get("with_"))}
-        if any(isinstance(n, exp.Select | exp.Subquery | exp.CTE) for n in derived.walk() if n is not derived):
+        if any(isinstance(n, exp.Select | exp.Subquery | exp.CTE) for n in derived.walk()
+               if n is not derived and id(n) not in allowed):
             raise UnsupportedQuery("a per-unit subquery may not hold subqueries of its own",
                                    "move the inner subquery's condition into the outer query, or join its table inside")
     for node in tree.walk():
