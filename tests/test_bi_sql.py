@@ -2087,6 +2087,8 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "person_id ORDER BY day, visit_id) AS first_cat FROM visits) t GROUP BY 1",
     "SELECT p.sex, COUNT(*) FROM (SELECT person_id, ROW_NUMBER() OVER (PARTITION BY person_id, category ORDER BY "
     "day, visit_id) AS rn FROM visits) v JOIN people p ON p.person_id = v.person_id WHERE v.rn = 1 GROUP BY 1",
+    "SELECT category, COUNT(*) FROM (SELECT person_id, category, ROW_NUMBER() OVER w AS rn FROM visits WINDOW w AS "
+    "(PARTITION BY person_id ORDER BY day, visit_id)) t WHERE rn = 1 GROUP BY 1",  # a named window
     # read by a per-unit subquery (each person's longest gap between visits), or joined to the person's rows
     "SELECT COUNT(*) FROM (SELECT person_id, MAX(day - prev) AS longest FROM (SELECT person_id, day, LAG(day) OVER "
     "(PARTITION BY person_id ORDER BY day, visit_id) AS prev FROM visits) t GROUP BY person_id) s WHERE longest > 60",
@@ -2170,6 +2172,16 @@ def test_a_window_not_over_one_unit_s_rows_of_one_table_is_refused(engine, sql, 
     subquery inside the windowed rows' WHERE."""
     with pytest.raises(errors.UnsupportedQuery, match=refused):
         engine.prepare(sql)
+
+
+def test_a_named_window_is_its_definition(engine):
+    """`OVER w … WINDOW w AS (…)` reads as the window written in place, its frame its own where it gives one, in
+    the outer query (over released rows) as in a subquery."""
+    named = check_query("SELECT category, COUNT(*), RANK() OVER w, SUM(COUNT(*)) OVER (w ROWS 1 PRECEDING) "
+                        "FROM visits GROUP BY 1 WINDOW w AS (ORDER BY COUNT(*) DESC)", engine.schema)
+    inline = check_query("SELECT category, COUNT(*), RANK() OVER (ORDER BY COUNT(*) DESC), SUM(COUNT(*)) OVER "
+                         "(ORDER BY COUNT(*) DESC ROWS 1 PRECEDING) FROM visits GROUP BY 1", engine.schema)
+    assert named.canonical == inline.canonical
 
 
 def test_a_window_over_a_person_s_rows_is_refused_under_row_level_privacy():

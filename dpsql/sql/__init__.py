@@ -51,6 +51,7 @@ from dpsql.sql.shape import (
     joined_derived_selects,
     left_as_substring,
     logs_as_ln,
+    named_windows_inlined,
     order_of_aggregated_sources_dropped,
     percentiles_as_arrays,
     projection_over_aggregates,
@@ -96,6 +97,7 @@ def _tree_only(rule: Callable[[exp.Select], exp.Select | None]) -> Rule:
 # computed from a subquery's aggregates, a projection over a grouped subquery, percentile arrays, DISTINCT); each
 # shape only rewrites into constructs the allowlist and the analysis then judge, never past them.
 SPELLINGS: tuple[Rule, ...] = (
+    _tree_only(named_windows_inlined),
     _tree_only(fetch_as_limit),
     _tree_only(empty_grouping_dropped),
     _tree_only(order_of_aggregated_sources_dropped),

@@ -68,6 +68,31 @@ def order_of_aggregated_sources_dropped(tree: exp.Select) -> exp.Select:
     return tree
 
 
+def named_windows_inlined(tree: exp.Select) -> exp.Select:
+    """`OVER w … WINDOW w AS (PARTITION BY person_id ORDER BY day)` is `OVER (PARTITION BY person_id ORDER BY day)`:
+    each window that names one of its SELECT's WINDOW definitions takes its PARTITION BY and ORDER BY, and its frame
+    where the window gives none, as PostgreSQL reads it. A name its SELECT does not define is left (refused)."""
+    for select in list(tree.find_all(exp.Select)):
+        definitions = {w.name: w for w in select.args.get("windows") or []}
+        if not definitions:
+            continue
+        for window in select.find_all(exp.Window):
+            named = window.args.get("alias")
+            definition = definitions.get(named.name) if named is not None and window.find_ancestor(
+                exp.Select) is select and window not in select.args["windows"] else None
+            if definition is None:
+                continue
+            for part in ("partition_by", "order", "spec"):
+                if definition.args.get(part) and not window.args.get(part):
+                    window.set(part, definition.args[part].copy() if isinstance(definition.args[part], exp.Expression)
+                               else [e.copy() for e in definition.args[part]])
+            window.set("alias", None)
+        if not any(w.args.get("alias") is not None for w in select.find_all(exp.Window)
+                   if w not in select.args["windows"]):
+            select.set("windows", None)
+    return tree
+
+
 def fetch_as_limit(tree: exp.Select) -> exp.Select:
     """`FETCH FIRST n ROWS ONLY` (the standard's spelling, which Tableau and DBeaver send) is `LIMIT n`; with no n it
     is one row. WITH TIES, whose rows depend on ties among released values, is left as written (refused).
