@@ -2094,6 +2094,13 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "(PARTITION BY person_id ORDER BY day, visit_id) AS prev FROM visits) t GROUP BY person_id) s WHERE longest > 60",
     "SELECT t.first_cat, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS first_cat FROM visits "
     "ORDER BY person_id, day, visit_id) t JOIN visits v ON v.person_id = t.person_id GROUP BY 1",
+    # a LATERAL subquery of each person's first rows (their latest visit): those rows by ROW_NUMBER()
+    "SELECT p.sex, COUNT(t.amount) FROM people p LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE v.person_id = "
+    "p.person_id ORDER BY day DESC, visit_id LIMIT 1) t ON true GROUP BY 1",
+    "SELECT p.sex, COUNT(*) FROM people p CROSS JOIN LATERAL (SELECT category FROM visits v WHERE v.person_id = "
+    "p.person_id AND v.amount > 100 ORDER BY amount DESC, visit_id LIMIT 2) t GROUP BY 1",
+    "SELECT t.category, COUNT(*) FROM people p, LATERAL (SELECT category FROM visits WHERE person_id = p.person_id "
+    "ORDER BY day, visit_id FETCH FIRST 1 ROW ONLY) AS t GROUP BY 1",
     # PostgreSQL's DISTINCT ON a person: their first (or latest) row, as ROW_NUMBER() = 1 in the rest of the order
     "SELECT c, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS c FROM visits ORDER BY "
     "person_id, day, visit_id) t GROUP BY 1",
@@ -2151,6 +2158,9 @@ def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, conditio
     assert engine.prepare(sql).plan.rows_per_unit == rows
     first = "SELECT COUNT(*) FROM (SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, day) t"
     assert engine.prepare(first).plan.rows_per_unit == 1  # DISTINCT ON a person: their first row
+    latest = ("SELECT COUNT(t.amount) FROM people p LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE "
+              "v.person_id = p.person_id ORDER BY day DESC LIMIT 2) t ON true")
+    assert engine.prepare(latest).plan.rows_per_unit == 2  # LATERAL … LIMIT 2: the LEFT JOIN's own ON keeps 2
 
 
 @pytest.mark.parametrize(("sql", "refused"), [
@@ -2164,6 +2174,8 @@ def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, conditio
      "WHERE x > 10", r"reads amount \* 2, not a declared column"),  # an expression: not a declared column's values
     ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits "
      "WHERE person_id IN (SELECT person_id FROM people WHERE age > 40)) t WHERE rn = 1", "may not read subqueries"),
+    ("SELECT p.sex, COUNT(*) FROM people p JOIN LATERAL (SELECT category FROM visits v WHERE v.category = p.state "
+     "LIMIT 1) t ON true GROUP BY 1", "LATERAL is not supported"),  # tied by another column than the unit's
 ])
 def test_a_window_not_over_one_unit_s_rows_of_one_table_is_refused(engine, sql, refused):
     """A window inside a subquery is computed in a windowed source only where it is partitioned by the unit of the

@@ -97,7 +97,8 @@ def _numbered_rows(scope: Scope, alias: str, name: str) -> int | None:
     the bound whatever the conditions, so a wrong reading could only cut rows, never leak."""
     where = scope.tree.args.get("where")
     conditions = [where.this] if where is not None else []
-    conditions += [j.args["on"] for j in scope.tree.args.get("joins") or [] if not j.side and j.args.get("on")]
+    conditions += [j.args["on"] for j in scope.tree.args.get("joins") or [] if j.args.get("on") and (
+        not j.side or j.side.upper() == "LEFT" and j.this.alias_or_name == alias)]  # (its own ON: its rows kept)
     kept = [_kept(test, alias, name) for condition in conditions for test in operands(condition)]
     return min((k for k in kept if k is not None), default=None)
 

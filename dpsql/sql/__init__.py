@@ -68,7 +68,12 @@ from dpsql.sql.times import CLOCKS, fold_times
 from dpsql.sql.unit_key_groups import unit_key_groups_merged
 from dpsql.sql.unit_rows import unit_row_joined_inside
 from dpsql.sql.unit_sets import unit_sets_as_groups
-from dpsql.sql.unit_windows import distinct_on_as_row_numbers, unit_windows_as_joins, unit_windows_as_sources
+from dpsql.sql.unit_windows import (
+    distinct_on_as_row_numbers,
+    lateral_rows_as_row_numbers,
+    unit_windows_as_joins,
+    unit_windows_as_sources,
+)
 
 Rule = Callable[[exp.Select, "Context"], exp.Select]
 REPEATABLE = re.compile(r" REPEATABLE \(\d+\)")  # a sample's seed in canonical text (`with_sample_seeds`)
@@ -120,6 +125,7 @@ SPELLINGS: tuple[Rule, ...] = (
     _tree_only(totals_as_windows),
     _tree_only(inline_ctes),
     lambda tree, context: unit_sets_as_groups(tree, context.schema),
+    lambda tree, context: lateral_rows_as_row_numbers(tree, context.schema),
     lambda tree, context: distinct_on_as_row_numbers(tree, context.schema),
     lambda tree, context: unit_windows_as_joins(tree, context.schema),
     lambda tree, context: unit_windows_as_sources(tree, context.schema),

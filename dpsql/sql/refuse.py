@@ -68,6 +68,9 @@ INSTEAD = {
     exp.Trunc: "trunc(x) is answered; to digits, bin with floor or round instead: floor(x / 100) * 100 (toward "
                "minus infinity), or round(x::numeric, -2) (to the nearest hundred)",
     exp.AtTimeZone: "name the zone as a constant: date_trunc('month', day AT TIME ZONE 'America/New_York')",
+    exp.Lateral: "a LATERAL subquery is answered for each unit's first rows, of one table tied to the outer row by "
+                 "its unit column and joined ON true: LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE "
+                 "v.person_id = p.person_id ORDER BY day DESC LIMIT 1) t ON true",
     exp.Intersect: UNIT_SETS,
     exp.Except: UNIT_SETS,
     exp.Union: UNIT_SETS,

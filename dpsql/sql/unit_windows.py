@@ -40,12 +40,13 @@ from __future__ import annotations
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema
-from dpsql.sql.query import AGGREGATES, to_sql
+from dpsql.sql.query import AGGREGATES, operands, to_sql
 from dpsql.sql.shape import is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
 FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON: the subquery's alias and its numbers' name
 WINDOW_COLUMN = "dpsql_win"  # a windowed source's column for a window inside an expression: dpsql_win0, …
+LATERAL_UNIT, LATERAL_RANK = "dpsql_lateral_unit", "dpsql_lateral_n"  # a LATERAL subquery's unit and row numbers
 # the window functions a windowed source computes
 SOURCE_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag,
                     exp.Lead, exp.FirstValue, exp.LastValue, exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
@@ -233,3 +234,72 @@ def _column_of(key: exp.Expression, outputs: list[exp.Expression], aliases: dict
     elif isinstance(key, exp.Column) and not key.table and key.name in aliases:
         key = aliases[key.name]
     return key if isinstance(key, exp.Column) else None
+
+
+def lateral_rows_as_row_numbers(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
+    """A LATERAL subquery of each unit's first rows (each person's latest visit: `people p LEFT JOIN LATERAL (SELECT
+    amount FROM visits v WHERE v.person_id = p.person_id ORDER BY day DESC LIMIT 1) t ON true`) joined as those rows
+    numbered by ROW_NUMBER() over each unit's rows in its ORDER BY: `LEFT JOIN (SELECT amount, v.person_id AS
+    dpsql_lateral_unit, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY day DESC) AS dpsql_lateral_n FROM
+    visits v) t ON t.dpsql_lateral_unit = p.person_id AND t.dpsql_lateral_n <= 1`, the same rows (which
+    `unit_windows_as_sources` then reads from a windowed source). Only a subquery of one table tied to the outer row
+    by its unit column alone, with a constant LIMIT, joined ON true; anything else is left as written (refused)."""
+    if schema.row_level:
+        return tree
+    for select in list(tree.find_all(exp.Select)):
+        for join in list(select.args.get("joins") or []):
+            if isinstance(join.this, exp.Lateral):
+                _lateral_as_join(join, schema)
+    return tree
+
+
+def _lateral_as_join(join: exp.Join, schema: PrivacySchema) -> None:
+    lateral, on = join.this, join.args.get("on")
+    inner = lateral.this.this if isinstance(lateral.this, exp.Subquery) else None
+    if not isinstance(inner, exp.Select) or not lateral.alias or lateral.args.get("view") \
+            or lateral.args.get("ordinality") or (join.side or "").upper() not in ("", "LEFT") \
+            or on is not None and not (isinstance(on, exp.Boolean) and on.this is True):
+        return
+    source = inner.args["from_"].this if inner.args.get("from_") else None
+    limit = inner.args.get("limit")
+    rows = limit.expression if isinstance(limit, exp.Limit) else None
+    if not isinstance(source, exp.Table) or not (isinstance(rows, exp.Literal) and rows.is_int) or any(
+            inner.args.get(k) for k in ("joins", "group", "having", "distinct", "offset", "with_", "windows")):
+        return
+    declared = schema.tables.get(source.name.lower())
+    alias = source.alias_or_name
+    if declared is None or declared.public or declared.unit_column is None:
+        return
+    conditions = operands(inner.args["where"].this) if inner.args.get("where") else []
+    outside = [c for c in conditions if any(col.table not in ("", alias) for col in c.find_all(exp.Column))]
+    tie = _unit_tie(outside[0], declared.unit_column, alias) if len(outside) == 1 else None
+    items = {item.alias: item.this for item in inner.expressions if isinstance(item, exp.Alias)}
+    order = [_ordered_by(o, inner.expressions, items) for o in (inner.args["order"].expressions
+                                                                if inner.args.get("order") else [])]
+    if tie is None or None in order or any(col.table not in ("", alias) for item in inner.expressions
+                                           for col in item.find_all(exp.Column)):
+        return
+    unit = exp.column(declared.unit_column, table=alias)
+    window = exp.Window(this=exp.RowNumber(), partition_by=[unit.copy()],
+                        order=exp.Order(expressions=order) if order else None)
+    numbered = exp.select(*(item.copy() for item in inner.expressions), exp.alias_(unit, LATERAL_UNIT),
+                          exp.alias_(window, LATERAL_RANK)).from_(source.copy())
+    kept = [c.copy() for c in conditions if c is not outside[0]]
+    if kept:
+        numbered.set("where", exp.Where(this=exp.and_(*kept)))
+    name = lateral.alias
+    tied = exp.and_(exp.column(LATERAL_UNIT, table=name).eq(tie.copy()),
+                    exp.LTE(this=exp.column(LATERAL_RANK, table=name), expression=rows.copy()))
+    join.replace(exp.Join(this=exp.Subquery(this=numbered, alias=exp.TableAlias(this=exp.to_identifier(name))),
+                          on=tied, side=join.side or None))
+
+
+def _unit_tie(condition: exp.Expression, unit: str, alias: str) -> exp.Column | None:
+    """The outer column a LATERAL subquery's unit column is equal to in `condition` (`v.person_id = p.person_id`)."""
+    if not isinstance(condition, exp.EQ):
+        return None
+    for mine, other in ((condition.this, condition.expression), (condition.expression, condition.this)):
+        if isinstance(mine, exp.Column) and mine.name == unit and mine.table in ("", alias) \
+                and isinstance(other, exp.Column) and other.table not in ("", alias):
+            return other
+    return None
