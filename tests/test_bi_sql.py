@@ -2094,6 +2094,13 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "(PARTITION BY person_id ORDER BY day, visit_id) AS prev FROM visits) t GROUP BY person_id) s WHERE longest > 60",
     "SELECT t.first_cat, COUNT(*) FROM (SELECT DISTINCT ON (person_id) person_id, category AS first_cat FROM visits "
     "ORDER BY person_id, day, visit_id) t JOIN visits v ON v.person_id = t.person_id GROUP BY 1",
+    # a child table's rows by their parent key (the prescriptions of one visit are one person's)
+    "SELECT drug, COUNT(*) FROM (SELECT drug, ROW_NUMBER() OVER (PARTITION BY visit_id ORDER BY prescription_id) AS "
+    "rn FROM prescriptions) t WHERE rn = 1 GROUP BY 1",
+    "SELECT v.category, COUNT(*) FROM (SELECT visit_id, COUNT(*) OVER (PARTITION BY visit_id ORDER BY "
+    "prescription_id) AS n FROM prescriptions) r JOIN visits v ON v.visit_id = r.visit_id WHERE r.n = 2 GROUP BY 1",
+    "SELECT d, COUNT(*) FROM (SELECT DISTINCT ON (visit_id) visit_id, drug AS d FROM prescriptions ORDER BY visit_id, "
+    "prescription_id) t GROUP BY 1",
     # a LATERAL subquery of each person's first rows (their latest visit): those rows by ROW_NUMBER()
     "SELECT p.sex, COUNT(t.amount) FROM people p LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE v.person_id = "
     "p.person_id ORDER BY day DESC, visit_id LIMIT 1) t ON true GROUP BY 1",

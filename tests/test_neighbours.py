@@ -284,6 +284,8 @@ QUERIES = [
     "AS rn FROM visits v) t WHERE rn = 1 GROUP BY category",
     "SELECT category, COUNT(*), AVG(amount) FROM (SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, "
     "day DESC) t GROUP BY category",
+    "SELECT drug, COUNT(*), SUM(cost), AVG(n) FROM (SELECT drug, cost, ROW_NUMBER() OVER (PARTITION BY visit_id ORDER "
+    "BY cost DESC) AS rn, COUNT(*) OVER (PARTITION BY visit_id) AS n FROM prescriptions) t WHERE rn <= 2 GROUP BY 1",
     "SELECT p.sex, COUNT(t.amount), SUM(t.amount) FROM people p LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE "
     "v.person_id = p.person_id ORDER BY day DESC LIMIT 2) t ON true GROUP BY 1",
     "SELECT AVG(first3), COUNT(*), SUM(n) FROM (SELECT person_id, AVG(amount) AS first3, COUNT(*) AS n FROM (SELECT "

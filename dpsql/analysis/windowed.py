@@ -2,10 +2,11 @@
 over each unit's rows (each person's first visit by ROW_NUMBER(), the days since their last visit by LAG, a running
 total), read as that table with a column for each window.
 
-Rule, under unit-level privacy: every window's PARTITION BY holds the table's unit column, so it reads the rows of
-one unit alone. Each row of the source is then a row of the table (its WHERE only drops rows), with the table's
-unit, and its window values are a function of that unit's rows: one unit added or removed adds or removes its own
-rows, the other units' rows and values unchanged, as for the table itself. The rewrite bounds the rows per unit
+Rule, under unit-level privacy: every window's PARTITION BY holds the table's unit column (or a child table's parent
+key: the prescriptions of one visit are one person's), so it reads the rows of one unit alone. Each row of the
+source is then a row of the table (its WHERE only drops rows), with the table's unit, and its window values are a
+function of that unit's rows: one unit added or removed adds or removes its own rows, the other units' rows and
+values unchanged, as for the table itself. The rewrite bounds the rows per unit
 outside, as for the table. Each window column is declared by the values it can take, and clamped to them wherever
 it is read as a value, like a declared column:
 - ROW_NUMBER, RANK, DENSE_RANK: 1 to the table's declared rows per unit (k); NTILE(n): 1 to n; PERCENT_RANK and
@@ -32,6 +33,7 @@ from dpsql.analysis.scope import Scope
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import Column, Table
 from dpsql.sql import operands, to_sql
+from dpsql.sql.unit_windows import unit_partition_keys
 
 TIE_SENSITIVE = (exp.RowNumber, exp.Ntile, exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue)
 RANKS = (exp.RowNumber, exp.Rank, exp.DenseRank)
@@ -45,7 +47,7 @@ def read(scope: Scope, alias: str, select: exp.Select) -> tuple[Table, exp.Subqu
     window), and the SQL to read in its place (ties broken, its WHERE guarded)."""
     source = select.args["from_"].this
     declared = scope.schema.tables.get(source.name)
-    if scope.schema.row_level or declared is None or declared.public or declared.unit_column is None:
+    if scope.schema.row_level or declared is None or declared.public or not unit_partition_keys(declared):
         raise UnsupportedQuery(f"a window over the rows of {source.name} reads other rows than one unit's",
                                "under row-level privacy, or over a table without the unit's column, aggregate "
                                "over all rows instead")
@@ -135,9 +137,10 @@ def _kept(test: exp.Expression, alias: str, name: str) -> int | None:
 def _window_column(name: str, window: exp.Window, table: Table, alias: str) -> Column:
     """How the outer query sees one window's values."""
     partition = window.args.get("partition_by") or []
-    if not any(isinstance(c, exp.Column) and c.name == table.unit_column and c.table == alias for c in partition):
+    keys = unit_partition_keys(table)
+    if not any(isinstance(c, exp.Column) and c.name in keys and c.table == alias for c in partition):
         by_unit = window.copy()
-        by_unit.set("partition_by", [exp.column(table.unit_column)])
+        by_unit.set("partition_by", [exp.column(min(keys))])
         raise UnsupportedQuery(f"{_written(window)} reads other units' rows",
                                f"partition it by the unit: {_written(by_unit)}")
     function, k = window.this, float(table.max_rows_per_unit)

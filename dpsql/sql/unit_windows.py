@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.schema import PrivacySchema
+from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.query import AGGREGATES, operands, to_sql
 from dpsql.sql.shape import is_windowed_source, tables_read
 
@@ -123,12 +123,11 @@ def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
                                                 "with_", "qualify", "windows")):
         return
     declared = schema.tables.get(source.name.lower())
-    if declared is None or declared.public or declared.unit_column is None:
-        return
+    keys = unit_partition_keys(declared) if declared is not None and not declared.public else set()
     alias = source.alias_or_name
     outside = [n for n in select.find_all(*AGGREGATES) if n.find_ancestor(exp.Select) is select
                and not (isinstance(n.parent, exp.Window) and n is n.parent.this)]
-    if outside or not all(_movable(w, declared.unit_column, alias) for w in windows):
+    if not keys or outside or not all(_movable(w, keys, alias) for w in windows):
         return
     columns = list(declared.columns)
     inner = exp.select(*(exp.column(c, table=alias) for c in columns)).from_(source.copy())
@@ -152,9 +151,15 @@ def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
     source.replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias))))
 
 
-def _movable(window: exp.Window, unit: str, alias: str) -> bool:
-    """A window over partitions within one unit (its PARTITION BY holds the unit column), of a function a windowed
-    source computes, over plain columns."""
+def unit_partition_keys(table: Table) -> set[str]:
+    """The columns of a private table whose value fixes one unit: its unit column, or for a child table its parent
+    key (the rows of one visit are one person's). A window partitioned by one of them reads one unit's rows."""
+    return {table.unit_column} if table.unit_column else {table.parent.column} if table.parent else set()
+
+
+def _movable(window: exp.Window, keys: set[str], alias: str) -> bool:
+    """A window over partitions within one unit (its PARTITION BY holds a column that fixes the unit), of a function
+    a windowed source computes, over plain columns."""
     partition = window.args.get("partition_by") or []
     order = window.args["order"].expressions if window.args.get("order") else []
     function = window.this
@@ -162,7 +167,7 @@ def _movable(window: exp.Window, unit: str, alias: str) -> bool:
         function, exp.Ntile) else []
     return (isinstance(function, SOURCE_FUNCTIONS) and not window.args.get("alias")
             and all(isinstance(c, exp.Column) for c in partition)
-            and any(c.name == unit and c.table in ("", alias) for c in partition)
+            and any(c.name in keys and c.table in ("", alias) for c in partition)
             and all(isinstance(o.this, exp.Column) for o in order)
             and all(isinstance(a, exp.Column | exp.Star) for a in arguments) and not window.find(exp.Select)
             and (function.args.get("default") is None or isinstance(function.args["default"], exp.Null)))
@@ -190,7 +195,7 @@ def _first_rows(select: exp.Select, schema: PrivacySchema) -> None:
             "joins", "group", "having", "limit", "offset", "with_", "qualify", "windows")):
         return
     declared = schema.tables.get(source.name.lower())
-    if declared is None or declared.public or declared.unit_column is None:
+    if declared is None or declared.public or not unit_partition_keys(declared):
         return
     columns = [exp.column(c, table=source.alias_or_name) for c in declared.columns]
     outputs = [e for item in select.expressions for e in (  # a * is the table's declared columns
@@ -201,7 +206,7 @@ def _first_rows(select: exp.Select, schema: PrivacySchema) -> None:
     order = [_ordered_by(o, outputs, items) for o in (select.args["order"].expressions
                                                       if select.args.get("order") else [])]
     if None in keys or None in order or not all(isinstance(item, exp.Column | exp.Alias) for item in outputs) \
-            or not any(k.name == declared.unit_column and k.table in ("", source.alias_or_name) for k in keys):
+            or not any(k.name in unit_partition_keys(declared) and k.table in ("", source.alias_or_name) for k in keys):
         return
     if order and {to_sql(o.this) for o in order[:len(keys)]} != {to_sql(k) for k in keys}:
         return  # (PostgreSQL requires the ORDER BY to lead with the DISTINCT ON keys)
