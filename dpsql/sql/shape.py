@@ -616,7 +616,7 @@ def is_windowed_source(select: exp.Select) -> bool:
     in FROM or JOIN: a windowed source, which the analysis reads as that table with more columns
     (`analysis.windowed`)."""
     source = select.args["from_"].this if select.args.get("from_") else None
-    return isinstance(source, exp.Table) and isinstance(select.parent, exp.Subquery) \
+    return isinstance(source, exp.Table) and isinstance(select.parent, exp.Subquery) and bool(select.parent.alias) \
         and isinstance(select.parent.parent, exp.From | exp.Join) \
         and not any(select.args.get(k) for k in ("joins", "group", "having", "distinct", "order", "limit", "offset",
                                                   "with_", "qualify", "windows")) \

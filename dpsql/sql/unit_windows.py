@@ -41,15 +41,13 @@ from sqlglot import exp
 
 from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.query import AGGREGATES, operands, to_sql
+from dpsql.sql.refuse import WINDOW_FUNCTIONS
 from dpsql.sql.shape import is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
 FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON: the subquery's alias and its numbers' name
 WINDOW_COLUMN = "dpsql_win"  # a windowed source's column for a window inside an expression: dpsql_win0, …
 LATERAL_UNIT, LATERAL_RANK = "dpsql_lateral_unit", "dpsql_lateral_n"  # a LATERAL subquery's unit and row numbers
-# the window functions a windowed source computes
-SOURCE_FUNCTIONS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag,
-                    exp.Lead, exp.FirstValue, exp.LastValue, exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
 
 def unit_windows_as_joins(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
@@ -165,7 +163,7 @@ def _movable(window: exp.Window, keys: set[str], alias: str) -> bool:
     function = window.this
     arguments = [function.this] if isinstance(function.this, exp.Expression) and not isinstance(
         function, exp.Ntile) else []
-    return (isinstance(function, SOURCE_FUNCTIONS) and not window.args.get("alias")
+    return (isinstance(function, WINDOW_FUNCTIONS) and not window.args.get("alias")
             and all(isinstance(c, exp.Column) for c in partition)
             and any(c.name in keys and c.table in ("", alias) for c in partition)
             and all(isinstance(o.this, exp.Column) for o in order)
