@@ -232,6 +232,10 @@ DOOR_STATEMENTS = [
     "COUNT(DISTINCT v.category) AS kinds FROM visits v JOIN (SELECT person_id, COUNT(*) AS n FROM visits "
     "GROUP BY person_id) t ON t.person_id = v.person_id GROUP BY 1 ORDER BY 1",  # a per-unit subquery joined
     "SELECT p.sex, COUNT(DISTINCT v.category) AS kinds FROM visits v JOIN people p USING (person_id) GROUP BY 1",
+    "SELECT category, COUNT(*) AS n FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn "
+    "FROM visits v) t WHERE rn = 1 GROUP BY 1 ORDER BY 1",  # each person's first visit: a windowed source
+    "SELECT p.sex, COUNT(t.amount) AS n FROM people p LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE "
+    "v.person_id = p.person_id ORDER BY day DESC LIMIT 1) t ON true GROUP BY 1 ORDER BY 1",  # their latest, LATERAL
     "SELECT version()",  # what clients ask on connecting: PostgreSQL's own answer, free
     "SELECT EXTRACT(YEAR FROM age(DATE '2024-12-31', DATE '2000-01-01')) AS years",  # constants only
 ]

@@ -806,7 +806,7 @@ def inline_ctes(tree: exp.Select, read_once: bool = False) -> exp.Select:
 
 TOTALS = (exp.Sum, exp.Count, exp.Avg, exp.Min, exp.Max)  # the totals a window over released rows computes
 ONE_READ = ("joins", "where", "group", "having", "distinct", "order", "limit", "offset", "with_")
-READS = (exp.From, exp.Join, exp.In, exp.Exists, exp.CTE, exp.Subquery)  # where a subquery is read as rows
+READS = (exp.From, exp.Join, exp.Lateral, exp.In, exp.Exists, exp.CTE, exp.Subquery)  # where a subquery is read as rows
 
 
 def totals_as_windows(tree: exp.Select) -> exp.Select:
