@@ -37,6 +37,8 @@ PostgreSQL's DISTINCT ON a unit in such a subquery is first spelled as ROW_NUMBE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema, Table
@@ -53,11 +55,18 @@ LATERAL_UNIT, LATERAL_RANK = "dpsql_lateral_unit", "dpsql_lateral_n"  # a LATERA
 def unit_windows_as_joins(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
     """`tree` with each subquery in FROM or JOIN (not `tree` itself: its windows run over the released rows) that
     computes aggregates over whole partitions by the unit reading them from a per-unit subquery joined to it."""
+    return _each_subquery(tree, schema, _joined)
+
+
+def _each_subquery(tree: exp.Select, schema: PrivacySchema,
+                   rewrite: Callable[[exp.Select, PrivacySchema], None]) -> exp.Select:
+    """`tree` with `rewrite` applied to the SELECT of each of its subqueries and WITH queries (none under row-level
+    privacy, where each row is a unit of its own)."""
     if schema.row_level:
         return tree
     for select in list(tree.find_all(exp.Select)):
         if select is not tree and isinstance(select.parent, exp.Subquery | exp.CTE):
-            _joined(select, schema)
+            rewrite(select, schema)
     return tree
 
 
@@ -105,12 +114,7 @@ def unit_windows_as_sources(tree: exp.Select, schema: PrivacySchema) -> exp.Sele
     """`tree` with each subquery in FROM or JOIN (not `tree` itself) whose windows run over each unit's rows of its
     one table reading that table from a windowed source: a subquery of the table's declared columns and those
     windows, the subquery's WHERE inside it (the windows read the rows it keeps)."""
-    if schema.row_level:
-        return tree
-    for select in list(tree.find_all(exp.Select)):
-        if select is not tree and isinstance(select.parent, exp.Subquery | exp.CTE):
-            _sourced(select, schema)
-    return tree
+    return _each_subquery(tree, schema, _sourced)
 
 
 def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
@@ -177,20 +181,14 @@ def distinct_on_as_row_numbers(tree: exp.Select, schema: PrivacySchema) -> exp.S
     written as the rows whose ROW_NUMBER() over the unit's rows, in the rest of its ORDER BY, is 1 (which
     `unit_windows_as_sources` then computes in a windowed source). PostgreSQL keeps the first row of each key in
     that order, any of the rows that tie on it."""
-    if schema.row_level:
-        return tree
-    for select in list(tree.find_all(exp.Select)):
-        distinct = select.args.get("distinct")
-        if select is not tree and distinct is not None and distinct.args.get("on") is not None \
-                and isinstance(select.parent, exp.Subquery | exp.CTE):
-            _first_rows(select, schema)
-    return tree
+    return _each_subquery(tree, schema, _first_rows)
 
 
 def _first_rows(select: exp.Select, schema: PrivacySchema) -> None:
     source = select.args["from_"].this if select.args.get("from_") else None
-    if not isinstance(source, exp.Table) or any(select.args.get(k) for k in (
-            "joins", "group", "having", "limit", "offset", "with_", "qualify", "windows")):
+    distinct = select.args.get("distinct")
+    if distinct is None or distinct.args.get("on") is None or not isinstance(source, exp.Table) or any(
+            select.args.get(k) for k in ("joins", "group", "having", "limit", "offset", "with_", "qualify", "windows")):
         return
     declared = schema.tables.get(source.name.lower())
     if declared is None or declared.public or not unit_partition_keys(declared):
