@@ -109,8 +109,11 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
     for alias in aliases:
         table = scope.aliases[alias]
         fixed_by = next((child for child, parent in links if parent == alias and child in free), None)
+        declared = scope.schema.tables.get(table.name)
+        why = "by its row numbers" if declared is not None and table.max_rows_per_unit < declared.max_rows_per_unit \
+            else "declared"  # a windowed source kept to each unit's first rows (`windowed`)
         how = (f"fixed by {fixed_by}'s row (unique key)" if alias not in free and fixed_by
-               else f"at most {table.max_rows_per_unit} row{'s' * (table.max_rows_per_unit != 1)} per unit (declared)")
+               else f"at most {table.max_rows_per_unit} row{'s' * (table.max_rows_per_unit != 1)} per unit ({why})")
         reach = (f"unit column {table.unit_column}" if table.unit_column
                  else f"reaches the unit through {table.parent}")
         scope.notes.append(f"relation {alias} ({table.name}): {how}; {reach}")

@@ -71,8 +71,6 @@ def read(scope: Scope, alias: str, select: exp.Select) -> tuple[Table, exp.Subqu
     numbered = [_numbered_rows(scope, alias, item.alias) for item in sql.expressions
                 if _numbers_units(item, declared.unit_column, alias)]
     rows = max(1, min([declared.max_rows_per_unit, *(n for n in numbered if n is not None)]))
-    if rows < declared.max_rows_per_unit:
-        scope.notes.append(f"relation {alias}: at most {rows} row{'s' * (rows != 1)} per unit, by its row numbers")
     table = dataclasses.replace(declared, columns=columns, max_rows_per_unit=rows)
     scope.aliases[alias] = table  # the WHERE's and the windows' columns are the table's, read as the guard reads them
     for window in sql.find_all(exp.Window):

@@ -47,7 +47,7 @@ from dpsql.sql.refuse import WINDOW_FUNCTIONS
 from dpsql.sql.shape import is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
-FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON: the subquery's alias and its numbers' name
+FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON
 WINDOW_COLUMN = "dpsql_win"  # a windowed source's column for a window inside an expression: dpsql_win0, …
 LATERAL_UNIT, LATERAL_RANK = "dpsql_lateral_unit", "dpsql_lateral_n"  # a LATERAL subquery's unit and row numbers
 
@@ -211,9 +211,10 @@ def _first_rows(select: exp.Select, schema: PrivacySchema) -> None:
     numbered = exp.select(*(item.copy() for item in outputs), exp.alias_(window, FIRST)).from_(source.copy())
     if select.args.get("where"):
         numbered.set("where", select.args["where"].copy())
-    first = exp.select(*(exp.column(item.alias_or_name, table=FIRST) for item in outputs)).from_(
-        exp.Subquery(this=numbered, alias=exp.TableAlias(this=exp.to_identifier(FIRST))))
-    select.replace(first.where(exp.column(FIRST, table=FIRST).eq(exp.Literal.number(1))))
+    name = source.alias_or_name  # the rows read under the table's own name, as notes and refusals show them
+    first = exp.select(*(exp.column(item.alias_or_name, table=name) for item in outputs)).from_(
+        exp.Subquery(this=numbered, alias=exp.TableAlias(this=exp.to_identifier(name))))
+    select.replace(first.where(exp.column(FIRST, table=name).eq(exp.Literal.number(1))))
 
 
 def _ordered_by(ordered: exp.Ordered, outputs: list[exp.Expression], aliases: dict[str, exp.Expression]
