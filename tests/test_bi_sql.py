@@ -2153,12 +2153,13 @@ def test_a_window_that_orders_tied_rows_breaks_their_ties_by_the_row(engine):
 
 @pytest.mark.parametrize(("condition", "rows"), [
     ("rn = 1", 1), ("rn <= 3", 3), ("rn < 3", 2), ("3 >= rn", 3), ("rn BETWEEN 2 AND 4", 3), ("rn IN (1, 2)", 2),
-    ("rn = 1 OR amount > 5", 10), ("rn > 1", 10), ("rk = 1", 10), ("rc = 1", 10),
+    ("rn = 1 OR amount > 5", 10), ("rn > 1", 10), ("rk = 1", 10), ("rc = 1", 9), ("rc <= 2", 10),
 ])
 def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, condition, rows):
     """ROW_NUMBER() over each unit's rows alone numbers them 1, 2, 3, …: a condition that keeps a few of the numbers
-    keeps that many rows of a unit (a person's first visit: one), which the per-unit stage then enforces. RANK (ties
-    share a number) and a partition within a unit (by category too) bound nothing."""
+    keeps that many rows of a unit (a person's first visit: one), which the per-unit stage then enforces; partitioned
+    by category too, that many a category (8 declared, and NULL: 9 for rc = 1). RANK (ties share a number) bounds
+    nothing."""
     sql = (f"SELECT COUNT(*) FROM (SELECT amount, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn, "
            f"RANK() OVER (PARTITION BY person_id ORDER BY day) AS rk, ROW_NUMBER() OVER (PARTITION BY person_id, "
            f"category ORDER BY day) AS rc FROM visits) t WHERE {condition}")
