@@ -380,8 +380,7 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int,
     if kind == "count":
         # COUNT(DISTINCT category) is at most the declared values' number (8), not the unit's rows (100): a
         # key of it releases only the counts it can take
-        values = None if not isinstance(node.this, exp.Distinct) or declared is None else \
-            len(declared.domain) if declared.domain is not None else 2 if declared.type == "boolean" else None
+        values = None if not isinstance(node.this, exp.Distinct) or declared is None else declared.declared_values
         most = k if values is None else min(k, values)
         return clamp_to(node, 0, most, "integer"), Column(name, "bigint", 0.0, float(most),
                                                           unit_total=float(k) if within else None)

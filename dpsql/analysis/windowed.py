@@ -95,8 +95,7 @@ def _partitions(window: exp.Window, table: Table, alias: str) -> int | None:
     parts = 1
     for column in {c.name for c in partition} - {table.unit_column}:
         declared = table.columns.get(column)
-        values = None if declared is None else len(declared.domain) if declared.domain is not None \
-            else 2 if declared.type == "boolean" else None
+        values = None if declared is None else declared.declared_values
         if values is None:
             return None
         parts *= values + 1

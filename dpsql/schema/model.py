@@ -95,6 +95,12 @@ class Column:
         return self.lower is not None
 
     @property
+    def declared_values(self) -> int | None:
+        """How many values the column is declared to take besides NULL: its domain's, a boolean's two; None if
+        its values are not declared."""
+        return len(self.domain) if self.domain is not None else 2 if self.type == "boolean" else None
+
+    @property
     def wire_type(self) -> str:
         """The type an answer's column holding this column's values has (as the wire protocol names it)."""
         if self.is_integer:

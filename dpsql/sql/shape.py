@@ -15,6 +15,9 @@ from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema
 from dpsql.sql.query import AGGREGATES, output_name, replace_keeping_precedence
 
+# the clauses of a SELECT beyond its one FROM table and WHERE (a windowed source has none of them)
+BEYOND_WHERE = ("joins", "group", "having", "distinct", "order", "limit", "offset", "with_", "qualify", "windows")
+
 
 def filters_as_case(tree: exp.Select) -> exp.Select:
     """`agg(x) FILTER (WHERE c)` is `agg(CASE WHEN c THEN x END)`: the rows c rejects become NULL, which every
@@ -76,10 +79,11 @@ def named_windows_inlined(tree: exp.Select) -> exp.Select:
         definitions = {w.name: w for w in select.args.get("windows") or []}
         if not definitions:
             continue
+        defined = {id(w) for w in select.args["windows"]}
         for window in select.find_all(exp.Window):
             named = window.args.get("alias")
             definition = definitions.get(named.name) if named is not None and window.find_ancestor(
-                exp.Select) is select and window not in select.args["windows"] else None
+                exp.Select) is select and id(window) not in defined else None
             if definition is None:
                 continue
             for part in ("partition_by", "order", "spec"):
@@ -87,8 +91,7 @@ def named_windows_inlined(tree: exp.Select) -> exp.Select:
                     window.set(part, definition.args[part].copy() if isinstance(definition.args[part], exp.Expression)
                                else [e.copy() for e in definition.args[part]])
             window.set("alias", None)
-        if not any(w.args.get("alias") is not None for w in select.find_all(exp.Window)
-                   if w not in select.args["windows"]):
+        if not any(w.args.get("alias") is not None for w in select.find_all(exp.Window) if id(w) not in defined):
             select.set("windows", None)
     return tree
 
@@ -618,8 +621,7 @@ def is_windowed_source(select: exp.Select) -> bool:
     source = select.args["from_"].this if select.args.get("from_") else None
     return isinstance(source, exp.Table) and isinstance(select.parent, exp.Subquery) and bool(select.parent.alias) \
         and isinstance(select.parent.parent, exp.From | exp.Join) \
-        and not any(select.args.get(k) for k in ("joins", "group", "having", "distinct", "order", "limit", "offset",
-                                                  "with_", "qualify", "windows")) \
+        and not any(select.args.get(k) for k in BEYOND_WHERE) \
         and any(isinstance(item.unalias(), exp.Window) for item in select.expressions) \
         and all(isinstance(item.unalias(), exp.Column) and item.alias_or_name == item.unalias().name
                 or isinstance(item, exp.Alias) and isinstance(item.this, exp.Window) for item in select.expressions)

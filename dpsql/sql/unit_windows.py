@@ -44,7 +44,7 @@ from sqlglot import exp
 from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.query import AGGREGATES, operands, to_sql
 from dpsql.sql.refuse import WINDOW_FUNCTIONS
-from dpsql.sql.shape import is_windowed_source, tables_read
+from dpsql.sql.shape import BEYOND_WHERE, is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
 FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON
@@ -121,8 +121,7 @@ def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
     windows = [w for item in select.expressions for w in item.find_all(exp.Window)]
     source = select.args["from_"].this if select.args.get("from_") else None
     if not windows or not isinstance(source, exp.Table) or source.db or is_windowed_source(select) \
-            or any(select.args.get(k) for k in ("joins", "group", "having", "distinct", "order", "limit", "offset",
-                                                "with_", "qualify", "windows")):
+            or any(select.args.get(k) for k in BEYOND_WHERE):
         return
     declared = schema.tables.get(source.name.lower())
     keys = unit_partition_keys(declared) if declared is not None and not declared.public else set()
