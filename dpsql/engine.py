@@ -69,7 +69,7 @@ from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contr
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
-from dpsql.sql import CheckedQuery, check_query, shown_sql
+from dpsql.sql import CheckedQuery, check_query, in_analyst_terms, shown_sql
 from dpsql.sql.compose import Composition, compose
 from dpsql.sql.public_keys import MAX_PUBLIC_KEYS, public_key_statements
 from dpsql.sql.times import check_time_zones
@@ -174,10 +174,14 @@ class Engine:
         if entry is not None:
             return entry
         query = check_query(sql, self.schema, params)
-        check_time_zones(query.tree, self._time_zone_names)
-        private = plan_published(query, self.schema) or plan_local(query, self.schema)
-        # released data, or reports randomized on the devices, need no noise; anything else is analysed
-        entry = (query, private, None) if private is not None else (query, *self._analysed(query, min_frequency))
+        try:
+            check_time_zones(query.tree, self._time_zone_names)
+            private = plan_published(query, self.schema) or plan_local(query, self.schema)
+            # released data, or reports randomized on the devices, need no noise; anything else is analysed
+            entry = (query, private, None) if private is not None else (query, *self._analysed(query, min_frequency))
+        except Error as error:  # named as the analyst wrote it, not as a spelling renamed it
+            in_analyst_terms(error, query.tree)
+            raise
         if query.fresh:  # the same text is another query a moment later
             return entry
         self._plans.put(cache_key, entry)

@@ -63,11 +63,20 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
      "visits WHERE amount > 100) t", "INTERSECT", "SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a "
      "INTERSECT"),
     ("SELECT COUNT(*) FROM visits TABLESAMPLE SYSTEM (10)", "TABLESAMPLE SYSTEM (10)", "TABLESAMPLE BERNOULLI (10)"),
+    # windows dpsql computes apart (a per-unit subquery, a windowed source's column) are named as written
+    ("SELECT category, AVG(share) FROM (SELECT category, amount / NULLIF(SUM(amount) OVER (PARTITION BY person_id), "
+     "0) AS share FROM visits) t GROUP BY category", "the divisor NULLIF(SUM(amount) OVER (PARTITION BY person_id)",
+     "visits.amount / GREATEST(SUM(amount) OVER (PARTITION BY person_id), 1)"),
+    ("SELECT category, AVG(d) FROM (SELECT v.*, amount / (amount - LAG(amount) OVER (PARTITION BY person_id ORDER "
+     "BY day)) AS d FROM visits v) t GROUP BY category",
+     "the divisor (v.amount - LAG(amount) OVER (PARTITION BY person_id ORDER BY day))", "GREATEST(x, 1)"),
 ])
 def test_a_refusal_of_a_construct_says_the_form_dpsql_answers(engine, analyst, sql, construct, instead):
     """DISTINCT ON (a unit's first row), ANY over an array column, AT TIME ZONE a column, a set operation not of
-    sets of people: each refusal names the construct as written and the nearest form that is answered."""
+    sets of people, a divisor that reaches 0: each refusal names the construct as written, never by a name dpsql
+    gave it, and the nearest form that is answered."""
     with pytest.raises(errors.UnsupportedQuery) as refused:
         engine.query(sql, analyst=analyst)
     assert construct in str(refused.value) and instead in refused.value.hint
+    assert "dpsql_" not in str(refused.value)
     assert engine.budget(analyst).epsilon_spent == 0

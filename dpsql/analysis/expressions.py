@@ -472,8 +472,7 @@ class Expressions:
                 return Range(-a.magnitude, a.magnitude, False)
             raise UnsupportedQuery(
                 f"the divisor {to_sql(node.expression)} can be arbitrarily close to 0, "
-                "so the quotient has no bound",
-                "divide by an expression whose declared range excludes 0, e.g. GREATEST(x, 1)")
+                "so the quotient has no bound", _divisor_hint(node, b))
         corners = [x / y for x, y in product((a.lo, a.hi), (b.lo, b.hi))]
         return Range(min(corners), max(corners), False)
 
@@ -1045,3 +1044,15 @@ def _type_kind(sql_type: str) -> str:
     if sql_type.startswith(("numeric", "decimal")):
         return "numeric"
     return "float"
+
+
+def _divisor_hint(quotient: exp.Div, divisor: Range) -> str:
+    """How to divide by a non-negative value that may be 0 or near it: by GREATEST(it, 1), the analyst's own
+    quotient written so (the operand of a NULLIF(x, 0) divisor, which then need not exclude 0 itself)."""
+    if divisor.lo < 0:
+        return "divide by an expression whose declared range excludes 0, e.g. GREATEST(x, 1)"
+    below = quotient.expression.unnest()
+    if isinstance(below, exp.Nullif) and isinstance(below.expression, exp.Literal) and below.expression.name == "0":
+        below = below.this
+    return (f"divide by a value whose range excludes 0: {to_sql(quotient.this)} / GREATEST({to_sql(below)}, 1) "
+            "(1, or the smallest divisor that means something for your data)")

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlglot import exp
 
-from dpsql.errors import UnsupportedQuery
+from dpsql.errors import Error, UnsupportedQuery
 from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.calendars import key_lists_as_in
@@ -27,7 +27,16 @@ from dpsql.sql.cohorts import correlated_cohorts_as_in, filtered_cohorts_as_havi
 from dpsql.sql.parse import parse_select
 from dpsql.sql.patterns import patterns_as_regex
 from dpsql.sql.qualify import qualify_columns
-from dpsql.sql.query import AGGREGATES, DIALECT, CheckedQuery, limit_clause, operands, output_name, to_sql
+from dpsql.sql.query import (
+    AGGREGATES,
+    DIALECT,
+    CheckedQuery,
+    in_analyst_terms,
+    limit_clause,
+    operands,
+    output_name,
+    to_sql,
+)
 from dpsql.sql.refuse import refuse_unsafe
 from dpsql.sql.shape import (
     any_as_in,
@@ -164,7 +173,11 @@ def check_query(sql: str, schema: PrivacySchema,
         tree = rule(tree, context)
     names = tuple(output_name(e) for e in tree.expressions)  # as the analyst wrote them, before qualifying
     for rule in CHECKS:
-        tree = rule(tree, context)
+        try:
+            tree = rule(tree, context)
+        except Error as error:  # named as the analyst wrote it, not as a spelling above renamed it
+            in_analyst_terms(error, tree)
+            raise
     if len(names) != len(tree.expressions):  # a * expanded to the table's columns, named as they are
         names = tuple(output_name(e) for e in tree.expressions)
     return CheckedQuery(tree, names, canonical_sql(tree), timed or sampled)
@@ -198,5 +211,6 @@ def shown_sql(canonical: str) -> str:
     return REPEATABLE.sub("", canonical)
 
 
-__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "joined_derived_selects",
-           "limit_clause", "operands", "semijoin_selects", "shown_sql", "to_sql", "windowed_sources"]
+__all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "in_analyst_terms",
+           "joined_derived_selects", "limit_clause", "operands", "semijoin_selects", "shown_sql", "to_sql",
+           "windowed_sources"]

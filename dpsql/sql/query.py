@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.helper import name_sequence
 
-from dpsql.errors import UnsupportedQuery
+from dpsql.errors import Error, UnsupportedQuery
 
 DIALECT = "postgres"
 MAX_DOMAIN = 10_000  # largest public key set released in full (every key, empty ones too)
@@ -47,6 +48,34 @@ def to_sql(node: exp.Expression, normalize: bool = False, disposable: bool = Fal
         setattr(_generators, "normalize" if normalize else "plain", generator)
     generator._next_name = name_sequence("_t")  # as a fresh generator would name anonymous aliases
     return generator.generate(node, copy=not disposable)
+
+WRITTEN = "dpsql_written"  # meta key of a column a spelling put in place of the analyst's construct: its text
+
+
+def written_as(column: exp.Column, construct: exp.Expression) -> exp.Column:
+    """`column`, which a spelling puts in place of `construct` (a window it computes apart), marked so that a
+    refusal that names it names `construct` as the analyst wrote it instead (`in_analyst_terms`)."""
+    column.meta[WRITTEN] = to_sql(construct)
+    return column
+
+
+def in_analyst_terms(error: Error, tree: exp.Expression) -> Error:
+    """`error` (changed in place) with each dpsql name of a construct in `tree` marked by `written_as` spelled as
+    the analyst wrote it, with or without a qualifier: "the divisor NULLIF(dpsql_w.dpsql_w0, 0)" reads "the
+    divisor NULLIF(SUM(amount) OVER (PARTITION BY person_id), 0)". A name two constructs share is left as it is."""
+    texts: dict[str, set[str]] = {}
+    for column in tree.find_all(exp.Column):
+        if WRITTEN in column.meta and column.name.startswith("dpsql_"):
+            texts.setdefault(column.name, set()).add(column.meta[WRITTEN])
+    for name, written in texts.items():
+        if len(written) == 1:
+            pattern = re.compile(rf'(?:"?\w+"?\.)?"?\b{re.escape(name)}\b"?')
+            text = written.pop().replace("\\", "\\\\")  # a template: its backslashes are escapes
+            error.message = pattern.sub(text, error.message)
+            error.hint = error.hint and pattern.sub(text, error.hint)
+    error.args = (error.message, *error.args[1:])
+    return error
+
 
 AGGREGATES: dict[type[exp.Expression], str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Variance: "var_samp", exp.VariancePop: "var_pop",

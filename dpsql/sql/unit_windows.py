@@ -42,7 +42,7 @@ from collections.abc import Callable
 from sqlglot import exp
 
 from dpsql.schema import PrivacySchema, Table
-from dpsql.sql.query import AGGREGATES, operands, to_sql
+from dpsql.sql.query import AGGREGATES, operands, to_sql, written_as
 from dpsql.sql.refuse import WINDOW_FUNCTIONS
 from dpsql.sql.shape import BEYOND_WHERE, is_windowed_source, tables_read
 
@@ -89,7 +89,7 @@ def _joined(select: exp.Select, schema: PrivacySchema) -> None:
         per_unit.set("where", select.args["where"].copy())
     for i, window in enumerate(windows):
         per_unit.select(exp.alias_(window.this.copy(), f"{WINDOWED}{i}"), copy=False)
-        window.replace(exp.column(f"{WINDOWED}{i}", table=WINDOWED))
+        window.replace(written_as(exp.column(f"{WINDOWED}{i}", table=WINDOWED), window))
     per_unit.set("group", exp.Group(expressions=[unit.copy()]))
     select.join(exp.Subquery(this=per_unit, alias=exp.TableAlias(this=exp.to_identifier(WINDOWED))),
                 on=exp.column(f"{WINDOWED}_unit", table=WINDOWED).eq(unit.copy()), copy=False)
@@ -143,7 +143,7 @@ def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
             name = f"{WINDOW_COLUMN}{i}" if name != f"{WINDOW_COLUMN}{i}" else f"{name}_"
         taken.add(name)
         inner.select(exp.alias_(window.copy(), name), copy=False)
-        window.replace(exp.column(name, table=alias))
+        window.replace(written_as(exp.column(name, table=alias), window))
     for item in list(select.expressions):  # the table's columns, not the windows dpsql adds to its source
         if isinstance(item, exp.Star) or isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
             item.replace(exp.Tuple(expressions=[exp.column(c, table=alias) for c in columns]))
