@@ -11,6 +11,7 @@ from dpsql.postprocess import INTERVALS_COVER, lower_bounds
 from dpsql.prepared import Prepared
 from dpsql.releases.published import PublishedQuery
 from dpsql.sql.compose import Composition
+from dpsql.sql.query import in_analyst_words
 
 
 def explain_statement(composition: Composition | None, parts: list[Prepared]) -> str:
@@ -132,6 +133,7 @@ def explain_text(prepared: Prepared) -> str:
         group_epsilon, group_delta = group_guarantee(total.epsilon, total.delta, prepared.group_size)
         lines.append(f"Group privacy: for a group of up to {prepared.group_size} units (group_size), this answer is "
                      f"({group_epsilon:.6g}, {group_delta:.3g})-DP: (kε, k·e^((k−1)ε)·δ)")
+    lines = [in_analyst_words(line, prepared.query.tree) for line in lines]  # the SQL below keeps dpsql's names
     if not plan.aggregates:
         lines.append("Rewritten SQL: none (the answer is the declared domain; PostgreSQL is not asked)")
         return "\n".join(lines)

@@ -80,3 +80,19 @@ def test_a_refusal_of_a_construct_says_the_form_dpsql_answers(engine, analyst, s
     assert construct in str(refused.value) and instead in refused.value.hint
     assert "dpsql_" not in str(refused.value)
     assert engine.budget(analyst).epsilon_spent == 0
+
+
+def test_explain_and_an_answer_s_notes_name_a_window_dpsql_computes_apart_as_written(engine):
+    """A window over each person's rows that dpsql reads from a per-unit subquery of its own (dpsql_w) is named as
+    the analyst wrote it wherever a person reads about it: explain's plan and noise, and the caveat said with the
+    answer (which suggests aggregating over the person's own subquery). Only the rewritten SQL keeps dpsql's
+    names, since it is what PostgreSQL runs."""
+    from dpsql.explain import explain_text
+
+    sql = ("SELECT category, AVG(share) FROM (SELECT category, amount / GREATEST(SUM(amount) OVER (PARTITION BY "
+           "person_id), 1) AS share FROM visits) t GROUP BY category")
+    window = "SUM(amount) OVER (PARTITION BY person_id)"
+    told, rewritten = explain_text(engine.prepare(sql)).split("Rewritten SQL:")
+    assert window in told and "dpsql_" not in told.replace("dpsql.", "") and "dpsql_w" in rewritten
+    caveat = engine.prepare(sql).plan.caveat
+    assert caveat.startswith(f"{window}: one value per unit") and "(SELECT person_id, … GROUP BY 1) t" in caveat

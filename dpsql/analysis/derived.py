@@ -27,7 +27,7 @@ from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, Table
-from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, joined_derived_selects, to_sql
+from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, in_analyst_words, joined_derived_selects, to_sql
 from dpsql.sql.shape import tables_read
 
 
@@ -92,16 +92,23 @@ def repeated_unit_values(scope: Scope) -> str | None:
     per-person total averaged per visit: 32% low at 20,000 people, its interval covering 5% of answers)."""
     if not scope.bounded_joins or scope.rows_per_unit <= 1:
         return None
-    weighed = [node for node in scope.tree.find_all(*AGGREGATES) if AGGREGATES.get(type(node)) in WEIGHED]
-    read = sorted({to_sql(column) for node in weighed for column in node.find_all(exp.Column)
-                   if column.table in scope.bounded_joins})
+    read = {column: in_analyst_words(to_sql(column), scope.tree) for column in _weighed_columns(scope)
+            if column.table in scope.bounded_joins}
     if not read:
         return None
-    alias = read[0].split(".")[0]
-    return (f"{', '.join(read)}: one value per unit, repeated on each of its rows, so a unit weighs as many rows as "
-            "it has, and the bounds on a unit's rows and share cut the heaviest units' weight: the answer leans "
-            f"toward units with fewer rows, beyond its interval; aggregate it over units instead: SELECT AVG(…) FROM "
-            f"(…) {alias}")
+    alias = min(read, key=to_sql).table
+    unit = in_analyst_words(scope.unit.name, scope.tree) if isinstance(scope.unit, exp.Column) else "<unit column>"
+    over_units = f"(…) {alias}" if not alias.startswith("dpsql_") else f"(SELECT {unit}, … GROUP BY 1) t"  # a window
+    return (f"{', '.join(sorted(set(read.values())))}: one value per unit, repeated on each of its rows, so a unit "
+            "weighs as many rows as it has, and the bounds on a unit's rows and share cut the heaviest units' "
+            f"weight: the answer leans toward units with fewer rows, beyond its interval; aggregate it over units "
+            f"instead: SELECT AVG(…) FROM {over_units}")
+
+
+def _weighed_columns(scope: Scope) -> list[exp.Column]:
+    """The columns that sums, averages, spreads and percentiles read, where a unit weighs as many rows as it has."""
+    weighed = [node for node in scope.tree.find_all(*AGGREGATES) if AGGREGATES.get(type(node)) in WEIGHED]
+    return [column for node in weighed for column in node.find_all(exp.Column)]
 
 
 def _link_to_unit(scope: Scope, alias: str, table: Table, select: exp.Select) -> None:

@@ -32,6 +32,7 @@ from dpsql.sql.query import (
     DIALECT,
     CheckedQuery,
     in_analyst_terms,
+    in_analyst_words,
     limit_clause,
     operands,
     output_name,
@@ -212,5 +213,5 @@ def shown_sql(canonical: str) -> str:
 
 
 __all__ = ["AGGREGATES", "DIALECT", "CheckedQuery", "check_query", "derived_select", "in_analyst_terms",
-           "joined_derived_selects", "limit_clause", "operands", "semijoin_selects", "shown_sql", "to_sql",
-           "windowed_sources"]
+           "in_analyst_words", "joined_derived_selects", "limit_clause", "operands", "semijoin_selects", "shown_sql",
+           "to_sql", "windowed_sources"]

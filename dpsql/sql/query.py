@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
@@ -49,32 +50,38 @@ def to_sql(node: exp.Expression, normalize: bool = False, disposable: bool = Fal
     generator._next_name = name_sequence("_t")  # as a fresh generator would name anonymous aliases
     return generator.generate(node, copy=not disposable)
 
+Named = TypeVar("Named", exp.Column, exp.Subquery)
 WRITTEN = "dpsql_written"  # meta key of a column a spelling put in place of the analyst's construct: its text
 
 
-def written_as(column: exp.Column, construct: exp.Expression) -> exp.Column:
-    """`column`, which a spelling puts in place of `construct` (a window it computes apart), marked so that a
-    refusal that names it names `construct` as the analyst wrote it instead (`in_analyst_terms`)."""
-    column.meta[WRITTEN] = to_sql(construct)
-    return column
+def written_as(node: Named, *constructs: exp.Expression) -> Named:
+    """`node`, a column or a subquery that a spelling puts in place of `constructs` (windows it computes apart),
+    marked so that a refusal or a note that names it names them as the analyst wrote them (`in_analyst_words`)."""
+    node.meta[WRITTEN] = ", ".join(to_sql(c) for c in constructs)
+    return node
 
 
 def in_analyst_terms(error: Error, tree: exp.Expression) -> Error:
-    """`error` (changed in place) with each dpsql name of a construct in `tree` marked by `written_as` spelled as
-    the analyst wrote it, with or without a qualifier: "the divisor NULLIF(dpsql_w.dpsql_w0, 0)" reads "the
-    divisor NULLIF(SUM(amount) OVER (PARTITION BY person_id), 0)". A name two constructs share is left as it is."""
-    texts: dict[str, set[str]] = {}
-    for column in tree.find_all(exp.Column):
-        if WRITTEN in column.meta and column.name.startswith("dpsql_"):
-            texts.setdefault(column.name, set()).add(column.meta[WRITTEN])
-    for name, written in texts.items():
-        if len(written) == 1:
-            pattern = re.compile(rf'(?:"?\w+"?\.)?"?\b{re.escape(name)}\b"?')
-            text = written.pop().replace("\\", "\\\\")  # a template: its backslashes are escapes
-            error.message = pattern.sub(text, error.message)
-            error.hint = error.hint and pattern.sub(text, error.hint)
+    """`error` (changed in place) with its message and hint `in_analyst_words`."""
+    error.message = in_analyst_words(error.message, tree)
+    error.hint = error.hint and in_analyst_words(error.hint, tree)
     error.args = (error.message, *error.args[1:])
     return error
+
+
+def in_analyst_words(text: str, tree: exp.Expression) -> str:
+    """`text` with each dpsql name of a construct in `tree` marked by `written_as` spelled as the analyst wrote it,
+    with or without a qualifier: "the divisor NULLIF(dpsql_w.dpsql_w0, 0)" reads "the divisor NULLIF(SUM(amount)
+    OVER (PARTITION BY person_id), 0)". A name two constructs share is left as it is."""
+    texts: dict[str, set[str]] = {}
+    for node in tree.find_all(exp.Column, exp.Subquery):
+        if WRITTEN in node.meta and node.alias_or_name.startswith("dpsql_"):
+            texts.setdefault(node.alias_or_name, set()).add(node.meta[WRITTEN])
+    for name, written in texts.items():
+        if len(written) == 1:
+            pattern = re.compile(rf'(?:"?\w+"?\.)?"?\b{re.escape(name)}\b(?!"?\.)"?')  # (not a qualifier)
+            text = pattern.sub(written.pop().replace("\\", "\\\\"), text)  # a template: backslashes escape
+    return text
 
 
 AGGREGATES: dict[type[exp.Expression], str] = {

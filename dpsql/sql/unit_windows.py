@@ -87,12 +87,14 @@ def _joined(select: exp.Select, schema: PrivacySchema) -> None:
         per_unit = per_unit.join(join.copy())
     if select.args.get("where"):
         per_unit.set("where", select.args["where"].copy())
+    joined = written_as(exp.Subquery(this=per_unit, alias=exp.TableAlias(this=exp.to_identifier(WINDOWED))),
+                        *windows)
     for i, window in enumerate(windows):
         per_unit.select(exp.alias_(window.this.copy(), f"{WINDOWED}{i}"), copy=False)
         window.replace(written_as(exp.column(f"{WINDOWED}{i}", table=WINDOWED), window))
     per_unit.set("group", exp.Group(expressions=[unit.copy()]))
-    select.join(exp.Subquery(this=per_unit, alias=exp.TableAlias(this=exp.to_identifier(WINDOWED))),
-                on=exp.column(f"{WINDOWED}_unit", table=WINDOWED).eq(unit.copy()), copy=False)
+    select.join(joined, on=written_as(exp.column(f"{WINDOWED}_unit", table=WINDOWED), unit).eq(unit.copy()),
+                copy=False)
 
 
 def _whole_partition(window: exp.Window) -> bool:
