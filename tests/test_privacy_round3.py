@@ -585,11 +585,19 @@ def test_a_sum_under_a_units_total_keeps_the_clamp_its_rows_give_where_its_rows_
     ("SELECT category, stddev(amount) FROM visits GROUP BY category", 1),
     ("SELECT category, COUNT(*), AVG(amount) FROM visits GROUP BY category", 4),  # a count answered: MARGIN
     ("SELECT category, SUM(amount), COUNT(*) FROM visits GROUP BY category", 4),
-    ("SELECT p.state, AVG(v.amount) FROM visits v JOIN people p ON p.person_id = v.person_id GROUP BY 1", 4)])
+    ("SELECT p.state, AVG(v.amount) FROM visits v JOIN people p ON p.person_id = v.person_id GROUP BY 1", 4),
+    # values computed from the unit's rows: a visit's share of its person's spending, the amount of the visit before
+    ("SELECT category, AVG(share) FROM (SELECT category, amount / GREATEST(SUM(amount) OVER (PARTITION BY "
+     "person_id), 1) AS share FROM visits) t GROUP BY category", 4),
+    ("SELECT category, AVG(prev) FROM (SELECT v.*, LAG(amount) OVER (PARTITION BY person_id ORDER BY day) AS prev "
+     "FROM visits v) t GROUP BY category", 4),
+    ("SELECT category, AVG(amount) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn "
+     "FROM visits v) t WHERE rn <= 50 GROUP BY category", 1)])  # a window filters; the value is the row's own
 def test_the_counts_that_only_divide_a_raced_sum_keep_the_chosen_rows_themselves(engine, sql, margin):
     """An AVG's or a variance's count by category keeps the τ its race chose, no margin
     (`chosen_bounds.counts_race`): a unit's rows beyond it leave the sum and the count together. A count answered,
-    partition selection over private keys (state), or an answer of few cells keeps MARGIN times it."""
+    partition selection over private keys (state), an answer of few cells, or values computed from the unit's
+    rows (which differ in heavy units by construction: `Plan.unit_row_values`) keep MARGIN times it."""
     from dpsql.mechanisms.race import MARGIN
     from dpsql.session import Options
 

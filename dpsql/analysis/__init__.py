@@ -83,6 +83,7 @@ def _plan(scope: Scope) -> Plan:
         aggregates=scope.aggregates, outputs=scope.outputs, having=scope.having, order=scope.order,
         limit=scope.limit, offset=scope.offset, neighbouring=scope.schema.neighbouring, top_k=scope.top_k,
         notes=scope.notes, every_group=scope.every_group, caveat=derived.repeated_unit_values(scope),
+        unit_row_values=derived.values_of_unit_rows(scope),
         stability=scope.stability, truncate=scope.truncate,
         rows_total=scope.rows_total, unit_total=scope.total_cap,
         windows=scope.windows, min_units=scope.min_units, local_key=scope.local_key,

@@ -105,6 +105,18 @@ def repeated_unit_values(scope: Scope) -> str | None:
             f"instead: SELECT AVG(…) FROM {over_units}")
 
 
+def values_of_unit_rows(scope: Scope) -> bool:
+    """Whether a sum, average, spread or percentile reads a value computed from its unit's rows: a joined per-unit
+    subquery's column, or a window of a windowed source (a person's total, each visit's share of it, the days since
+    their last visit). Such a value depends on how many rows its unit has, so the rows a bound cuts from heavy units
+    hold values unlike the rest, and cutting them from an average's numerator and denominator together moves it."""
+    read = {alias: scope.aliases[alias] for alias in scope.windowed}
+    windows = {(alias, name) for alias, table in read.items()
+               for name in set(table.columns) - set(scope.schema.tables[table.name].columns)}
+    return any(column.table in scope.bounded_joins or (column.table, column.name) in windows
+               for column in _weighed_columns(scope))
+
+
 def _weighed_columns(scope: Scope) -> list[exp.Column]:
     """The columns that sums, averages, spreads and percentiles read, where a unit weighs as many rows as it has."""
     weighed = [node for node in scope.tree.find_all(*AGGREGATES) if AGGREGATES.get(type(node)) in WEIGHED]

@@ -200,6 +200,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     every_group: str | None = None  # with private keys: how to write the query so that every group is released
     caveat: str | None = None  # said with every answer: a way the answer leans that its interval does not cover
+    unit_row_values: bool = False  # a sum or average reads values computed from its unit's rows (`derived`)
     # row-level privacy with joins: how many joined rows one neighbour changes, over all groups (None: per unit)
     stability: int | None = None
     truncate: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # table -> keys, frequencies
