@@ -2115,6 +2115,13 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "v.day DESC, v.visit_id) SELECT category, COUNT(*) FROM latest GROUP BY 1",
     "SELECT p.sex, COUNT(*) FROM (SELECT DISTINCT ON (person_id, category) person_id, category FROM visits ORDER BY "
     "person_id, category, day) v JOIN people p ON p.person_id = v.person_id GROUP BY 1",
+    # a LAG's default: the row's own column (a first visit is 0 days after itself), a number, a declared value
+    "SELECT category, COUNT(*) FROM (SELECT v.*, LAG(day, 1, day) OVER (PARTITION BY person_id ORDER BY day, "
+    "visit_id) AS prev FROM visits v) t WHERE day - prev < 30 GROUP BY 1",
+    "SELECT category, COUNT(*) FROM (SELECT v.*, LEAD(amount, 2, -1) OVER (PARTITION BY person_id ORDER BY day, "
+    "visit_id) AS later FROM visits v) t WHERE later < 0 GROUP BY 1",
+    "SELECT before, COUNT(*) FROM (SELECT v.*, LAG(category, 1, 'none') OVER (PARTITION BY person_id ORDER BY day, "
+    "visit_id) AS before FROM visits v) t GROUP BY 1",
 ])
 def test_a_window_over_each_unit_s_rows_is_read_from_a_windowed_source(base_url, sql):
     """A window partitioned by the unit inside a subquery (each person's first visit by ROW_NUMBER(), the days
@@ -2184,6 +2191,10 @@ def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, conditio
      "WHERE person_id IN (SELECT person_id FROM people WHERE age > 40)) t WHERE rn = 1", "may not read subqueries"),
     ("SELECT p.sex, COUNT(*) FROM people p JOIN LATERAL (SELECT category FROM visits v WHERE v.category = p.state "
      "LIMIT 1) t ON true GROUP BY 1", "LATERAL is not supported"),  # tied by another column than the unit's
+    ("SELECT COUNT(*) FROM (SELECT LAG(amount, 1, -amount) OVER (PARTITION BY person_id ORDER BY day) AS x FROM "
+     "visits) t WHERE x > 10", "may return its default -amount"),  # a default of no declared bounds
+    ("SELECT COUNT(*) FROM (SELECT LAG(amount, 1, visit_id) OVER (PARTITION BY person_id ORDER BY day) AS x FROM "
+     "visits) t WHERE x > 10", "may return its default visit_id"),  # another type's column
 ])
 def test_a_window_not_over_one_unit_s_rows_of_one_table_is_refused(engine, sql, refused):
     """A window inside a subquery is computed in a windowed source only where it is partitioned by the unit of the

@@ -280,6 +280,9 @@ QUERIES = [
     "> 500 THEN 'hi' ELSE 'lo' END AS bucket FROM visits WHERE amount > 10) t GROUP BY 1",  # a window per person
     "SELECT category, AVG(share) FROM (SELECT category, amount / GREATEST(SUM(amount) OVER (PARTITION BY person_id), "
     "1) AS share FROM visits) t GROUP BY 1",  # each visit's share of its person's spending
+    "SELECT before, COUNT(*), AVG(prev) FROM (SELECT v.*, LAG(category, 1, 'none') OVER (PARTITION BY person_id "
+    "ORDER BY day) AS before, LAG(amount, 1, -5) OVER (PARTITION BY person_id ORDER BY day) AS prev FROM visits v) t "
+    "GROUP BY 1",  # a LAG's default: a declared value of its own, a number below the column's bounds
     # windows over each person's rows read from a windowed source: their first visit, the days since their last,
     # a running total and a row's rank read as values (clamped to what they can be), a quartile as a key
     "SELECT category, COUNT(*), SUM(amount) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) "

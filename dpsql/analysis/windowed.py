@@ -167,7 +167,8 @@ def _window_column(name: str, window: exp.Window, table: Table, alias: str) -> C
         raise UnsupportedQuery(f"{_written(window)} reads {_written(argument)}, not a declared column",
                                "compute windows over the table's declared columns")
     if isinstance(function, VALUES) or isinstance(function, exp.Min | exp.Max) and column.is_temporal:
-        return dataclasses.replace(column, name=name, unique=False, max_frequency=None)
+        values = dataclasses.replace(column, name=name, unique=False, max_frequency=None)
+        return _with_default(values, function.args.get("default"), table, window)
     if not (column.is_numeric and column.bounded):
         raise UnsupportedQuery(f"{_written(window)} sums or averages {_written(argument)}, which has no declared "
                                "numeric bounds", "declare its lower and upper bounds in the privacy schema")
@@ -176,6 +177,41 @@ def _window_column(name: str, window: exp.Window, table: Table, alias: str) -> C
                       max(0.0, k * column.upper))
     kind = AVG_TYPES.get(column.type, column.type) if isinstance(function, exp.Avg) else column.type
     return Column(name, kind, column.lower, column.upper)
+
+
+def _with_default(values: Column, default: exp.Expression | None, table: Table, window: exp.Window) -> Column:
+    """A LAG's or LEAD's column `values` declared to hold its default too (a unit's first row has no row before):
+    the hull of the bounds, or the union of the domains, of the column read and a number or the row's own column
+    (`LAG(day, 1, day)`)."""
+    if default is None or isinstance(default, exp.Null):
+        return values
+    other = table.columns.get(default.name) if isinstance(default, exp.Column) else None
+    if other is not None and other.local is None and other.type == values.type:
+        if values.domain is not None and other.domain is not None:
+            return dataclasses.replace(values, domain=tuple(dict.fromkeys((*values.domain, *other.domain))))
+        if values.bounded and other.bounded:
+            return dataclasses.replace(values, lower=min(values.lower, other.lower),
+                                       upper=max(values.upper, other.upper))
+    elif (constant := _constant(default, values)) is not None:
+        if values.domain is not None:
+            return dataclasses.replace(values, domain=tuple(dict.fromkeys((*values.domain, constant))))
+        if values.bounded and values.is_numeric:
+            return dataclasses.replace(values, lower=min(values.lower, constant), upper=max(values.upper, constant))
+    read = _written(window.this.this)
+    raise UnsupportedQuery(f"{_written(window)} may return its default {_written(default)}, which is not declared "
+                           f"with bounds or values of {read}'s type", f"default to NULL and replace it outside: "
+                           f"COALESCE({values.name}, …), or default to a column of {read}'s type")
+
+
+def _constant(default: exp.Expression, values: Column) -> float | str | None:
+    """A default written as a constant of `values`' kind: a number for a number, a string for a text; None else."""
+    number = default.this if isinstance(default, exp.Neg) else default
+    if isinstance(number, exp.Literal) and number.is_number and values.is_numeric:
+        return -float(number.this) if number is not default else float(number.this)
+    if isinstance(default, exp.Literal) and default.is_string and values.domain is not None \
+            and not values.is_numeric and not values.is_temporal:
+        return default.this
+    return None
 
 
 def _break_ties(window: exp.Window, alias: str, columns: list[str]) -> None:

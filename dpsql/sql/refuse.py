@@ -188,7 +188,8 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
     offset, default = function.args.get("offset"), function.args.get("default")
     buckets = function.this if isinstance(function, exp.Ntile) else None
     if not ((offset is None or _whole(offset)) and (buckets is None or _whole(buckets) and int(buckets.this) > 0)
-            and (default is None or isinstance(default, exp.Literal | exp.Neg | exp.Null))):
+            and (default is None or isinstance(default, exp.Literal | exp.Neg | exp.Null)
+                 or sourced and isinstance(default, exp.Column))):  # over a unit's rows, the row's own value
         raise UnsupportedQuery(f"{_describe(function)} needs constants for its offset, default or buckets",
                                "e.g. LAG(n, 1, 0) OVER (ORDER BY month) or NTILE(4) OVER (ORDER BY n)")
 

@@ -173,7 +173,14 @@ def _movable(window: exp.Window, keys: set[str], alias: str) -> bool:
             and any(c.name in keys and c.table in ("", alias) for c in partition)
             and all(isinstance(o.this, exp.Column) for o in order)
             and all(isinstance(a, exp.Column | exp.Star) for a in arguments) and not window.find(exp.Select)
-            and (function.args.get("default") is None or isinstance(function.args["default"], exp.Null)))
+            and _constant_or_column(function.args.get("default"), alias))
+
+
+def _constant_or_column(default: exp.Expression | None, alias: str) -> bool:
+    """A LAG's or LEAD's default that a windowed source computes: none, NULL, a constant, or a column of its table."""
+    constant = default.this if isinstance(default, exp.Neg) else default
+    return (default is None or isinstance(default, exp.Null) or isinstance(constant, exp.Literal)
+            or isinstance(default, exp.Column) and default.table in ("", alias))
 
 
 def distinct_on_as_row_numbers(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
