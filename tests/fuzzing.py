@@ -266,6 +266,10 @@ UNIT_SOURCES = [
            "(PARTITION BY v.person_id ORDER BY v.day) AS prev FROM visits v WHERE v.amount > 10) v", ("v", "vw")),
     Source("(SELECT DISTINCT ON (person_id) * FROM visits ORDER BY person_id, day DESC) v JOIN people p "
            "ON p.person_id = v.person_id", ("v", "p")),
+    # a window over a person's rows joined to their one row, a LAG's default, inside the subquery
+    Source("(SELECT v.*, p.sex, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.amount DESC) AS rn, "
+           "LAG(v.amount, 1, -1) OVER (PARTITION BY v.person_id ORDER BY v.day) AS prev FROM visits v LEFT JOIN "
+           "people p ON p.person_id = v.person_id WHERE p.age > 30) v", ("v", "vw")),
 ]
 BOUNDED = {"p": ["p.age", "p.income"], "v": ["v.amount"], "r": ["r.cost"], "t": ["t.n", "t.s"], "u": ["u.m"],
            "vw": ["v.rn", "v.prev"]}

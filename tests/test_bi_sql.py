@@ -2115,6 +2115,18 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "v.day DESC, v.visit_id) SELECT category, COUNT(*) FROM latest GROUP BY 1",
     "SELECT p.sex, COUNT(*) FROM (SELECT DISTINCT ON (person_id, category) person_id, category FROM visits ORDER BY "
     "person_id, category, day) v JOIN people p ON p.person_id = v.person_id GROUP BY 1",
+    # joined to the person's one row on the person (their sex, their age), inner or LEFT, either side inner
+    "SELECT sex, COUNT(*) FROM (SELECT v.category, p.sex, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY "
+    "v.day, v.visit_id) AS rn FROM visits v JOIN people p ON p.person_id = v.person_id WHERE p.age > 30) t "
+    "WHERE rn = 1 GROUP BY sex",
+    "SELECT sex, COUNT(*) FROM (SELECT v.*, p.sex, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day, visit_id) "
+    "AS rn FROM visits v JOIN people p USING (person_id) WHERE amount > 10 AND p.age > 30) t WHERE rn = 1 GROUP BY 1",
+    "SELECT sex, COUNT(*) FROM (SELECT v.category, p.sex, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY "
+    "v.day, v.visit_id) AS rn FROM visits v LEFT JOIN people p ON v.person_id = p.person_id) t WHERE rn <= 2 "
+    "GROUP BY sex",
+    "SELECT category, COUNT(*) FROM (SELECT v.category, p.age, LAG(v.day) OVER (PARTITION BY v.person_id ORDER BY "
+    "v.day, v.visit_id) AS prev FROM people p JOIN visits v ON p.person_id = v.person_id) t WHERE prev IS NOT NULL "
+    "AND age > 40 GROUP BY category",
     # a LAG's default: the row's own column (a first visit is 0 days after itself), a number, a declared value
     "SELECT category, COUNT(*) FROM (SELECT v.*, LAG(day, 1, day) OVER (PARTITION BY person_id ORDER BY day, "
     "visit_id) AS prev FROM visits v) t WHERE day - prev < 30 GROUP BY 1",
@@ -2183,8 +2195,17 @@ def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, conditio
      "WHERE rn = 1", r"PARTITION BY category ORDER BY day\) reads other units' rows"),  # many people's rows
     ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (ORDER BY day) AS rn FROM visits) t WHERE rn = 1",
      "may appear only in the outer SELECT list"),
+    # joins that change a person's rows: other people's rows without visits (one NULL partition), a key not the
+    # person's, a table of several rows a person, a condition on both tables
     ("SELECT COUNT(*) FROM (SELECT v.person_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.day) AS rn "
-     "FROM visits v JOIN people p ON p.person_id = v.person_id) t WHERE rn = 1", "reads each partition's raw rows"),
+     "FROM people p LEFT JOIN visits v ON p.person_id = v.person_id) t WHERE rn = 1", "reads each partition's raw"),
+    ("SELECT COUNT(*) FROM (SELECT v.person_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.day) AS rn "
+     "FROM visits v JOIN people p ON p.person_id = v.visit_id) t WHERE rn = 1", "reads each partition's raw rows"),
+    ("SELECT COUNT(*) FROM (SELECT v.person_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.day) AS rn "
+     "FROM visits v JOIN visits w ON w.person_id = v.person_id) t WHERE rn = 1", "reads each partition's raw rows"),
+    ("SELECT COUNT(*) FROM (SELECT v.person_id, ROW_NUMBER() OVER (PARTITION BY v.person_id ORDER BY v.day) AS rn "
+     "FROM visits v JOIN people p ON p.person_id = v.person_id WHERE v.amount > p.age) t WHERE rn = 1",
+     "reads each partition's raw rows"),
     ("SELECT COUNT(*) FROM (SELECT LAG(amount * 2) OVER (PARTITION BY person_id ORDER BY day) AS x FROM visits) t "
      "WHERE x > 10", r"reads amount \* 2, not a declared column"),  # an expression: not a declared column's values
     ("SELECT COUNT(*) FROM (SELECT ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) AS rn FROM visits "
@@ -2198,9 +2219,10 @@ def test_a_unit_s_rows_kept_by_their_row_numbers_bound_its_rows(engine, conditio
 ])
 def test_a_window_not_over_one_unit_s_rows_of_one_table_is_refused(engine, sql, refused):
     """A window inside a subquery is computed in a windowed source only where it is partitioned by the unit of the
-    one table the subquery reads, over its declared columns: a partition of many people's rows (the refusal shows
-    the window partitioned by the unit), or over a join, or an expression's values, stays refused, and so does a
-    subquery inside the windowed rows' WHERE."""
+    one table it reads, over its declared columns, that table joined to nothing but tables of one row per unit on
+    the unit: a partition of many people's rows (the refusal shows the window partitioned by the unit), or over
+    other joins, or an expression's values, stays refused, and so does a subquery inside the windowed rows'
+    WHERE."""
     with pytest.raises(errors.UnsupportedQuery, match=refused):
         engine.prepare(sql)
 

@@ -283,6 +283,9 @@ QUERIES = [
     "SELECT before, COUNT(*), AVG(prev) FROM (SELECT v.*, LAG(category, 1, 'none') OVER (PARTITION BY person_id "
     "ORDER BY day) AS before, LAG(amount, 1, -5) OVER (PARTITION BY person_id ORDER BY day) AS prev FROM visits v) t "
     "GROUP BY 1",  # a LAG's default: a declared value of its own, a number below the column's bounds
+    "SELECT sex, COUNT(*), AVG(amount) FROM (SELECT v.amount, p.sex, ROW_NUMBER() OVER (PARTITION BY v.person_id "
+    "ORDER BY v.day DESC) AS rn FROM visits v JOIN people p ON p.person_id = v.person_id WHERE p.age > 30 AND "
+    "v.amount > 5) t WHERE rn <= 2 GROUP BY 1",  # a window over a person's rows joined to their one row
     # windows over each person's rows read from a windowed source: their first visit, the days since their last,
     # a running total and a row's rank read as values (clamped to what they can be), a quartile as a key
     "SELECT category, COUNT(*), SUM(amount) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) "

@@ -171,10 +171,11 @@ def _check_window(window: exp.Window, tree: exp.Select) -> None:
     if not (place is tree or in_order or sourced) or window.find_ancestor(exp.Window, *AGGREGATES):
         if window.args.get("partition_by"):  # a row of each unit's (its first by ROW_NUMBER(), a running total)
             raise UnsupportedQuery(f"{to_sql(window)} outside the outer SELECT list reads each partition's raw rows",
-                                   "partition it by the unit, over a declared column of the one table a subquery "
-                                   "reads: FROM (SELECT t.*, ROW_NUMBER() OVER (PARTITION BY <unit column> ORDER BY "
-                                   f"day) AS rn FROM t) s WHERE rn = 1; or {PER_UNIT}; a window over the answer's "
-                                   "own rows runs in the outer SELECT (rank() OVER (ORDER BY COUNT(*) DESC))")
+                                   "partition it by the unit, over declared columns of one table a subquery reads "
+                                   "(joined, if at all, only to tables of one row per unit on the unit): FROM "
+                                   "(SELECT t.*, ROW_NUMBER() OVER (PARTITION BY <unit column> ORDER BY day) AS rn "
+                                   f"FROM t) s WHERE rn = 1; or {PER_UNIT}; a window over the answer's own rows runs "
+                                   "in the outer SELECT (rank() OVER (ORDER BY COUNT(*) DESC))")
         raise UnsupportedQuery("a window function may appear only in the outer SELECT list or ORDER BY",
                                "dpsql computes windows over the released rows, after noise: write it in the outer "
                                "SELECT, e.g. SELECT k, COUNT(*), rank() OVER (ORDER BY COUNT(*) DESC) FROM t "

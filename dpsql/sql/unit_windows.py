@@ -29,8 +29,12 @@ is
 
 (a window inside an expression, `day - LAG(day) OVER (…)`, is the source's column dpsql_win0, …), which the
 analysis reads as the table with more columns (`analysis.windowed`, which also breaks the ties of rows such windows
-order): each of its rows is a row of the table, its window values a function of its unit's rows alone. A subquery
-that already has that shape is read as it is. Anything else is left as written (and refused where it was).
+order): each of its rows is a row of the table, its window values a function of its unit's rows alone. The
+subquery may join the table to tables of one row per unit on the unit (each person's visits and their one row of
+people): a unit's rows then all meet its one row or none, so the window reads the same rows in the source, which
+takes the WHERE's conditions on the table's columns, while those on the joined tables' stay outside (they keep or
+drop a unit's rows together). A subquery that already has that shape is read as it is. Anything else is left as
+written (and refused where it was).
 
 PostgreSQL's DISTINCT ON a unit in such a subquery is first spelled as ROW_NUMBER() = 1 (`distinct_on_as_row_numbers`).
 """
@@ -121,22 +125,26 @@ def unit_windows_as_sources(tree: exp.Select, schema: PrivacySchema) -> exp.Sele
 
 def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
     windows = [w for item in select.expressions for w in item.find_all(exp.Window)]
-    source = select.args["from_"].this if select.args.get("from_") else None
+    source = _windowed_table(select, windows)
     if not windows or not isinstance(source, exp.Table) or source.db or is_windowed_source(select) \
-            or any(select.args.get(k) for k in BEYOND_WHERE):
+            or any(select.args.get(k) for k in BEYOND_WHERE if k != "joins"):
         return
     declared = schema.tables.get(source.name.lower())
     keys = unit_partition_keys(declared) if declared is not None and not declared.public else set()
     alias = source.alias_or_name
     outside = [n for n in select.find_all(*AGGREGATES) if n.find_ancestor(exp.Select) is select
                and not (isinstance(n.parent, exp.Window) and n is n.parent.this)]
-    if not keys or outside or not all(_movable(w, keys, alias) for w in windows):
+    mine = _owned_by_source(select, schema, source, declared) if keys else None
+    if mine is None or outside or not all(_movable(w, keys, mine) for w in windows):
+        return
+    inside, kept = _where_split(select, mine)
+    if inside is None:
         return
     columns = list(declared.columns)
     inner = exp.select(*(exp.column(c, table=alias) for c in columns)).from_(source.copy())
-    if select.args.get("where"):
-        inner.set("where", select.args["where"].copy())
-        select.set("where", None)
+    if inside:
+        inner.where(exp.and_(*(c.copy() for c in inside)), copy=False)
+    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
     taken = set(columns)
     for i, window in enumerate(windows):
         # named as the analyst named it where it stands alone (refusals and notes then read `v.rn`)
@@ -144,14 +152,95 @@ def _sourced(select: exp.Select, schema: PrivacySchema) -> None:
         while name in taken:
             name = f"{WINDOW_COLUMN}{i}" if name != f"{WINDOW_COLUMN}{i}" else f"{name}_"
         taken.add(name)
-        inner.select(exp.alias_(window.copy(), name), copy=False)
+        window_copy = window.copy()
+        for column in window_copy.find_all(exp.Column):  # (the source reads its one table)
+            column.set("table", exp.to_identifier(alias))
+        inner.select(exp.alias_(window_copy, name), copy=False)
         window.replace(written_as(exp.column(name, table=alias), window))
     for item in list(select.expressions):  # the table's columns, not the windows dpsql adds to its source
-        if isinstance(item, exp.Star) or isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+        if _star_of(item, alias):
             item.replace(exp.Tuple(expressions=[exp.column(c, table=alias) for c in columns]))
     select.set("expressions", [e for item in select.expressions
                                for e in (item.expressions if isinstance(item, exp.Tuple) else [item])])
     source.replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+
+
+def _star_of(item: exp.Expression, alias: str) -> bool:
+    """`*`, or `alias.*`."""
+    return isinstance(item, exp.Star) or isinstance(item, exp.Column) and isinstance(item.this, exp.Star) \
+        and item.table in ("", alias)
+
+
+def _windowed_table(select: exp.Select, windows: list[exp.Window]) -> exp.Expression | None:
+    """The source whose rows `windows` read: the one their columns name, or with no qualifier the FROM table."""
+    named = {c.table for w in windows for c in w.find_all(exp.Column)} - {""}
+    sources = [select.args["from_"].this] if select.args.get("from_") else []
+    sources += [join.this for join in select.args.get("joins") or []]
+    if not named:
+        return sources[0] if sources else None
+    return next((s for s in sources if {s.alias_or_name} == named), None)
+
+
+def _owned_by_source(select: exp.Select, schema: PrivacySchema, source: exp.Table,
+                     table: Table) -> Callable[[exp.Column], bool] | None:
+    """Whether a column of `select` is its windowed table's (`source`), where its joins leave each unit's rows of that
+    table as they are: only tables of one row per unit, joined on the unit columns alone (`visits v JOIN people p ON
+    p.person_id = v.person_id`, or USING; LEFT where the windowed table is the FROM one; inner where it is the one
+    joined, the only join), so that a unit's rows all meet its one row or none, and a window over them reads the
+    same rows with or without the join. None for any other join, and for `*` over a join (it would read the
+    windows too)."""
+    alias = source.alias_or_name
+    joins = select.args.get("joins") or []
+    if not joins:
+        return lambda column: column.table in ("", alias)
+    first = select.args["from_"].this
+    if source is not first and (len(joins) != 1 or joins[0].side or joins[0].kind not in ("", "INNER")):
+        return None
+    others: set[str] = set()
+    using: set[str] = set()
+    for join in joins:
+        other = first if join.this is source else join.this
+        held = schema.tables.get(other.name.lower()) if isinstance(other, exp.Table) else None
+        if held is None or held.public or held.unit_column is None or held.max_rows_per_unit != 1 \
+                or table.unit_column is None or other.db or join.side not in ("", "LEFT") \
+                or join.kind not in ("", "INNER", "OUTER") or not _on_units(join, source, table, other, held):
+            return None
+        others |= set(held.columns)
+        using |= {u.name for u in join.args.get("using") or []}
+    if any(isinstance(item, exp.Star) for item in select.expressions):
+        return None
+    return lambda column: column.table == alias or not column.table and column.name in table.columns and (
+        column.name not in others or column.name in using)
+
+
+def _on_units(join: exp.Join, source: exp.Table, table: Table, other: exp.Table, held: Table) -> bool:
+    """Whether `join` meets the windowed table and `other` (of one row per unit) on the unit alone: ON a.unit =
+    j.unit, or USING (unit)."""
+    using = join.args.get("using") or []
+    if using:
+        return [u.name for u in using] == [table.unit_column] == [held.unit_column]
+    on = join.args.get("on")
+    sides = {(c.table, c.name) for c in (on.this, on.expression)} if isinstance(on, exp.EQ) and all(
+        isinstance(c, exp.Column) for c in (on.this, on.expression)) else set()
+    return sides == {(source.alias_or_name, table.unit_column), (other.alias_or_name, held.unit_column)}
+
+
+def _where_split(select: exp.Select, mine: Callable[[exp.Column], bool]) -> tuple[list | None, list]:
+    """`select`'s WHERE as the conditions on its FROM table's columns (its windowed source filters its rows with
+    them before its windows read them) and those on its joined tables' alone, which keep or drop a unit's rows
+    together (None: a condition reads both, or a subquery)."""
+    where = select.args.get("where")
+    if where is None:
+        return [], []
+    if where.find(exp.Select):
+        return None, []
+    inside, kept = [], []
+    for condition in operands(where.this):
+        owners = {mine(c) for c in condition.find_all(exp.Column)}
+        if owners == {True, False}:
+            return None, []
+        (kept if owners == {False} else inside).append(condition)
+    return inside, kept
 
 
 def unit_partition_keys(table: Table) -> set[str]:
@@ -160,9 +249,9 @@ def unit_partition_keys(table: Table) -> set[str]:
     return {table.unit_column} if table.unit_column else {table.parent.column} if table.parent else set()
 
 
-def _movable(window: exp.Window, keys: set[str], alias: str) -> bool:
+def _movable(window: exp.Window, keys: set[str], mine: Callable[[exp.Column], bool]) -> bool:
     """A window over partitions within one unit (its PARTITION BY holds a column that fixes the unit), of a function
-    a windowed source computes, over plain columns."""
+    a windowed source computes, over plain columns of the source's table (`mine`)."""
     partition = window.args.get("partition_by") or []
     order = window.args["order"].expressions if window.args.get("order") else []
     function = window.this
@@ -170,17 +259,17 @@ def _movable(window: exp.Window, keys: set[str], alias: str) -> bool:
         function, exp.Ntile) else []
     return (isinstance(function, WINDOW_FUNCTIONS) and not window.args.get("alias")
             and all(isinstance(c, exp.Column) for c in partition)
-            and any(c.name in keys and c.table in ("", alias) for c in partition)
+            and any(c.name in keys for c in partition) and all(mine(c) for c in window.find_all(exp.Column))
             and all(isinstance(o.this, exp.Column) for o in order)
             and all(isinstance(a, exp.Column | exp.Star) for a in arguments) and not window.find(exp.Select)
-            and _constant_or_column(function.args.get("default"), alias))
+            and _constant_or_column(function.args.get("default")))
 
 
-def _constant_or_column(default: exp.Expression | None, alias: str) -> bool:
-    """A LAG's or LEAD's default that a windowed source computes: none, NULL, a constant, or a column of its table."""
+def _constant_or_column(default: exp.Expression | None) -> bool:
+    """A LAG's or LEAD's default that a windowed source computes: none, NULL, a constant, or a column (of its
+    table, as every column of the window)."""
     constant = default.this if isinstance(default, exp.Neg) else default
-    return (default is None or isinstance(default, exp.Null) or isinstance(constant, exp.Literal)
-            or isinstance(default, exp.Column) and default.table in ("", alias))
+    return default is None or isinstance(default, exp.Null | exp.Column) or isinstance(constant, exp.Literal)
 
 
 def distinct_on_as_row_numbers(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
