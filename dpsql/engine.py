@@ -114,13 +114,18 @@ class Engine:
         return {"backend": self.backend.health(), "ledger": self.ledger.health()}
 
     def prepare(self, sql: str, params: Any = None, epsilon: float | None = None,
-                options: Options | None = None) -> Prepared:
+                options: Options | None = None, rows_per_unit: int | None = None) -> Prepared:
         """Check, analyse, rewrite and price a query without running or charging anything. `options` are the
-        query's and session's; `epsilon` overrides theirs."""
+        query's and session's; `epsilon` overrides theirs. `rows_per_unit`: at most that many rows of each unit,
+        below the declared bound (a statement's part that needs fewer, `Composition.rows_per_unit`)."""
         options = self.options(Options(epsilon=epsilon).over(options or Options()))
         query, plan, rewritten = self._plan(sql, params, options.min_frequency)
         if isinstance(plan, LocalQuery | PublishedQuery):
             return Prepared(query, None, None, None, "", options, self.schema.group_size, plan)
+        if rows_per_unit is not None and plan.stability is None and plan.rows_per_unit > rows_per_unit:
+            plan, rewritten = self._remembered(query, ("rows", rows_per_unit, options.min_frequency),
+                                               lambda: self._analysed(query, options.min_frequency, rows_per_unit,
+                                                                      public_keys=plan.public_keys))
         fixed_rows = chosen_values_rows(plan, options)
         if fixed_rows is not None:
             declared = plan.rows_per_unit
@@ -149,7 +154,8 @@ class Engine:
                          self.settings.selection_share, plan.max_groups, self._schema_digest,
                          *([plan.min_units] if plan.min_units > 1 else []),
                          *([options.local_estimate] if plan.local_key else []),
-                         *(["rows per unit: auto"] if race is not None or fixed_rows is not None else []))
+                         *(["rows per unit: auto"] if race is not None or fixed_rows is not None else []),
+                         *([f"rows per unit: {rows_per_unit}"] if rows_per_unit is not None else []))
         race_statement, race_answers = None, False
         if race is not None:
             rows_caps = rows_race.taus if rows_race is not None else ()
@@ -256,9 +262,10 @@ class Engine:
         composition = compose(sql, params, self.schema, self._not_null, self._unique)
         if composition is None:
             return None, [self.prepare(sql, params, epsilon, options)]
+        rows = composition.rows_per_unit
         if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid
             share = self.options(Options(epsilon=epsilon).over(options or Options())).epsilon / len(composition.parts)
-            prepared, *apart = [self.prepare(part, None, share, options) for part in composition.parts]
+            prepared, *apart = [self.prepare(part, None, share, options, rows) for part in composition.parts]
             names = [o.name for o in prepared.outputs]
             try:  # the analyst's own WHERE, ORDER BY and LIMIT over a stand-in row: what cannot run fails unpaid
                 if not composition.picks:
@@ -279,13 +286,13 @@ class Engine:
         parts: list[Prepared] = []
         for n, part in numbered:  # in order: the scalar subqueries' types give the last part its stand-ins
             parts.append(self.prepare(part, stand_ins(composition, n, parts), resolved.epsilon / len(numbered),
-                                      options))
+                                      options, rows))
         charged = [n for n, prepared in enumerate(parts) if prepared.cost != NO_COST]
         if 0 < len(charged) < len(parts):  # a part that reads no private data (the outer step of scalar
             # subqueries without FROM) costs nothing: the others share the whole ε
             for n in charged:
                 parts[n] = self.prepare(composition.parts[n], stand_ins(composition, n, parts),
-                                        resolved.epsilon / len(charged), options)
+                                        resolved.epsilon / len(charged), options, rows)
         if composition.joined_outer is not None:
             try:
                 check_joined(composition, parts)

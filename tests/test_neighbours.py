@@ -881,6 +881,22 @@ def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, 
 
 
 @pytest.mark.parametrize("sql", [
+    "SELECT date_trunc('month', day), COUNT(DISTINCT category) FROM visits GROUP BY 1",
+    "SELECT p.sex, COUNT(DISTINCT v.category) FROM visits v JOIN people p USING (person_id) GROUP BY 1",
+    "SELECT COUNT(DISTINCT drug) FROM prescriptions WHERE cost > 1",  # a unit through its parent
+])
+def test_a_presence_count_keeps_one_row_a_unit_and_moves_within_its_sensitivity(engine, base_url, neighbour_url,
+                                                                                sql):
+    """COUNT(DISTINCT c) of a declared domain counts units per value on one row of each unit, as the statement
+    prepares its part (`Composition.rows_per_unit`): the extreme neighbour's thousands of visits move one cell."""
+    composition, parts = engine.prepare_parts(sql)
+    assert composition.values_present is not None and composition.rows_per_unit == 1
+    for part in parts:
+        assert part.plan.rows_per_unit == 1
+        _assert_prepared_within(part, base_url, neighbour_url)
+
+
+@pytest.mark.parametrize("sql", [
     "SELECT category, bool_or(amount > 4000), bool_and(amount > 100), every(amount < 10) FROM visits GROUP BY 1",
     "SELECT COUNT(*) FROM screenings WHERE NOT positive AND person_id > 5",
     "SELECT category, drug, n FROM (SELECT v.category, r.drug, COUNT(*) AS n, ROW_NUMBER() OVER (PARTITION BY "
