@@ -484,6 +484,12 @@ QUERY_CLASSES = [
     QueryClass("each unit's latest row by DISTINCT ON (one row a unit, stop 70)",
                query("SELECT kind, COUNT(*), SUM(fare) FROM (SELECT DISTINCT ON (person_id) * FROM trips ORDER BY "
                      "person_id, kind DESC) t GROUP BY 1"), 1),
+    QueryClass("each unit's first rows joined to its one row, the WHERE split around the window (stop 71)",
+               query("SELECT state, COUNT(*), SUM(fare) FROM (SELECT t.fare, p.state, ROW_NUMBER() OVER (PARTITION "
+                     "BY t.person_id ORDER BY t.fare DESC) AS rn FROM trips t JOIN people p ON p.person_id = "
+                     "t.person_id WHERE t.fare > 5 AND p.balance > 0) x WHERE rn <= 2 GROUP BY 1"), 1),
+    QueryClass("declared values present, each unit counted once for one of its rows (stop 71)",
+               query("SELECT COUNT(DISTINCT kind) FROM trips WHERE fare > 1"), 0),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
