@@ -50,8 +50,9 @@ def to_sql(node: exp.Expression, normalize: bool = False, disposable: bool = Fal
     generator._next_name = name_sequence("_t")  # as a fresh generator would name anonymous aliases
     return generator.generate(node, copy=not disposable)
 
+
 Named = TypeVar("Named", exp.Column, exp.Subquery)
-WRITTEN = "dpsql_written"  # meta key of a column a spelling put in place of the analyst's construct: its text
+WRITTEN = "dpsql_written"  # meta key of a column or subquery a spelling put in place of the analyst's constructs
 
 
 def written_as(node: Named, *constructs: exp.Expression) -> Named:
