@@ -2143,6 +2143,11 @@ def test_a_joined_subquery_that_is_not_one_row_per_unit_is_refused(engine, sql, 
     "SELECT category, COUNT(*) FROM (SELECT v.category, p.age, LAG(v.day) OVER (PARTITION BY v.person_id ORDER BY "
     "v.day, v.visit_id) AS prev FROM people p JOIN visits v ON p.person_id = v.person_id) t WHERE prev IS NOT NULL "
     "AND age > 40 GROUP BY category",
+    # a person's first value by an ordered array, in a subquery grouped by the person
+    "SELECT first_cat, COUNT(*) FROM (SELECT person_id, (array_agg(category ORDER BY day, visit_id))[1] AS first_cat "
+    "FROM visits GROUP BY 1) t GROUP BY 1",
+    "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n, (ARRAY_AGG(category ORDER BY day DESC, visit_id))[1] "
+    "AS last_cat FROM visits WHERE amount > 10 GROUP BY person_id) t WHERE last_cat = 'lab' GROUP BY 1",
     # a LAG's default: the row's own column (a first visit is 0 days after itself), a number, a declared value
     "SELECT category, COUNT(*) FROM (SELECT v.*, LAG(day, 1, day) OVER (PARTITION BY person_id ORDER BY day, "
     "visit_id) AS prev FROM visits v) t WHERE day - prev < 30 GROUP BY 1",

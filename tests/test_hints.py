@@ -63,6 +63,8 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
      "visits WHERE amount > 100) t", "INTERSECT", "SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a "
      "INTERSECT"),
     ("SELECT COUNT(*) FROM visits TABLESAMPLE SYSTEM (10)", "TABLESAMPLE SYSTEM (10)", "TABLESAMPLE BERNOULLI (10)"),
+    ("SELECT AVG(a) FROM (SELECT person_id, (array_agg(amount ORDER BY day))[2] AS a FROM visits GROUP BY "
+     "person_id) t", "(ARRAY_AGG(amount ORDER BY day))[2]", "(array_agg(category ORDER BY day))[1] AS first_cat"),
     # windows dpsql computes apart (a per-unit subquery, a windowed source's column) are named as written
     ("SELECT category, AVG(share) FROM (SELECT category, amount / NULLIF(SUM(amount) OVER (PARTITION BY person_id), "
      "0) AS share FROM visits) t GROUP BY category", "the divisor NULLIF(SUM(amount) OVER (PARTITION BY person_id)",

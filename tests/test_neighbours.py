@@ -286,6 +286,8 @@ QUERIES = [
     "SELECT sex, COUNT(*), AVG(amount) FROM (SELECT v.amount, p.sex, ROW_NUMBER() OVER (PARTITION BY v.person_id "
     "ORDER BY v.day DESC) AS rn FROM visits v JOIN people p ON p.person_id = v.person_id WHERE p.age > 30 AND "
     "v.amount > 5) t WHERE rn <= 2 GROUP BY 1",  # a window over a person's rows joined to their one row
+    "SELECT first_cat, COUNT(*), AVG(n) FROM (SELECT person_id, COUNT(*) AS n, (array_agg(category ORDER BY amount "
+    "DESC))[1] AS first_cat FROM visits GROUP BY person_id) t GROUP BY 1",  # a person's first value by an array
     # windows over each person's rows read from a windowed source: their first visit, the days since their last,
     # a running total and a row's rank read as values (clamped to what they can be), a quartile as a key
     "SELECT category, COUNT(*), SUM(amount) FROM (SELECT v.*, ROW_NUMBER() OVER (PARTITION BY person_id ORDER BY day) "

@@ -80,6 +80,7 @@ from dpsql.sql.unit_rows import unit_row_joined_inside
 from dpsql.sql.unit_sets import unit_sets_as_groups
 from dpsql.sql.unit_windows import (
     distinct_on_as_row_numbers,
+    first_of_ordered_arrays,
     lateral_rows_as_row_numbers,
     unit_windows_as_joins,
     unit_windows_as_sources,
@@ -137,6 +138,7 @@ SPELLINGS: tuple[Rule, ...] = (
     lambda tree, context: unit_sets_as_groups(tree, context.schema),
     lambda tree, context: lateral_rows_as_row_numbers(tree, context.schema),
     lambda tree, context: distinct_on_as_row_numbers(tree, context.schema),
+    lambda tree, context: first_of_ordered_arrays(tree, context.schema),
     lambda tree, context: unit_windows_as_joins(tree, context.schema),
     lambda tree, context: unit_windows_as_sources(tree, context.schema),
     _tree_only(shadowing_names_renamed),

@@ -58,6 +58,9 @@ INSTEAD = {
     exp.Array: "list the values instead: x IN ('a', 'b'); several percentiles at once are answered as "
                "percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY x)",
     exp.Any: "list the values instead: x IN ('a', 'b')",
+    exp.Bracket: "a person's first value of a column is answered in a subquery grouped by the person: SELECT "
+                 "first_cat, COUNT(*) FROM (SELECT person_id, (array_agg(category ORDER BY day))[1] AS first_cat "
+                 "FROM visits GROUP BY person_id) t GROUP BY 1; any other element of an array is one raw value",
     exp.Median: "PostgreSQL has no median(x): write percentile_cont(0.5) WITHIN GROUP (ORDER BY x)",
     exp.Fetch: "write FETCH FIRST n ROWS ONLY, or LIMIT n: WITH TIES is not answered (which noisy values tie is "
                "noise)",
@@ -329,7 +332,7 @@ def _describe(node: exp.Expression) -> str:
         return "function median()"
     if isinstance(node, exp.Fetch):  # the one kind left after `shape.fetch_as_limit`
         return "FETCH ... WITH TIES"
-    if isinstance(node, exp.Interval | exp.Array | exp.AtTimeZone):  # as written: which one
+    if isinstance(node, exp.Interval | exp.Array | exp.AtTimeZone | exp.Bracket):  # as written: which one
         return to_sql(node)
     if isinstance(node, exp.Func):
         text = to_sql(node)  # an operator (x ~ 'a') or a keyword (CURRENT_TIMESTAMP) has no parenthesis

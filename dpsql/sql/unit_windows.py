@@ -36,7 +36,9 @@ takes the WHERE's conditions on the table's columns, while those on the joined t
 drop a unit's rows together). A subquery that already has that shape is read as it is. Anything else is left as
 written (and refused where it was).
 
-PostgreSQL's DISTINCT ON a unit in such a subquery is first spelled as ROW_NUMBER() = 1 (`distinct_on_as_row_numbers`).
+PostgreSQL's DISTINCT ON a unit in such a subquery is first spelled as ROW_NUMBER() = 1 (`distinct_on_as_row_numbers`),
+and a unit's first value by an ordered array, `(array_agg(c ORDER BY k))[1]` in a subquery grouped by the unit, as
+the MIN of FIRST_VALUE(c) over its rows (`first_of_ordered_arrays`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from dpsql.sql.shape import BEYOND_WHERE, is_windowed_source, tables_read
 
 WINDOWED = "dpsql_w"  # the joined subquery's alias, its unit column's and its values' names
 FIRST = "dpsql_first"  # a unit's rows numbered for DISTINCT ON
+FIRST_VALUES = "dpsql_firstv"  # a unit's first value of a column, for (array_agg(c ORDER BY k))[1]: dpsql_firstv0, …
 WINDOW_COLUMN = "dpsql_win"  # a windowed source's column for a window inside an expression: dpsql_win0, …
 LATERAL_UNIT, LATERAL_RANK = "dpsql_lateral_unit", "dpsql_lateral_n"  # a LATERAL subquery's unit and row numbers
 
@@ -312,6 +315,54 @@ def _first_rows(select: exp.Select, schema: PrivacySchema) -> None:
     first = exp.select(*(exp.column(item.alias_or_name, table=name) for item in outputs)).from_(
         exp.Subquery(this=numbered, alias=exp.TableAlias(this=exp.to_identifier(name))))
     select.replace(first.where(exp.column(FIRST, table=name).eq(exp.Literal.number(1))))
+
+
+def first_of_ordered_arrays(tree: exp.Select, schema: PrivacySchema) -> exp.Select:
+    """`tree` with each subquery grouped by the unit alone that picks a unit's first value by an ordered array
+    (each person's first category: `SELECT person_id, (array_agg(category ORDER BY day))[1] AS first_cat FROM
+    visits GROUP BY person_id`) reading that value as MIN(FIRST_VALUE(category) OVER (PARTITION BY person_id
+    ORDER BY day)) from its rows with that window beside them (which `unit_windows_as_sources` then computes in a
+    windowed source): the window holds one value on all of a unit's rows, the first in that order, NULL where
+    that row's is, as the array's first element. Only the first element, of a column, ordered by columns."""
+    return _each_subquery(tree, schema, _firsts_as_windows)
+
+
+def _firsts_as_windows(select: exp.Select, schema: PrivacySchema) -> None:
+    source = select.args["from_"].this if select.args.get("from_") else None
+    group = select.args["group"].expressions if select.args.get("group") else []
+    firsts = [b for item in select.expressions for b in item.find_all(exp.Bracket) if _first_of_array(b)]
+    if not firsts or not isinstance(source, exp.Table) or source.db or len(group) != 1 or select.find(exp.Window) \
+            or any(select.args.get(k) for k in ("joins", "distinct", "with_", "qualify", "windows")):
+        return
+    declared = schema.tables.get(source.name.lower())
+    alias = source.alias_or_name
+    outputs = list(select.expressions)
+    unit = _column_of(group[0], outputs, {i.alias: i.this for i in outputs if isinstance(i, exp.Alias)})
+    if declared is None or declared.public or unit is None or unit.name not in unit_partition_keys(declared) \
+            or unit.table not in ("", alias):
+        return
+    rows = exp.select(exp.column(exp.Star(), table=alias)).from_(source.copy())
+    if select.args.get("where"):
+        rows.set("where", select.args["where"].copy())
+        select.set("where", None)
+    for i, first in enumerate(firsts):
+        ordered = first.this.unnest().this
+        window = exp.Window(this=exp.FirstValue(this=ordered.this.copy()), partition_by=[unit.copy()],
+                            order=exp.Order(expressions=[o.copy() for o in ordered.expressions]))
+        rows.select(exp.alias_(window, f"{FIRST_VALUES}{i}"), copy=False)
+        first.replace(exp.Min(this=written_as(exp.column(f"{FIRST_VALUES}{i}", table=alias), first)))
+    source.replace(exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier(alias))))
+
+
+def _first_of_array(bracket: exp.Bracket) -> bool:
+    """`(array_agg(c ORDER BY k, …))[1]`: a column's first value in an order of columns."""
+    aggregate = bracket.this.unnest()
+    ordered = aggregate.this if isinstance(aggregate, exp.ArrayAgg) else None
+    index = bracket.expressions
+    return (isinstance(ordered, exp.Order) and isinstance(ordered.this, exp.Column)
+            and all(isinstance(o.this, exp.Column) for o in ordered.expressions) and len(index) == 1
+            and isinstance(index[0], exp.Literal) and index[0].is_int and int(index[0].this) == 0
+            and not aggregate.args.get("filter"))
 
 
 def _ordered_by(ordered: exp.Ordered, outputs: list[exp.Expression], aliases: dict[str, exp.Expression]
