@@ -375,6 +375,10 @@ def _measure(rng: random.Random, aliases: tuple[str, ...]) -> str:
 
 DERIVED = [
     "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t GROUP BY n",
+    # a person's first value by an ordered array (a windowed source's FIRST_VALUE, read by its MIN)
+    "SELECT first_cat, COUNT(*), SUM(n), AVG(a) FROM (SELECT person_id, COUNT(*) AS n, (array_agg(category ORDER BY "
+    "amount DESC))[1] AS first_cat, (array_agg(amount ORDER BY day))[1] AS a FROM visits WHERE amount > 1 "
+    "GROUP BY person_id) t GROUP BY 1",
     "SELECT COUNT(*), AVG(total) FROM (SELECT v.person_id, SUM(v.amount) AS total FROM visits v "
     "GROUP BY v.person_id) t",
     "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
