@@ -9,7 +9,7 @@ from dataclasses import astuple
 
 from dpsql.accounting import Cost
 from dpsql.analysis import SQUARED, Plan
-from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, MARGIN, RaceToTheTop
+from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, MARGIN, RAISE_SHARE, RaceToTheTop
 from dpsql.noise import Calibration
 from dpsql.session import Options
 
@@ -206,7 +206,9 @@ def race_note(plan: Plan, totals: Plan | None, race: RaceToTheTop, rows_race: Ra
         halves = ", half for each race" if rows_race else ""
         read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
                  f"the bound instead (sparse vector{halves}); below the cap, {EFFECT_SHARE:.0%} of it counts "
-                 "the units that hold more than the chosen bound, shown with the answer")
+                 f"the units that hold more than the chosen bound, shown with the answer, and where that count "
+                 f"shows many, {RAISE_SHARE:.0%} more raises the bound to the first that few units exceed (sparse "
+                 "vector)")
     beside = "" if rows_race is None else (
         f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
         f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "

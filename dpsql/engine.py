@@ -51,7 +51,7 @@ from dpsql.errors import (
     UnsupportedQuery,
 )
 from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, debias, plan_local
-from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE
+from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RAISE_SHARE
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
     describe_cap,
@@ -457,7 +457,7 @@ class Engine:
         fallback = lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
         cells = prepared.plan.cells
         decision = race.decide(truncated, fallback, effect_epsilon=lent(prepared.calibration, EFFECT_SHARE),
-                               cells=cells)
+                               cells=cells, raise_epsilon=lent(prepared.calibration, RAISE_SHARE))
         rows = None
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]
@@ -467,8 +467,10 @@ class Engine:
         resolved = all(d.tau is not None for d in (decision, rows_decision) if d is not None)
         spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
         bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound, resolved)
-        note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures) \
-            if decision.bound < race.taus[-1] else describe_cap(race.taus[-1], prepared.race_totals, decision.tau)
+        note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures,
+                                   raised=decision.bound if decision.raise_epsilon else None) \
+            if decision.bound < race.taus[-1] or decision.raise_epsilon \
+            else describe_cap(race.taus[-1], prepared.race_totals, decision.tau)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,

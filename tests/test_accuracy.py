@@ -142,7 +142,8 @@ def test_the_schema_sets_the_default_and_a_session_may_declare_instead(shipped):
 def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
     """Below the cap, 5% of the answer's ε counts the units holding more than the chosen bound, and the answer
     says so with its interval and share of the units read; a loss over 1% of the units even at the interval's
-    low end is called out."""
+    low end is called out. Where the count sent the bound higher (`RaceToTheTop.raised`), the answer says which
+    bound it keeps and why."""
     from dpsql.mechanisms.race import UnitsOver
     from dpsql.postprocess import describe_units_over
 
@@ -158,6 +159,10 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
     assert describe_units_over(None, totals=False) is None
     few = describe_units_over(UnitsOver(4, 41.0, 60.0, 12.0, 0.04), totals=False)  # noisy counts of few units
     assert "about 12 of the 12 units read hold more (95%: 0 to 12, 0-100%" in few
+    raised = describe_units_over(UnitsOver(4_096, 400.0, 60.0, 10_000.0, 0.04), totals=True, raised=131_072)
+    assert raised.startswith("bounded at a total of 131,072 per unit, chosen from the data: above the race's bound "
+                             "of a total of 4,096 per unit about 400 of the 10,000 units read hold more")
+    assert raised.endswith("a sparse vector raised it to the first bound that few units exceed")
 
 
 def test_a_median_by_category_lands_within_its_rank_error_of_the_asked_rank(shipped, people_url):

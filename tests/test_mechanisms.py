@@ -435,7 +435,7 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
     few = [100.0, 200, 400, 790, 1500, 2800, 3100, 3150, 3150, 3150, 3150]  # 100 units, most of 30 or so rows
     assert race.units_above(few)[:5] == [100.0, 100.0, 97.5, 88.75, 81.25] and race.steps == 1
     for seed in range(20):
-        bound, spent, over, tau = race.decide(few, 0.05, random.Random(seed))
+        bound, spent, over, tau, _ = race.decide(few, 0.05, random.Random(seed))
         draws = random.Random(seed)
         race._shifted(few, draws)  # the race's own draws come first
         sparse = FirstBelowThreshold.calibrate(1, 0.05, monotone=True)  # add-remove: the counts move together
@@ -449,7 +449,7 @@ def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolv
             chosen = race.decide(few, 0.05, random.Random(seed), cells=cells)
             margin = 2 * FALLBACK_MARGIN if cells is not None and cells <= FEW_CELLS else FALLBACK_MARGIN
             assert chosen.tau == tau and chosen.bound == (1024 if tau is None else min(margin * tau, 1024))
-        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0, None, None)  # nothing lent: the cap
+        assert race.decide(few, 0.0, random.Random(seed)) == (1024, 0.0, None, None, 0.0)  # nothing lent: cap
     many = [100_000 * v / 100 for v in few]  # 100,000 units: the race resolves and lends nothing
     assert all(race.decide(many, 0.05, random.Random(seed))[1] == 0.0 for seed in range(5))
 
@@ -498,3 +498,42 @@ def test_the_units_over_the_chosen_bound_are_one_laplace_release_after_the_race(
     capped = RaceToTheTop.calibrate(8, 0.5)
     assert all(capped.decide([100_000.0, 200_000, 400_000, 800_000], 0.2, random.Random(seed),
                              effect_epsilon=0.05)[:3] == (8, 0.0, None) for seed in range(5))
+
+
+def test_a_bound_that_many_units_exceed_is_raised_by_a_sparse_vector():
+    """Where the count over the race's bound shows, beyond its 95% interval, more units than the fallback's
+    threshold at the ε lent for it, `decide` spends that ε on the fallback's sparse vector from the bound upward:
+    the first τ that few units exceed (heavy-tailed totals, which R2T's shift at ε/J a step stops far below). The
+    draws come after the race's and the count's; where the count is small nothing more is spent."""
+    from dpsql.mechanisms.race import RaceToTheTop
+    from dpsql.mechanisms.sparse import FirstBelowThreshold
+
+    race = RaceToTheTop.calibrate(1 << 20, 0.1, integer_valued=False, margin=4)
+    heavy = [1_000] * 19_000 + [100_000] * 1_000  # one unit in twenty holds a hundred times the rest's total
+    truncated = [float(sum(min(t, tau) for t in heavy)) for tau in race.taus]
+    raised = 0
+    for seed in range(20):
+        decision = race.decide(truncated, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1)
+        draws = random.Random(seed)
+        shifted = race._shifted(truncated, draws)
+        bound = min(race.margin_at(shifted) * race._best(shifted), 1 << 20)
+        assert bound < 1 << 20, seed  # (at the cap nothing is counted or raised)
+        over = race.units_over(truncated, bound, 0.05, shifted[0] + race.shift(0), draws)
+        assert decision.over == over
+        assert decision.bound >= 100_000, seed  # the heavy units' totals kept, raised or chosen by the race
+        if over.units - over.halfwidth <= race.fallback_threshold(0.1):
+            assert (decision.bound, decision.raise_epsilon) == (bound, 0.0)
+            continue
+        raised += 1
+        sparse = FirstBelowThreshold.calibrate(1, 0.1, monotone=True)
+        start = race.taus.index(bound)
+        index = sparse.first_below(race.units_above(truncated)[start:], race.fallback_threshold(0.1), draws)
+        assert decision.bound == (1 << 20 if index is None else race.taus[start + index]) > bound
+        assert decision.raise_epsilon == pytest.approx(sparse.epsilon) == pytest.approx(0.1)
+        assert decision.spent == pytest.approx(0.15)
+    assert raised >= 15  # the race mostly stops near 1,000 (its shift a step outweighs 1,000 units): raised
+    light = [100_000.0, 180_000, 300_000, 420_000, 480_000, 500_000, 505_000, 506_000, 506_000, 506_000, 506_000]
+    rows = RaceToTheTop.calibrate(1024, 0.5)
+    for seed in range(10):  # every unit within the bound: the count is small and nothing is raised
+        decision = rows.decide(light, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1)
+        assert decision.raise_epsilon == 0.0 and decision.spent == pytest.approx(0.05)

@@ -28,23 +28,31 @@ def describe_bounds_effect(effect: dict) -> list[str]:
 UNITS_OVER_WARNING = 0.01  # the share of the units read above which a chosen bound's loss is called out
 
 
-def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool = False) -> str | None:
+def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool = False,
+                        raised: int | None = None) -> str | None:
     """What a bound chosen from the data leaves out (`RaceToTheTop.units_over`), for people: the released count of
     units holding more than it (their rows, or with `totals` their total), its 95% interval and share of the units
     read; a warning where even the interval's low end is over UNITS_OVER_WARNING of them. `chosen_only`: the
     answer is values chosen from histograms (percentiles, MIN, MAX, mode()), which the rows left out move only
-    where they differ from the rows kept, rather than counts and sums, which they make low."""
+    where they differ from the rows kept, rather than counts and sums, which they make low. `raised`: the bound
+    the count sent higher (`RaceToTheTop.raised`), which the answer keeps instead."""
     if over is None:
         return None
     read = max(over.units_read, 1.0)
 
     def among_read(count: float) -> float:  # both counts are noisy: no more hold more than were read
         return min(max(0.0, count), read)
+
+    def bounded(bound: int) -> str:
+        return f"a total of {bound:,} per unit" if totals else f"{bound:,} rows per unit"
     low, high = among_read(over.units - over.halfwidth), among_read(over.units + over.halfwidth)
-    what = f"a total of {over.bound:,} per unit" if totals else f"{over.bound:,} rows per unit"
-    text = (f"bounded at {what}, chosen from the data; about {among_read(over.units):,.0f} of the {read:,.0f} units "
-            f"read hold more (95%: {low:,.0f} to {high:,.0f}, {_percent(low / read)}-{_percent(high / read)}%; "
-            f"counted at ε = {over.epsilon:.2g} of the query's)")
+    counted = (f"about {among_read(over.units):,.0f} of the {read:,.0f} units read hold more (95%: {low:,.0f} to "
+               f"{high:,.0f}, {_percent(low / read)}-{_percent(high / read)}%; counted at ε = {over.epsilon:.2g} of "
+               "the query's)")
+    if raised is not None:
+        return (f"bounded at {bounded(raised)}, chosen from the data: above the race's bound of {bounded(over.bound)} "
+                f"{counted}, so a sparse vector raised it to the first bound that few units exceed")
+    text = f"bounded at {bounded(over.bound)}, chosen from the data; {counted}"
     if low / read > UNITS_OVER_WARNING and chosen_only:
         text += (f"; at least {100 * low / read:.2g}% of the units have rows beyond it left out, which moves the "
                  "values chosen only where those rows differ from the rows kept: a larger ε lets the race see them "
