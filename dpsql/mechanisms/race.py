@@ -110,8 +110,9 @@ visits joined to each person's `SUM(amount)`) over 20,000 people kept 32,768 of 
 463 persons over it holding 35% of the mass, and came back 37% low with 4% coverage; raised (to 131,072 in 13 of
 20 answers), 6.9% median error, bias −4.2%, coverage 85% (ε = 1, /tmp scripts of the session). Where the race's
 bound holds nearly every unit the count is small and nothing more is spent: `bench_accuracy.py --people 20000
---runs 40` moved within its noise (no question raised its bound in 20 answers of SUM, AVG and stddev by category
-or in all). The trigger reads a released count (post-processing); the search is the sparse vector's ε.
+--runs 40` moved within its noise (no bound was raised in 10-20 answers each of SUM, AVG and stddev of the
+amounts, in all and by category, and of visits by month, by category and, over 100,000 people, by day). The
+trigger reads a released count (post-processing); the search is the sparse vector's ε.
 
 The privacy map is the mechanisms' own: `epsilon` is the sum of theirs.
 """
@@ -254,12 +255,9 @@ class RaceToTheTop:
 
     def raised(self, truncated: Sequence[float], bound: int, epsilon: float,
                rng: Randomness = SYSTEM_RANDOM) -> tuple[float, int]:
-        """A bound above `bound` (a τ below the cap) where the count over it showed many units exceed it: the first
-        τ from `bound` on that fewer than one noise scale of units exceed (the fallback's sparse vector and
-        threshold, at `epsilon`), or the cap. The race's shift at ε/J a step stops where thousands of units still
-        exceed its τ (about ln(J/β)·J/ε: 2,135 at ε = 0.1 over 27 τ), which its margin covers where units' totals
-        end near it but not where they are heavy-tailed: the demo's per-person total averaged per visit kept 32,768
-        of totals up to 289,184, 65% of the mass, 463 persons over it. Its ε and the bound found: (ε, bound)."""
+        """A bound above `bound` (a τ below the cap) where the count over it showed many units exceed it (the
+        module's docstring): the first τ from `bound` on that fewer than one noise scale of units exceed (the
+        fallback's sparse vector and threshold, at `epsilon`), or the cap. Its ε and the bound: (ε, bound)."""
         start = self.taus.index(bound)
         sparse = FirstBelowThreshold.calibrate(self.steps, epsilon, monotone=self.steps == 1)
         index = sparse.first_below(self.units_above(truncated)[start:], self.fallback_threshold(epsilon), rng)
