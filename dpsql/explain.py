@@ -133,7 +133,8 @@ def explain_text(prepared: Prepared) -> str:
         group_epsilon, group_delta = group_guarantee(total.epsilon, total.delta, prepared.group_size)
         lines.append(f"Group privacy: for a group of up to {prepared.group_size} units (group_size), this answer is "
                      f"({group_epsilon:.6g}, {group_delta:.3g})-DP: (kε, k·e^((k−1)ε)·δ)")
-    lines = [in_analyst_words(line, prepared.query.tree) for line in lines]  # the SQL below keeps dpsql's names
+    lines = in_analyst_words("\n".join(lines), prepared.query.tree).split("\n")  # (one walk of the tree; the SQL
+    # below keeps dpsql's names)
     if not plan.aggregates:
         lines.append("Rewritten SQL: none (the answer is the declared domain; PostgreSQL is not asked)")
         return "\n".join(lines)
