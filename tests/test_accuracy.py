@@ -87,9 +87,10 @@ def test_where_the_race_cannot_resolve_the_data_the_answer_lends_it_a_sparse_vec
             truncated = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
             chosen = [shipped.bounded_by_race(prepared, truncated)[0] for _ in range(20)]
             kept = {round(c.calibration.epsilon / prepared.calibration.epsilon, 6) for c in chosen}
-            # lent: a quarter to the fallback's choice where the race cannot resolve the data, and 5% to count
-            # the units over a bound below the cap
-            assert kept <= ({1.0, 0.95} if resolved else {0.75, 0.7}), (epsilon, kept)
+            # lent: a quarter to the fallback's choice where the race cannot resolve the data, 5% to count the
+            # units over a bound below the cap, and where the race resolved it, 10% to raise a bound that count
+            # shows many units exceed (never the fallback's: CI once saw 0.6 at ε = 0.1)
+            assert kept <= ({1.0, 0.95, 0.85} if resolved else {0.75, 0.7}), (epsilon, kept)
             below_cap = [c.plan.unit_total for c in chosen if c.plan.unit_total is not None]
             assert len(below_cap) >= 15, (epsilon, below_cap)
 

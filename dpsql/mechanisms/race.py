@@ -101,17 +101,19 @@ fractional count of `units_above` at that τ (sensitivity 1, 2 under replace) re
 share of the answer's ε (EFFECT_SHARE), so that the answer can say what its bound leaves out. The race's own
 released Q(1) stands for the units read (no further ε).
 
-Where that count shows many units over the bound (its 95% interval's low end above the fallback's threshold at
-RAISE_SHARE of the answer's ε), `decide` spends that share on the fallback's sparse vector from the bound upward
-(`raised`): the first τ that fewer units exceed. R2T's shift at ε/J a step stops where about ln(J/β)·J/ε units
-still exceed τ (2,135 at ε = 0.1 over 27 τ), which the margins buy back where units' totals end near it but not
-where they are heavy-tailed: the demo's per-person total averaged per visit (Tableau's FIXED, `AVG(t.total)` over
-visits joined to each person's `SUM(amount)`) over 20,000 people kept 32,768 of per-person totals up to 289,184,
-463 persons over it holding 35% of the mass, and came back 37% low with 4% coverage; raised (to 131,072 in 13 of
-20 answers), 6.9% median error, bias −4.2%, coverage 85% (ε = 1, /tmp scripts of the session). Where the race's
-bound holds nearly every unit the count is small and nothing more is spent: `bench_accuracy.py --people 20000
---runs 40` moved within its noise (no bound was raised in 10-20 answers each of SUM, AVG and stddev of the
-amounts, in all and by category, and of visits by month, by category and, over 100,000 people, by day). The
+Where the race resolved the data and that count shows many units over its bound (the count's 95% interval's low end
+above the fallback's threshold at RAISE_SHARE of the answer's ε), `decide` spends that share on the fallback's
+sparse vector from the bound upward (`raised`): the first τ that fewer units exceed. (Where the race could not
+resolve the data, the bound already is that search's choice, at a larger share and a lower threshold: a raise from
+it would follow the count's noise; CI caught one at ε = 0.1.) R2T's shift at ε/J a step stops where about
+ln(J/β)·J/ε units still exceed τ (2,135 at ε = 0.1 over 27 τ), which the margins buy back where units' totals end
+near it but not where they are heavy-tailed: the demo's per-person total averaged per visit (Tableau's FIXED,
+`AVG(t.total)` over visits joined to each person's `SUM(amount)`) over 20,000 people kept 32,768 of per-person
+totals up to 289,184, 463 persons over it holding 35% of the mass, and came back 37% low with 4% coverage; raised
+(to 131,072 in 13 of 20 answers), 6.9% median error, bias −4.2%, coverage 85% (ε = 1, /tmp scripts of the session).
+Where the race's bound holds nearly every unit the count is small and nothing more is spent: `bench_accuracy.py
+--people 20000 --runs 40` moved within its noise (no bound was raised in 10-20 answers each of SUM, AVG and stddev
+of the amounts, in all and by category, and of visits by month, by category and, over 100,000 people, by day). The
 trigger reads a released count (post-processing); the search is the sparse vector's ε.
 
 The privacy map is the mechanisms' own: `epsilon` is the sum of theirs.
@@ -228,10 +230,11 @@ class RaceToTheTop:
         module's docstring; twice the margin for an answer of at most FEW_CELLS `cells`, None where the groups
         are not known before the data), or nothing and the cap when `fallback_epsilon` is 0. With
         `effect_epsilon`, also the units holding more than a bound below the cap (`units_over`), at that ε more;
-        and where that count shows many units over it, `raise_epsilon` more on a higher bound (`raised`)."""
+        and where the race chose the bound and that count shows many units over it, `raise_epsilon` more on a
+        higher bound (`raised`)."""
         shifted = self._shifted(truncated, rng)
-        tau = None
-        if self.resolves(shifted):
+        tau, resolved = None, self.resolves(shifted)
+        if resolved:
             tau = self._best(shifted)
             bound, spent = min(self.margin_at(shifted, cells) * tau, self.taus[-1]), 0.0
         elif fallback_epsilon <= 0 or len(self.taus) < 2:
@@ -248,7 +251,9 @@ class RaceToTheTop:
             return Decision(bound, spent, tau=tau)
         over = self.units_over(truncated, bound, effect_epsilon, shifted[0] + self.shift(0), rng)
         spent += over.epsilon
-        if raise_epsilon <= 0 or over.units - over.halfwidth <= self.fallback_threshold(raise_epsilon):
+        # the fallback's bound is already the sparse vector's first τ that few units exceed, searched at more ε
+        # and a lower threshold: a raise from it would answer the count's noise
+        if raise_epsilon <= 0 or not resolved or over.units - over.halfwidth <= self.fallback_threshold(raise_epsilon):
             return Decision(bound, spent, over, tau)
         sparse, higher = self.raised(truncated, bound, raise_epsilon, rng)
         return Decision(higher, spent + sparse, over, tau, sparse)
