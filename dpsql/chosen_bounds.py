@@ -69,6 +69,15 @@ def divides_only(plan: Plan) -> bool:
         a.kind in ("avg", *SQUARED) for a in plan.aggregates if counts & set(a.measures))
 
 
+def visible_cut(calibration: Calibration, cells: int | None, steps: int) -> float:
+    """How many units over a bound, each holding at least the bound more, cut more than the answer's noise can
+    hide: the 95% half-width of that noise on the answer's total over its `cells` cells (one where its keys are
+    private), in bounds. From the calibration at the declared caps (a mechanism's half-width is proportional to
+    its sensitivity) and the cells: both known before the data."""
+    per_bound = min((m.ci_halfwidth() / m.sensitivity for m in calibration.mechanisms.values()), default=math.inf)
+    return steps * per_bound * math.sqrt(cells or 1)
+
+
 def lent(calibration: Calibration, share: float) -> float:
     """The ε an answer lends the race's choice (the fallback's search, the units over its bound): `share` of its
     own, and no more than keeps `share` of its ρ. The choice is pure ε-DP, ε²/2 in the zCDP account; a Gaussian
@@ -207,8 +216,8 @@ def race_note(plan: Plan, totals: Plan | None, race: RaceToTheTop, rows_race: Ra
         read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
                  f"the bound instead (sparse vector{halves}); below the cap, {EFFECT_SHARE:.0%} of it counts "
                  f"the units that hold more than the chosen bound, shown with the answer, and where that count "
-                 f"shows many, {RAISE_SHARE:.0%} more raises the bound to the first that few units exceed (sparse "
-                 "vector)")
+                 f"shows a cut beyond the answer's noise, {RAISE_SHARE:.0%} more raises the bound to the first "
+                 "that few units exceed (sparse vector)")
     beside = "" if rows_race is None else (
         f"; each unit's rows (for the counts beside it and the groups it reaches): chosen in the same pass "
         f"below the declared {totals.rows_per_unit} (R2T's race over {', '.join(map(str, rows_race.taus))}, "

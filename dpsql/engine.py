@@ -37,6 +37,7 @@ from dpsql.chosen_bounds import (
     plan_race,
     race_note,
     raceable,
+    visible_cut,
 )
 from dpsql.combining import check_joined, combine, scalar_values, stand_in_row, stand_ins
 from dpsql.config import Settings
@@ -457,7 +458,8 @@ class Engine:
         fallback = lent(prepared.calibration, FALLBACK_SHARE) / (2 if rows_race is not None else 1)
         cells = prepared.plan.cells
         decision = race.decide(truncated, fallback, effect_epsilon=lent(prepared.calibration, EFFECT_SHARE),
-                               cells=cells, raise_epsilon=lent(prepared.calibration, RAISE_SHARE))
+                               cells=cells, raise_epsilon=lent(prepared.calibration, RAISE_SHARE),
+                               visible_cut=visible_cut(prepared.calibration, cells, race.steps))
         rows = None
         if prepared.race_answers and decision.bound < race.taus[-1]:  # one row: the measure, then the units (unread)
             rows = [(truncated[race.taus.index(decision.bound)], 0)]

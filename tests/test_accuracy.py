@@ -166,6 +166,22 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
     assert raised.endswith("a sparse vector raised it to the first bound that few units exceed")
 
 
+def test_a_cut_shows_beside_the_answer_s_noise_over_all_its_cells(shipped):
+    """`visible_cut`: the units over a bound, each cutting at least the bound, whose cut exceeds the 95% half-width
+    of the answer's noise on its total over all cells, in bounds: √cells times a cell's half-width per bound. It
+    reads the calibration at the declared caps and the cells, both public; a Gaussian answer has one too."""
+    from dpsql.chosen_bounds import visible_cut
+
+    for sql, cells in (("SELECT SUM(amount) FROM visits", 1),
+                       ("SELECT category, SUM(amount) FROM visits GROUP BY category", 8)):
+        for mechanism in ("laplace", "gaussian"):
+            prepared = shipped.prepare(sql, epsilon=1.0, options=Options(rows_per_unit="auto", mechanism=mechanism))
+            (sum_noise,) = prepared.calibration.mechanisms.values()
+            found = visible_cut(prepared.calibration, prepared.plan.cells, prepared.race.steps)
+            assert found == pytest.approx(sum_noise.ci_halfwidth() / sum_noise.sensitivity * math.sqrt(cells)), sql
+            assert 0 < found < prepared.race.fallback_threshold(0.08)  # more eager than the sparse vector's alone
+
+
 def test_a_median_by_category_lands_within_its_rank_error_of_the_asked_rank(shipped, people_url):
     """A percentile is chosen from a histogram whose rank error is proportional to the rows each unit keeps: 8
     (`chosen_bounds.CHOSEN_ROWS`), not a race's choice. At four times the race's τ the demo's median amount by

@@ -539,6 +539,33 @@ def test_a_bound_that_many_units_exceed_is_raised_by_a_sparse_vector():
         assert decision.raise_epsilon == 0.0 and decision.spent == pytest.approx(0.05)
 
 
+def test_a_bound_whose_cut_the_answer_s_noise_cannot_hide_is_raised():
+    """`visible_cut`: where the count over the race's bound shows, beyond its interval, more units than the answer's
+    noise can hide the cut of (each holding at least the bound more), the bound is raised even where that count is
+    below the sparse vector's threshold. 100 units of 100,000 among 19,000 of 1,000: the race stops near 8,192 and
+    the count over it is about 73 ± 61; the same draws raise in more answers, half of those to a bound that
+    keeps the heavy totals (the sparse vector at ε = 0.1 stops early in the rest)."""
+    from dpsql.mechanisms.race import RaceToTheTop
+
+    race = RaceToTheTop.calibrate(1 << 20, 0.1, integer_valued=False, margin=4)
+    heavy = [1_000] * 19_000 + [100_000] * 100
+    truncated = [float(sum(min(t, tau) for t in heavy)) for tau in race.taus]
+    threshold, newly_raised, kept_heavy = race.fallback_threshold(0.1), 0, 0
+    for seed in range(40):
+        alone = race.decide(truncated, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1)
+        visible = race.decide(truncated, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1,
+                              visible_cut=5.0)
+        assert visible.over == alone.over, seed  # the same draws up to the trigger
+        shown = alone.over.units - alone.over.halfwidth
+        assert (alone.raise_epsilon > 0) == (shown > threshold), seed
+        assert (visible.raise_epsilon > 0) == (shown > 5.0), seed
+        if 5.0 < shown <= threshold:
+            newly_raised += 1
+            assert visible.bound > alone.bound, seed
+            kept_heavy += visible.bound >= 100_000
+    assert newly_raised >= 4 and kept_heavy >= newly_raised // 2, (newly_raised, kept_heavy)
+
+
 def test_a_bound_the_fallback_chose_is_not_raised():
     """Where the race cannot resolve the data, the bound is already the sparse vector's first τ that few units
     exceed, searched at a larger share and a lower threshold than a raise's: the count over it (at the engine's

@@ -102,19 +102,23 @@ share of the answer's ε (EFFECT_SHARE), so that the answer can say what its bou
 released Q(1) stands for the units read (no further ε).
 
 Where the race resolved the data and that count shows many units over its bound (the count's 95% interval's low end
-above the fallback's threshold at RAISE_SHARE of the answer's ε), `decide` spends that share on the fallback's
-sparse vector from the bound upward (`raised`): the first τ that fewer units exceed. (Where the race could not
-resolve the data, the bound already is that search's choice, at a larger share and a lower threshold: a raise from
-it would follow the count's noise; CI caught one at ε = 0.1.) R2T's shift at ε/J a step stops where about
-ln(J/β)·J/ε units still exceed τ (2,135 at ε = 0.1 over 27 τ), which the margins buy back where units' totals end
-near it but not where they are heavy-tailed: the demo's per-person total averaged per visit (Tableau's FIXED,
-`AVG(t.total)` over visits joined to each person's `SUM(amount)`) over 20,000 people kept 32,768 of per-person
-totals up to 289,184, 463 persons over it holding 35% of the mass, and came back 37% low with 4% coverage; raised
-(to 131,072 in 13 of 20 answers), 6.9% median error, bias −4.2%, coverage 85% (ε = 1, /tmp scripts of the session).
-Where the race's bound holds nearly every unit the count is small and nothing more is spent: `bench_accuracy.py
---people 20000 --runs 40` moved within its noise (no bound was raised in 10-20 answers each of SUM, AVG and stddev
-of the amounts, in all and by category, and of visits by month, by category and, over 100,000 people, by day). The
-trigger reads a released count (post-processing); the search is the sparse vector's ε.
+above the fallback's threshold at RAISE_SHARE of the answer's ε, or above `visible_cut`: the units, each holding at
+least the bound more, whose cut the answer's noise cannot hide), `decide` spends that share on the fallback's sparse
+vector from the bound upward (`raised`): the first τ that fewer units exceed. (Where the race could not resolve the
+data, the bound already is that search's choice, at a larger share and a lower threshold: a raise from it would
+follow the count's noise; CI caught one at ε = 0.1.) R2T's shift at ε/J a step stops where about ln(J/β)·J/ε units
+still exceed τ (2,135 at ε = 0.1 over 27 τ), which the margins buy back where units' totals end near it but not
+where they are heavy-tailed: the demo's per-person total averaged per visit (Tableau's FIXED, `AVG(t.total)` over
+visits joined to each person's `SUM(amount)`) over 20,000 people kept 32,768 of per-person totals up to 289,184, 463
+persons over it holding 35% of the mass, and came back 37% low with 4% coverage; raised (to 131,072 in 13 of 20
+answers), 6.9% median error, bias −4.2%, coverage 85% (ε = 1, /tmp scripts of the session). Where the race's bound
+holds nearly every unit the count is small and nothing more is spent: `bench_accuracy.py --people 20000 --runs 40`
+moved within its noise (no bound was raised in 10-20 answers each of SUM, AVG and stddev of the amounts, in all and
+by category, and of visits by month, by category and, over 100,000 people, by day). The trigger reads a released
+count and public constants (post-processing); the search is the sparse vector's ε. The fallback's threshold alone
+kept `SUM(t.total)` of the same (8 cells), whose race keeps 65,536 with about 120 persons' worth of totals over it,
+raised in about a third of answers and 5.9% low (coverage 59%); beside the visible cut (11 units there) 3.2% low,
+coverage 78% (40 answers each).
 
 The privacy map is the mechanisms' own: `epsilon` is the sum of theirs.
 """
@@ -224,14 +228,16 @@ class RaceToTheTop:
         return self.decide(truncated, 0.0, rng)[0]
 
     def decide(self, truncated: Sequence[float], fallback_epsilon: float, rng: Randomness = SYSTEM_RANDOM,
-               effect_epsilon: float = 0.0, cells: int | None = None, raise_epsilon: float = 0.0) -> Decision:
+               effect_epsilon: float = 0.0, cells: int | None = None, raise_epsilon: float = 0.0,
+               visible_cut: float = math.inf) -> Decision:
         """The bound to enforce for the answer, and the ε it took from the answer's: where the race resolves the
         data, nothing; where it does not, `fallback_epsilon` spent on the first τ that few units exceed (the
         module's docstring; twice the margin for an answer of at most FEW_CELLS `cells`, None where the groups
         are not known before the data), or nothing and the cap when `fallback_epsilon` is 0. With
         `effect_epsilon`, also the units holding more than a bound below the cap (`units_over`), at that ε more;
-        and where the race chose the bound and that count shows many units over it, `raise_epsilon` more on a
-        higher bound (`raised`)."""
+        and where the race chose the bound and that count shows many units over it (more than the fallback's
+        threshold at `raise_epsilon`, or than `visible_cut`: the units whose cut the answer's noise cannot hide),
+        `raise_epsilon` more on a higher bound (`raised`)."""
         shifted = self._shifted(truncated, rng)
         tau, resolved = None, self.resolves(shifted)
         if resolved:
@@ -253,7 +259,8 @@ class RaceToTheTop:
         spent += over.epsilon
         # the fallback's bound is already the sparse vector's first τ that few units exceed, searched at more ε
         # and a lower threshold: a raise from it would answer the count's noise
-        if raise_epsilon <= 0 or not resolved or over.units - over.halfwidth <= self.fallback_threshold(raise_epsilon):
+        many = min(self.fallback_threshold(raise_epsilon), visible_cut) if raise_epsilon > 0 else math.inf
+        if not resolved or over.units - over.halfwidth <= many:
             return Decision(bound, spent, over, tau)
         sparse, higher = self.raised(truncated, bound, raise_epsilon, rng)
         return Decision(higher, spent + sparse, over, tau, sparse)
