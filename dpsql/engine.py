@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import astuple, replace
 from typing import Any
 
+from sqlglot import exp
+
 from dpsql.accounting import NO_COST, Budget, Cost, Ledger, new_hash_seed, validate_query_privacy
 from dpsql.analysis import COUNTS, SQUARED, Plan, analyze
 from dpsql.answer import Answer, Released, Statistic
@@ -70,7 +72,7 @@ from dpsql.rewrite import Rewritten, Statement, answered_by_contributions, contr
 from dpsql.schema import PrivacySchema, load_schema
 from dpsql.schema.catalog import require_catalog
 from dpsql.session import OPTION_NAMES, Options
-from dpsql.sql import CheckedQuery, check_query, in_analyst_terms, shown_sql
+from dpsql.sql import CheckedQuery, check_query, in_analyst_terms, shown_sql, to_sql
 from dpsql.sql.compose import Composition, compose
 from dpsql.sql.public_keys import MAX_PUBLIC_KEYS, public_key_statements
 from dpsql.sql.times import check_time_zones
@@ -78,6 +80,21 @@ from dpsql.sql.times import check_time_zones
 log = logging.getLogger("dpsql.engine")
 PLAN_CACHE_SIZE = 256
 UNINDEXED_WORK_MEM = "64MB"  # hashing a million units fits; the server's 4MB default would spill to disk
+
+
+def _post_processing_refused(error: UnsupportedQuery, plan: Plan, label: str,
+                             expr: exp.Expression) -> UnsupportedQuery:
+    """`error`, refusing to compute `expr` (`label`) after noise, in the query's own names. Where the expression
+    reads group keys and no aggregate, PostgreSQL can compute it on the rows: grouped by it, or a WHERE for a
+    HAVING condition."""
+    aggregates, keys = {a.name for a in plan.aggregates}, {k.name for k in plan.group_keys}
+    read = {c.name for c in expr.find_all(exp.Column)}
+    if read & aggregates or not read & keys:
+        return UnsupportedQuery(plan.as_written(error.message), error.hint and plan.as_written(error.hint))
+    written = plan.as_written(to_sql(expr))
+    instead = f"WHERE {written}" if label == "the HAVING condition" else f"GROUP BY {written}"
+    return UnsupportedQuery(f"{written} reads only group keys, and dpsql does not compute it after grouping",
+                            f"compute it on the rows: {instead}")
 
 
 class Engine:
@@ -218,6 +235,8 @@ class Engine:
                 continue
             try:  # refuse post-processing we cannot compute before anything is spent
                 evaluate(expr, known)
+            except UnsupportedQuery as error:
+                raise _post_processing_refused(error, plan, label, expr) from None
             except TypeError:  # values of types that do not combine (a noisy date less a subquery's date)
                 raise UnsupportedQuery(f"{label} cannot be computed from the noisy values it reads: their types do "
                                        "not combine after noise", "select those values themselves and combine "

@@ -1132,6 +1132,40 @@ def test_rollup_is_the_groups_and_their_total(engine, analyst):
     assert abs(total - (answer.rows[0][1] + answer.rows[1][1])) < 60  # separate noise, same data
 
 
+def test_a_rollup_s_total_row_is_labelled_as_postgresql_labels_it(engine, analyst):
+    """An expression of a key that a grouping set leaves out is computed on its NULL, as PostgreSQL computes it
+    (COALESCE or a CASE on GROUPING labels the total row); inside an aggregate the key is each row's own."""
+    composition, _ = engine.prepare_parts("SELECT COALESCE(category, 'all') AS c, COUNT(*) FILTER (WHERE "
+                                          "category = 'lab') AS labs FROM visits GROUP BY ROLLUP (category)")
+    assert composition.parts[1] == ("SELECT COALESCE(NULL, 'all') AS c, COUNT(*) FILTER(WHERE category = 'lab') "
+                                    "AS labs FROM visits")
+    for sql in ("SELECT COALESCE(category, 'all') AS c, COUNT(*) AS n FROM visits GROUP BY ROLLUP (category) "
+                "ORDER BY 1",
+                "SELECT CASE WHEN GROUPING(category) = 1 THEN 'all' ELSE category END AS c, COUNT(*) AS n "
+                "FROM visits GROUP BY ROLLUP (category) ORDER BY 1"):
+        answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+        labels = [row[0] for row in answer.rows]
+        assert "all" in labels and None not in labels and labels == sorted(labels), sql
+        assert answer.types[0] == "text"
+
+
+def test_a_key_s_function_dpsql_does_not_compute_after_grouping_is_sent_to_the_rows(engine):
+    """`upper(sex)` grouped by sex would be computed on released keys; the refusal names it as written and points
+    to where PostgreSQL computes it on the rows (GROUP BY it; a HAVING condition of keys alone: WHERE)."""
+    with pytest.raises(errors.UnsupportedQuery, match=r"UPPER\(people.sex\) reads only group keys") as refused:
+        engine.prepare_parts("SELECT upper(sex), COUNT(*) FROM people GROUP BY sex")
+    assert refused.value.hint == "compute it on the rows: GROUP BY UPPER(people.sex)"
+    with pytest.raises(errors.UnsupportedQuery) as refused:
+        engine.prepare_parts("SELECT sex, COUNT(*) FROM people GROUP BY sex HAVING upper(sex) = 'F'")
+    assert refused.value.hint == "compute it on the rows: WHERE UPPER(people.sex) = 'F'"
+    with pytest.raises(errors.UnsupportedQuery) as refused:  # over an aggregate: named as written, not as a0
+        engine.prepare_parts("SELECT sex, upper(CAST(COUNT(*) AS text)) FROM people GROUP BY sex")
+    assert "UPPER(CAST(COUNT(*) AS TEXT)) cannot be computed" in refused.value.message
+    for sql in ("SELECT upper(sex), COUNT(*) FROM people GROUP BY upper(sex)",
+                "SELECT sex, COUNT(*) FROM people WHERE upper(sex) = 'F' GROUP BY sex"):
+        engine.prepare_parts(sql)  # the hints' own statements are answered
+
+
 def test_cube_and_grouping_sets_split_epsilon_over_their_parts(engine):
     composition, parts = engine.prepare_parts("SELECT sex, width_bucket(age, 0, 100, 2) AS half, COUNT(*) "
                                               "FROM people GROUP BY CUBE (sex, half)", epsilon=0.8)
@@ -1174,7 +1208,8 @@ def test_a_union_the_budget_cannot_pay_for_runs_no_part(engine):
      "mixing UNION and UNION ALL"),
     ("SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*), SUM(age) FROM people", "same number of columns"),
     ("SELECT sex, COUNT(*) FROM people GROUP BY ROLLUP (sex) ORDER BY COUNT(*) + 1", "not an output column"),
-    ("SELECT upper(sex), COUNT(*) FROM people GROUP BY ROLLUP (sex)", "which a grouping set leaves out"),
+    ("SELECT upper(sex), COUNT(*) FROM people GROUP BY ROLLUP (sex)",
+     r"UPPER\(people.sex\) reads only group keys, and dpsql does not compute it after grouping"),
     ("SELECT COUNT(*) FROM people GROUP BY CUBE (sex, state, age, income, width_bucket(age, 0, 100, 4))",
      "32 grouping sets"),
     ("SELECT sex, COUNT(*), RANK() OVER (ORDER BY COUNT(*)) FROM people GROUP BY ROLLUP (sex)", "window"),

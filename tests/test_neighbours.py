@@ -857,6 +857,8 @@ COMPOSED = [
     "SELECT category, sex, SUM(amount) FROM visits v JOIN people p ON p.person_id = v.person_id "
     "GROUP BY CUBE (category, sex)",
     "SELECT state, COUNT(*) FROM people GROUP BY GROUPING SETS ((state), ())",
+    "SELECT COALESCE(category, 'all') AS c, COUNT(*) FILTER (WHERE category = 'lab'), SUM(amount) FROM visits "
+    "GROUP BY ROLLUP (category)",  # a left-out key's label, and the key read row by row inside aggregates
     "SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*) FROM visits UNION ALL SELECT SUM(cost) FROM prescriptions",
     "SELECT sex, COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people) GROUP BY sex",
     "SELECT category, AVG(amount) - (SELECT AVG(amount) FROM visits) FROM visits GROUP BY category",

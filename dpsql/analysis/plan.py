@@ -7,6 +7,7 @@ nothing here reads data or knows how a plan was found.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -362,6 +363,13 @@ class Plan:
         values = [key[0] for key in self.domain]
         return all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
             and values == list(range(values[0], values[0] + len(values)))
+
+    def as_written(self, text: str) -> str:
+        """`text` with the plan's names of group keys and aggregates (g0, a0, …) spelled as the query wrote them."""
+        written = {k.name: k.sql for k in self.group_keys} | {a.name: a.sql for a in self.aggregates}
+        if not written:
+            return text
+        return re.sub(r"\b(" + "|".join(map(re.escape, written)) + r")\b", lambda m: written[m.group(1)], text)
 
 
 def noisy_windows(windows: list[tuple[str, exp.Window]], aggregate_names: set[str]) -> set[str]:

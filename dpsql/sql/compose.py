@@ -1011,8 +1011,9 @@ def _sets_of(element: exp.Expression) -> list[list[exp.Expression]]:
 
 def _in_set(expression: exp.Expression, present: set[str], keys: dict[str, exp.Expression]) -> exp.Expression:
     """A SELECT expression within one grouping set: a key the set leaves out is NULL, GROUPING(k, …) the bits of
-    the keys left out, each under the name PostgreSQL gives the column. Any other use of a left-out key is
-    refused (PostgreSQL would compute it on NULL)."""
+    the keys left out, each under the name PostgreSQL gives the column. An expression of a left-out key outside
+    aggregates is computed on its NULL, as PostgreSQL does (`COALESCE(category, 'all')` labels the total row);
+    aggregates read each row's own value."""
     name = output_name(expression)
     value = expression.this if isinstance(expression, exp.Alias) else expression
     if to_sql(value) in keys and to_sql(value) not in present:
@@ -1026,13 +1027,23 @@ def _in_set(expression: exp.Expression, present: set[str], keys: dict[str, exp.E
             changed = exp.Literal.number(bits)
         else:
             grouping.replace(exp.Literal.number(bits))
-    missing = [key for sql, key in keys.items() if sql not in present and any(
-        to_sql(c) == sql for c in changed.find_all(type(key)))]
-    if missing:
-        raise UnsupportedQuery(f"{to_sql(value)} uses {to_sql(missing[0])}, which a grouping set leaves out",
-                               "select the grouping keys themselves; expressions of them are not computed on "
-                               "their NULLs")
+    for sql, key in keys.items():
+        if sql not in present:
+            for use in [c for c in changed.find_all(type(key)) if to_sql(c) == sql and not _aggregated(c, changed)]:
+                if use is changed:
+                    changed = exp.Null()
+                else:
+                    use.replace(exp.Null())
     return exp.alias_(changed, name) if to_sql(changed) != to_sql(value) else expression.copy()
+
+
+def _aggregated(node: exp.Expression, root: exp.Expression) -> bool:
+    """Whether `node` is read row by row by an aggregate of `root` (its argument, FILTER or WITHIN GROUP)."""
+    while node is not root and node is not None:
+        node = node.parent
+        if isinstance(node, exp.AggFunc | exp.Filter | exp.WithinGroup):
+            return True
+    return False
 
 
 def _outer_order(tree: exp.Expression, names: list[str],
