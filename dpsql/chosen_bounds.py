@@ -35,7 +35,8 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
                                       many_cells_margin=SQUARES_MARGIN // 2 if squares else MANY_CELLS_TOTALS_MARGIN)
     if plan.rows_per_unit <= 1:
         return None
-    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps, margin=MARGIN)
+    return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps, margin=MARGIN,
+                                  counts_units=not plan.races_distinct_values)
 
 
 # The counts beside a raced sum that only divide it (an AVG's or a variance's, with no COUNT answered and no
@@ -211,7 +212,11 @@ def race_note(plan: Plan, totals: Plan | None, race: RaceToTheTop, rows_race: Ra
               f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}")
     read = "; below the cap, the answer is the race's own truncated value at the chosen bound, read in " \
            "the same pass" if race_answers else ""
-    if lent(calibration, FALLBACK_SHARE):
+    if not race.counts_units:
+        chosen = (f"rows per unit: chosen at query time from the data below the declared {plan.rows_per_unit}, "
+                  "by the distinct values the rows each unit keeps at each bound find")
+        read += "; where the race cannot resolve the data, the declared bound stands"
+    elif lent(calibration, FALLBACK_SHARE):
         halves = ", half for each race" if rows_race else ""
         read += (f"; where the race cannot resolve the data, {FALLBACK_SHARE:.0%} of the answer's ε chooses "
                  f"the bound instead (sparse vector{halves}); below the cap, {EFFECT_SHARE:.0%} of it counts "

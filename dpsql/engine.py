@@ -58,6 +58,7 @@ from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RAISE_SHARE
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
     describe_cap,
+    describe_chosen,
     describe_selection,
     describe_units_over,
     evaluate,
@@ -488,10 +489,13 @@ class Engine:
         resolved = all(d.tau is not None for d in (decision, rows_decision) if d is not None)
         spent = decision.spent + (rows_decision.spent if rows_decision is not None else 0.0)
         bounded = self._bounded_at(prepared, decision.bound, spent, rows_bound, resolved)
-        note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures,
-                                   raised=decision.bound if decision.raise_epsilon else None) \
-            if decision.bound < race.taus[-1] or decision.raise_epsilon \
-            else describe_cap(race.taus[-1], prepared.race_totals, decision.tau)
+        if decision.bound >= race.taus[-1] and not decision.raise_epsilon:
+            note = describe_cap(race.taus[-1], prepared.race_totals, decision.tau)
+        elif decision.over is None:  # nothing counted the units over it (`RaceToTheTop.counts_units`)
+            note = describe_chosen(decision.bound, prepared.race_totals)
+        else:
+            note = describe_units_over(decision.over, prepared.race_totals, chosen_only=not prepared.plan.measures,
+                                       raised=decision.bound if decision.raise_epsilon else None)
         return replace(bounded, bound_note=note), rows
 
     def _bounded_at(self, prepared: Prepared, bound: int, spent: float = 0.0, rows_bound: int | None = None,

@@ -105,7 +105,8 @@ def test_a_public_table_s_values_are_read_as_keys_on_duckdb_as_on_postgresql(duc
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
-                                 "SELECT category, AVG(amount) FROM visits GROUP BY category"])
+                                 "SELECT category, AVG(amount) FROM visits GROUP BY category",
+                                 "SELECT category, COUNT(DISTINCT day) FROM visits GROUP BY category"])
 def test_bounds_chosen_from_the_data_read_and_answer_alike_on_duckdb(duck_engine, within_bounds, sql):
     assert_bounds_chosen_alike(duck_engine, within_bounds, sql)
 

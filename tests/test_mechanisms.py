@@ -566,6 +566,23 @@ def test_a_bound_whose_cut_the_answer_s_noise_cannot_hide_is_raised():
     assert newly_raised >= 4 and kept_heavy >= newly_raised // 2, (newly_raised, kept_heavy)
 
 
+def test_a_race_whose_values_do_not_count_units_makes_only_its_own_choice():
+    """`counts_units` False (a count of distinct values found at each τ): the differences between the values are
+    not counts of units, so neither the fallback's sparse vector, the count over the bound nor the raise reads
+    them, whatever ε is offered for them. The race's own draws are the same."""
+    from dpsql.mechanisms.race import RaceToTheTop
+
+    for truncated in ([300.0, 305, 306, 306, 306, 306, 306, 306], [3.0, 5, 6, 6, 6, 6, 6, 6]):  # resolved, not
+        counting = RaceToTheTop.calibrate(100, 0.2)
+        distinct = RaceToTheTop.calibrate(100, 0.2, counts_units=False)
+        for seed in range(20):
+            decision = distinct.decide(truncated, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1)
+            assert decision.spent == 0.0 and decision.over is None and decision.raise_epsilon == 0.0, seed
+            alone = counting.decide(truncated, 0.0, random.Random(seed))  # the race's choice, nothing lent
+            assert decision.bound == alone.bound and decision.tau == alone.tau, seed
+    assert RaceToTheTop.calibrate(100, 0.2, counts_units=False).decide([3.0, 5, 6, 6, 6, 6, 6, 6], 0.2)[0] == 100
+
+
 def test_a_bound_the_fallback_chose_is_not_raised():
     """Where the race cannot resolve the data, the bound is already the sparse vector's first τ that few units
     exceed, searched at a larger share and a lower threshold than a raise's: the count over it (at the engine's

@@ -519,6 +519,46 @@ def test_a_neighbour_moves_each_truncated_count_by_at_most_its_cap(engine, base_
         assert moves[-1] == pytest.approx(taus[-1])  # reaches every cap
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(DISTINCT day) FROM visits",
+    "SELECT category, COUNT(DISTINCT day) FROM visits GROUP BY category",
+    "SELECT extract(dow FROM day) AS d, COUNT(DISTINCT day) FROM visits GROUP BY 1",
+    "SELECT COUNT(DISTINCT day) FROM visits WHERE amount > 100",
+    "SELECT COUNT(DISTINCT visit_id) FROM prescriptions",  # the neighbour's 9,000 are on 3,000 visits of its own
+    "SELECT p.sex, COUNT(DISTINCT v.amount) FROM visits v JOIN people p ON p.person_id = v.person_id "
+    "WHERE p.age > 30 GROUP BY 1",
+])
+def test_the_race_of_a_count_of_distinct_values_reads_the_answer_s_own_count(engine, base_url, neighbour_url, sql):
+    """COUNT(DISTINCT x) of a column that is not the unit: the race reads, at each τ, how many distinct (group,
+    value) pairs the rows each unit keeps at τ hold (`Plan.races_distinct_values`), the answer's own pre-noise counts
+    at τ summed over its groups, on the demo data and on its neighbour (one person of 5,000 visits). Each moves
+    by at most τ."""
+    from dpsql.session import Options
+
+    prepared = engine.prepare(sql, options=Options(rows_per_unit="auto"))
+    assert prepared.plan.races_distinct_values and not prepared.race_answers and prepared.rows_race is None
+    keys = len(prepared.plan.group_keys)
+    values = {}
+    for side, url in (("base", base_url), ("neighbour", neighbour_url)):
+        with psycopg.connect(url) as conn:
+            values[side] = [float(v) for v in conn.execute(prepared.race_sql).fetchone()]
+            for tau, value in zip(prepared.race.taus, values[side], strict=True):
+                bounded = engine._bounded_at(prepared, tau, margin_reached_cap=True)
+                counted = sum(row[keys] for row in conn.execute(bounded.rewritten.sql).fetchall())
+                assert counted == value, (sql, side, tau)
+    moves = [abs(a - b) for a, b in zip(values["base"], values["neighbour"], strict=True)]
+    assert all(move <= tau for move, tau in zip(moves, prepared.race.taus, strict=True)), (sql, moves)
+    if "prescriptions" in sql:  # the neighbour's own visit ids: the more rows it keeps, the more it adds
+        assert moves == sorted(moves) and moves[-1] > 1, moves
+    # a unit can find early a pair another found later, so the values' differences are not counts of units, which
+    # the fallback, the count over the bound and the raise read: only the race's own choice is made
+    assert not prepared.race.counts_units and "the declared bound stands" in prepared.plan.notes[-1]
+    for _ in range(5):
+        bounded, rows = engine.bounded_by_race(prepared, values["base"])
+        assert rows is None and bounded.bound_note is not None and "hold more" not in bounded.bound_note
+        assert bounded.calibration.epsilon == pytest.approx(prepared.calibration.epsilon)  # nothing lent
+
+
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits",
                                  "SELECT COUNT(*) FROM visits v JOIN people p ON v.person_id = p.person_id "
                                  "WHERE p.age > 30 AND v.category <> 'lab'",

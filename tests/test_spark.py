@@ -65,7 +65,8 @@ def test_pre_noise_answers_on_spark_equal_postgresql_s(spark_engine, within_boun
 
 
 @pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM visits", "SELECT SUM(amount) FROM visits",
-                                 "SELECT category, AVG(amount) FROM visits GROUP BY category"])
+                                 "SELECT category, AVG(amount) FROM visits GROUP BY category",
+                                 "SELECT category, COUNT(DISTINCT day) FROM visits GROUP BY category"])
 def test_bounds_chosen_from_the_data_read_and_answer_alike_on_spark(spark_engine, within_bounds, sql):
     assert_bounds_chosen_alike(spark_engine, within_bounds, sql)
 

@@ -364,6 +364,14 @@ class Plan:
         return all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
             and values == list(range(values[0], values[0] + len(values)))
 
+    @property
+    def races_distinct_values(self) -> bool:
+        """Whether R2T's race for this plan's rows per unit reads, at each bound, how many distinct values its one
+        COUNT(DISTINCT x) of the kept rows finds (`rewrite.contributions`) rather than how many rows: a column of
+        few values is all found at a small bound, while the rows go on growing to the cap."""
+        return (self.rows_total and len(self.measures) == 1 and self.measures[0].kind == "distinct"
+                and not self.partition_selection and not self.cap_groups and self.unit_total is None)
+
     def as_written(self, text: str) -> str:
         """`text` with the plan's names of group keys and aggregates (g0, a0, …) spelled as the query wrote them."""
         written = {k.name: k.sql for k in self.group_keys} | {a.name: a.sql for a in self.aggregates}

@@ -189,18 +189,22 @@ class RaceToTheTop:
     beta: float = BETA
     margin: int = MARGIN  # the answer's bound is this many times the chosen τ
     many_cells_margin: int | None = None  # the margin of an answer of more than FEW_CELLS cells, where it differs
+    # Q(τ) is Σ over units of min(the unit's rows or total, τ), so its differences count units (`units_above`),
+    # which the fallback, the count over the bound and the raise read; False: only the race's own choice
+    counts_units: bool = True
 
     @classmethod
     def calibrate(cls, cap: int, epsilon: float, steps: int = 1, beta: float = BETA,
                   integer_valued: bool = True, margin: int = MARGIN,
-                  many_cells_margin: int | None = None) -> RaceToTheTop:
+                  many_cells_margin: int | None = None, counts_units: bool = True) -> RaceToTheTop:
         """The race over τ = 1, 2, 4, …, cap at `epsilon` in all (`steps` = 2 under replace neighbours);
-        `integer_valued` False for truncated sums of values (released on a grid)."""
+        `integer_valued` False for truncated sums of values (released on a grid); `counts_units` False where
+        Q(τ) is not a sum over units of min(its value, τ) (a count of distinct values found at τ)."""
         check_positive("epsilon", epsilon)
         chosen = taus(cap)
         share = epsilon / len(chosen)
         return cls(chosen, tuple(LaplaceMechanism.calibrate(steps * t, share, integer_valued) for t in chosen), beta,
-                   margin, many_cells_margin)
+                   margin, many_cells_margin, counts_units)
 
     @property
     def epsilon(self) -> float:
@@ -240,6 +244,8 @@ class RaceToTheTop:
         `raise_epsilon` more on a higher bound (`raised`)."""
         shifted = self._shifted(truncated, rng)
         tau, resolved = None, self.resolves(shifted)
+        if not self.counts_units:  # nothing but the race's own choice reads Q(τ) (`counts_units`)
+            fallback_epsilon = effect_epsilon = raise_epsilon = 0.0
         if resolved:
             tau = self._best(shifted)
             bound, spent = min(self.margin_at(shifted, cells) * tau, self.taus[-1]), 0.0

@@ -38,6 +38,7 @@ from dpsql.postprocess.presentation import (
     describe_accuracy,
     describe_bounds_effect,
     describe_cap,
+    describe_chosen,
     describe_selection,
     describe_units_over,
     format_value,
@@ -143,5 +144,5 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
 
 
 __all__ = ["INTERVALS_COVER", "Accuracy", "Result", "describe_accuracy", "describe_bounds_effect", "describe_cap",
-           "describe_selection", "describe_units_over", "evaluate", "finish", "format_value", "lower_bounds",
-           "sort_rows", "window_inputs"]
+           "describe_chosen", "describe_selection", "describe_units_over", "evaluate", "finish", "format_value",
+           "lower_bounds", "sort_rows", "window_inputs"]

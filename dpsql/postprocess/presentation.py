@@ -64,6 +64,12 @@ def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool 
     return text
 
 
+def describe_chosen(bound: int, totals: bool) -> str:
+    """What an answer bounded below the race's cap says where nothing counted the units over its bound (a count of
+    distinct values, `RaceToTheTop.counts_units`)."""
+    return f"bounded at {f'a total of {bound:,}' if totals else f'{bound:,} rows'} per unit, chosen from the data"
+
+
 def describe_cap(cap: int, totals: bool, chosen: int | None) -> str:
     """What an answer bounded at the race's cap says: the margin kept above the bound `chosen` from the data
     reaches the cap; or, with none chosen, the data did not show a smaller bound at this ε (the fallback's

@@ -164,6 +164,8 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     (`in_order_of_units`).
     """
     unit_order = in_order_of_units(in_unit_order)
+    if plan.races_distinct_values:
+        return _distinct_values_kept(plan, hash_seed, caps)
     if totals:
         value = _added([sql(m.expr) for m in plan.bounded_sums])
         items = [f"{sql(plan.unit)} AS dpsql_unit", f"{value} AS dpsql_value"]
@@ -187,6 +189,27 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
             f"dpsql_sizes AS (SELECT COUNT(*) AS dpsql_rows_of_unit FROM dpsql_rows GROUP BY dpsql_unit{unit_order})",
             _sizes("dpsql_sizes")]
     return f"WITH {', '.join(ctes)} SELECT {_capped_sizes(caps)} FROM dpsql_counts"
+
+
+def _distinct_values_kept(plan: Plan, hash_seed: int, caps: tuple[int, ...]) -> str:
+    """One row: for each cap τ, how many distinct (group, value) pairs of the one COUNT(DISTINCT x) the rows each
+    unit keeps at τ hold (`Plan.races_distinct_values`): the answer's own counts at τ, summed over its groups.
+    Every unit's rows are ranked by the keyed hash that `within_rows_per_unit` cuts at, so a unit keeps the same
+    rows here as in the answer; a pair is found at τ where its first rank over all units is at most τ. One unit
+    moves each value by at most τ, one way: its rows ranked up to τ find at most τ pairs, and no other unit's
+    ranks change. The differences between values are not counts of units (a unit can find early a pair others
+    found later), so the race reads nothing else from them (`RaceToTheTop.counts_units`)."""
+    (measure,) = plan.measures
+    keys = [k.name for k in plan.group_keys]
+    value = _column(plan, measure)
+    columns = ["dpsql_unit", *keys, value]
+    ranked = (f"dpsql_ranked AS (SELECT {', '.join(columns)}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY "
+              f"{keyed_hash(columns, hash_seed)}, {', '.join(columns)}) AS dpsql_rank FROM dpsql_rows)")
+    firsts = (f"dpsql_firsts AS (SELECT MIN(dpsql_rank) AS dpsql_first FROM dpsql_ranked WHERE {value} IS NOT NULL "
+              f"GROUP BY {', '.join([*keys, value])})")
+    rows = rows_cte(plan, [*unit_and_keys(plan), f"{sql(measure.expr)} AS {value}"], present(plan.unit), hash_seed)
+    found = ", ".join(f"COUNT(*) FILTER (WHERE dpsql_first <= {int(c)})" for c in caps)
+    return f"WITH {rows}, {ranked}, {firsts} SELECT {found} FROM dpsql_firsts"
 
 
 def _sizes(per_unit: str) -> str:
