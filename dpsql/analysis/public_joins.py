@@ -35,8 +35,8 @@ def fanout(scope: Scope, equalities: list[Equality], private: list[str]) -> tupl
             whole = scope.whole_keys(table.name, names)
             frequency = 1 if whole else min(scope.frequency(table, mine) for mine, _ in keys)
             product *= frequency
-            scope.notes.append(f"relation {alias} ({table.name}): public, at most {frequency} row(s) per "
-                               f"joined row (key {', '.join(sorted(names))}"
+            scope.notes.append(f"relation {scope.relation_text(alias, table.name)}: public, at most {frequency} "
+                               f"row(s) per joined row (key {', '.join(sorted(names))}"
                                + (", unique together)" if any(len(key) > 1 for key in whole) else ")"))
             verified = verified and bool(whole)
             # one public row per joined row, and the unit's row fixes the values it is matched on

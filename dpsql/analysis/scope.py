@@ -138,6 +138,11 @@ class Scope:
         return self.schema.row_level or (table.max_rows_per_unit == 1
                                          and (table.name, table.unit_column) in self.unique)
 
+    @staticmethod
+    def relation_text(alias: str, name: str) -> str:
+        """A relation as explain names it: its alias, and the table's name where the alias differs."""
+        return alias if alias == name else f"{alias} ({name})"
+
     def link_text(self, alias: str) -> str:
         """How the table reaches its unit, as the user would write the join."""
         table = self.aliases[alias]

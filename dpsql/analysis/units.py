@@ -116,7 +116,7 @@ def find_unit(scope: Scope, private: list[str], equalities: list[Equality]) \
                else f"at most {table.max_rows_per_unit} row{'s' * (table.max_rows_per_unit != 1)} per unit ({why})")
         reach = (f"unit column {table.unit_column}" if table.unit_column
                  else f"reaches the unit through {table.parent}")
-        scope.notes.append(f"relation {alias} ({table.name}): {how}; {reach}")
+        scope.notes.append(f"relation {scope.relation_text(alias, table.name)}: {how}; {reach}")
     return unit, math.prod(scope.aliases[a].max_rows_per_unit for a in aliases if a in free), added
 
 
