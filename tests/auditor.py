@@ -490,6 +490,10 @@ QUERY_CLASSES = [
                      "t.person_id WHERE t.fare > 5 AND p.balance > 0) x WHERE rn <= 2 GROUP BY 1"), 1),
     QueryClass("declared values present, each unit counted once for one of its rows (stop 71)",
                query("SELECT COUNT(DISTINCT kind) FROM trips WHERE fare > 1"), 0),
+    QueryClass("distinct values counted at a bound raced on the values found (stop 72)",
+               query("SELECT COUNT(DISTINCT fare) FROM trips WHERE fare > 2", rows_per_unit="auto"), 0),
+    QueryClass("a rollup's total labelled by COALESCE of its left-out key (stop 72)",
+               query("SELECT COALESCE(kind, 'all') AS k, COUNT(*) FROM trips GROUP BY ROLLUP (kind)"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
