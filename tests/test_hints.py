@@ -62,6 +62,8 @@ def test_a_refusal_names_the_construct_and_shows_what_to_write(engine, analyst, 
     ("SELECT COUNT(*) FROM (SELECT person_id, category FROM visits INTERSECT SELECT person_id, category FROM "
      "visits WHERE amount > 100) t", "INTERSECT", "SELECT COUNT(*) FROM (SELECT <unit column> FROM t WHERE a "
      "INTERSECT"),
+    ("SELECT date_part('hour', day) AS h, COUNT(*) FROM visits GROUP BY 1", "visits.day, a date, which has no hour",
+     "EXTRACT(DOW FROM visits.day)"),
     ("SELECT COUNT(*) FROM visits TABLESAMPLE SYSTEM (10)", "TABLESAMPLE SYSTEM (10)", "TABLESAMPLE BERNOULLI (10)"),
     ("SELECT AVG(a) FROM (SELECT person_id, (array_agg(amount ORDER BY day))[2] AS a FROM visits GROUP BY "
      "person_id) t", "(ARRAY_AGG(amount ORDER BY day))[2]", "(array_agg(category ORDER BY day))[1] AS first_cat"),

@@ -56,7 +56,7 @@ REFUSED = [
     ("SELECT COUNT(*) FROM people WHERE CAST(balance AS double precision) > 0", "could overflow"),
     ("SELECT COUNT(*) FROM people WHERE CAST(score AS real) > 0", "could overflow"),
     ("SELECT COUNT(*) FROM people WHERE CAST(income AS numeric(3, 1)) > 0", "could overflow"),
-    ("SELECT COUNT(*) FROM visits WHERE EXTRACT(HOUR FROM day) = 1", "needs a timestamp"),
+    ("SELECT COUNT(*) FROM visits WHERE EXTRACT(HOUR FROM day) = 1", "a date, which has no hour"),
     ("SELECT COUNT(*) FROM people WHERE width_bucket(score, 0, 10, 2147483647) = 1", "bucket count"),
     ("SELECT SUM(round(income::numeric, 100000)) FROM people", "number of digits"),
     ("SELECT COUNT(*) FROM people WHERE state = 'ZZ' AND state ~ '(a'", "has an unmatched"),

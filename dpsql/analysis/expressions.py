@@ -747,6 +747,11 @@ class Expressions:
             raise UnsupportedQuery(f"EXTRACT({field} ...) is not supported",
                                    "supported fields: " + ", ".join(EXTRACT_RANGES))
         if field in TIME_FIELDS and not self._is_timestamp(node.expression):
+            column = self.column(node.expression) if isinstance(node.expression, exp.Column) else None
+            if column is not None and column.type == "date":  # PostgreSQL: unit "hour" not supported for type date
+                raise UnsupportedQuery(f"EXTRACT({field} ...) of {to_sql(node.expression)}, a date, which has no "
+                                       f"{field.lower()}", f"group a date by a field it has: EXTRACT(DOW FROM "
+                                       f"{to_sql(node.expression)}) or date_trunc('week', {to_sql(node.expression)})")
             raise UnsupportedQuery(f"EXTRACT({field} ...) needs a timestamp, and "
                                    f"{to_sql(node.expression)} may be a date",
                                    f"cast it: EXTRACT({field} FROM CAST(x AS timestamp))")

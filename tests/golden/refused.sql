@@ -1390,7 +1390,7 @@ output_names: ["?column?", "sum"]
 
 -- SELECT lower(v.category), SUM(ln(v.amount + 1)), SUM(round(v.amount)) FROM visits v WHERE substring(v.category, -3, 2) = 'la' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY lower(v.category)
 input: {"max_groups": null, "params": null, "schema": "s14", "sql": "SELECT lower(v.category), SUM(ln(v.amount + 1)), SUM(round(v.amount)) FROM visits v WHERE substring(v.category, -3, 2) = 'la' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY lower(v.category)", "unique": []}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT LOWER(\"dpsql_t0\".\"category\") AS \"_col_0\", SUM(LN(\"dpsql_t0\".\"amount\" + 1)) AS \"_col_1\", SUM(ROUND(\"dpsql_t0\".\"amount\")) AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" WHERE 'la' = SUBSTRING(\"dpsql_t0\".\"category\" FROM -3 FOR 2) AND EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY LOWER(\"dpsql_t0\".\"category\")"
 output_names: ["lower", "sum", "sum"]
 
@@ -2832,7 +2832,7 @@ output_names: ["case", "sum", "sum", "count"]
 
 -- SELECT CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END, SUM(sign(v.amount - 50) + cbrt(v.amount)) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id WHERE EXTRACT(HOUR FROM v.day) > 3 AND v.category LIKE 'lab\' GROUP BY CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END, SUM(sign(v.amount - 50) + cbrt(v.amount)) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id WHERE EXTRACT(HOUR FROM v.day) > 3 AND v.category LIKE 'lab\\' GROUP BY CASE WHEN p.age < 30 THEN 'young' ELSE 'old' END", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT CASE WHEN 30 > \"dpsql_t0\".\"age\" THEN 'young' ELSE 'old' END AS \"_col_0\", SUM(SIGN(\"dpsql_t1\".\"amount\" - 50) + CBRT(\"dpsql_t1\".\"amount\")) AS \"_col_1\" FROM \"people\" AS \"dpsql_t0\" LEFT JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" WHERE \"dpsql_t1\".\"category\" LIKE 'lab\\' AND EXTRACT(HOUR FROM \"dpsql_t1\".\"day\") > 3 GROUP BY CASE WHEN 30 > \"dpsql_t0\".\"age\" THEN 'young' ELSE 'old' END"
 output_names: ["case", "sum"]
 
@@ -2998,7 +2998,7 @@ output_names: ["count"]
 
 -- SELECT COUNT(*) FROM visits WHERE EXTRACT(HOUR FROM day) = 1
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s9", "sql": "SELECT COUNT(*) FROM visits WHERE EXTRACT(HOUR FROM day) = 1", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and visits.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of visits.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM visits.day) or date_trunc('week', visits.day)"
 canonical: "SELECT COUNT(*) AS \"_col_0\" FROM \"visits\" AS \"dpsql_t0\" WHERE 1 = EXTRACT(HOUR FROM \"dpsql_t0\".\"day\")"
 output_names: ["count"]
 
@@ -3190,7 +3190,7 @@ output_names: ["extract", "avg"]
 
 -- SELECT EXTRACT(MONTH FROM v.day), COUNT(*), SUM(sign(r.cost - 50) + cbrt(r.cost)) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY EXTRACT(MONTH FROM v.day)
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT EXTRACT(MONTH FROM v.day), COUNT(*), SUM(sign(r.cost - 50) + cbrt(r.cost)) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY EXTRACT(MONTH FROM v.day)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT EXTRACT(MONTH FROM \"dpsql_t0\".\"day\") AS \"_col_0\", COUNT(*) AS \"_col_1\", SUM(SIGN(\"dpsql_t1\".\"cost\" - 50) + CBRT(\"dpsql_t1\".\"cost\")) AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" LEFT JOIN \"prescriptions\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY EXTRACT(MONTH FROM \"dpsql_t0\".\"day\")"
 output_names: ["extract", "count", "sum"]
 
@@ -3244,7 +3244,7 @@ output_names: ["extract", "sum", "avg", "sum"]
 
 -- SELECT EXTRACT(MONTH FROM v.day), SUM(floor(v.amount / 250) / (floor(v.amount / 50) + 1)), SUM(ln(v.amount + 1)) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 AND v.amount > 10 GROUP BY EXTRACT(MONTH FROM v.day)
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT EXTRACT(MONTH FROM v.day), SUM(floor(v.amount / 250) / (floor(v.amount / 50) + 1)), SUM(ln(v.amount + 1)) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 AND v.amount > 10 GROUP BY EXTRACT(MONTH FROM v.day)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT EXTRACT(MONTH FROM \"dpsql_t1\".\"day\") AS \"_col_0\", SUM(FLOOR(\"dpsql_t1\".\"amount\" / 250) / (FLOOR(\"dpsql_t1\".\"amount\" / 50) + 1)) AS \"_col_1\", SUM(LN(\"dpsql_t1\".\"amount\" + 1)) AS \"_col_2\" FROM \"prescriptions\" AS \"dpsql_t0\" JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE \"dpsql_t1\".\"amount\" > 10 AND EXTRACT(HOUR FROM \"dpsql_t1\".\"day\") > 3 GROUP BY EXTRACT(MONTH FROM \"dpsql_t1\".\"day\")"
 output_names: ["extract", "sum", "sum"]
 
@@ -3892,7 +3892,7 @@ output_names: ["timestamp_trunc", "sum"]
 
 -- SELECT date_trunc('month', v.day), SUM(round(v.amount)), SUM(CAST(EXTRACT(YEAR FROM p.seen) AS integer) - 2000) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE v.note LIKE 'a%' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY date_trunc('month', v.day)
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT date_trunc('month', v.day), SUM(round(v.amount)), SUM(CAST(EXTRACT(YEAR FROM p.seen) AS integer) - 2000) FROM visits v JOIN people p ON v.person_id = p.person_id WHERE v.note LIKE 'a%' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY date_trunc('month', v.day)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT DATE_TRUNC('MONTH', \"dpsql_t0\".\"day\") AS \"_col_0\", SUM(ROUND(\"dpsql_t0\".\"amount\")) AS \"_col_1\", SUM(CAST(EXTRACT(YEAR FROM \"dpsql_t1\".\"seen\") AS INT) - 2000) AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" JOIN \"people\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" WHERE \"dpsql_t0\".\"note\" LIKE 'a%' AND EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY DATE_TRUNC('MONTH', \"dpsql_t0\".\"day\")"
 output_names: ["timestamp_trunc", "sum", "sum"]
 
@@ -3910,7 +3910,7 @@ output_names: ["timestamp_trunc", "round", "regr_slope", "sum"]
 
 -- SELECT date_trunc('month', v.day), substring(v.note, 1, 2), SUM(CASE WHEN r.cost > 50 THEN 1 ELSE 0 END), SUM(power(r.cost, 2)) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY date_trunc('month', v.day), substring(v.note, 1, 2)
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT date_trunc('month', v.day), substring(v.note, 1, 2), SUM(CASE WHEN r.cost > 50 THEN 1 ELSE 0 END), SUM(power(r.cost, 2)) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY date_trunc('month', v.day), substring(v.note, 1, 2)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT DATE_TRUNC('MONTH', \"dpsql_t0\".\"day\") AS \"_col_0\", SUBSTRING(\"dpsql_t0\".\"note\" FROM 1 FOR 2) AS \"_col_1\", SUM(CASE WHEN \"dpsql_t1\".\"cost\" > 50 THEN 1 ELSE 0 END) AS \"_col_2\", SUM(POWER(\"dpsql_t1\".\"cost\", 2)) AS \"_col_3\" FROM \"visits\" AS \"dpsql_t0\" LEFT JOIN \"prescriptions\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY DATE_TRUNC('MONTH', \"dpsql_t0\".\"day\"), SUBSTRING(\"dpsql_t0\".\"note\" FROM 1 FOR 2)"
 output_names: ["timestamp_trunc", "substring", "sum", "sum"]
 
@@ -4198,7 +4198,7 @@ output_names: ["lower", "sum"]
 
 -- SELECT lower(v.category), SUM(ln(v.amount + 1)), SUM(round(v.amount)) FROM visits v WHERE substring(v.category, -3, 2) = 'la' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY lower(v.category)
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s9", "sql": "SELECT lower(v.category), SUM(ln(v.amount + 1)), SUM(round(v.amount)) FROM visits v WHERE substring(v.category, -3, 2) = 'la' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY lower(v.category)", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT LOWER(\"dpsql_t0\".\"category\") AS \"_col_0\", SUM(LN(\"dpsql_t0\".\"amount\" + 1)) AS \"_col_1\", SUM(ROUND(\"dpsql_t0\".\"amount\")) AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" WHERE 'la' = SUBSTRING(\"dpsql_t0\".\"category\" FROM -3 FOR 2) AND EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY LOWER(\"dpsql_t0\".\"category\")"
 output_names: ["lower", "sum", "sum"]
 
@@ -5140,7 +5140,7 @@ output_names: ["round", "count", "sum"]
 
 -- SELECT round((p.income - 50000) / 100000), COUNT(ROUND(p.balance, 1) * 2 + p.score) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id WHERE v.note IN ('lab', '', 'CA', 'a|b') AND EXTRACT(HOUR FROM p.born) > 3 GROUP BY round((p.income - 50000) / 100000)
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT round((p.income - 50000) / 100000), COUNT(ROUND(p.balance, 1) * 2 + p.score) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id WHERE v.note IN ('lab', '', 'CA', 'a|b') AND EXTRACT(HOUR FROM p.born) > 3 GROUP BY round((p.income - 50000) / 100000)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and p.born may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of p.born, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM p.born) or date_trunc('week', p.born)"
 canonical: "SELECT ROUND((\"dpsql_t0\".\"income\" - 50000) / 100000) AS \"_col_0\", COUNT(ROUND(\"dpsql_t0\".\"balance\", 1) * 2 + \"dpsql_t0\".\"score\") AS \"_col_1\" FROM \"people\" AS \"dpsql_t0\" LEFT JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" WHERE \"dpsql_t1\".\"note\" IN ('lab', '', 'CA', 'a|b') AND EXTRACT(HOUR FROM \"dpsql_t0\".\"born\") > 3 GROUP BY ROUND((\"dpsql_t0\".\"income\" - 50000) / 100000)"
 output_names: ["round", "count"]
 
@@ -5212,7 +5212,7 @@ output_names: ["round", "width_bucket", "avg"]
 
 -- SELECT round(p.age::numeric, -1), width_bucket(p.score, 0, 10, 5), COUNT(DISTINCT p.person_id), SUM(p.age * 2 + 1), SUM(GREATEST(p.age - 100, 0)) FROM states s LEFT JOIN people p ON p.state = s.code WHERE EXTRACT(HOUR FROM p.born) > 3 AND EXISTS (SELECT 1 FROM visits w WHERE w.person_id = p.person_id AND w.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits w WHERE w.person_id = p.person_id AND w.amount > 999) GROUP BY round(p.age::numeric, -1), width_bucket(p.score, 0, 10, 5)
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT round(p.age::numeric, -1), width_bucket(p.score, 0, 10, 5), COUNT(DISTINCT p.person_id), SUM(p.age * 2 + 1), SUM(GREATEST(p.age - 100, 0)) FROM states s LEFT JOIN people p ON p.state = s.code WHERE EXTRACT(HOUR FROM p.born) > 3 AND EXISTS (SELECT 1 FROM visits w WHERE w.person_id = p.person_id AND w.category = 'lab') AND NOT EXISTS (SELECT 1 FROM visits w WHERE w.person_id = p.person_id AND w.amount > 999) GROUP BY round(p.age::numeric, -1), width_bucket(p.score, 0, 10, 5)", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and p.born may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of p.born, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM p.born) or date_trunc('week', p.born)"
 canonical: "SELECT ROUND(CAST(\"dpsql_t1\".\"age\" AS DECIMAL), -1) AS \"_col_0\", WIDTH_BUCKET(\"dpsql_t1\".\"score\", 0, 10, 5) AS \"_col_1\", COUNT(DISTINCT \"dpsql_t1\".\"person_id\") AS \"_col_2\", SUM(\"dpsql_t1\".\"age\" * 2 + 1) AS \"_col_3\", SUM(GREATEST(\"dpsql_t1\".\"age\" - 100, 0)) AS \"_col_4\" FROM \"states\" AS \"dpsql_t0\" LEFT JOIN \"people\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"code\" = \"dpsql_t1\".\"state\" WHERE EXISTS(SELECT 1 AS \"1\" FROM \"visits\" AS \"dpsql_t2\" WHERE \"dpsql_t1\".\"person_id\" = \"dpsql_t2\".\"person_id\" AND \"dpsql_t2\".\"category\" = 'lab') AND EXTRACT(HOUR FROM \"dpsql_t1\".\"born\") > 3 AND NOT EXISTS(SELECT 1 AS \"1\" FROM \"visits\" AS \"dpsql_t3\" WHERE \"dpsql_t1\".\"person_id\" = \"dpsql_t3\".\"person_id\" AND \"dpsql_t3\".\"amount\" > 999) GROUP BY ROUND(CAST(\"dpsql_t1\".\"age\" AS DECIMAL), -1), WIDTH_BUCKET(\"dpsql_t1\".\"score\", 0, 10, 5)"
 output_names: ["round", "width_bucket", "count", "sum", "sum"]
 
@@ -5404,7 +5404,7 @@ output_names: ["time_to_str", "avg", "count", "sum"]
 
 -- SELECT to_char(v.day, 'IYYY-IW'), AVG(log(v.amount + 1)), SUM(ln(v.amount + 1)), SUM(CASE WHEN v.amount > 50 THEN 1 ELSE 0 END) FROM visits v WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY to_char(v.day, 'IYYY-IW')
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT to_char(v.day, 'IYYY-IW'), AVG(log(v.amount + 1)), SUM(ln(v.amount + 1)), SUM(CASE WHEN v.amount > 50 THEN 1 ELSE 0 END) FROM visits v WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY to_char(v.day, 'IYYY-IW')", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW') AS \"_col_0\", AVG(CAST(LN(\"dpsql_t0\".\"amount\" + 1) AS DOUBLE PRECISION) / 2.302585092994046) AS \"_col_1\", SUM(LN(\"dpsql_t0\".\"amount\" + 1)) AS \"_col_2\", SUM(CASE WHEN \"dpsql_t0\".\"amount\" > 50 THEN 1 ELSE 0 END) AS \"_col_3\" FROM \"visits\" AS \"dpsql_t0\" WHERE EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW')"
 output_names: ["time_to_str", "avg", "sum", "sum"]
 
@@ -5482,7 +5482,7 @@ output_names: ["time_to_str", "?column?", "sum", "avg"]
 
 -- SELECT to_char(v.day, 'IYYY-IW'), floor(extract(epoch from v.day) / 86400) * 86400, percentile_cont(0.5) WITHIN GROUP (ORDER BY r.cost), SUM(round(r.cost)), COUNT(DISTINCT v.day) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE v.person_id NOT IN (SELECT w.person_id FROM visits w WHERE w.amount > 999) AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY to_char(v.day, 'IYYY-IW'), floor(extract(epoch from v.day) / 86400) * 86400
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT to_char(v.day, 'IYYY-IW'), floor(extract(epoch from v.day) / 86400) * 86400, percentile_cont(0.5) WITHIN GROUP (ORDER BY r.cost), SUM(round(r.cost)), COUNT(DISTINCT v.day) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE v.person_id NOT IN (SELECT w.person_id FROM visits w WHERE w.amount > 999) AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY to_char(v.day, 'IYYY-IW'), floor(extract(epoch from v.day) / 86400) * 86400", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT TO_CHAR(\"dpsql_t1\".\"day\", 'IYYY-IW') AS \"_col_0\", FLOOR(EXTRACT(EPOCH FROM \"dpsql_t1\".\"day\") / 86400) * 86400 AS \"_col_1\", PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY \"dpsql_t0\".\"cost\") AS \"_col_2\", SUM(ROUND(\"dpsql_t0\".\"cost\")) AS \"_col_3\", COUNT(DISTINCT \"dpsql_t1\".\"day\") AS \"_col_4\" FROM \"prescriptions\" AS \"dpsql_t0\" JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE EXTRACT(HOUR FROM \"dpsql_t1\".\"day\") > 3 AND NOT \"dpsql_t1\".\"person_id\" IS NULL AND NOT EXISTS(SELECT 1 FROM \"visits\" AS \"dpsql_t2\" WHERE \"dpsql_t1\".\"person_id\" = \"dpsql_t2\".\"person_id\" AND \"dpsql_t2\".\"amount\" > 999 AND NOT \"dpsql_t2\".\"person_id\" IS NULL) GROUP BY TO_CHAR(\"dpsql_t1\".\"day\", 'IYYY-IW'), FLOOR(EXTRACT(EPOCH FROM \"dpsql_t1\".\"day\") / 86400) * 86400"
 output_names: ["time_to_str", "?column?", "percentile_cont", "sum", "count"]
 
@@ -5512,7 +5512,7 @@ output_names: ["time_to_str", "note", "count", "count", "count"]
 
 -- SELECT to_char(v.day, 'IYYY-IW'), v.note, SUM(EXTRACT(MONTH FROM v.day)), SUM(floor(r.cost / 250) / (floor(r.cost / 50) + 1)), STDDEV(v.amount) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 AND r.cost > 0 GROUP BY to_char(v.day, 'IYYY-IW'), v.note
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT to_char(v.day, 'IYYY-IW'), v.note, SUM(EXTRACT(MONTH FROM v.day)), SUM(floor(r.cost / 250) / (floor(r.cost / 50) + 1)), STDDEV(v.amount) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXTRACT(HOUR FROM v.day) > 3 AND r.cost > 0 GROUP BY to_char(v.day, 'IYYY-IW'), v.note", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW') AS \"_col_0\", \"dpsql_t0\".\"note\" AS \"_col_1\", SUM(EXTRACT(MONTH FROM \"dpsql_t0\".\"day\")) AS \"_col_2\", SUM(FLOOR(\"dpsql_t1\".\"cost\" / 250) / (FLOOR(\"dpsql_t1\".\"cost\" / 50) + 1)) AS \"_col_3\", STDDEV(\"dpsql_t0\".\"amount\") AS \"_col_4\" FROM \"visits\" AS \"dpsql_t0\" LEFT JOIN \"prescriptions\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE \"dpsql_t1\".\"cost\" > 0 AND EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW'), \"dpsql_t0\".\"note\""
 output_names: ["time_to_str", "note", "sum", "sum", "stddev"]
 
@@ -5788,7 +5788,7 @@ output_names: ["day", "drug", "regr_slope"]
 
 -- SELECT v.day, to_char(v.day, 'IYYY-IW'), COUNT(DISTINCT v.category) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXISTS (SELECT 1 FROM visits w WHERE w.person_id = v.person_id AND w.amount > 500) AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY v.day, to_char(v.day, 'IYYY-IW')
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT v.day, to_char(v.day, 'IYYY-IW'), COUNT(DISTINCT v.category) FROM visits v LEFT JOIN prescriptions r ON r.visit_id = v.visit_id WHERE EXISTS (SELECT 1 FROM visits w WHERE w.person_id = v.person_id AND w.amount > 500) AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY v.day, to_char(v.day, 'IYYY-IW')", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT \"dpsql_t0\".\"day\" AS \"_col_0\", TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW') AS \"_col_1\", COUNT(DISTINCT \"dpsql_t0\".\"category\") AS \"_col_2\" FROM \"visits\" AS \"dpsql_t0\" LEFT JOIN \"prescriptions\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE EXISTS(SELECT 1 AS \"1\" FROM \"visits\" AS \"dpsql_t2\" WHERE \"dpsql_t0\".\"person_id\" = \"dpsql_t2\".\"person_id\" AND \"dpsql_t2\".\"amount\" > 500) AND EXTRACT(HOUR FROM \"dpsql_t0\".\"day\") > 3 GROUP BY \"dpsql_t0\".\"day\", TO_CHAR(\"dpsql_t0\".\"day\", 'IYYY-IW')"
 output_names: ["day", "time_to_str", "count"]
 
@@ -5842,7 +5842,7 @@ output_names: ["note", "count"]
 
 -- SELECT v.note, COUNT(DISTINCT v.day), COUNT(DISTINCT p.person_id), AVG(COALESCE(v.amount, 0)) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY v.note
 input: {"max_groups": null, "not_null": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]], "params": null, "schema": "s9", "sql": "SELECT v.note, COUNT(DISTINCT v.day), COUNT(DISTINCT p.person_id), AVG(COALESCE(v.amount, 0)) FROM people p LEFT JOIN visits v ON v.person_id = p.person_id WHERE EXTRACT(HOUR FROM v.day) > 3 GROUP BY v.note", "unique": [["people", "person_id"], ["states", "code"], ["visits", "visit_id"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT \"dpsql_t1\".\"note\" AS \"_col_0\", COUNT(DISTINCT \"dpsql_t1\".\"day\") AS \"_col_1\", COUNT(DISTINCT \"dpsql_t0\".\"person_id\") AS \"_col_2\", AVG(COALESCE(\"dpsql_t1\".\"amount\", 0)) AS \"_col_3\" FROM \"people\" AS \"dpsql_t0\" LEFT JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"person_id\" = \"dpsql_t1\".\"person_id\" WHERE EXTRACT(HOUR FROM \"dpsql_t1\".\"day\") > 3 GROUP BY \"dpsql_t1\".\"note\""
 output_names: ["note", "count", "count", "avg"]
 
@@ -5932,7 +5932,7 @@ output_names: ["note", "sum", "min"]
 
 -- SELECT v.note, SUM(sqrt(v.amount)), SUM(sign(r.cost - 50) + cbrt(r.cost)) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE r.drug ILIKE '%\\%' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY v.note
 input: {"max_groups": null, "params": null, "schema": "s9", "sql": "SELECT v.note, SUM(sqrt(v.amount)), SUM(sign(r.cost - 50) + cbrt(r.cost)) FROM prescriptions r JOIN visits v ON r.visit_id = v.visit_id WHERE r.drug ILIKE '%\\\\%' AND EXTRACT(HOUR FROM v.day) > 3 GROUP BY v.note", "unique": [["people", "person_id"], ["states", "code"]]}
-error: "UnsupportedQuery: EXTRACT(HOUR ...) needs a timestamp, and v.day may be a date [DP002]\nHint: cast it: EXTRACT(HOUR FROM CAST(x AS timestamp))"
+error: "UnsupportedQuery: EXTRACT(HOUR ...) of v.day, a date, which has no hour [DP002]\nHint: group a date by a field it has: EXTRACT(DOW FROM v.day) or date_trunc('week', v.day)"
 canonical: "SELECT \"dpsql_t1\".\"note\" AS \"_col_0\", SUM(SQRT(\"dpsql_t1\".\"amount\")) AS \"_col_1\", SUM(SIGN(\"dpsql_t0\".\"cost\" - 50) + CBRT(\"dpsql_t0\".\"cost\")) AS \"_col_2\" FROM \"prescriptions\" AS \"dpsql_t0\" JOIN \"visits\" AS \"dpsql_t1\" ON \"dpsql_t0\".\"visit_id\" = \"dpsql_t1\".\"visit_id\" WHERE \"dpsql_t0\".\"drug\" ILIKE '%\\\\%' AND EXTRACT(HOUR FROM \"dpsql_t1\".\"day\") > 3 GROUP BY \"dpsql_t1\".\"note\""
 output_names: ["note", "sum", "sum"]
 
