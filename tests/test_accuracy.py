@@ -164,6 +164,8 @@ def test_an_answer_bounded_by_the_race_says_how_many_units_hold_more(shipped):
     assert raised.startswith("bounded at a total of 131,072 per unit, chosen from the data: above the race's bound "
                              "of a total of 4,096 per unit about 400 of the 10,000 units read hold more")
     assert raised.endswith("a sparse vector raised it to the first bound that few units exceed")
+    from dpsql.postprocess import describe_chosen  # nothing counted over it (a count of distinct values' race)
+    assert describe_chosen(8, totals=False) == "bounded at 8 rows per unit, chosen from the data"
 
 
 def test_a_cut_shows_beside_the_answer_s_noise_over_all_its_cells(shipped):

@@ -120,6 +120,11 @@ kept `SUM(t.total)` of the same (8 cells), whose race keeps 65,536 with about 12
 raised in about a third of answers and 5.9% low (coverage 59%); beside the visible cut (11 units there) 3.2% low,
 coverage 78% (40 answers each).
 
+All of this reads the differences of Q(τ) as counts of units, which holds where Q(τ) is Σ over units of min(the
+unit's rows or total, τ). A race over how many distinct values the rows each unit keeps at τ find (a count of
+distinct values, `counts_units` False) moves each Q(τ) by at most τ, one way, but a unit may find early a value
+others find later, so its differences are not counts of units: there only the race's own choice is made.
+
 The privacy map is the mechanisms' own: `epsilon` is the sum of theirs.
 """
 
