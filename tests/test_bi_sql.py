@@ -1147,6 +1147,18 @@ def test_a_rollup_s_total_row_is_labelled_as_postgresql_labels_it(engine, analys
         labels = [row[0] for row in answer.rows]
         assert "all" in labels and None not in labels and labels == sorted(labels), sql
         assert answer.types[0] == "text"
+    # a bare GROUP BY name is the input column before an output alias of that name, as PostgreSQL reads it, and
+    # the same column however the SELECT list qualifies it
+    for sql, labels in (("SELECT COALESCE(sex, 'Total') AS sex, COUNT(*) FROM people GROUP BY ROLLUP (sex)",
+                         {"F", "M", "Total"}),
+                        ("SELECT CASE WHEN GROUPING(sex) = 1 THEN 'Total' ELSE sex END AS sex, AVG(income) "
+                         "FROM people GROUP BY ROLLUP (sex)", {"F", "M", "Total"}),
+                        ("SELECT COALESCE(p.sex, 'any') AS s, COUNT(*) FROM people p GROUP BY ROLLUP (sex)",
+                         {"F", "M", "any"}),
+                        ("SELECT t.s, COUNT(*) FROM (SELECT sex AS s FROM people) t GROUP BY ROLLUP (s)",
+                         {"F", "M", None})):
+        answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+        assert {row[0] for row in answer.rows} == labels, sql
 
 
 def test_a_key_s_function_dpsql_does_not_compute_after_grouping_is_sent_to_the_rows(engine):

@@ -859,6 +859,8 @@ COMPOSED = [
     "SELECT state, COUNT(*) FROM people GROUP BY GROUPING SETS ((state), ())",
     "SELECT COALESCE(category, 'all') AS c, COUNT(*) FILTER (WHERE category = 'lab'), SUM(amount) FROM visits "
     "GROUP BY ROLLUP (category)",  # a left-out key's label, and the key read row by row inside aggregates
+    "SELECT CASE WHEN GROUPING(sex) = 1 THEN 'Total' ELSE sex END AS sex, AVG(income) FROM people "
+    "GROUP BY ROLLUP (sex)",  # a bare name is the input column before the output alias
     "SELECT COUNT(*) FROM people UNION ALL SELECT COUNT(*) FROM visits UNION ALL SELECT SUM(cost) FROM prescriptions",
     "SELECT sex, COUNT(*) FROM people WHERE income > (SELECT AVG(income) FROM people) GROUP BY sex",
     "SELECT category, AVG(amount) - (SELECT AVG(amount) FROM visits) FROM visits GROUP BY category",

@@ -155,7 +155,7 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
         return _set_operation(bind_parameters(tree, params))
     group = tree.args.get("group")
     if isinstance(tree, exp.Select) and group and any(isinstance(e, GROUPINGS) for e in group.expressions):
-        return _grouping_sets(bind_parameters(tree, params))
+        return _grouping_sets(bind_parameters(tree, params), schema)
     if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
         return _sequential(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
@@ -950,23 +950,24 @@ def _all_or_distinct(tree: exp.Union) -> bool:
     return kinds.pop()
 
 
-def _grouping_sets(tree: exp.Select) -> Composition:
+def _grouping_sets(tree: exp.Select, schema: PrivacySchema | None = None) -> Composition:
     """One grouped SELECT per grouping set: its keys grouped, the others NULL, GROUPING() as its constant."""
     if tree.find(exp.Window):
         raise UnsupportedQuery("window functions with GROUPING SETS, ROLLUP or CUBE are not supported",
                                "compute the window over a query with a plain GROUP BY")
     aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
     sets = [list(s) for s in itertools.product(*(_sets_of(e) for e in tree.args["group"].expressions))]
-    sets = [[_resolved(key, aliases, tree.expressions) for part in s for key in part] for s in sets]
+    inputs = _input_names(tree, schema)
+    sets = [[_resolved(key, aliases, tree.expressions, inputs) for part in s for key in part] for s in sets]
     if len(sets) > MAX_PARTS:
         raise UnsupportedQuery(f"{len(sets)} grouping sets are more than the {MAX_PARTS} dpsql answers",
                                "group by fewer keys (CUBE of n keys is 2^n groupings)")
-    all_keys = {to_sql(k): k for s in sets for k in s}
+    all_keys = {_key_text(k): k for s in sets for k in s}
     names = [output_name(e) for e in tree.expressions]
     order, limit, offset = _outer_order(tree, names, tree.expressions)
     parts = []
     for keys in sets:
-        present = {to_sql(k) for k in keys}
+        present = {_key_text(k) for k in keys}
         part = tree.copy()
         for key in ("order", "limit", "offset"):
             part.set(key, None)
@@ -977,10 +978,24 @@ def _grouping_sets(tree: exp.Select) -> Composition:
     return Composition(parts, f"GROUPING SETS of {len(sets)} groupings: {spelled}", False, order, limit, offset)
 
 
+def _input_names(tree: exp.Select, schema: PrivacySchema | None) -> set[str]:
+    """The column names the FROM clause's tables (declared in `schema`) and subqueries give: PostgreSQL reads a
+    bare GROUP BY name as one of them before an output column's alias."""
+    names: set[str] = set()
+    for source in [tree.args.get("from_"), *(tree.args.get("joins") or [])]:
+        source = source.this if source is not None else None
+        if isinstance(source, exp.Table) and schema is not None and source.name in schema.tables:
+            names |= set(schema.tables[source.name].columns)
+        elif isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
+            names |= set(source.this.named_selects)
+    return names
+
+
 def _resolved(key: exp.Expression, aliases: dict[str, exp.Expression],
-              expressions: list[exp.Expression]) -> exp.Expression:
-    """A grouping key as the expression it names: an output column's alias or position, as PostgreSQL reads them."""
-    if isinstance(key, exp.Column) and not key.table and key.name in aliases:
+              expressions: list[exp.Expression], inputs: frozenset[str] | set[str] = frozenset()) -> exp.Expression:
+    """A grouping key as the expression it names: an output column's alias or position, as PostgreSQL reads them;
+    a name among `inputs` (the FROM clause's columns) is that column, which PostgreSQL reads first."""
+    if isinstance(key, exp.Column) and not key.table and key.name in aliases and key.name not in inputs:
         return aliases[key.name]
     if isinstance(key, exp.Literal) and key.is_int and 1 <= int(key.this) <= len(expressions):
         chosen = expressions[int(key.this) - 1]
@@ -1016,25 +1031,32 @@ def _in_set(expression: exp.Expression, present: set[str], keys: dict[str, exp.E
     aggregates read each row's own value."""
     name = output_name(expression)
     value = expression.this if isinstance(expression, exp.Alias) else expression
-    if to_sql(value) in keys and to_sql(value) not in present:
+    if _key_text(value) in keys and _key_text(value) not in present:
         return exp.alias_(exp.Null(), name)
     changed = value.copy()
     for grouping in list(changed.find_all(exp.Grouping)):
         bits = 0
         for argument in grouping.expressions:
-            bits = bits * 2 + (to_sql(argument) not in present)
+            bits = bits * 2 + (_key_text(argument) not in present)
         if grouping is changed:
             changed = exp.Literal.number(bits)
         else:
             grouping.replace(exp.Literal.number(bits))
     for sql, key in keys.items():
         if sql not in present:
-            for use in [c for c in changed.find_all(type(key)) if to_sql(c) == sql and not _aggregated(c, changed)]:
+            for use in [c for c in changed.find_all(type(key)) if _key_text(c) == sql and not _aggregated(c, changed)]:
                 if use is changed:
                     changed = exp.Null()
                 else:
                     use.replace(exp.Null())
     return exp.alias_(changed, name) if to_sql(changed) != to_sql(value) else expression.copy()
+
+
+def _key_text(node: exp.Expression) -> str:
+    """A grouping key's SQL with its columns unqualified: `GROUP BY ROLLUP (category)` names the column the SELECT
+    list spells `v.category`. (Another table's column of that name in the list is no key: the parts that keep
+    the key group by it alone, and the analysis refuses them.)"""
+    return to_sql(node.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) and n.table else n))
 
 
 def _aggregated(node: exp.Expression, root: exp.Expression) -> bool:
