@@ -140,6 +140,10 @@ STATEMENTS: list[tuple[str, str]] = [  # (what is expected: answer, raw or bad; 
     ("answer", "SELECT p.state, SUM(pr.cost) FROM prescriptions pr JOIN visits v ON pr.visit_id = v.visit_id "
                "JOIN people p ON v.person_id = p.person_id GROUP BY p.state"),
     ("answer", "SELECT category, COUNT(*) FROM visits WHERE NOT category = 'lab' GROUP BY ROLLUP(category)"),
+    ("answer", "SELECT COALESCE(category, 'All categories') AS category, COUNT(*) FROM visits "
+               "GROUP BY ROLLUP (category)"),
+    ("answer", "SELECT CASE WHEN GROUPING(sex) = 1 THEN 'Total' ELSE sex END AS sex, AVG(income) FROM people "
+               "GROUP BY ROLLUP (sex)"),
     ("answer", "SELECT sex, state, COUNT(*) FROM people GROUP BY GROUPING SETS ((sex), (state))"),
     ("answer", "SELECT category, SUM(amount) FROM visits GROUP BY CUBE(category)"),
     ("answer", "SELECT DISTINCT category FROM visits"),
