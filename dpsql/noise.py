@@ -29,6 +29,7 @@ from dpsql.mechanisms import (
     LaplaceMechanism,
     PartitionSelection,
     StructureFirstPlan,
+    exp_capped,
     rank_scores,
     structure_first_or_noise_first,
     top_k,
@@ -94,7 +95,7 @@ def calibrate(plan: Plan, epsilon: float, delta: float, selection_share: float |
         # under "replace" a neighbour is a removal plus an addition: group privacy over two steps
         steps = 2 if plan.neighbouring == "replace" else 1
         step_epsilon = selection_epsilon / steps
-        step_delta = selection_delta if steps == 1 else selection_delta / (1 + math.exp(step_epsilon))
+        step_delta = selection_delta if steps == 1 else selection_delta / (1 + exp_capped(step_epsilon))
         per_group, total = plan.selection_moves  # what one neighbour moves in the counts selection reads
         selection = PartitionSelection(plan.selection_groups, step_epsilon, step_delta, per_group, total,
                                        plan.min_units)

@@ -314,6 +314,16 @@ def test_expected_error_lower_bound_is_the_two_point_bound():
     assert expected_error_lower_bound(1.0, 0.5, 1e-5) == pytest.approx((1 - 1e-5) / (2 * (1 + math.exp(0.5))))
 
 
+def test_lower_bounds_stay_finite_at_any_epsilon_an_owner_allows():
+    """An owner may raise max_epsilon: at ε = 1,000, e^ε overflowed a float and the answer, already charged,
+    failed with an internal error. Past e^700 every bound is 0."""
+    from dpsql.mechanisms import expected_error_lower_bound, halfwidth_lower_bound
+
+    for epsilon in (700.0, 1_000.0, 1e6):
+        assert halfwidth_lower_bound(1.0, epsilon, 1e-6) == 0.0
+        assert 0.0 <= expected_error_lower_bound(1.0, epsilon, 1e-6) < 1e-300
+
+
 @pytest.mark.parametrize(("min_units", "groups", "epsilon", "delta"), [(2, 1, 1.0, 1e-6), (10, 4, 0.5, 1e-6),
                                                                       (50, 8, 2.0, 1e-8)])
 def test_minimum_frequency_releases_a_group_of_fewer_units_at_rate_at_most_delta(min_units, groups, epsilon,

@@ -35,6 +35,7 @@ from typing import Any
 
 from dpsql.accounting import zcdp
 from dpsql.errors import InvalidParameter
+from dpsql.mechanisms import exp_capped
 
 TOLERANCE = 1e-9  # relative slack for floating-point sums of ε
 # basic composition stays the account shown unless zCDP saves more than 1% of ε
@@ -183,7 +184,7 @@ def group_guarantee(epsilon: float, delta: float, size: int) -> tuple[float, flo
     privacy by the triangle inequality over the k single-unit steps."""
     if size <= 1:
         return epsilon, delta
-    return size * epsilon, min(size * math.exp((size - 1) * epsilon) * delta, 1.0)
+    return size * epsilon, min(size * exp_capped((size - 1) * epsilon) * delta, 1.0)
 
 
 MIN_EPSILON = 1e-6  # of one query

@@ -17,12 +17,19 @@ from __future__ import annotations
 import math
 
 MAX_CHAIN = 10**7  # ε ≥ 1e-6 per query keeps m₀ far below this
+MAX_EXPONENT = 700.0  # e^700 is past any 1 − β or δ bound, and below the float's range
+
+
+def exp_capped(exponent: float) -> float:
+    """e^exponent, at most e^MAX_EXPONENT: the privacy arithmetic stays finite at any ε an owner allows (at
+    ε = 1,000, e^ε overflowed and an answer already charged failed)."""
+    return math.exp(min(exponent, MAX_EXPONENT))
 
 
 def expected_error_lower_bound(sensitivity: float, epsilon: float, delta: float = 0.0) -> float:
     """The least expected absolute error any (ε, δ)-DP mechanism can have on every database, for a statistic
     that one neighbour moves by `sensitivity`."""
-    return (1 - delta) * sensitivity / (2 * (1 + math.exp(epsilon)))
+    return (1 - delta) * sensitivity / (2 * (1 + exp_capped(epsilon)))
 
 
 def halfwidth_lower_bound(sensitivity: float, epsilon: float, delta: float = 0.0, confidence: float = 0.95) -> float:
@@ -41,6 +48,7 @@ def halfwidth_lower_bound(sensitivity: float, epsilon: float, delta: float = 0.0
 
 def _possible(steps: int, epsilon: float, delta: float, beta: float) -> bool:
     """Whether databases `steps` neighbours apart can both be answered within the half-width at 1 − β."""
-    exponent = min(steps * epsilon, 700.0)  # e^700 is past any 1 − β; keeps the arithmetic finite
-    chain_delta = delta * steps if epsilon == 0 else delta * math.expm1(exponent) / math.expm1(epsilon)
+    exponent = min(steps * epsilon, MAX_EXPONENT)
+    chain_delta = delta * steps if epsilon == 0 else delta * math.expm1(exponent) / math.expm1(
+        min(epsilon, MAX_EXPONENT))
     return 1 - beta <= math.exp(exponent) * beta + chain_delta

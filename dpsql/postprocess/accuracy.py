@@ -5,7 +5,6 @@ least half-width any mechanism at its (ε, δ) could promise."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,13 @@ from sqlglot import exp
 from dpsql.accounting import zcdp
 from dpsql.analysis import COUNTS, Aggregate, Plan
 from dpsql.errors import UnsupportedQuery
-from dpsql.mechanisms import GaussianMechanism, LaplaceMechanism, expected_error_lower_bound, halfwidth_lower_bound
+from dpsql.mechanisms import (
+    GaussianMechanism,
+    LaplaceMechanism,
+    exp_capped,
+    expected_error_lower_bound,
+    halfwidth_lower_bound,
+)
 from dpsql.noise import Calibration, NoisyGroup
 from dpsql.postprocess.evaluate import evaluate
 
@@ -168,7 +173,7 @@ def lower_bounds(agg: Aggregate, plan: Plan, calibration: Calibration,
             return None, None
         moved = (hi - lo) / float(count)
         if plan.neighbouring == "add-remove":
-            epsilon, delta = 2 * epsilon, delta * (1 + math.exp(epsilon))
+            epsilon, delta = 2 * epsilon, delta * (1 + exp_capped(epsilon))
     else:
         moved = hi - lo if plan.neighbouring == "replace" else max(abs(lo), abs(hi))
     return halfwidth_lower_bound(moved, epsilon, delta), expected_error_lower_bound(moved, epsilon, delta)
