@@ -515,7 +515,7 @@ def test_a_bound_that_many_units_exceed_is_raised_by_a_sparse_vector():
     threshold at the ε lent for it, `decide` spends that ε on the fallback's sparse vector from the bound upward:
     the first τ that few units exceed (heavy-tailed totals, which R2T's shift at ε/J a step stops far below). The
     draws come after the race's and the count's; where the count is small nothing more is spent."""
-    from dpsql.mechanisms.race import RaceToTheTop
+    from dpsql.mechanisms.race import RAISE_REACH, RaceToTheTop
     from dpsql.mechanisms.sparse import FirstBelowThreshold
 
     race = RaceToTheTop.calibrate(1 << 20, 0.1, integer_valued=False, margin=4)
@@ -537,8 +537,9 @@ def test_a_bound_that_many_units_exceed_is_raised_by_a_sparse_vector():
         raised += 1
         sparse = FirstBelowThreshold.calibrate(1, 0.1, monotone=True)
         start = race.taus.index(bound)
-        index = sparse.first_below(race.units_above(truncated)[start:], race.fallback_threshold(0.1), draws)
-        assert decision.bound == (1 << 20 if index is None else race.taus[start + index]) > bound
+        compared = race.units_above(truncated)[start:start + RAISE_REACH]  # up to 8 times the bound
+        index = sparse.first_below(compared, race.fallback_threshold(0.1), draws)
+        assert decision.bound == race.taus[start + (RAISE_REACH if index is None else index)] > bound
         assert decision.raise_epsilon == pytest.approx(sparse.epsilon) == pytest.approx(0.1)
         assert decision.spent == pytest.approx(0.15)
     assert raised >= 15  # the race mostly stops near 1,000 (its shift a step outweighs 1,000 units): raised
@@ -547,6 +548,23 @@ def test_a_bound_that_many_units_exceed_is_raised_by_a_sparse_vector():
     for seed in range(10):  # every unit within the bound: the count is small and nothing is raised
         decision = rows.decide(light, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1)
         assert decision.raise_epsilon == 0.0 and decision.spent == pytest.approx(0.05)
+
+
+def test_a_raise_reaches_at_most_sixteen_times_the_race_s_bound():
+    """A raise compares RAISE_REACH τ from the bound and keeps the next where all show many units: a threshold
+    drawn low can no longer carry it to the cap. Units of 10^6 among units of 1,000: the race stops near 8,192,
+    every τ up to 65,536 shows them all, so the raise keeps 131,072 (16 times), never more."""
+    from dpsql.mechanisms.race import RAISE_REACH, RaceToTheTop
+
+    race = RaceToTheTop.calibrate(1 << 22, 0.1, integer_valued=False, margin=4)
+    heavy = [1_000] * 19_000 + [1_000_000] * 1_000
+    truncated = [float(sum(min(t, tau) for t in heavy)) for tau in race.taus]
+    for seed in range(20):
+        draws = random.Random(seed)
+        shifted = race._shifted(truncated, draws)
+        bound = min(race.margin_at(shifted) * race._best(shifted), 1 << 22)
+        decision = race.decide(truncated, 0.2, random.Random(seed), effect_epsilon=0.05, raise_epsilon=0.1)
+        assert decision.raise_epsilon > 0 and bound < decision.bound <= bound * 2 ** RAISE_REACH, (seed, bound)
 
 
 def test_a_bound_whose_cut_the_answer_s_noise_cannot_hide_is_raised():
