@@ -42,17 +42,15 @@ def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool 
 
     def among_read(count: float) -> float:  # both counts are noisy: no more hold more than were read
         return min(max(0.0, count), read)
-
-    def bounded(bound: int) -> str:
-        return f"a total of {bound:,} per unit" if totals else f"{bound:,} rows per unit"
     low, high = among_read(over.units - over.halfwidth), among_read(over.units + over.halfwidth)
     counted = (f"about {among_read(over.units):,.0f} of the {read:,.0f} units read hold more (95%: {low:,.0f} to "
                f"{high:,.0f}, {_percent(low / read)}-{_percent(high / read)}%; counted at ε = {over.epsilon:.2g} of "
                "the query's)")
     if raised is not None:
-        return (f"bounded at {bounded(raised)}, chosen from the data: above the race's bound of {bounded(over.bound)} "
+        return (f"bounded at {_bound_text(raised, totals)}, chosen from the data: above the race's bound of "
+                f"{_bound_text(over.bound, totals)} "
                 f"{counted}, so a sparse vector raised it to the first bound that few units exceed")
-    text = f"bounded at {bounded(over.bound)}, chosen from the data; {counted}"
+    text = f"bounded at {_bound_text(over.bound, totals)}, chosen from the data; {counted}"
     if low / read > UNITS_OVER_WARNING and chosen_only:
         text += (f"; at least {100 * low / read:.2g}% of the units have rows beyond it left out, which moves the "
                  "values chosen only where those rows differ from the rows kept: a larger ε lets the race see them "
@@ -67,7 +65,12 @@ def describe_units_over(over: UnitsOver | None, totals: bool, chosen_only: bool 
 def describe_chosen(bound: int, totals: bool) -> str:
     """What an answer bounded below the race's cap says where nothing counted the units over its bound (a count of
     distinct values, `RaceToTheTop.counts_units`)."""
-    return f"bounded at {f'a total of {bound:,}' if totals else f'{bound:,} rows'} per unit, chosen from the data"
+    return f"bounded at {_bound_text(bound, totals)}, chosen from the data"
+
+
+def _bound_text(bound: int, totals: bool) -> str:
+    """A bound as the notes say it: on each unit's total (`totals`) or on its rows."""
+    return f"a total of {bound:,} per unit" if totals else f"{bound:,} rows per unit"
 
 
 def describe_cap(cap: int, totals: bool, chosen: int | None) -> str:

@@ -101,8 +101,14 @@ def _ranked_rows_of_over(columns: list[str], seed: int, distinct: bool = False) 
     names = ", ".join(columns)
     rows = (f"(SELECT DISTINCT {names} FROM dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)) "
             "AS dpsql_rows" if distinct else "dpsql_rows WHERE dpsql_unit IN (SELECT dpsql_unit FROM dpsql_over)")
-    return (f"SELECT {names}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {keyed_hash(columns, seed)}, "
-            f"{names}) AS dpsql_rank FROM {rows}")
+    return f"SELECT {names}, {rank_within_unit(columns, seed)} FROM {rows}"
+
+
+def rank_within_unit(columns: list[str], seed: int) -> str:
+    """`dpsql_rank`: a row's place among its unit's rows by the keyed hash of `columns` (ties: identical rows),
+    the order in which a unit's rows are kept up to a bound."""
+    return (f"ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY {keyed_hash(columns, seed)}, {', '.join(columns)}) "
+            "AS dpsql_rank")
 
 
 def present(node: exp.Expression) -> exp.Expression:

@@ -30,6 +30,7 @@ from dpsql.rewrite.fragments import (
     keyed_hash,
     literal,
     present,
+    rank_within_unit,
     ranked_rows_of_over,
     sql,
     unit_and_keys,
@@ -203,8 +204,7 @@ def _distinct_values_kept(plan: Plan, hash_seed: int, caps: tuple[int, ...]) -> 
     keys = [k.name for k in plan.group_keys]
     value = _column(plan, measure)
     columns = ["dpsql_unit", *keys, value]
-    ranked = (f"dpsql_ranked AS (SELECT {', '.join(columns)}, ROW_NUMBER() OVER (PARTITION BY dpsql_unit ORDER BY "
-              f"{keyed_hash(columns, hash_seed)}, {', '.join(columns)}) AS dpsql_rank FROM dpsql_rows)")
+    ranked = f"dpsql_ranked AS (SELECT {', '.join(columns)}, {rank_within_unit(columns, hash_seed)} FROM dpsql_rows)"
     firsts = (f"dpsql_firsts AS (SELECT MIN(dpsql_rank) AS dpsql_first FROM dpsql_ranked WHERE {value} IS NOT NULL "
               f"GROUP BY {', '.join([*keys, value])})")
     rows = rows_cte(plan, [*unit_and_keys(plan), f"{sql(measure.expr)} AS {value}"], present(plan.unit), hash_seed)

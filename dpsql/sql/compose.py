@@ -1044,7 +1044,9 @@ def _in_set(expression: exp.Expression, present: set[str], keys: dict[str, exp.E
             grouping.replace(exp.Literal.number(bits))
     for sql, key in keys.items():
         if sql not in present:
-            for use in [c for c in changed.find_all(type(key)) if _key_text(c) == sql and not _aggregated(c, changed)]:
+            # (inside an aggregate, its argument, FILTER or WITHIN GROUP, the key is each row's own)
+            for use in [c for c in changed.find_all(type(key))
+                        if _key_text(c) == sql and c.find_ancestor(*AGGREGATES, exp.Filter) is None]:
                 if use is changed:
                     changed = exp.Null()
                 else:
@@ -1057,15 +1059,6 @@ def _key_text(node: exp.Expression) -> str:
     list spells `v.category`. (Another table's column of that name in the list is no key: the parts that keep
     the key group by it alone, and the analysis refuses them.)"""
     return to_sql(node.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) and n.table else n))
-
-
-def _aggregated(node: exp.Expression, root: exp.Expression) -> bool:
-    """Whether `node` is read row by row by an aggregate of `root` (its argument, FILTER or WITHIN GROUP)."""
-    while node is not root and node is not None:
-        node = node.parent
-        if isinstance(node, exp.AggFunc | exp.Filter | exp.WithinGroup):
-            return True
-    return False
 
 
 def _outer_order(tree: exp.Expression, names: list[str],
