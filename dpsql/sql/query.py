@@ -188,7 +188,7 @@ def output_name(node: exp.Expression) -> str:
         return output_name(node.this)
     if isinstance(node, exp.Paren):
         return output_name(node.this)
-    if isinstance(node, exp.WithinGroup | exp.Window):
+    if isinstance(node, exp.WithinGroup | exp.Window | exp.Filter):
         return output_name(node.this)
     if isinstance(node, exp.Func):
         return node.sql_name().lower()
