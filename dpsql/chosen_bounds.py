@@ -36,7 +36,19 @@ def plan_race(plan: Plan, options: Options, share: float = RACE_SHARE) -> RaceTo
     if plan.rows_per_unit <= 1:
         return None
     return RaceToTheTop.calibrate(plan.rows_per_unit, options.epsilon * share, steps, margin=MARGIN,
-                                  counts_units=not plan.races_distinct_values)
+                                  counts_units=not (plan.races_distinct_values
+                                                    and values_resolvable(plan, options.epsilon * share)))
+
+
+def values_resolvable(plan: Plan, epsilon: float) -> bool:
+    """Whether a race at `epsilon` over the distinct values that `plan`'s one COUNT(DISTINCT x) finds
+    (`Plan.races_distinct_values`) could resolve them: not where the public domains allow fewer (group, value)
+    pairs than it needs (`RaceToTheTop.may_resolve`: days with a visit, 366 at most, would need over 1,000 at
+    ε = 1), where it would keep the cap. The race over rows then chooses, and the values lose no more than it
+    weighs: a value found beyond τ rows is held by a row beyond τ."""
+    pairs = plan.distinct_pairs
+    steps = 2 if plan.neighbouring == "replace" else 1
+    return pairs is None or RaceToTheTop.calibrate(plan.rows_per_unit, epsilon, steps).may_resolve(pairs)
 
 
 # The counts beside a raced sum that only divide it (an AVG's or a variance's, with no COUNT answered and no

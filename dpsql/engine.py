@@ -179,10 +179,10 @@ class Engine:
         if race is not None:
             rows_caps = rows_race.taus if rows_race is not None else ()
             race_statement = self._remembered(query, ("race", options.min_frequency, race.taus, totals is not None,
-                                                rows_caps),
+                                                rows_caps, race.counts_units),
                                         lambda: self._checked(contributions(
                                             totals or plan, self._hash_seed, race.taus, totals is not None, rows_caps,
-                                            self._in_unit_order(plan))))
+                                            self._in_unit_order(plan), values=not race.counts_units)))
             race_answers = answered_by_contributions(totals or plan, totals is not None)
             # a copy: the plan is cached for every ε and option
             plan = replace(plan, notes=[*plan.notes, race_note(plan, totals, race, rows_race, calibration,

@@ -434,6 +434,20 @@ def test_first_below_threshold_spends_no_more_than_its_epsilon_on_neighbouring_v
             assert bound <= sparse.epsilon, (sparse.monotone, event)
 
 
+def test_a_race_that_cannot_resolve_data_of_at_most_so_many_units_says_so_before_it_runs():
+    """`may_resolve(n)`: whether Q(1) <= n could ever reach MIN_RESOLUTION shifts of τ = 1 (a public bound: the
+    (group, value) pairs the declared domains allow a race over distinct values); `resolves` agrees for Q(1) = n
+    drawn without noise."""
+    from dpsql.mechanisms.race import MIN_RESOLUTION, RaceToTheTop
+
+    race = RaceToTheTop.calibrate(100, 0.2)
+    needed = MIN_RESOLUTION * race.shift(0)
+    assert 1000 < needed < 1100  # 8 τ at ε = 0.025 each: a shift of 267
+    assert race.may_resolve(needed) and not race.may_resolve(needed - 1)
+    for most in (needed - 1, needed):  # shifted[0] is Q̃(1) less its shift
+        assert race.resolves([most - race.shift(0)]) == race.may_resolve(most)
+
+
 def test_the_race_lends_the_answer_a_sparse_vector_choice_where_it_cannot_resolve_the_data():
     """Few units for the race's ε: instead of the cap, the first τ that few units exceed (counted fractionally
     from the race's own values), times the fallback's margin, at the ε lent; where the race resolves, nothing is

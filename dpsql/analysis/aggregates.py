@@ -34,6 +34,7 @@ from sqlglot import exp
 from dpsql.analysis import quantiles
 from dpsql.analysis.clamps import clamp_to
 from dpsql.analysis.expressions import Expressions, Range
+from dpsql.analysis.groups import key_domain
 from dpsql.analysis.kinds import KINDS, SQUARED, Bounded, Context
 from dpsql.analysis.plan import Aggregate, Measure
 from dpsql.analysis.scope import Scope
@@ -137,6 +138,18 @@ def _not_null_of(arg: exp.Expression, exprs: Expressions) -> exp.Expression | No
     return exp.Case(ifs=[exp.If(this=present, true=exp.Literal.number(1))])
 
 
+def _note_values(scope: Scope, measure: str, value: exp.Expression) -> None:
+    """Record on a COUNT(DISTINCT value) measure how many values `value` may take, where its declared bounds or
+    domain make them public (`Plan.distinct_pairs`)."""
+    key = next(k for k, m in scope.measures.items() if m.name == measure)
+    try:
+        values = key_domain(scope, value, None)
+    except (InvalidQuery, UnsupportedQuery):  # a key dpsql would refuse to group by: its values are not known
+        values = None
+    if values is not None:
+        scope.measures[key] = replace(scope.measures[key], values=len(values))
+
+
 def is_window_function(node: exp.Expression) -> bool:
     """Whether `node` is the function of a window (computed over the released rows), not an aggregate."""
     return isinstance(node.parent, exp.Window) and node is node.parent.this
@@ -169,8 +182,9 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
                 scope.exprs.check(value)
                 scope.rows_total = scope.rows_total or not scope.direct
                 label = f"COUNT(DISTINCT {to_sql(value)})"
-                return Aggregate(name, "count", (measure_of(label, "distinct", scope.exprs.guard(value), BIT),),
-                                 None, sql)
+                measure = measure_of(label, "distinct", scope.exprs.guard(value), BIT)
+                _note_values(scope, measure, value)
+                return Aggregate(name, "count", (measure,), None, sql)
             elif value is None:  # PostgreSQL has no count of two arguments
                 raise UnsupportedQuery("COUNT(DISTINCT a, b) takes one expression, as in PostgreSQL",
                                        "count distinct rows of values: COUNT(DISTINCT (a, b))")

@@ -46,6 +46,7 @@ class Measure:
     # unit_range (a subquery's count of a unit's groups adds up to its k rows, not k groups of k): the top of the
     # race's ladder, whose chosen bound the rewrite enforces (`chosen_bounds.plan_race`)
     natural_total: float | None = None
+    values: int | None = None  # distinct only: how many values its expression may take, where they are public
 
     @property
     def integer_valued(self) -> bool:
@@ -371,6 +372,13 @@ class Plan:
         few values is all found at a small bound, while the rows go on growing to the cap."""
         return (self.rows_total and len(self.measures) == 1 and self.measures[0].kind == "distinct"
                 and not self.partition_selection and not self.cap_groups and self.unit_total is None)
+
+    @property
+    def distinct_pairs(self) -> int | None:
+        """The most (group, value) pairs the one COUNT(DISTINCT x) can count, by the public domains of its keys and
+        of x (`Measure.values`); None where either is not public."""
+        values = next((m.values for m in self.measures if m.kind == "distinct"), None)
+        return None if values is None or self.cells is None else values * self.cells
 
     def as_written(self, text: str) -> str:
         """`text` with the plan's names of group keys and aggregates (g0, a0, …) spelled as the query wrote them."""

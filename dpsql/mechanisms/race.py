@@ -329,6 +329,11 @@ class RaceToTheTop:
         coarse = shifted[0] + self.shift(0) < COARSE_RESOLUTION * self.shift(0)
         return (2 if coarse else 1) * self.margin_for(cells)
 
+    def may_resolve(self, most: float) -> bool:
+        """Whether the race could resolve data whose Q(1) is at most `most` (a public bound): else `resolves` holds
+        only where the noise lifts Q(1), and the race is the cap's."""
+        return most >= MIN_RESOLUTION * self.shift(0)
+
     def resolves(self, shifted: Sequence[float]) -> bool:
         """Whether the race can tell bounds apart on this data: Q(1), the units the query reads (each adds at most
         1), released, against the shift of τ = 1, the growth per unit of τ that the race may miss at each step.

@@ -55,11 +55,11 @@ def rewrite(plan: Plan, hash_seed: int = 0, in_unit_order: bool = False) -> Rewr
 
 
 def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False,
-                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False) -> Statement:
+                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False, values: bool = False) -> Statement:
     """The statement R2T's race reads to choose the rows per unit of `plan` (a plan with a per-unit stage), or
     with `totals` the bound on each unit's total of its one sum (and with `rows_caps`, in the same row, the rows
-    per unit of the counts beside it)."""
-    return Statement.parse(per_unit.contributions(plan, hash_seed, caps, totals, rows_caps, in_unit_order))
+    per unit of the counts beside it), or with `values` the distinct values its one COUNT(DISTINCT x) finds."""
+    return Statement.parse(per_unit.contributions(plan, hash_seed, caps, totals, rows_caps, in_unit_order, values))
 
 
 def answered_by_contributions(plan: Plan, totals: bool = False) -> bool:

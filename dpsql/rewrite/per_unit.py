@@ -148,7 +148,7 @@ def _scaled_to_total(plan: Plan, keys: list[str]) -> str:
 
 
 def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: bool = False,
-                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False) -> str:
+                  rows_caps: tuple[int, ...] = (), in_unit_order: bool = False, values: bool = False) -> str:
     """One row: for each cap τ, Σ over units of min(the unit's rows, τ), over the query's joined rows (FROM, JOIN,
     WHERE) with a unit: what R2T's race reads to choose the rows per unit (`mechanisms.race`). With `totals`,
     Σ over units of min(the unit's total of the plan's one sum, τ), the values clamped to their declared range
@@ -162,10 +162,11 @@ def contributions(plan: Plan, hash_seed: int, caps: tuple[int, ...], totals: boo
     caps: the rows per unit of the counts beside the sum (`RaceToTheTop` for each), from the same per-unit pass
     (its cells: units by band and row count; 90,000 people: 67 ms instead of 90 ms).
     `in_unit_order`: the units are grouped in the order of an index that leads with their column
-    (`in_order_of_units`).
+    (`in_order_of_units`). With `values`, the distinct values the plan's one COUNT(DISTINCT x) finds
+    (`_distinct_values_kept`).
     """
     unit_order = in_order_of_units(in_unit_order)
-    if plan.races_distinct_values:
+    if values:
         return _distinct_values_kept(plan, hash_seed, caps)
     if totals:
         value = _added([sql(m.expr) for m in plan.bounded_sums])
