@@ -39,6 +39,7 @@ from dpsql.chosen_bounds import (
     plan_race,
     race_note,
     raceable,
+    values_resolvable,
     visible_cut,
 )
 from dpsql.combining import check_joined, combine, scalar_values, stand_in_row, stand_ins
@@ -282,7 +283,10 @@ class Engine:
         one query of any other statement (with no composition)."""
         composition = compose(sql, params, self.schema, self._not_null, self._unique)
         if composition is None:
-            return None, [self.prepare(sql, params, epsilon, options)]
+            prepared = self.prepare(sql, params, epsilon, options)
+            composition = self._distinct_apart(sql, params, prepared)
+            if composition is None:
+                return None, [prepared]
         rows = composition.rows_per_unit
         if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid
             share = self.options(Options(epsilon=epsilon).over(options or Options())).epsilon / len(composition.parts)
@@ -323,6 +327,17 @@ class Engine:
                                        "with arithmetic, e.g. SELECT a.k, a.n, b.s / a.n FROM a JOIN b ON a.k = b.k"
                                        ) from None
         return composition, parts
+
+    def _distinct_apart(self, sql: str, params: Any, prepared: Prepared) -> Composition | None:
+        """The statement's one COUNT(DISTINCT x) asked apart from its other aggregates (`compose`), where one race
+        of rows per unit would bound them all and a part of its own, at half the ε, could race the values it
+        finds instead (`values_resolvable`)."""
+        plan = prepared.plan
+        if prepared.race is None or not plan.distinct_values_beside_others \
+                or not values_resolvable(plan, prepared.options.epsilon / 2 * RACE_SHARE):
+            return None
+        return compose(sql, params, self.schema, self._not_null, distinct_apart=True,
+                       keys_selected=plan.partition_selection)
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
               options: Options | None = None, cancel: Cancellation | None = None) -> Answer:

@@ -494,6 +494,11 @@ QUERY_CLASSES = [
                query("SELECT COUNT(DISTINCT fare) FROM trips WHERE fare > 2", rows_per_unit="auto"), 0),
     QueryClass("a rollup's total labelled by COALESCE of its left-out key (stop 72)",
                query("SELECT COALESCE(kind, 'all') AS k, COUNT(*) FROM trips GROUP BY ROLLUP (kind)"), 1),
+    QueryClass("a count of distinct values asked apart from the other aggregates, over their released keys "
+               "(stop 73)", query("SELECT kind, COUNT(*), COUNT(DISTINCT fare) FROM trips GROUP BY kind",
+                                  rows_per_unit="auto"), 1),
+    QueryClass("a count of distinct values asked apart from an ungrouped sum, the answers joined (stop 73)",
+               query("SELECT SUM(fare), COUNT(DISTINCT fare) FROM trips", rows_per_unit="auto"), 0),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both

@@ -380,6 +380,13 @@ class Plan:
         values = next((m.values for m in self.measures if m.kind == "distinct"), None)
         return None if values is None or self.cells is None else values * self.cells
 
+    @property
+    def distinct_values_beside_others(self) -> bool:
+        """Whether one COUNT(DISTINCT x) of the kept rows shares the race of rows per unit with other measures: asked
+        apart from them (`compose`), it would race the values it finds (`races_distinct_values`)."""
+        return (self.rows_total and len(self.measures) > 1 and sum(m.kind == "distinct" for m in self.measures) == 1
+                and not self.cap_groups and self.unit_total is None and self.stability is None)
+
     def as_written(self, text: str) -> str:
         """`text` with the plan's names of group keys and aggregates (g0, a0, …) spelled as the query wrote them."""
         written = {k.name: k.sql for k in self.group_keys} | {a.name: a.sql for a in self.aggregates}

@@ -10,6 +10,9 @@ only.
 Some statements are one ordinary query and post-processing of its answer: an aggregate over a grouped
 subquery's released rows, COUNT(DISTINCT c) of a declared domain, bool_or / bool_and read off noisy counts, and
 the count of one value of a locally randomized column picked from the counts per value.
+
+A COUNT(DISTINCT x) beside other aggregates, where one race of rows per unit would bound them all, is asked apart
+over the keys they release and joined to them (`_distinct_counted_apart`; the engine asks for it, from the plan).
 """
 
 from __future__ import annotations
@@ -132,11 +135,18 @@ class Composition:
 def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
             schema: PrivacySchema | None = None,
             not_null: frozenset[tuple[str, str]] = frozenset(),
-            unique: frozenset[tuple[str, str]] = frozenset()) -> Composition | None:
+            unique: frozenset[tuple[str, str]] = frozenset(), distinct_apart: bool = False,
+            keys_selected: bool = False) -> Composition | None:
     """The parts of a UNION or a GROUPING SETS / ROLLUP / CUBE statement or of scalar subqueries, or the one
     query behind a post-processed statement (the module's docstring); None for any other statement (which the
     ordinary stages check, and refuse if they must). `not_null` and `unique`: the (table, column) pairs the
-    catalog declares NOT NULL, and unique."""
+    catalog declares NOT NULL, and unique. `distinct_apart`: only the statement's one COUNT(DISTINCT x) answered
+    apart from its other aggregates (`_distinct_counted_apart`), whose groups DP partition selection releases
+    where `keys_selected`."""
+    if distinct_apart:
+        tree = parse_statement(sql)
+        return _distinct_counted_apart(bind_parameters(tree, params), schema, not_null if keys_selected else None) \
+            if isinstance(tree, exp.Select) and schema is not None else None
     distinct = schema is not None and "DISTINCT" in sql.upper()
     if not (_may_compose(sql) or distinct or _may_read_reports(sql, schema)):  # most statements: spare a parse
         return None
@@ -776,6 +786,129 @@ def _joined_to_released_keys(tree: exp.Select, schema: PrivacySchema) -> Composi
     columns = tuple(names.index(key.name) for key, _ in pairs)
     return Composition([to_sql(inner), to_sql(rest)], "the joined subquery's released keys answered first, then "
                        "the query kept to them", scalars=1, key_lists=((0, columns),))
+
+
+def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
+                            not_null: frozenset[tuple[str, str]] | None) -> Composition | None:
+    """`SELECT category, COUNT(*), COUNT(DISTINCT day) FROM visits GROUP BY category`: one race of rows per unit
+    would serve both, and rows grow to the cap while a column of few values is all found at a small bound. The
+    other aggregates are answered first, then the COUNT(DISTINCT) alone over the groups they released (`k =
+    ANY(the released keys)`, so no partition selection of its own), its race reading the values it finds
+    (`Plan.races_distinct_values`); the two answers are joined on the keys. Every GROUP BY key must be selected.
+    `not_null`: where the first answer's groups are DP-selected, the catalog's NOT NULL columns, every key's
+    column one of them (a released NULL key is matched by no `= ANY`); None where the keys' domain is declared."""
+    if any(tree.args.get(k) for k in ("with_", "distinct", "qualify")) or tree.find(exp.Window, exp.Subquery):
+        return None
+    outputs = tree.expressions
+    counted = [i for i, e in enumerate(outputs) if _distinct_count(e.unalias())]
+    if len(counted) != 1 or sum(1 for c in tree.find_all(exp.Count) if isinstance(c.this, exp.Distinct)) != 1:
+        return None  # (read again in HAVING or ORDER BY, or several: as one query)
+    at = counted[0]
+    group = tree.args.get("group")
+    keys = _selected_group_keys(tree) if group else []
+    if keys is None or at in keys or (not keys and tree.args.get("having")) \
+            or not keys and not any(e.find(*AGGREGATES) for i, e in enumerate(outputs) if i != at):
+        return None
+    if not_null is not None and not _never_null_keys([outputs[i].unalias() for i in keys], tree, schema, not_null):
+        return None
+    order = _order_positions(tree)
+    if order is None:
+        return None
+    first, second = tree.copy(), tree.copy()
+    for part in (first, second):
+        for clause in ("order", "limit", "offset"):
+            part.set(clause, None)
+        if group:  # GROUP BY 2 would shift with the outputs: the key it stands for
+            part.set("group", exp.Group(expressions=[
+                outputs[int(k.this) - 1].unalias().copy() if isinstance(k, exp.Literal) and k.is_int else k.copy()
+                for k in group.expressions]))
+    first.set("expressions", [e.copy() for i, e in enumerate(outputs) if i != at])
+    second.set("expressions", [outputs[i].copy() for i in keys] + [outputs[at].copy()])
+    second.set("having", None)
+    names = [[output_name(e) for e in part.expressions] for part in (first, second)]
+    if any(len(set(n)) < len(n) for n in names):
+        return None
+    kept_keys = [i - (i > at) for i in keys]  # the keys' columns in the first part
+    if keys:
+        written = [outputs[i].unalias().copy() for i in keys]
+        listed = written[0] if len(written) == 1 else exp.Tuple(expressions=written)
+        second.where(exp.EQ(this=listed, expression=exp.Any(this=exp.Paren(
+            this=exp.Placeholder(this=f"{SCALAR}0")))), copy=False)
+    columns = [exp.column(f"dpsql_j1_{names[1][-1]}") if i == at else
+               exp.column(f"dpsql_j0_{names[0][i - (i > at)]}") for i in range(len(outputs))]
+    outer = exp.select(*(exp.alias_(c, output_name(e), quoted=True) for c, e in zip(columns, outputs, strict=True)))
+    if order:
+        outer.set("order", exp.Order(expressions=order))
+    for clause in ("limit", "offset"):
+        if tree.args.get(clause):
+            outer.set(clause, tree.args[clause].copy())
+    pairs = tuple((0, names[0][k], 1, names[1][n]) for n, k in enumerate(kept_keys))
+    return Composition([to_sql(first), to_sql(second)], f"{to_sql(outputs[at].unalias())} answered apart from the "
+                       "other aggregates, over the groups they release, so that each chooses its own rows per unit",
+                       scalars=1 if keys else 0, key_lists=((0, tuple(kept_keys)),) if keys else (),
+                       joins=(("LEFT", pairs),), joined_outer=to_sql(outer))
+
+
+def _distinct_count(value: exp.Expression) -> bool:
+    """Whether `value` is COUNT(DISTINCT x) of one expression, maybe cast or with a FILTER."""
+    while isinstance(value, exp.Cast | exp.Paren | exp.Filter):
+        value = value.this
+    return isinstance(value, exp.Count) and isinstance(value.this, exp.Distinct) and len(value.this.expressions) == 1
+
+
+def _selected_group_keys(tree: exp.Select) -> list[int] | None:
+    """The positions of the outputs that are the GROUP BY keys (by position, name or expression), one for each; None
+    where a key is not selected."""
+    outputs = tree.expressions
+    spelled = [to_sql(e.unalias()) for e in outputs]
+    names = [output_name(e) for e in outputs]
+    found = []
+    for key in tree.args["group"].expressions:
+        if isinstance(key, exp.Literal) and key.is_int and 0 < int(key.this) <= len(outputs):
+            found.append(int(key.this) - 1)
+        elif to_sql(key) in spelled:
+            found.append(spelled.index(to_sql(key)))
+        elif isinstance(key, exp.Column) and not key.table and names.count(key.name) == 1:
+            found.append(names.index(key.name))
+        else:
+            return None
+    return found if len(set(found)) == len(found) else None
+
+
+def _never_null_keys(keys: list[exp.Expression], tree: exp.Select, schema: PrivacySchema,
+                     not_null: frozenset[tuple[str, str]]) -> bool:
+    """Whether each key is a column the catalog declares NOT NULL (of a table of the statement's FROM)."""
+    tables = {t.alias_or_name: t.name for t in tables_read(tree)}
+    for key in keys:
+        if not isinstance(key, exp.Column):
+            return False
+        owners = [tables[key.table]] if key.table in tables else [
+            name for name in tables.values() if name in schema.tables and key.name in schema.tables[name].columns]
+        if len(owners) != 1 or (owners[0], key.name) not in not_null:
+            return False
+    return True
+
+
+def _order_positions(tree: exp.Select) -> list[exp.Ordered] | None:
+    """The statement's ORDER BY as positions of its outputs (a position, an output's name, or its expression), or
+    None where a term is none of these."""
+    outputs = tree.expressions
+    spelled = [to_sql(e.unalias()) for e in outputs]
+    names = [output_name(e) for e in outputs]
+    order = []
+    for ordered in tree.args["order"].expressions if tree.args.get("order") else []:
+        term = ordered.this
+        if isinstance(term, exp.Literal) and term.is_int and 0 < int(term.this) <= len(outputs):
+            position = int(term.this)
+        elif isinstance(term, exp.Column) and not term.table and names.count(term.name) == 1:
+            position = names.index(term.name) + 1
+        elif to_sql(term) in spelled:
+            position = spelled.index(to_sql(term)) + 1
+        else:
+            return None
+        order.append(exp.Ordered(this=exp.Literal.number(position), desc=ordered.args.get("desc"),
+                                 nulls_first=ordered.args.get("nulls_first")))
+    return order
 
 
 KEYS = "dpsql_keys"  # the alias of a grouped subquery's released keys joined in place of `IN (SELECT k …)`
