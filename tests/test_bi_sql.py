@@ -109,20 +109,32 @@ def test_approx_count_distinct_of_a_declared_column_counts_the_values_present(en
     "SELECT p.sex, COUNT(DISTINCT v.category) FROM visits v JOIN people p USING (person_id) GROUP BY 1",
     "SELECT sex AS s, approx_count_distinct(category) AS kinds FROM people JOIN visits USING (person_id) GROUP BY sex",
     "SELECT sex, COUNT(DISTINCT category) FROM people JOIN visits USING (person_id) GROUP BY 1 ORDER BY 2 DESC, 1",
+    # a child's column, its parent joined on the parent's key: the unit read through the statement's own join
+    "SELECT v.category, COUNT(DISTINCT p.drug) FROM prescriptions p JOIN visits v ON v.visit_id = p.visit_id "
+    "GROUP BY v.category",
 ])
 def test_declared_values_present_per_group_are_counted_from_units_per_value(engine, analyst, base_url, sql):
     """COUNT(DISTINCT c) of a declared domain by a key is the values present per group, read off one noisy count of
     units per (key, value): each person reaches at most the 8 categories of their sex, not the 366 a plain
-    COUNT(DISTINCT) bounds it by (+300% at 20,000 people)."""
+    COUNT(DISTINCT) bounds it by (+300% at 20,000 people). The drugs by a visit's category were 100% off at 3,000
+    and 20,000 demo people (bias +795% and +773%), their parent's join then left to the ordinary stages; 0%
+    now."""
     composition, _ = engine.prepare_parts(sql)
     assert composition.values_present is not None and composition.values_keys == 1
     answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    if "drug" in sql:
+        assert "COUNT(DISTINCT v.person_id)" in composition.parts[0] and "JOIN visits" in composition.parts[0]
     with psycopg.connect(base_url) as conn:  # (PostgreSQL has no approx_count_distinct: the same count)
         cursor = conn.execute(sql.replace("approx_count_distinct(category)", "COUNT(DISTINCT category)"))
         exact, names = dict(cursor.fetchall()), [column.name for column in cursor.description]
     assert answer.names == names and answer.types == ["text", "int8"]
     assert {key for key, _ in answer.rows} == set(exact)
-    assert all(exact[key] - 2 <= present <= exact[key] for key, present in answer.rows)
+    if "drug" in sql:  # a drug of a category: as few as 4 of the 3,000 people, one row each (2 to 8 of 64 missed
+        # in 40 answers)
+        assert all(present <= exact[key] for key, present in answer.rows)
+        assert sum(exact[key] - present for key, present in answer.rows) <= 16
+    else:
+        assert all(exact[key] - 2 <= present <= exact[key] for key, present in answer.rows)
     if "ORDER BY" in sql:  # the counts per group in the statement's order
         assert answer.rows == sorted(answer.rows, key=lambda row: (-row[1], row[0]))
 

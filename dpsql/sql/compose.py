@@ -671,8 +671,11 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
     if column is None or column.domain is None or declared.public or column.local is not None:
         return None
     path = _path_to_unit(schema, declared, table.alias_or_name)
-    if path is None or joined and path[1]:
-        return None  # row-level privacy, or joins and a parent's unit: left to the ordinary stages
+    if path is not None and joined and path[1]:  # the statement's own joins may reach the parent
+        unit = _unit_through_joins(tree, schema, declared, table.alias_or_name)
+        path = None if unit is None else (unit, [])
+    if path is None:
+        return None  # row-level privacy, or joins that do not reach a parent's unit: left to the ordinary stages
     unit, joins = path
     tree = bind_parameters(tree, params)
     own = table.alias_or_name
@@ -720,6 +723,26 @@ def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.
                                                                                                   table=alias))))
         table, alias = schema.tables[link.table], parent
     return exp.column(table.unit_column, table=alias), joins
+
+
+def _unit_through_joins(tree: exp.Select, schema: PrivacySchema, table: Table, alias: str) -> exp.Column | None:
+    """The unit of `table`'s rows (read as `alias`) through the statement's own inner joins to each parent on its
+    key (`FROM prescriptions p JOIN visits v ON v.visit_id = p.visit_id`: v.person_id), or None where a parent on
+    the way is not joined so."""
+    joins = tree.args.get("joins") or []
+    if any((j.side or "") != "" or (j.kind or "INNER").upper() != "INNER" for j in joins):
+        return None
+    equalities = {frozenset((to_sql(c.this), to_sql(c.expression))) for j in joins if j.args.get("on") is not None
+                  for c in operands(j.args["on"]) if isinstance(c, exp.EQ)}
+    parents = {t.alias_or_name: t.name for t in tables_read(tree)}
+    while table.unit_column is None:
+        link = table.parent
+        found = [name for name, held in parents.items() if link is not None and held == link.table and frozenset(
+            (to_sql(exp.column(link.key, table=name)), to_sql(exp.column(link.column, table=alias)))) in equalities]
+        if len(found) != 1:
+            return None
+        table, alias = schema.tables[link.table], found[0]
+    return exp.column(table.unit_column, table=alias)
 
 
 def _groups_by_unit(select: exp.Select, schema: PrivacySchema,
