@@ -88,10 +88,9 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     """The names, types and noisiness of a statement's columns: its first part's names; each column's type from
     the first part where it is not a NULL a grouping set put there; noisy where any part's is. After scalar
     subqueries, the last part's."""
-    if composition is not None and composition.values_present is not None:
-        keys = parts[0].outputs[:composition.values_keys]
-        return ([o.name for o in keys] + [composition.values_present], [o.type_name for o in keys] + ["int8"],
-                [False] * len(keys) + [True])
+    if composition is not None and composition.values_present is not None and composition.joined_outer is None:
+        outputs = _outputs_of(composition, 0, parts[0])
+        return [o.name for o in outputs], [o.type_name for o in outputs], [o.noisy for o in outputs]
     if composition is not None and composition.outer is not None:
         return outer_columns(composition.outer, parts[0].outputs)
     if composition is not None and composition.joined_outer is not None:
@@ -111,20 +110,33 @@ def columns_of(parts: list[Prepared], composition: Composition | None = None) ->
     return names, types, noisy
 
 
+def _outputs_of(composition: Composition, number: int, part: Prepared) -> list[Output]:
+    """The columns part `number` gives the statement: its outputs, or where its counts are read as the values
+    present (`Composition.values_part`), its keys and that count."""
+    if composition.values_present is None or number != composition.values_part:
+        return part.outputs
+    return [*part.outputs[:composition.values_keys], Output(composition.values_present, exp.Null(), "int8", True)]
+
+
 def combine(composition: Composition, parts: list[Prepared], answers: list[Answer]) -> Answer:
     """One answer from its parts' answers: their rows in order (UNION without ALL: each distinct row once), then
     the statement's ORDER BY, OFFSET and LIMIT; the cost is the sum of theirs. A COUNT(DISTINCT c) over a
-    declared domain is counted from its one part's rows."""
+    declared domain is counted from its part's rows (the statement's answer, or joined to the others')."""
     if composition.values_present is not None:
-        return _values_present(composition, answers[0])
+        values = composition.values_part
+        counted = _values_present(composition, answers[values])
+        if composition.joined_outer is None:
+            return counted
+        answers = [*answers[:values], counted, *answers[values + 1:]]
     names, types, noisy = columns_of(parts, composition)
     if composition.booleans:
         return _decided(composition.booleans, replace(answers[0], names=names, types=types, noisy=noisy))
     if composition.joined_outer is not None:  # released rows joined after noise: bare columns keep their intervals
         rows, accuracy = project_released(composition.joined_outer, joined_rows(composition, answers))
         notes = list(dict.fromkeys(note for answer in answers for note in answer.notes))
+        explained = tuple(name for answer in answers for name in answer.explained)  # (values present: a note)
         return Answer(names, types, rows, accuracy, sum(a.epsilon for a in answers), sum(a.delta for a in answers),
-                      all(a.cached for a in answers), answers[-1].budget, noisy, notes=notes)
+                      all(a.cached for a in answers), answers[-1].budget, noisy, notes=notes, explained=explained)
     if composition.outer is not None and composition.picks:  # released rows picked: each keeps its intervals
         measured = answers[1] if composition.measured_apart else None
         rows, accuracy = pick_released(composition.outer, answers[0].names, answers[0].rows, answers[0].accuracy,
@@ -413,7 +425,7 @@ def check_joined(composition: Composition, parts: Sequence[Prepared]) -> None:
 def _joined_kinds(composition: Composition, parts: Sequence[Prepared]) -> dict[str, Any]:
     """Each column of the joined rows by its name (`joined_rows`): the parts' outputs, and each merged join column
     as the joined part's output."""
-    kinds = {f"dpsql_j{i}_{o.name}": o for i, part in enumerate(parts) for o in part.outputs}
+    kinds = {f"dpsql_j{i}_{o.name}": o for i, part in enumerate(parts) for o in _outputs_of(composition, i, part)}
     for _, pairs in composition.joins:
         kinds.update({f"{MERGED_COLUMN}{column}": kinds[f"dpsql_j{right}_{other}"]
                       for _, column, right, other in pairs})

@@ -287,10 +287,10 @@ class Engine:
             composition = self._distinct_apart(sql, params, prepared)
             if composition is None:
                 return None, [prepared]
-        rows = composition.rows_per_unit
         if composition.outer is not None:  # computed once over a stand-in row: what cannot be, is refused unpaid
             share = self.options(Options(epsilon=epsilon).over(options or Options())).epsilon / len(composition.parts)
-            prepared, *apart = [self.prepare(part, None, share, options, rows) for part in composition.parts]
+            prepared, *apart = [self.prepare(part, None, share, options, composition.rows_of(n))
+                                for n, part in enumerate(composition.parts)]
             names = [o.name for o in prepared.outputs]
             try:  # the analyst's own WHERE, ORDER BY and LIMIT over a stand-in row: what cannot run fails unpaid
                 if not composition.picks:
@@ -311,13 +311,13 @@ class Engine:
         parts: list[Prepared] = []
         for n, part in numbered:  # in order: the scalar subqueries' types give the last part its stand-ins
             parts.append(self.prepare(part, stand_ins(composition, n, parts), resolved.epsilon / len(numbered),
-                                      options, rows))
+                                      options, composition.rows_of(n)))
         charged = [n for n, prepared in enumerate(parts) if prepared.cost != NO_COST]
         if 0 < len(charged) < len(parts):  # a part that reads no private data (the outer step of scalar
             # subqueries without FROM) costs nothing: the others share the whole ε
             for n in charged:
                 parts[n] = self.prepare(composition.parts[n], stand_ins(composition, n, parts),
-                                        resolved.epsilon / len(charged), options, rows)
+                                        resolved.epsilon / len(charged), options, composition.rows_of(n))
         if composition.joined_outer is not None:
             try:
                 check_joined(composition, parts)
@@ -331,13 +331,17 @@ class Engine:
     def _distinct_apart(self, sql: str, params: Any, prepared: Prepared) -> Composition | None:
         """The statement's one COUNT(DISTINCT x) asked apart from its other aggregates (`compose`), where one race
         of rows per unit would bound them all and a part of its own, at half the ε, could race the values it
-        finds instead (`values_resolvable`)."""
+        finds instead (`values_resolvable`), or read a declared domain's values present off a count of units per
+        value."""
         plan = prepared.plan
-        if prepared.race is None or not plan.distinct_values_beside_others \
-                or not values_resolvable(plan, prepared.options.epsilon / 2 * RACE_SHARE):
+        if prepared.race is None or not plan.distinct_values_beside_others:
             return None
-        return compose(sql, params, self.schema, self._not_null, distinct_apart=True,
-                       keys_selected=plan.partition_selection)
+        apart = compose(sql, params, self.schema, self._not_null, distinct_apart=True,
+                        keys_selected=plan.partition_selection)
+        if apart is None or apart.values_present is None and not values_resolvable(
+                plan, prepared.options.epsilon / 2 * RACE_SHARE):
+            return None  # (a declared domain's values present need no race)
+        return apart
 
     def query(self, sql: str, params: Any = None, *, analyst: str, epsilon: float | None = None,
               options: Options | None = None, cancel: Cancellation | None = None) -> Answer:
@@ -367,7 +371,7 @@ class Engine:
             return combine(composition, parts, [self._query(p, analyst, cancel) for p in parts])
         scalars = [self._query(p, analyst, cancel) for p in parts[:-1]]
         last = self.prepare(composition.parts[-1], scalar_values(composition, scalars), parts[-1].options.epsilon,
-                            parts[-1].options)
+                            parts[-1].options, composition.rows_of(len(parts) - 1))
         return combine(composition, parts, [*scalars, self._query(last, analyst, cancel)])
 
     def _with_bounds_effect(self, answer: Answer, prepared: Prepared, analyst: str) -> Answer:

@@ -499,6 +499,9 @@ QUERY_CLASSES = [
                                   rows_per_unit="auto"), 1),
     QueryClass("a count of distinct values asked apart from an ungrouped sum, the answers joined (stop 73)",
                query("SELECT SUM(fare), COUNT(DISTINCT fare) FROM trips", rows_per_unit="auto"), 0),
+    QueryClass("declared values present asked apart from a count, over its released keys (stop 73)",
+               query("SELECT fare > 10 AS high, COUNT(*), COUNT(DISTINCT kind) FROM trips GROUP BY 1",
+                     rows_per_unit="auto"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both

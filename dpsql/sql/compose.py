@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlglot import exp
@@ -68,6 +68,7 @@ class Composition:
     values_present: str | None = None  # COUNT(DISTINCT c) of a declared domain, as this output's name: the one
     # part counts units per declared value, and the answer is how many values are surely present
     values_keys: int = 0  # ... per group of the first `values_keys` columns (GROUP BY k, COUNT(DISTINCT c))
+    values_part: int = 0  # ... read from this part's counts (the rest joined to them: `_distinct_counted_apart`)
     outer: str | None = None  # an aggregate query over the one part's released rows (`released_rows`)
     picks: bool = False  # the outer query only picks released rows and columns: their intervals stand
     zero_row: bool = False  # picked counts: where no row is picked, one row of zeros (COUNT(*) over no rows)
@@ -81,12 +82,16 @@ class Composition:
     # the second part, the same groups answered again apart from the choice the first part's values made
     booleans: tuple[tuple[int, bool], ...] = ()  # (column, every): bool_or / bool_and read off the one part's
     # noisy count of the rows that hold (bool_or) or fail (bool_and, every) the condition (`combining`)
-    rows_per_unit: int | None = None  # the most rows of each unit its parts keep, below the declared bound: a
-    # presence count reads one row a unit (`_values_present`)
+    rows_per_unit: int | None = None  # the most rows of each unit the values part keeps, below the declared
+    # bound: a presence count reads one row a unit (`_values_present`)
 
     @property
     def sequential(self) -> bool:
         return self.scalars > 0
+
+    def rows_of(self, part: int) -> int | None:
+        """The most rows of each unit part `part` keeps below the declared bound, where the statement says."""
+        return self.rows_per_unit if part == self.values_part else None
 
     def scalars_read_beside_outputs(self) -> list[int]:
         """The scalar subqueries whose noisy values the last part reads outside its outputs, in a filter, a join or
@@ -110,7 +115,7 @@ class Composition:
             compared = placeholder.find_ancestor(exp.EQ)
             keys = [] if compared is None else \
                 compared.this.expressions if isinstance(compared.this, exp.Tuple) else [compared.this]
-            if part not in lists or not keys or not all(to_sql(key) in grouped for key in keys):
+            if part not in lists or not keys or not all(to_sql(key.unnest()) in grouped for key in keys):
                 moved.add(part)
         return sorted(moved)
 
@@ -852,8 +857,12 @@ def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
     if any(len(set(n)) < len(n) for n in names):
         return None
     kept_keys = [i - (i > at) for i in keys]  # the keys' columns in the first part
+    present = _values_present(second.copy(), schema, None)  # of a declared domain: a count of units per value
+    if present is not None and present.values_present == names[1][-1]:
+        second = parse_statement(present.parts[0])
     if keys:
         written = [outputs[i].unalias().copy() for i in keys]
+        written = [k if isinstance(k, exp.Column | exp.Func) else exp.paren(k, copy=False) for k in written]  # (a > 1)
         listed = written[0] if len(written) == 1 else exp.Tuple(expressions=written)
         second.where(exp.EQ(this=listed, expression=exp.Any(this=exp.Paren(
             this=exp.Placeholder(this=f"{SCALAR}0")))), copy=False)
@@ -866,10 +875,15 @@ def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
         if tree.args.get(clause):
             outer.set(clause, tree.args[clause].copy())
     pairs = tuple((0, names[0][k], 1, names[1][n]) for n, k in enumerate(kept_keys))
-    return Composition([to_sql(first), to_sql(second)], f"{to_sql(outputs[at].unalias())} answered apart from the "
-                       "other aggregates, over the groups they release, so that each chooses its own rows per unit",
-                       scalars=1 if keys else 0, key_lists=((0, tuple(kept_keys)),) if keys else (),
-                       joins=(("LEFT", pairs),), joined_outer=to_sql(outer))
+    apart = Composition([to_sql(first), to_sql(second)], f"{to_sql(outputs[at].unalias())} answered apart from the "
+                        "other aggregates, over the groups they release, so that each chooses its own rows per unit",
+                        scalars=1 if keys else 0, key_lists=((0, tuple(kept_keys)),) if keys else (),
+                        joins=(("LEFT", pairs),), joined_outer=to_sql(outer))
+    if present is None or present.values_present != names[1][-1]:
+        return apart
+    return replace(apart, description=f"{present.description}, apart from "
+                   "the other aggregates, over the groups they release", values_present=present.values_present,
+                   values_keys=present.values_keys, values_part=1, rows_per_unit=present.rows_per_unit)
 
 
 def _distinct_count(value: exp.Expression) -> bool:
