@@ -833,7 +833,7 @@ def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
         return None  # (read again in HAVING or ORDER BY, or several: as one query)
     at = counted[0]
     group = tree.args.get("group")
-    keys = _selected_group_keys(tree) if group else []
+    keys = _selected_group_keys(tree, _input_names(tree, schema)) if group else []
     if keys is None or at in keys or (not keys and tree.args.get("having")) \
             or not keys and not any(e.find(*AGGREGATES) for i, e in enumerate(outputs) if i != at):
         return None
@@ -846,10 +846,8 @@ def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
     for part in (first, second):
         for clause in ("order", "limit", "offset"):
             part.set(clause, None)
-        if group:  # GROUP BY 2 would shift with the outputs: the key it stands for
-            part.set("group", exp.Group(expressions=[
-                outputs[int(k.this) - 1].unalias().copy() if isinstance(k, exp.Literal) and k.is_int else k.copy()
-                for k in group.expressions]))
+        if group:  # each key as the expression it selects (GROUP BY 2 would shift with the outputs)
+            part.set("group", exp.Group(expressions=[outputs[i].unalias().copy() for i in keys]))
     first.set("expressions", [e.copy() for i, e in enumerate(outputs) if i != at])
     second.set("expressions", [outputs[i].copy() for i in keys] + [outputs[at].copy()])
     second.set("having", None)
@@ -893,20 +891,23 @@ def _distinct_count(value: exp.Expression) -> bool:
     return isinstance(value, exp.Count) and isinstance(value.this, exp.Distinct) and len(value.this.expressions) == 1
 
 
-def _selected_group_keys(tree: exp.Select) -> list[int] | None:
+def _selected_group_keys(tree: exp.Select, inputs: set[str]) -> list[int] | None:
     """The positions of the outputs that are the GROUP BY keys (by position, name or expression), one for each; None
-    where a key is not selected."""
+    where a key is not selected. A bare name is an input column before an output's alias, as PostgreSQL reads it
+    (`inputs`, `_input_names`): `SELECT lower(c) AS c … GROUP BY c` groups by c, not by what it selects."""
     outputs = tree.expressions
     spelled = [to_sql(e.unalias()) for e in outputs]
     names = [output_name(e) for e in outputs]
     found = []
     for key in tree.args["group"].expressions:
+        named = [i for i, e in enumerate(outputs) if names[i] == key.name and (
+            key.name not in inputs or isinstance(e.unalias(), exp.Column) and e.unalias().name == key.name)]
         if isinstance(key, exp.Literal) and key.is_int and 0 < int(key.this) <= len(outputs):
             found.append(int(key.this) - 1)
         elif to_sql(key) in spelled:
             found.append(spelled.index(to_sql(key)))
-        elif isinstance(key, exp.Column) and not key.table and names.count(key.name) == 1:
-            found.append(names.index(key.name))
+        elif isinstance(key, exp.Column) and not key.table and len(named) == 1:
+            found.append(named[0])
         else:
             return None
     return found if len(set(found)) == len(found) else None
