@@ -29,7 +29,7 @@ RUNS = 60
 PEOPLE = 20_000
 CLASSES = ["visits by quarter", "visits by month", "visits by category", "SUM(amount) by quarter", "lab and dental",
            "AVG(amount)", "AVG(amount) by category", "SUM(amount)", "spend per person",
-           "visits per drug", "AVG(income) by sex", "stddev(amount)"]
+           "visits per drug", "AVG(income) by sex", "stddev(amount)", "days beside visits, by category"]
 
 
 @pytest.fixture(scope="module")
