@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import operator
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -406,7 +407,8 @@ def _integer_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     if (value_range is not None and value_range.integer and value_range.bounded
             and (value_range.hi - value_range.lo) / step < MAX_DOMAIN):
         first = math.ceil(value_range.lo / step) * step
-        return tuple(range(int(first), int(value_range.hi) + 1, step))
+        values = tuple(range(int(first), int(value_range.hi) + 1, step))
+        return _in_range(scope, node, values) if isinstance(node, exp.Column) else values  # (age / 10: age's)
     return None
 
 
@@ -584,7 +586,21 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
     for negated, matches in _key_patterns(scope, node):
         if all(isinstance(v, str) and v.isascii() for v in domain if v is not None):
             domain = tuple(v for v in domain if v is not None and matches(v) != negated)
+    return _in_range(scope, node, domain)
+
+
+def _in_range(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
+    """The values of `domain` that the WHERE's comparisons of `node` with a number or a date admit (`age >= 90`: the
+    ages 90 to 100, not 0 to 100, as PostgreSQL's rows would have it)."""
+    for op, constant in _comparisons(scope, node):
+        value = _constant_value(constant)
+        if value is _UNKNOWN or isinstance(value, str | bool) or value is None or not _comparable(value, domain):
+            continue  # (text orders by the database's collation, and a NULL compares to nothing: PostgreSQL's)
+        domain = tuple(v for v in domain if v is not None and ORDERINGS[op](v, value))
     return domain
+
+
+ORDERINGS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "=": operator.eq}
 
 
 def _conjuncts(scope: Scope) -> Iterator[tuple[bool, exp.Expression]]:
