@@ -26,8 +26,12 @@ def explain_statement(composition: Composition | None, parts: list[Prepared]) ->
              + ("; rows released twice are returned once" if composition.distinct else "")
              + ("; ORDER BY / LIMIT act on the released rows" if composition.order or composition.limit is not None
                 else "")]
+    listed = ", ".join(str(part + 1) for part, _ in composition.key_lists)
     for number, (sql, part) in enumerate(zip(composition.parts, parts, strict=True), start=1):
         lines.append(f"Part {number} of {len(parts)}: {sql}")
+        if listed and number == len(parts):  # prepared for a stand-in list: the price holds, the plan is a sketch
+            lines.append(f"  (shown for an empty list of keys: run, it keeps the keys part {listed} releases, which "
+                         "set its groups and, for a count of distinct values, how many pairs its race may find)")
         lines += [f"  {line}" for line in explain_text(part).splitlines()]
     return "\n".join(lines)
 
