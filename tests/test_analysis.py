@@ -146,12 +146,19 @@ def test_group_key_domains(demo_schema):
     ("SELECT age / 10 AS decade, COUNT(*) FROM people WHERE age BETWEEN 20 AND 59 GROUP BY 1", [2, 3, 4, 5]),
     ("SELECT age, COUNT(*) FROM people WHERE age > 100 GROUP BY age", []),
     ("SELECT age, COUNT(*) FROM people WHERE age >= '90' GROUP BY age", list(range(101))),  # text: PostgreSQL's
+    # one key of a date the WHERE narrows: the values its days give
+    ("SELECT extract(month FROM day) AS m, COUNT(*) FROM visits WHERE day < '2024-04-01' GROUP BY 1", [1, 2, 3]),
+    ("SELECT extract(day FROM day) AS d, COUNT(*) FROM visits WHERE day >= '2024-12-30' GROUP BY 1", [30, 31]),
+    ("SELECT extract(dow FROM day), COUNT(*) FROM visits WHERE day BETWEEN '2024-03-04' AND '2024-03-06' "
+     "GROUP BY 1", [1, 2, 3]),
+    ("SELECT extract(month FROM day) AS m, COUNT(*) FROM visits GROUP BY 1", list(range(1, 13))),
 ])
 def test_a_where_range_on_an_integer_key_narrows_the_keys_released(demo_schema, sql, keys):
     """`WHERE age >= 90 GROUP BY age` released all 101 ages of the declared range, 90 of them with no row: counts
     of noise around 0 and averages of the range's ends (1,000,000 for age 0), where PostgreSQL returns the ages
     from 90. The WHERE's comparisons of the key (or of the integer column a key divides) with a number narrow
-    its released values, as they narrow a date's."""
+    its released values, as they narrow a date's; and a key computed from a date (the month of `day`) takes the
+    values the days the WHERE admits give (months 1 to 3 of the first quarter's days, not 12)."""
     assert [key for (key,) in plan(sql, demo_schema).domain] == keys
 
 

@@ -797,23 +797,27 @@ def _narrowed_bounds(scope: Scope, node: exp.Column, column: Column) -> tuple[fl
 def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
     """Public keys that are all functions of one bounded date column (a month's name beside its number, to order
     by: `GROUP BY to_char(day, 'Mon'), EXTRACT(MONTH FROM day)`): the combinations its days give, not every
-    combination of each key's values, which would release 'Feb' in month 1 as a noisy count of nothing. Each day
+    combination of each key's values, which would release 'Feb' in month 1 as a noisy count of nothing; and one
+    such key where the WHERE narrows the days (`EXTRACT(MONTH FROM day) … WHERE day < '2024-04-01'`: months 1 to
+    3, not 12, 9 of them with no row). Each day
     of the column's declared range, narrowed by the WHERE, is read as PostgreSQL reads it (`postprocess.evaluate`),
     a combination kept where each value is among its key's public values; None, and every combination, where a
     key cannot be read so or a key's public value is met on no day of the declared range (the reading would not
     be PostgreSQL's)."""
     nodes = [node.unnest() for node in scope.tree.args["group"].expressions] if keys else []
     columns = {to_sql(c) for node in nodes for c in node.find_all(exp.Column)}
-    if len(keys) < 2 or len(columns) != 1 or any(k.domain is None for k in keys) or not all(
+    if not keys or len(columns) != 1 or any(k.domain is None for k in keys) or not all(
             node.find(exp.Column) for node in nodes):
         return None
     column_node = next(nodes[0].find_all(exp.Column))
     column = scope.declared_column(column_node)
     if column is None or column.type != "date" or not column.bounded or column.upper - column.lower > MAX_DAYS:
         return None
+    lower, upper = _narrowed_bounds(scope, column_node, column)
+    if len(keys) == 1 and (lower, upper) == (column.lower, column.upper):
+        return None  # one key over every day: its own values
     from dpsql.postprocess.evaluate import evaluate  # (post-processing reads the plan this package makes)
 
-    lower, upper = _narrowed_bounds(scope, column_node, column)
     allowed = [set(k.domain) for k in keys]
     found: dict[tuple, None] = {}
     met: list[set] = [set() for _ in keys]
