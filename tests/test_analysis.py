@@ -152,6 +152,11 @@ def test_group_key_domains(demo_schema):
     ("SELECT extract(dow FROM day), COUNT(*) FROM visits WHERE day BETWEEN '2024-03-04' AND '2024-03-06' "
      "GROUP BY 1", [1, 2, 3]),
     ("SELECT extract(month FROM day) AS m, COUNT(*) FROM visits GROUP BY 1", list(range(1, 13))),
+    # and of an integer column: the bands its admitted values fall in
+    ("SELECT CASE WHEN age < 30 THEN 'young' WHEN age < 60 THEN 'mid' ELSE 'old' END AS band, COUNT(*) FROM people "
+     "WHERE age >= 65 GROUP BY 1", ["old"]),
+    ("SELECT age >= 65 AS senior, COUNT(*) FROM people WHERE age BETWEEN 70 AND 80 GROUP BY 1", [True]),
+    ("SELECT age / 10 AS d, COUNT(*) FROM people WHERE age >= 85 GROUP BY 1", [8, 9, 10]),  # (no division read)
 ])
 def test_a_where_range_on_an_integer_key_narrows_the_keys_released(demo_schema, sql, keys):
     """`WHERE age >= 90 GROUP BY age` released all 101 ages of the declared range, 90 of them with no row: counts

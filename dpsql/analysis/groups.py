@@ -771,7 +771,7 @@ def _refuse_hopeless_key(scope: Scope, node: exp.Expression) -> None:
                                f"floor({to_sql(column)} / 1000)")
 
 
-MAX_DAYS = 4000  # the most days of a date column `_dated_domain` walks through
+MAX_DAYS = 4000  # the most days of a date column (or values of an integer one) `_dated_domain` walks through
 
 
 def _narrowed_bounds(scope: Scope, node: exp.Column, column: Column) -> tuple[float, float]:
@@ -799,7 +799,8 @@ def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
     by: `GROUP BY to_char(day, 'Mon'), EXTRACT(MONTH FROM day)`): the combinations its days give, not every
     combination of each key's values, which would release 'Feb' in month 1 as a noisy count of nothing; and one
     such key where the WHERE narrows the days (`EXTRACT(MONTH FROM day) … WHERE day < '2024-04-01'`: months 1 to
-    3, not 12, 9 of them with no row). Each day
+    3, not 12, 9 of them with no row). So too for a bounded integer column (`CASE WHEN age < 30 THEN 'young' …
+    END … WHERE age >= 65`: 'old' alone). Each day
     of the column's declared range, narrowed by the WHERE, is read as PostgreSQL reads it (`postprocess.evaluate`),
     a combination kept where each value is among its key's public values; None, and every combination, where a
     key cannot be read so or a key's public value is met on no day of the declared range (the reading would not
@@ -811,25 +812,34 @@ def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
         return None
     column_node = next(nodes[0].find_all(exp.Column))
     column = scope.declared_column(column_node)
-    if column is None or column.type != "date" or not column.bounded or column.upper - column.lower > MAX_DAYS:
+    if column is None or column.type != "date" and not column.is_integer or not column.bounded \
+            or column.upper - column.lower > MAX_DAYS:
         return None
-    lower, upper = _narrowed_bounds(scope, column_node, column)
-    if len(keys) == 1 and (lower, upper) == (column.lower, column.upper):
-        return None  # one key over every day: its own values
+    numbers = range(int(column.lower), int(column.upper) + 1)
+    if column.type == "date":
+        lower, upper = _narrowed_bounds(scope, column_node, column)
+        declared = [datetime.date(1970, 1, 1) + datetime.timedelta(days=n) for n in numbers]
+        admitted = {d for n, d in zip(numbers, declared, strict=True) if lower <= n <= upper}
+    elif any(node.find(exp.Div, exp.IntDiv, exp.Mod, exp.Pow, exp.Anonymous) for node in nodes):
+        return None  # (read over noisy floats, age / 10 is 1.5 where PostgreSQL's integers give 1)
+    else:
+        declared = list(numbers)
+        admitted = set(_in_range(scope, column_node, tuple(declared)))
+    if len(keys) == 1 and len(admitted) == len(declared):
+        return None  # one key over every value: its own values
     from dpsql.postprocess.evaluate import evaluate  # (post-processing reads the plan this package makes)
 
     allowed = [set(k.domain) for k in keys]
     found: dict[tuple, None] = {}
     met: list[set] = [set() for _ in keys]
-    for number in range(int(column.lower), int(column.upper) + 1):
-        day = datetime.date(1970, 1, 1) + datetime.timedelta(days=number)
+    for value_of_column in declared:
         try:
-            values = tuple(evaluate(node, {column_node.name: day}) for node in nodes)
+            values = tuple(evaluate(node, {column_node.name: value_of_column}) for node in nodes)
         except (UnsupportedQuery, TypeError, ValueError, KeyError):
             return None
         for seen, value in zip(met, values, strict=True):
             seen.add(value)
-        if lower <= number <= upper and all(v in a for v, a in zip(values, allowed, strict=True)):
+        if value_of_column in admitted and all(v in a for v, a in zip(values, allowed, strict=True)):
             found[values] = None
     return list(found) if all(a <= m for a, m in zip(allowed, met, strict=True)) else None
 
