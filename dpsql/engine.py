@@ -339,7 +339,7 @@ class Engine:
         apart = compose(sql, params, self.schema, self._not_null, distinct_apart=True,
                         keys_selected=plan.partition_selection)
         if apart is None or apart.values_present is None and not values_resolvable(
-                plan, prepared.options.epsilon / 2 * RACE_SHARE):
+                plan, prepared.options.epsilon / len(apart.parts) * RACE_SHARE):
             return None  # (a declared domain's values present need no race)
         return apart
 

@@ -822,9 +822,10 @@ def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
     would serve both, and rows grow to the cap while a column of few values is all found at a small bound. The
     other aggregates are answered first, then the COUNT(DISTINCT) alone over the groups they released (`k =
     ANY(the released keys)`, so no partition selection of its own), its race reading the values it finds
-    (`Plan.races_distinct_values`); the two answers are joined on the keys. Every GROUP BY key must be selected.
-    `not_null`: where the first answer's groups are DP-selected, the catalog's NOT NULL columns, every key's
-    column one of them (a released NULL key is matched by no `= ANY`); None where the keys' domain is declared."""
+    (`Plan.races_distinct_values`), or of a declared domain its values present (`_values_present`); the two
+    answers are joined on the keys, then ordered and cut. Every GROUP BY key must be selected. `not_null`: where
+    the first answer's groups are DP-selected, the catalog's NOT NULL columns, every key's column one of them (a
+    released NULL key is matched by no `= ANY`); None where the keys' domain is declared."""
     if any(tree.args.get(k) for k in ("with_", "distinct", "qualify")) or tree.find(exp.Window, exp.Subquery):
         return None
     outputs = tree.expressions
@@ -832,56 +833,64 @@ def _distinct_counted_apart(tree: exp.Select, schema: PrivacySchema,
     if len(counted) != 1 or sum(1 for c in tree.find_all(exp.Count) if isinstance(c.this, exp.Distinct)) != 1:
         return None  # (read again in HAVING or ORDER BY, or several: as one query)
     at = counted[0]
-    group = tree.args.get("group")
-    keys = _selected_group_keys(tree, _input_names(tree, schema)) if group else []
-    if keys is None or at in keys or (not keys and tree.args.get("having")) \
-            or not keys and not any(e.find(*AGGREGATES) for i, e in enumerate(outputs) if i != at):
+    keys = _selected_group_keys(tree, _input_names(tree, schema)) if tree.args.get("group") else []
+    others = any(e.find(*AGGREGATES) for i, e in enumerate(outputs) if i != at)
+    if keys is None or at in keys or not keys and (tree.args.get("having") or not others):
         return None
     if not_null is not None and not _never_null_keys([outputs[i].unalias() for i in keys], tree, schema, not_null):
         return None
-    order = _order_positions(tree)
-    if order is None:
+    try:
+        order, _, _ = _outer_order(tree, [output_name(e) for e in outputs], outputs)
+    except UnsupportedQuery:
         return None
-    first, second = tree.copy(), tree.copy()
-    for part in (first, second):
-        for clause in ("order", "limit", "offset"):
-            part.set(clause, None)
-        if group:  # each key as the expression it selects (GROUP BY 2 would shift with the outputs)
-            part.set("group", exp.Group(expressions=[outputs[i].unalias().copy() for i in keys]))
-    first.set("expressions", [e.copy() for i, e in enumerate(outputs) if i != at])
-    second.set("expressions", [outputs[i].copy() for i in keys] + [outputs[at].copy()])
-    second.set("having", None)
+    first, second = _apart(tree, keys, at)
     names = [[output_name(e) for e in part.expressions] for part in (first, second)]
     if any(len(set(n)) < len(n) for n in names):
         return None
-    kept_keys = [i - (i > at) for i in keys]  # the keys' columns in the first part
     present = _values_present(second.copy(), schema, None)  # of a declared domain: a count of units per value
-    if present is not None and present.values_present == names[1][-1]:
-        second = parse_statement(present.parts[0])
+    present = present if present is not None and present.values_present == names[1][-1] else None
+    second = parse_statement(present.parts[0]) if present is not None else second
     if keys:
         written = [outputs[i].unalias().copy() for i in keys]
         written = [k if isinstance(k, exp.Column | exp.Func) else exp.paren(k, copy=False) for k in written]  # (a > 1)
         listed = written[0] if len(written) == 1 else exp.Tuple(expressions=written)
         second.where(exp.EQ(this=listed, expression=exp.Any(this=exp.Paren(
             this=exp.Placeholder(this=f"{SCALAR}0")))), copy=False)
-    columns = [exp.column(f"dpsql_j1_{names[1][-1]}") if i == at else
-               exp.column(f"dpsql_j0_{names[0][i - (i > at)]}") for i in range(len(outputs))]
-    outer = exp.select(*(exp.alias_(c, output_name(e), quoted=True) for c, e in zip(columns, outputs, strict=True)))
-    if order:
-        outer.set("order", exp.Order(expressions=order))
+    kept_keys = [i - (i > at) for i in keys]  # the keys' columns in the first part
+    outer = exp.select(*(exp.alias_(exp.column(f"dpsql_j1_{names[1][-1]}" if i == at else
+                                               f"dpsql_j0_{names[0][i - (i > at)]}"), output_name(e), quoted=True)
+                         for i, e in enumerate(outputs)))
+    outer.set("order", exp.Order(expressions=[exp.Ordered(this=exp.Literal.number(column + 1), desc=descending,
+                                                          nulls_first=nulls_first)
+                                              for column, descending, nulls_first in order]) if order else None)
     for clause in ("limit", "offset"):
-        if tree.args.get(clause):
-            outer.set(clause, tree.args[clause].copy())
-    pairs = tuple((0, names[0][k], 1, names[1][n]) for n, k in enumerate(kept_keys))
+        outer.set(clause, tree.args[clause].copy() if tree.args.get(clause) else None)
     apart = Composition([to_sql(first), to_sql(second)], f"{to_sql(outputs[at].unalias())} answered apart from the "
                         "other aggregates, over the groups they release, so that each chooses its own rows per unit",
                         scalars=1 if keys else 0, key_lists=((0, tuple(kept_keys)),) if keys else (),
-                        joins=(("LEFT", pairs),), joined_outer=to_sql(outer))
-    if present is None or present.values_present != names[1][-1]:
+                        joins=(("LEFT", tuple((0, names[0][k], 1, names[1][n]) for n, k in enumerate(kept_keys))),),
+                        joined_outer=to_sql(outer))
+    if present is None:
         return apart
-    return replace(apart, description=f"{present.description}, apart from "
-                   "the other aggregates, over the groups they release", values_present=present.values_present,
-                   values_keys=present.values_keys, values_part=1, rows_per_unit=present.rows_per_unit)
+    return replace(apart, description=f"{present.description}, apart from the other aggregates, over the groups "
+                   "they release", values_present=present.values_present, values_keys=present.values_keys,
+                   values_part=1, rows_per_unit=present.rows_per_unit)
+
+
+def _apart(tree: exp.Select, keys: list[int], at: int) -> tuple[exp.Select, exp.Select]:
+    """The statement without its output `at`, and its keys (the outputs at `keys`) with output `at` alone, each
+    grouped by the expressions its keys select (GROUP BY 2 would shift with the outputs), neither ordered nor cut;
+    the second without the HAVING, which reads the first's aggregates."""
+    first, second = tree.copy(), tree.copy()
+    for part in (first, second):
+        for clause in ("order", "limit", "offset"):
+            part.set(clause, None)
+        if keys:
+            part.set("group", exp.Group(expressions=[tree.expressions[i].unalias().copy() for i in keys]))
+    first.set("expressions", [e.copy() for i, e in enumerate(tree.expressions) if i != at])
+    second.set("expressions", [tree.expressions[i].copy() for i in [*keys, at]])
+    second.set("having", None)
+    return first, second
 
 
 def _distinct_count(value: exp.Expression) -> bool:
@@ -892,24 +901,18 @@ def _distinct_count(value: exp.Expression) -> bool:
 
 
 def _selected_group_keys(tree: exp.Select, inputs: set[str]) -> list[int] | None:
-    """The positions of the outputs that are the GROUP BY keys (by position, name or expression), one for each; None
-    where a key is not selected. A bare name is an input column before an output's alias, as PostgreSQL reads it
-    (`inputs`, `_input_names`): `SELECT lower(c) AS c … GROUP BY c` groups by c, not by what it selects."""
-    outputs = tree.expressions
-    spelled = [to_sql(e.unalias()) for e in outputs]
-    names = [output_name(e) for e in outputs]
+    """The positions of the outputs that are the GROUP BY keys, one for each (a position, an output's alias, or the
+    expression itself, however qualified: `_resolved`, `_key_text`); None where a key is not selected. A bare name
+    is an input column before an output's alias, as PostgreSQL reads it (`inputs`): `SELECT lower(c) AS c … GROUP
+    BY c` groups by c, which it does not select."""
+    aliases = {e.alias: e.this for e in tree.expressions if isinstance(e, exp.Alias)}
+    spelled = [_key_text(e.unalias()) for e in tree.expressions]
     found = []
     for key in tree.args["group"].expressions:
-        named = [i for i, e in enumerate(outputs) if names[i] == key.name and (
-            key.name not in inputs or isinstance(e.unalias(), exp.Column) and e.unalias().name == key.name)]
-        if isinstance(key, exp.Literal) and key.is_int and 0 < int(key.this) <= len(outputs):
-            found.append(int(key.this) - 1)
-        elif to_sql(key) in spelled:
-            found.append(spelled.index(to_sql(key)))
-        elif isinstance(key, exp.Column) and not key.table and len(named) == 1:
-            found.append(named[0])
-        else:
+        text = _key_text(_resolved(key, aliases, tree.expressions, inputs))
+        if spelled.count(text) != 1:
             return None
+        found.append(spelled.index(text))
     return found if len(set(found)) == len(found) else None
 
 
@@ -925,28 +928,6 @@ def _never_null_keys(keys: list[exp.Expression], tree: exp.Select, schema: Priva
         if len(owners) != 1 or (owners[0], key.name) not in not_null:
             return False
     return True
-
-
-def _order_positions(tree: exp.Select) -> list[exp.Ordered] | None:
-    """The statement's ORDER BY as positions of its outputs (a position, an output's name, or its expression), or
-    None where a term is none of these."""
-    outputs = tree.expressions
-    spelled = [to_sql(e.unalias()) for e in outputs]
-    names = [output_name(e) for e in outputs]
-    order = []
-    for ordered in tree.args["order"].expressions if tree.args.get("order") else []:
-        term = ordered.this
-        if isinstance(term, exp.Literal) and term.is_int and 0 < int(term.this) <= len(outputs):
-            position = int(term.this)
-        elif isinstance(term, exp.Column) and not term.table and names.count(term.name) == 1:
-            position = names.index(term.name) + 1
-        elif to_sql(term) in spelled:
-            position = spelled.index(to_sql(term)) + 1
-        else:
-            return None
-        order.append(exp.Ordered(this=exp.Literal.number(position), desc=ordered.args.get("desc"),
-                                 nulls_first=ordered.args.get("nulls_first")))
-    return order
 
 
 KEYS = "dpsql_keys"  # the alias of a grouped subquery's released keys joined in place of `IN (SELECT k …)`
