@@ -61,7 +61,8 @@ def bound_groups(scope: Scope) -> None:
     of key combinations (None: partition selection)."""
     keys = _group_keys(scope)
     k = scope.rows_per_unit
-    public = _dated_domain(scope, keys)
+    nodes = [node.unnest() for node in scope.tree.args["group"].expressions] if keys else []
+    public = _dated_domain(scope, nodes, [k.domain for k in keys]) if len(keys) > 1 else None
     public = _domain(keys) if public is None else public
     if public is not None and _keys_alone(scope) and (scope.tree.args.get("where") or scope.joins):
         public = None  # the values present under WHERE or a join depend on the data: private keys
@@ -586,7 +587,8 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
     for negated, matches in _key_patterns(scope, node):
         if all(isinstance(v, str) and v.isascii() for v in domain if v is not None):
             domain = tuple(v for v in domain if v is not None and matches(v) != negated)
-    return _in_range(scope, node, domain)
+    read = _dated_domain(scope, [node.unnest()], [domain])  # a key of a column the WHERE narrows: its values
+    return _in_range(scope, node, domain if read is None else tuple(v for v in domain if (v,) in set(read)))
 
 
 def _in_range(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
@@ -794,7 +796,7 @@ def _narrowed_bounds(scope: Scope, node: exp.Column, column: Column) -> tuple[fl
     return lower, upper
 
 
-def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
+def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple | None]) -> list[tuple] | None:
     """Public keys that are all functions of one bounded date column (a month's name beside its number, to order
     by: `GROUP BY to_char(day, 'Mon'), EXTRACT(MONTH FROM day)`): the combinations its days give, not every
     combination of each key's values, which would release 'Feb' in month 1 as a noisy count of nothing; and one
@@ -805,9 +807,8 @@ def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
     a combination kept where each value is among its key's public values; None, and every combination, where a
     key cannot be read so or a key's public value is met on no day of the declared range (the reading would not
     be PostgreSQL's)."""
-    nodes = [node.unnest() for node in scope.tree.args["group"].expressions] if keys else []
     columns = {to_sql(c) for node in nodes for c in node.find_all(exp.Column)}
-    if not keys or len(columns) != 1 or any(k.domain is None for k in keys) or not all(
+    if not nodes or len(columns) != 1 or any(d is None for d in domains) or not all(
             node.find(exp.Column) for node in nodes):
         return None
     column_node = next(nodes[0].find_all(exp.Column))
@@ -825,13 +826,13 @@ def _dated_domain(scope: Scope, keys: list[GroupKey]) -> list[tuple] | None:
     else:
         declared = list(numbers)
         admitted = set(_in_range(scope, column_node, tuple(declared)))
-    if len(keys) == 1 and len(admitted) == len(declared):
+    if len(nodes) == 1 and len(admitted) == len(declared):
         return None  # one key over every value: its own values
     from dpsql.postprocess.evaluate import evaluate  # (post-processing reads the plan this package makes)
 
-    allowed = [set(k.domain) for k in keys]
+    allowed = [set(d) for d in domains]
     found: dict[tuple, None] = {}
-    met: list[set] = [set() for _ in keys]
+    met: list[set] = [set() for _ in nodes]
     for value_of_column in declared:
         try:
             values = tuple(evaluate(node, {column_node.name: value_of_column}) for node in nodes)
