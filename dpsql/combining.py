@@ -338,26 +338,45 @@ def _decided(booleans: tuple[tuple[int, bool], ...], counts: Answer) -> Answer:
 def _values_present(composition: Composition, counts: Answer) -> Answer:
     """COUNT(DISTINCT c) over a declared domain, from the noisy count of units per declared value (and group of the
     keys before it): the values whose 95% interval lies above zero (post-processing). A value held by a few units
-    may be missed; a value held by none is counted with probability about 2.5%."""
+    may be missed; a value held by none is counted with probability about 2.5%. Its interval is `_present_range`."""
     keys = composition.values_keys
-    present: dict[tuple, int] = {}
+    cells: dict[tuple, list[tuple[Any, Accuracy | None]]] = {}
     for row, accuracy in zip(counts.rows, counts.accuracy, strict=True):
-        interval = accuracy[keys + 1]
-        present[tuple(row[:keys])] = present.get(tuple(row[:keys]), 0) + int(
-            interval is not None and (interval.ci_low or 0) > 0)
+        cells.setdefault(tuple(row[:keys]), []).append((row[keys + 1], accuracy[keys + 1]))
     if not keys:
-        present = {(): present.get((), 0)}
-    rows = [(*k, n) for k, n in present.items()]
+        cells = {(): cells.get((), [])}
+    rows = [(*k, sum(a is not None and (a.ci_low or 0) > 0 for _, a in found)) for k, found in cells.items()]
     sort_rows(rows, lambda row, i: row[composition.order[i][0]], [(d, n) for _, d, n in composition.order])
     end = None if composition.limit is None else composition.offset + composition.limit
     rows = rows[composition.offset:end]
+    accuracy = [(None,) * keys + (_present_range(cells[tuple(row[:keys])]),) for row in rows]
     note = ("counted as present: the declared values whose noisy count of units has a 95% interval above zero "
             f"(each count ±{_halfwidth(counts, keys + 1):.3g}); values held by fewer units may be missed, so the count "
-            "leans low")
+            "leans low; its interval runs from the values surely present to those that may be, every count's "
+            "interval widened so that all of them hold together 95% of the time")
     return replace(counts, names=[*counts.names[:keys], composition.values_present],
-                   types=[*counts.types[:keys], "int8"], rows=rows, accuracy=[(None,) * (keys + 1)] * len(rows),
+                   types=[*counts.types[:keys], "int8"], rows=rows, accuracy=accuracy,
                    noisy=[False] * keys + [True], explained=(composition.values_present,),
                    notes=[*counts.notes, note])
+
+
+def _present_range(cells: list[tuple[Any, Accuracy | None]]) -> Accuracy | None:
+    """A 95% interval for how many of a group's values are present, from each value's noisy count of units: each
+    count's Laplace interval widened to hold with probability 1 − 5%/m over the group's m values (b·ln(20m), not
+    b·ln 20), so that all hold together at least 95% of the time (Bonferroni); then at least the values whose count
+    is surely above 0 are present, and at most those whose count may reach 1. None where a count has no Laplace
+    scale (the Gaussian mechanism)."""
+    if not cells or any(a is None or a.scale is None or a.ci_low is None for _, a in cells):
+        return None
+    widen = math.log(len(cells))
+    least = most = 0
+    for value, accuracy in cells:
+        noisy = accuracy.unclamped if accuracy.unclamped is not None else float(value)
+        half = (accuracy.halfwidth if accuracy.halfwidth is not None else (accuracy.ci_high - accuracy.ci_low) / 2) \
+            + accuracy.scale * widen
+        least += noisy - half > 0  # (a count is a whole number: above 0 is at least 1)
+        most += noisy + half >= 1
+    return Accuracy(None, float(least), float(most))
 
 
 def _halfwidth(counts: Answer, column: int) -> float:
