@@ -304,12 +304,13 @@ def connect_url(request, tmp_path_factory):
 
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio): pip install 'dpsql[spark]'")
     home = Path(pyspark.__file__).parent
-    port = free_port()
     folder = tmp_path_factory.mktemp("spark_connect")
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(folder), "SPARK_PID_DIR": str(folder),
-           "SPARK_IDENT_STRING": f"dpsql{port}", "SPARK_LOCAL_IP": "127.0.0.1"}
+           "SPARK_IDENT_STRING": f"dpsql{folder.name}", "SPARK_LOCAL_IP": "127.0.0.1"}
     master, daemons = (request.param, []) if request.param != "standalone" else standalone_cluster(
         home, folder, {**env, "SPARK_DAEMON_MEMORY": "256m"})  # the master's and workers' own heaps
+    # chosen once the cluster is up: a worker's web UI, bound meanwhile, once took it (CI: an HTTP/1.1 answer)
+    port = free_port()
     subprocess.run(["bash", str(home / "sbin" / "start-connect-server.sh"), "--master", master, "--conf",
                     f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false", "--conf",
                     "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf",
