@@ -588,7 +588,10 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
         if all(isinstance(v, str) and v.isascii() for v in domain if v is not None):
             domain = tuple(v for v in domain if v is not None and matches(v) != negated)
     read = _dated_domain(scope, [node.unnest()], [domain])  # a key of a column the WHERE narrows: its values
-    return _in_range(scope, node, domain if read is None else tuple(v for v in domain if (v,) in set(read)))
+    if read is not None:
+        kept = set(read)
+        domain = tuple(v for v in domain if (v,) in kept)
+    return _in_range(scope, node, domain)
 
 
 def _in_range(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
@@ -814,8 +817,8 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
     column_node = next(nodes[0].find_all(exp.Column))
     column = scope.declared_column(column_node)
     if column is None or column.type != "date" and not column.is_integer or not column.bounded \
-            or column.upper - column.lower > MAX_DAYS:
-        return None
+            or column.upper - column.lower > MAX_DAYS or len(nodes) == 1 and not _comparisons(scope, column_node):
+        return None  # (one key of a column the WHERE does not compare: every key's own values, read for nothing)
     numbers = range(int(column.lower), int(column.upper) + 1)
     if column.type == "date":
         lower, upper = _narrowed_bounds(scope, column_node, column)
