@@ -2540,6 +2540,28 @@ def test_a_count_of_distinct_values_asked_apart_is_the_exact_answer_at_a_large_e
     wide.close()
 
 
+def test_a_count_of_distinct_units_on_an_outer_join_s_null_side_counts_only_those_it_matched(base_url):
+    """`COUNT(DISTINCT v.person_id)` over `people p LEFT JOIN visits v` counts the people with a visit: v.person_id
+    is NULL for the rest. It was read as a count of all units (20,000 where PostgreSQL has 14,144 on the demo)."""
+    wide = Engine(Settings(database=base_url, max_epsilon=1000), load_schema(SHIPPED_SCHEMA))
+    wide.ledger.add_analyst("wide", 10**5, 1e-3)
+    for sql in ["SELECT COUNT(DISTINCT v.person_id), COUNT(DISTINCT p.person_id) FROM people p LEFT JOIN visits v "
+                "ON v.person_id = p.person_id AND v.category = 'lab'",
+                "SELECT p.sex, COUNT(DISTINCT v.person_id) FROM visits v RIGHT JOIN people p "
+                "ON v.person_id = p.person_id GROUP BY 1 ORDER BY 1"]:
+        answer = wide.query(sql, analyst="wide", epsilon=1000)
+        with psycopg.connect(base_url) as conn:
+            expected = conn.execute(sql).fetchall()
+        assert len(answer.rows) == len(expected), sql
+        for got, want in zip(answer.rows, expected, strict=True):
+            assert [v for v in got if isinstance(v, str)] == [v for v in want if isinstance(v, str)]
+            counts = [(mine, theirs) for mine, theirs in zip(got, want, strict=True) if isinstance(mine, int)]
+            assert all(mine == pytest.approx(theirs, abs=2) for mine, theirs in counts), (sql, got, want)
+            assert counts[0][1] < 0.95 * wide.query("SELECT COUNT(*) FROM people", analyst="wide",
+                                                     epsilon=1000).rows[0][0]  # fewer than all people
+    wide.close()
+
+
 @pytest.mark.parametrize("sql", [
     # the first part's groups DP-selected, a key that may be NULL (no `= ANY` would match its group)
     "SELECT p.state, COUNT(*), COUNT(DISTINCT v.day) FROM visits v JOIN people p ON p.person_id = v.person_id "

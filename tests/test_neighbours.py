@@ -222,6 +222,8 @@ QUERIES = [
     "'2024-07-01' THEN person_id END) FROM visits GROUP BY 1",  # people who meet a condition: 1 a group each
     "SELECT CAST(day AS text) AS d, COUNT(DISTINCT person_id) FILTER (WHERE amount > 10) FROM visits GROUP BY 1",
     "SELECT COUNT(DISTINCT person_id) FILTER (WHERE category = 'lab'), COUNT(DISTINCT person_id) FROM visits",
+    "SELECT p.sex, COUNT(DISTINCT v.person_id), COUNT(DISTINCT p.person_id) FROM people p LEFT JOIN visits v ON "
+    "v.person_id = p.person_id AND v.category = 'lab' GROUP BY 1",  # the joined side's unit: NULL where none matched
     "SELECT t.category, COUNT(*), SUM(t.n), AVG(t.n), SUM(t.s) FROM (SELECT person_id, category, COUNT(*) AS n, "
     "SUM(amount) AS s FROM visits GROUP BY 1, 2) t GROUP BY t.category",  # regrouped by the key: one grouped query
     "SELECT sex, COUNT(*), AVG(n) FROM (SELECT p.person_id, p.sex, COUNT(v.visit_id) AS n FROM people p "

@@ -170,7 +170,7 @@ def _aggregate(scope: Scope, name: str, node: exp.Expression, sql: str) -> Aggre
     if kind == "count":
         if isinstance(arg, exp.Distinct):
             value = arg.expressions[0] if len(arg.expressions) == 1 else None
-            if isinstance(value, exp.Column) and scope.is_unit(value):
+            if isinstance(value, exp.Column) and _counts_every_unit(scope, value):
                 return Aggregate(name, "count_units", (measure_of("distinct units", "units", None, ONE),), None, sql)
             if value is not None and _one_row_per_value(scope, value):
                 arg = value  # its distinct values are its rows: COUNT(c), one measure with COUNT(*) where never NULL
@@ -236,8 +236,22 @@ def _bounded(scope: Scope, arg: exp.Expression, what: str) -> Bounded:
     return Bounded(to_sql(arg), value_range, value)
 
 
+def _counts_every_unit(scope: Scope, column: exp.Column) -> bool:
+    """Whether COUNT(DISTINCT column) counts the units of the rows: the unit column the rows are bounded by, or
+    another unit column no outer join fills with NULLs (`people p LEFT JOIN visits v`: v.person_id is NULL for
+    people without a visit, who are units all the same)."""
+    if not scope.is_unit(column):
+        return False
+    unit = scope.unit
+    read_as_unit = isinstance(unit, exp.Column) and (unit.table, unit.name) == (column.table, column.name)
+    return read_as_unit or column.table not in scope.nullable()
+
+
 def _units_or_null(scope: Scope, expr: exp.Expression | None) -> bool:
-    """Whether `expr` is a unit's own column or NULL: CASE WHEN c THEN <the unit column> END."""
+    """Whether `expr` is a unit's own column or NULL: CASE WHEN c THEN <the unit column> END, or the unit column of
+    a table an outer join may fill with NULLs."""
+    if isinstance(expr, exp.Column) and scope.is_unit(expr):
+        return True
     if not isinstance(expr, exp.Case) or expr.this is not None or len(expr.args.get("ifs") or []) != 1:
         return False
     default, then = expr.args.get("default"), expr.args["ifs"][0].args.get("true")
