@@ -2544,12 +2544,12 @@ def test_a_count_of_distinct_units_on_an_outer_join_s_null_side_counts_only_thos
     """`COUNT(DISTINCT v.person_id)` over `people p LEFT JOIN visits v` counts the people with a visit: v.person_id
     is NULL for the rest. It was read as a count of all units (20,000 where PostgreSQL has 14,144 on the demo)."""
     wide = Engine(Settings(database=base_url, max_epsilon=1000), load_schema(SHIPPED_SCHEMA))
-    wide.ledger.add_analyst("wide", 10**5, 1e-3)
+    wide.ledger.add_analyst("outer", 10**5, 1e-3)
     for sql in ["SELECT COUNT(DISTINCT v.person_id), COUNT(DISTINCT p.person_id) FROM people p LEFT JOIN visits v "
                 "ON v.person_id = p.person_id AND v.category = 'lab'",
                 "SELECT p.sex, COUNT(DISTINCT v.person_id) FROM visits v RIGHT JOIN people p "
                 "ON v.person_id = p.person_id GROUP BY 1 ORDER BY 1"]:
-        answer = wide.query(sql, analyst="wide", epsilon=1000)
+        answer = wide.query(sql, analyst="outer", epsilon=1000)
         with psycopg.connect(base_url) as conn:
             expected = conn.execute(sql).fetchall()
         assert len(answer.rows) == len(expected), sql
@@ -2557,7 +2557,7 @@ def test_a_count_of_distinct_units_on_an_outer_join_s_null_side_counts_only_thos
             assert [v for v in got if isinstance(v, str)] == [v for v in want if isinstance(v, str)]
             counts = [(mine, theirs) for mine, theirs in zip(got, want, strict=True) if isinstance(mine, int)]
             assert all(mine == pytest.approx(theirs, abs=2) for mine, theirs in counts), (sql, got, want)
-            assert counts[0][1] < 0.95 * wide.query("SELECT COUNT(*) FROM people", analyst="wide",
+            assert counts[0][1] < 0.95 * wide.query("SELECT COUNT(*) FROM people", analyst="outer",
                                                      epsilon=1000).rows[0][0]  # fewer than all people
     wide.close()
 
@@ -2898,3 +2898,28 @@ def test_like_any_of_an_array_is_each_pattern_ored(engine):
     assert engine.prepare("SELECT COUNT(*) FROM visits WHERE category ILIKE ANY (ARRAY['%lab%', '%den%'])"
                           ).rewritten.sql == engine.prepare("SELECT COUNT(*) FROM visits WHERE (category ILIKE "
                                                             "'%lab%' OR category ILIKE '%den%')").rewritten.sql
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT var_samp(amount), var_pop(amount), variance(amount), stddev(amount), stddev_pop(amount) FROM visits",
+    "SELECT trim(category), ltrim(category), btrim(category), substr(category, 1, 2), substring(category, 1, 2), "
+    "char_length(category), strpos(category, 'a'), position('a' IN category), lpad(category, 12), COUNT(*) "
+    "FROM visits GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9",
+    "SELECT extract(month FROM day), date_part('month', day), date_trunc('month', day), to_char(day, 'YYYY'), "
+    "COUNT(*) FROM visits GROUP BY 1, 2, 3, 4",
+    "SELECT ceiling(amount / 1000), ceil(amount / 1000), mod(EXTRACT(MONTH FROM day)::int, 2), COUNT(*), "
+    "pow(COUNT(*), 1), log10(COUNT(*)) FROM visits GROUP BY 1, 2, 3",
+    "SELECT percentile_cont(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY age), AVG(age) FROM people",
+    "SELECT * FROM (SELECT date_trunc('month', day), var_samp(amount) FROM visits GROUP BY 1) t",
+    "SELECT t.c, t.var_samp FROM (SELECT category AS c, var_samp(amount) FROM visits GROUP BY 1) t",
+    "SELECT date_part('month', day), COUNT(*), COUNT(DISTINCT day) FROM visits GROUP BY 1",  # asked apart
+    "SELECT var_samp(amount) FROM visits UNION ALL SELECT var_pop(amount) FROM visits",
+])
+def test_outputs_are_named_after_the_function_written_as_postgresql_names_them(engine, analyst, base_url, sql):
+    """sqlglot reads var_samp as variance, ceiling as ceil, substr as substring, date_part as EXTRACT and date_trunc
+    as TIMESTAMP_TRUNC: the columns were named after its names (`timestamp_trunc`, `variance`), and a subquery's
+    column read by the name PostgreSQL gives it (`t.var_samp`) was not found."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0, options=Options(rows_per_unit="auto"))
+    with psycopg.connect(base_url) as conn:
+        expected = [d.name for d in conn.execute(sql).description]
+    assert answer.names == expected

@@ -172,9 +172,11 @@ def check_query(sql: str, schema: PrivacySchema,
     sampled = with_sample_seeds(tree)  # first: a WITH query read twice is then one sample, as PostgreSQL reads it
     timed = tree.find(*CLOCKS) is not None
     context = Context(schema, datetime.datetime.now(datetime.UTC) if timed else None)
+    names = tuple(output_name(e) for e in tree.expressions)  # as the analyst wrote them, before any spelling
     for rule in SPELLINGS:
         tree = rule(tree, context)
-    names = tuple(output_name(e) for e in tree.expressions)  # as the analyst wrote them, before qualifying
+    if len(names) != len(tree.expressions):  # a * over a subquery, its outputs inlined
+        names = tuple(output_name(e) for e in tree.expressions)
     for rule in CHECKS:
         try:
             tree = rule(tree, context)

@@ -9,7 +9,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from dpsql.errors import PrivacyRefusal, QuerySyntaxError, UnsupportedQuery
-from dpsql.sql.query import DIALECT, forget_positions
+from dpsql.sql.query import DIALECT, forget_positions, name_written_outputs
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its parser warnings would echo the analyst's text
 
@@ -47,7 +47,7 @@ def parse_statement(sql: str) -> exp.Select | exp.SetOperation:
     if len(statements) != 1:
         raise PrivacyRefusal(f"expected exactly one statement, got {len(statements)}",
                              "send one SELECT per query")
-    tree = forget_positions(statements[0])
+    tree = forget_positions(name_written_outputs(statements[0], sql))
     if isinstance(tree, exp.SetOperation):
         return tree
     if not isinstance(tree, exp.Select):

@@ -35,6 +35,38 @@ def forget_positions(tree: exp.Expression) -> exp.Expression:
     return tree
 
 
+def name_written_outputs(tree: exp.Expression, sql: str) -> exp.Expression:
+    """`tree` with each output that is a function sqlglot reads under another name (var_samp as variance, ceiling
+    as ceil, substr as substring, date_part as EXTRACT) aliased with the name `sql` writes, in every SELECT:
+    PostgreSQL names the column after the function written, and an alias holds that name through every rewrite."""
+    for select in list(tree.find_all(exp.Select)):
+        select.set("expressions", [_as_written(item, sql) for item in select.expressions])
+    return tree
+
+
+def _as_written(item: exp.Expression, sql: str) -> exp.Expression:
+    function = item
+    while isinstance(function, exp.Cast | exp.Paren | exp.WithinGroup | exp.Window | exp.Filter):
+        function = function.this
+    if not isinstance(function, exp.Func | exp.Mod) or isinstance(function, exp.Anonymous):
+        return item
+    written = _written_name(function, sql)
+    return item if written is None or written == _function_name(function) else exp.alias_(item, written)
+
+
+def _written_name(node: exp.Expression, sql: str) -> str | None:
+    """The name `sql` calls `node` by, where the parser kept its position: date_part('field', x) has none, and is
+    told from EXTRACT(field FROM x) by the comma before its argument."""
+    if isinstance(node, exp.Extract):
+        starts = [n.meta["start"] for n in node.expression.walk() if n.meta.get("start") is not None]
+        return "date_part" if starts and sql[:min(starts)].rstrip().endswith(",") else None
+    start, end = node.meta.get("start"), node.meta.get("end")
+    if start is None or end is None:
+        return None
+    written = sql[start:end + 1].lower()
+    return written if written.isidentifier() and sql[end + 1:].lstrip().startswith("(") else None
+
+
 def to_sql(node: exp.Expression, normalize: bool = False, disposable: bool = False) -> str:
     """PostgreSQL text of a tree (identifiers and keywords lower-cased and comments dropped with `normalize`).
     sqlglot's generator may change the tree it renders, so it renders a copy unless the tree is `disposable` (a
@@ -190,9 +222,21 @@ def output_name(node: exp.Expression) -> str:
         return output_name(node.this)
     if isinstance(node, exp.WithinGroup | exp.Window | exp.Filter):
         return output_name(node.this)
-    if isinstance(node, exp.Func):
-        return node.sql_name().lower()
+    if isinstance(node, exp.Func | exp.Mod):
+        return _function_name(node)
     return "?column?"
+
+
+def _function_name(node: exp.Func) -> str:
+    """PostgreSQL's name of a function sqlglot read from a special form: trim(x) is btrim, date_part(...) and
+    EXTRACT are apart, position(a IN b) is position."""
+    if isinstance(node, exp.Trim):
+        return {"LEADING": "ltrim", "TRAILING": "rtrim"}.get(str(node.args.get("position") or "").upper(), "btrim")
+    if isinstance(node, exp.Mod):  # a % b (mod(a, b) is named as written: `name_written_outputs`)
+        return "?column?"
+    if isinstance(node, exp.StrPosition):
+        return "position"
+    return node.sql_name().lower()
 
 
 def limit_clause(tree: exp.Expression, clause: str) -> int | None:
