@@ -130,7 +130,7 @@ def test_to_char_of_a_released_time_is_postgresql_s(base_url):
               for _ in range(10)]
     with psycopg.connect(base_url) as conn:
         for written in TO_CHAR_TEMPLATES:
-            node = parse_select(f"SELECT to_char(day, '{written}') FROM visits").expressions[0]
+            node = parse_select(f"SELECT to_char(day, '{written}') FROM visits").expressions[0].unalias()
             for time in times:
                 expected = conn.execute("SELECT to_char(%s::timestamp, %s)", (time, written.replace("''", "'")))
                 assert to_char(time, template_of(node)) == expected.fetchone()[0], (written, time)
@@ -149,7 +149,7 @@ def test_a_period_s_first_day_computed_in_python_is_postgresql_s(base_url):
             datetime.date(2023, 1, 1), datetime.date(1901, 1, 1)]
     with psycopg.connect(base_url) as conn:
         for unit in PERIOD_STARTS:
-            node = parse_select(f"SELECT date_trunc('{unit}', day)::date FROM visits").expressions[0]
+            node = parse_select(f"SELECT date_trunc('{unit}', day)::date FROM visits").expressions[0].unalias()
             for day in days:
                 expected = conn.execute(f"SELECT date_trunc('{unit}', %s::date)::date", (day,)).fetchone()[0]
                 assert evaluate(node, {"day": day}) == expected, (unit, day)
