@@ -95,11 +95,24 @@ _FIELDS: dict[str, Callable[[datetime.date], int]] = {
     "YEAR": lambda d: d.year, "MONTH": lambda d: d.month, "DAY": lambda d: d.day,
     "QUARTER": lambda d: (d.month + 2) // 3, "DOW": lambda d: d.isoweekday() % 7, "ISODOW": lambda d: d.isoweekday(),
     "DOY": lambda d: d.timetuple().tm_yday, "WEEK": lambda d: d.isocalendar()[1],
-    "ISOYEAR": lambda d: d.isocalendar()[0],
+    "ISOYEAR": lambda d: d.isocalendar()[0], "EPOCH": lambda d: _epoch(d),
+    "HOUR": lambda d: d.hour if isinstance(d, datetime.datetime) else 0,
+    "MINUTE": lambda d: d.minute if isinstance(d, datetime.datetime) else 0,
 }
 
 
-def _extract(node: exp.Extract, value: Any) -> int | None:
+def _epoch(value: datetime.date) -> int | float:
+    """Seconds since 1970-01-01 as PostgreSQL counts them: a date's or a timestamp's wall time read as UTC, a
+    timestamptz's instant (Grafana's time buckets: floor(extract(epoch from day)/86400)*86400)."""
+    if isinstance(value, datetime.datetime):
+        seconds = value.timestamp() if value.tzinfo is not None else (
+            value - datetime.datetime(1970, 1, 1)).total_seconds()
+    else:
+        seconds = (value - datetime.date(1970, 1, 1)).days * 86400
+    return int(seconds) if seconds == int(seconds) else seconds
+
+
+def _extract(node: exp.Extract, value: Any) -> int | float | None:
     """EXTRACT(field FROM k) of a released date or time (a group key: `GROUP BY EXTRACT(DOW FROM day)` over the
     released days); a noisy number has no date, and a time Python cannot hold ('infinity') has no field."""
     field = node.this.name.upper()
