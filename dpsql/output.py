@@ -70,7 +70,14 @@ def render_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, c
     document = {"columns": list(names), "rows": [dict(zip(names, row, strict=True)) for row in rows]}
     if cost is not None:
         document.update(cost)
-    return json.dumps(document, default=str, ensure_ascii=False, indent=1)
+    return json.dumps(document, default=_json_value, ensure_ascii=False, indent=1)
+
+
+def _json_value(value: Any) -> Any:
+    """A numeric as a JSON number (as PostgreSQL's row_to_json writes it), anything else JSON lacks as its text."""
+    if isinstance(value, Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else float(value)
+    return str(value)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -335,7 +335,7 @@ def test_an_average_per_visit_is_answered_over_the_visits_not_their_released_row
         mean, visits = conn.execute(sql).fetchone()
     answer = engine.query(sql, analyst=analyst, epsilon=10.0)
     (per_visit, counted), = answer.rows
-    assert per_visit == pytest.approx(float(mean), rel=0.1) and counted == pytest.approx(visits, rel=0.1)
+    assert float(per_visit) == pytest.approx(float(mean), rel=0.1) and counted == pytest.approx(visits, rel=0.1)
     low, high = answer.accuracy[0][0].ci_low, answer.accuracy[0][0].ci_high
     assert low < per_visit < high
     assert not any("partition selection" in note for note in answer.notes)
@@ -818,7 +818,7 @@ def test_correlation_and_regression_are_finished_from_noisy_sums(engine, analyst
     noisy = answer.rows[0]
     assert -1 <= noisy[0] <= 1 and abs(noisy[0] - exact[0]) < 0.1
     assert noisy[2] == pytest.approx(noisy[1], rel=0.01)  # n/(n-1) is about 1 at this size
-    assert noisy[5] == pytest.approx(exact[5], rel=0.05)  # STDDEV is PostgreSQL's sample standard deviation
+    assert float(noisy[5]) == pytest.approx(exact[5], rel=0.05)  # STDDEV: PostgreSQL's sample standard deviation
     assert all(acc is not None and acc.ci_low <= value <= acc.ci_high
                for value, acc in zip(noisy, answer.accuracy[0], strict=True))
 
@@ -1646,7 +1646,7 @@ def test_the_epoch_of_a_constant_time_is_a_constant_and_of_a_date_cast_to_timest
     answer = engine.query(sql, analyst=analyst, epsilon=5.0)
     with psycopg.connect(base_url) as conn:
         truth = float(conn.execute(sql).fetchone()[0])
-    assert answer.rows[0][0] == pytest.approx(truth, rel=0.2)
+    assert float(answer.rows[0][0]) == pytest.approx(truth, rel=0.2) and answer.types == ["numeric"]  # as EXTRACT
     assert answer.accuracy[0][0].ci_high - answer.accuracy[0][0].ci_low < 0.5 * truth  # the date's own bounds
     assert engine.prepare("SELECT AVG(EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM day)) FROM visits")
     with pytest.raises(errors.UnsupportedQuery, match="not numeric"):
@@ -1957,7 +1957,8 @@ def test_an_inner_grouping_by_a_name_that_is_also_a_column_stays_the_column(demo
 def test_arithmetic_of_whole_numbers_after_noise_is_typed_as_postgresql_types_it(engine, analyst):
     answer = engine.query("SELECT COUNT(*) * 2, -COUNT(*), COUNT(*) * 2.5, AVG(age) + 1, COUNT(*) / 2, -COUNT(*) / 7, "
                           "COUNT(*) / 2.0 FROM people", analyst=analyst, epsilon=1.0)
-    assert answer.types == ["int8", "int8", "numeric", "float8", "int8", "int8", "numeric"]  # (2.5 is a numeric)
+    # (2.5 is a numeric, and so is an AVG of integers)
+    assert answer.types == ["int8", "int8", "numeric", "numeric", "int8", "int8", "numeric"]
     assert all(isinstance(v, int) for v in answer.rows[0][:2])
     # a quotient of integers is PostgreSQL's integer division, truncated toward zero, of the one noisy count
     count = answer.rows[0][0] // 2
@@ -2923,3 +2924,36 @@ def test_outputs_are_named_after_the_function_written_as_postgresql_names_them(e
     with psycopg.connect(base_url) as conn:
         expected = [d.name for d in conn.execute(sql).description]
     assert answer.names == expected
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT extract(month FROM day), date_part('month', day), ceil(amount / 1000), COUNT(*) FROM visits "
+    "GROUP BY 1, 2, 3",
+    "SELECT sex, AVG(age), stddev(age), AVG(income), AVG(age)::numeric(5, 1), round(AVG(income)::numeric, 2) "
+    "FROM people GROUP BY 1",
+    "SELECT MAX(day) - MIN(day), regr_avgx(income, age), regr_sxx(income, age), regr_count(income, age) FROM visits "
+    "JOIN people USING (person_id)",
+    "SELECT floor(extract(epoch FROM day) / 86400) * 86400 AS t, COUNT(*) FROM visits WHERE day < '2024-01-05' "
+    "GROUP BY 1",
+])
+def test_outputs_are_typed_as_postgresql_types_them(engine, analyst, base_url, sql):
+    """EXTRACT is a numeric and date_part a double; ceil of a double is a double; AVG and STDDEV of integers are
+    numerics; the days between two dates an integer; the regression aggregates doubles. Keys were typed from their
+    values (whole: int8) and these outputs as doubles."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0, options=Options(rows_per_unit="auto"))
+    with psycopg.connect(base_url) as conn:
+        described = conn.execute(sql).description
+        types = [conn.adapters.types.get(column.type_code).name for column in described]
+    assert answer.types == [{"int4": "int8", "int2": "int8"}.get(t, t) for t in types]
+
+
+def test_grafana_s_time_buckets_under_its_time_filter_are_the_days_it_admits(engine, analyst, base_url):
+    """Grafana's $__timeGroupAlias(day, 1d) and $__timeFilter(day) over a month: the buckets of the 32 days the
+    filter admits, as PostgreSQL returns them, not 366 (334 of them noisy counts of nothing): the epoch of a date is
+    read in Python as PostgreSQL computes it."""
+    sql = ("SELECT floor(extract(epoch from day)/86400)*86400 AS \"time\", count(*) FROM visits WHERE day BETWEEN "
+           "'2024-01-01T00:00:00Z' AND '2024-02-01T00:00:00Z' GROUP BY 1 ORDER BY 1")
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    with psycopg.connect(base_url) as conn:
+        expected = [row[0] for row in conn.execute(sql)]
+    assert [row[0] for row in answer.rows] == expected and len(expected) == 32

@@ -186,7 +186,9 @@ class Expressions:
             return self._widest([b for b in [*branches, default] if b is not None and not isinstance(b, exp.Null)])
         if isinstance(node, exp.Cast):
             return _type_kind(to_sql(node.to).lower())
-        if isinstance(node, exp.Round) and node.args.get("decimals") is not None or isinstance(node, exp.Extract):
+        if isinstance(node, exp.Extract):  # date_part is EXTRACT's double precision twin (`name_written_outputs`)
+            return "float" if node.meta.get("written") == "date_part" else "numeric"
+        if isinstance(node, exp.Round) and node.args.get("decimals") is not None:
             return "numeric"
         if isinstance(node, exp.Floor | exp.Ceil | exp.Round | exp.Sqrt | exp.Ln | exp.Exp | exp.Sign | exp.Pow):
             inner = self._widest([node.this, node.expression]) if isinstance(node, exp.Pow) else self.kind(node.this)

@@ -506,9 +506,8 @@ def _refuse():
 
 def key_type(node: exp.Expression, exprs: Expressions) -> str:
     """The PostgreSQL type a key expression's values are released as."""
-    value_range = exprs.value_range(node)
-    if value_range is not None:
-        return "int8" if value_range.integer else "float8"
+    if exprs.value_range(node) is not None:  # PostgreSQL's type: EXTRACT is a numeric, floor(x) a double
+        return {"integer": "int8", "numeric": "numeric"}.get(exprs.kind(node), "float8")
     time_type = exprs.time_type(node)
     if time_type is not None:
         return time_type

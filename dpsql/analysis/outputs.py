@@ -134,7 +134,13 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
                 # a quantile of integers is one of them; PostgreSQL's SUM of integers is a whole number (bigint,
                 # or numeric for bigint), which a noisy sum rounded to the nearest is too (post-processing)
                 integral = agg.score == "rank" or agg.kind == "sum"
-                return "int8" if agg.kind in COUNTS or integral and agg.arg_range.integer else "float8"
+                if isinstance(_aggregate_of(original), exp.Sum) and agg.kind == "sum":
+                    # PostgreSQL's SUM of integers is a bigint, of numerics a numeric, of doubles a double
+                    return {"integer": "int8", "numeric": "numeric"}.get(exprs.kind(_aggregate_of(original).this),
+                                                                         "float8")
+                if agg.kind in COUNTS or integral and agg.arg_range.integer:
+                    return "int8"
+                return "numeric" if _exact_mean(original, exprs) else "float8"
         for key in keys:
             if key.name == expr.name:
                 return key_type(original, exprs)
@@ -161,6 +167,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             return "text"
         if expr.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP):
             return "date" if expr.to.this == exp.DataType.Type.DATE else "timestamp"
+        if expr.to.this == exp.DataType.Type.DECIMAL:
+            return "numeric"
     if branches_of(expr) is not None:  # COALESCE, CASE, GREATEST, LEAST: the type their branches share
         written = branches_of(original) if type(original) is type(expr) else None
         written = written if written is not None and len(written) == len(branches_of(expr)) else branches_of(expr)
@@ -174,10 +182,29 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         written = [original.args.get(arg) if type(original) is type(expr) else None for arg in ("this", "expression")]
         kinds = {_output_type(side, aggregates, keys, exprs, was if was is not None else side, windows)
                  for side, was in zip(sides, written, strict=False)}
+        if kinds == {"date"} and isinstance(expr, exp.Sub):  # the days between two dates
+            return "int8"
         if kinds == {"int8"}:  # a quotient of whole numbers here is of SUMs (`_integer_division`): a double
             return "float8" if isinstance(expr, exp.Div) else "int8"
         return "numeric" if kinds <= {"int8", "numeric"} else "float8"
     return "float8"
+
+
+# PostgreSQL's aggregates that are a numeric over integers and numerics (a double over doubles)
+_MEANS = (exp.Avg, exp.Stddev, exp.StddevSamp, exp.StddevPop, exp.Variance, exp.VariancePop)
+
+
+def _exact_mean(original: exp.Expression, exprs: Expressions) -> bool:
+    """Whether `original` is an AVG, STDDEV or VARIANCE of whole numbers or numerics: PostgreSQL's numeric."""
+    original = _aggregate_of(original)
+    return isinstance(original, _MEANS) and exprs.kind(original.this) in ("integer", "numeric")
+
+
+def _aggregate_of(original: exp.Expression) -> exp.Expression:
+    """The aggregate call an output is, as written (under its FILTER or brackets)."""
+    while isinstance(original, exp.Filter | exp.Paren):
+        original = original.this
+    return original
 
 
 def constant_type(literal: exp.Literal) -> str:

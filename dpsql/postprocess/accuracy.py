@@ -108,7 +108,7 @@ def accuracy_of(expr: exp.Expression, plan: Plan, calibration: Calibration, valu
                 fixed[agg.name] = mechanism.ci_halfwidth(), lower_bounds(agg, plan, calibration)
             halfwidth, unscaled_bounds = fixed[agg.name]
             width = halfwidth * factor  # smoothed bins: the noise of a bucket's mean
-            low, high = value - width, value + width
+            low, high = float(value) - width, float(value) + width  # (a numeric SUM is released as a Decimal)
             if agg.kind in COUNTS:
                 low, high = max(low, 0), max(high, 0)
             bounds = unscaled_bounds if factor == 1.0 else (None, None)

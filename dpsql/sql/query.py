@@ -39,9 +39,19 @@ def name_written_outputs(tree: exp.Expression, sql: str) -> exp.Expression:
     """`tree` with each output that is a function sqlglot reads under another name (var_samp as variance, ceiling
     as ceil, substr as substring, date_part as EXTRACT) aliased with the name `sql` writes, in every SELECT:
     PostgreSQL names the column after the function written, and an alias holds that name through every rewrite."""
+    for extract in tree.find_all(exp.Extract):
+        if _date_part(extract, sql):
+            extract.meta["written"] = "date_part"  # a double precision, where EXTRACT is a numeric
     for select in list(tree.find_all(exp.Select)):
         select.set("expressions", [_as_written(item, sql) for item in select.expressions])
     return tree
+
+
+def _date_part(node: exp.Extract, sql: str) -> bool:
+    """Whether `sql` writes `node` as date_part('field', x), which sqlglot reads as EXTRACT(field FROM x): the text
+    before its argument ends in a comma, not in FROM."""
+    starts = [n.meta["start"] for n in node.expression.walk() if n.meta.get("start") is not None]
+    return bool(starts) and sql[:min(starts)].rstrip().endswith(",")
 
 
 def _as_written(item: exp.Expression, sql: str) -> exp.Expression:
@@ -55,11 +65,9 @@ def _as_written(item: exp.Expression, sql: str) -> exp.Expression:
 
 
 def _written_name(node: exp.Expression, sql: str) -> str | None:
-    """The name `sql` calls `node` by, where the parser kept its position: date_part('field', x) has none, and is
-    told from EXTRACT(field FROM x) by the comma before its argument."""
+    """The name `sql` calls `node` by, where the parser kept its position (date_part, which has none, is marked)."""
     if isinstance(node, exp.Extract):
-        starts = [n.meta["start"] for n in node.expression.walk() if n.meta.get("start") is not None]
-        return "date_part" if starts and sql[:min(starts)].rstrip().endswith(",") else None
+        return node.meta.get("written")
     start, end = node.meta.get("start"), node.meta.get("end")
     if start is None or end is None:
         return None

@@ -452,8 +452,8 @@ REGRESSIONS = {exp.RegrCount: "regr_count", exp.RegrAvgx: "regr_avgx", exp.RegrA
 def regressions_as_moments(tree: exp.Select) -> exp.Select:
     """PostgreSQL's other regression aggregates of (y, x), over the rows where both are not NULL, written with the
     aggregates the analysis finishes from noisy sums: regr_count is that COUNT, regr_avgx and regr_avgy the AVGs,
-    regr_sxx and regr_syy var_pop times the count, regr_sxy covar_pop times the count, regr_r2 corr squared. The
-    column keeps the function's name."""
+    regr_sxx and regr_syy var_pop times the count, regr_sxy covar_pop times the count, regr_r2 corr squared, each
+    a double precision. The column keeps the function's name."""
     if not tree.find(*REGRESSIONS):
         return tree
     for output in tree.expressions:
@@ -461,6 +461,11 @@ def regressions_as_moments(tree: exp.Select) -> exp.Select:
             output.replace(exp.alias_(output.copy(), REGRESSIONS[type(output)]))
 
     def written(node: exp.Expression) -> exp.Expression:
+        if type(node) not in REGRESSIONS or isinstance(node, exp.RegrCount):
+            return moments(node)
+        return exp.cast(moments(node), "double")  # PostgreSQL's regressions are of doubles, whatever they read
+
+    def moments(node: exp.Expression) -> exp.Expression:
         if type(node) not in REGRESSIONS:
             return node
         y, x = node.this, node.expression
