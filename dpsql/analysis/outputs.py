@@ -135,9 +135,7 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
                 # or numeric for bigint), which a noisy sum rounded to the nearest is too (post-processing)
                 integral = agg.score == "rank" or agg.kind == "sum"
                 if isinstance(_aggregate_of(original), exp.Sum) and agg.kind == "sum":
-                    # PostgreSQL's SUM of integers is a bigint, of numerics a numeric, of doubles a double
-                    return {"integer": "int8", "numeric": "numeric"}.get(exprs.kind(_aggregate_of(original).this),
-                                                                         "float8")
+                    return _sum_type(_aggregate_of(original).this, exprs)
                 if agg.kind in COUNTS or integral and agg.arg_range.integer:
                     return "int8"
                 return "numeric" if _exact_mean(original, exprs) else "float8"
@@ -198,6 +196,16 @@ def _exact_mean(original: exp.Expression, exprs: Expressions) -> bool:
     """Whether `original` is an AVG, STDDEV or VARIANCE of whole numbers or numerics: PostgreSQL's numeric."""
     original = _aggregate_of(original)
     return isinstance(original, _MEANS) and exprs.kind(original.this) in ("integer", "numeric")
+
+
+def _sum_type(summed: exp.Expression, exprs: Expressions) -> str:
+    """PostgreSQL's type of a SUM: of integers a bigint, of a bigint column (a subquery's COUNT) or of numerics a
+    numeric, of doubles a double."""
+    kind = exprs.kind(summed)
+    column = exprs.column(summed) if isinstance(summed, exp.Column) else None
+    if kind == "numeric" or kind == "integer" and column is not None and column.type == "bigint":
+        return "numeric"
+    return "int8" if kind == "integer" else "float8"
 
 
 def _aggregate_of(original: exp.Expression) -> exp.Expression:
