@@ -2957,3 +2957,10 @@ def test_grafana_s_time_buckets_under_its_time_filter_are_the_days_it_admits(eng
     with psycopg.connect(base_url) as conn:
         expected = [row[0] for row in conn.execute(sql)]
     assert [row[0] for row in answer.rows] == expected and len(expected) == 32
+
+
+def test_a_dollar_quoted_constant_is_a_string_constant(engine, analyst):
+    """`$$2024-01-01$$` and `$tag$lab$tag$` are PostgreSQL's string constants (a refusal named them RAWSTRING)."""
+    quoted = engine.prepare("SELECT COUNT(*) FROM visits WHERE day >= $$2024-07-01$$ AND category = $t$lab$t$")
+    plain = engine.prepare("SELECT COUNT(*) FROM visits WHERE day >= '2024-07-01' AND category = 'lab'")
+    assert quoted.query.canonical == plain.query.canonical

@@ -48,6 +48,8 @@ def parse_statement(sql: str) -> exp.Select | exp.SetOperation:
         raise PrivacyRefusal(f"expected exactly one statement, got {len(statements)}",
                              "send one SELECT per query")
     tree = forget_positions(name_written_outputs(statements[0], sql))
+    for raw in list(tree.find_all(exp.RawString)):  # $$text$$, $tag$text$tag$: PostgreSQL's string constants
+        raw.replace(exp.Literal.string(raw.this))
     if isinstance(tree, exp.SetOperation):
         return tree
     if not isinstance(tree, exp.Select):
