@@ -2964,3 +2964,16 @@ def test_a_dollar_quoted_constant_is_a_string_constant(engine, analyst):
     quoted = engine.prepare("SELECT COUNT(*) FROM visits WHERE day >= $$2024-07-01$$ AND category = $t$lab$t$")
     plain = engine.prepare("SELECT COUNT(*) FROM visits WHERE day >= '2024-07-01' AND category = 'lab'")
     assert quoted.query.canonical == plain.query.canonical
+
+
+def test_the_weeks_of_a_declared_year_are_those_its_days_have_and_a_where_narrows_them(engine, analyst, base_url):
+    """EXTRACT(WEEK FROM day) over the demo's 2024 has ISO weeks 1 to 52 (December 30 and 31 are week 1): week 53
+    was released as a noisy count of nothing, and a WHERE over January released all 53 (the fields a declared
+    date's days give are the key's values)."""
+    for sql in ["SELECT extract(week FROM day) AS w, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1",
+                "SELECT extract(week FROM day) AS w, COUNT(*) FROM visits WHERE day < '2024-02-01' GROUP BY 1 "
+                "ORDER BY 1"]:
+        answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+        with psycopg.connect(base_url) as conn:
+            expected = [int(row[0]) for row in conn.execute(sql)]
+        assert [row[0] for row in answer.rows] == expected

@@ -44,6 +44,8 @@ EXTRACT_RANGES = {
     # seconds since 1970 of the guarded value (inside dialect.earliest() and latest(), a day of time zones to spare)
     "EPOCH": (-188_500_000_000.0, 9_225_000_000_000.0),
 }
+CALENDAR_FIELDS = ("MONTH", "DAY", "DOW", "ISODOW", "DOY", "WEEK", "QUARTER")  # of a date, read over its days
+WALKED_DAYS = 4000  # the most days of a date column (or values of an integer one) read one by one
 INT_CAST_LIMITS = {exp.DataType.Type.SMALLINT: 2**15 - 1, exp.DataType.Type.INT: 2**31 - 1,
                    exp.DataType.Type.BIGINT: 2**63 - 1}
 FLOAT_CASTS = {exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL, exp.DataType.Type.FLOAT}
@@ -774,8 +776,23 @@ class Expressions:
             per_unit = 86_400 if column.type == "date" else 1
             before = PERIOD_DAYS[unit] * 86_400 + 86_400
             return Range(column.lower * per_unit - before, column.upper * per_unit + 86_400, unit in WHOLE_SECONDS)
+        days = self._declared_days(node.expression)
+        if days is not None and field in CALENDAR_FIELDS:  # the fields its days give: 52 weeks in 2024, not 53
+            from dpsql.postprocess.evaluate import DATE_FIELDS  # (post-processing reads the plan analysis makes)
+
+            values = {DATE_FIELDS[field](day) for day in days}
+            return Range(min(values), max(values), True)
         lo, hi = EXTRACT_RANGES[field]
         return Range(lo, hi, field != "EPOCH")  # seconds since 1970 have fractions
+
+    def _declared_days(self, node: exp.Expression) -> list[datetime.date] | None:
+        """The days of a date column with declared bounds (the guard clamps it to them), where they are few enough
+        to walk; None for anything else."""
+        column = self.column(node) if isinstance(node, exp.Column) else None
+        if column is None or column.type != "date" or not column.bounded or column.upper - column.lower > WALKED_DAYS:
+            return None
+        first = datetime.date(1970, 1, 1) + datetime.timedelta(days=int(column.lower))
+        return [first + datetime.timedelta(days=n) for n in range(int(column.upper - column.lower) + 1)]
 
     def _declared_epoch(self, node: exp.Extract) -> Column | None:
         """For EXTRACT(EPOCH FROM c) of a date or timestamp column with declared bounds (Grafana's time axis,

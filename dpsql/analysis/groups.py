@@ -41,7 +41,7 @@ from itertools import product
 from sqlglot import exp
 
 from dpsql.analysis.calendar import calendar_number, periods
-from dpsql.analysis.expressions import Expressions, Range
+from dpsql.analysis.expressions import WALKED_DAYS, Expressions, Range
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
 from dpsql.errors import InvalidQuery, UnsupportedQuery
@@ -775,9 +775,6 @@ def _refuse_hopeless_key(scope: Scope, node: exp.Expression) -> None:
                                f"floor({to_sql(column)} / 1000)")
 
 
-MAX_DAYS = 4000  # the most days of a date column (or values of an integer one) `_dated_domain` walks through
-
-
 def _narrowed_bounds(scope: Scope, node: exp.Column, column: Column) -> tuple[float, float]:
     """A temporal column's declared bounds narrowed by the WHERE's comparisons of it with constants."""
     lower, upper = column.lower, column.upper
@@ -816,7 +813,7 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
     column_node = next(nodes[0].find_all(exp.Column))
     column = scope.declared_column(column_node)
     if column is None or column.type != "date" and not column.is_integer or not column.bounded \
-            or column.upper - column.lower > MAX_DAYS or len(nodes) == 1 and not _comparisons(scope, column_node):
+            or column.upper - column.lower > WALKED_DAYS or len(nodes) == 1 and not _comparisons(scope, column_node):
         return None  # (one key of a column the WHERE does not compare: every key's own values, read for nothing)
     numbers = range(int(column.lower), int(column.upper) + 1)
     if column.type == "date":

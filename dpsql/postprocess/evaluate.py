@@ -91,7 +91,7 @@ def _to_char(node: exp.TimeToStr, value: Any) -> str | None:
 
 
 # EXTRACT's fields of a released date or time, as PostgreSQL computes them
-_FIELDS: dict[str, Callable[[datetime.date], int]] = {
+DATE_FIELDS: dict[str, Callable[[datetime.date], int]] = {
     "YEAR": lambda d: d.year, "MONTH": lambda d: d.month, "DAY": lambda d: d.day,
     "QUARTER": lambda d: (d.month + 2) // 3, "DOW": lambda d: d.isoweekday() % 7, "ISODOW": lambda d: d.isoweekday(),
     "DOY": lambda d: d.timetuple().tm_yday, "WEEK": lambda d: d.isocalendar()[1],
@@ -116,15 +116,15 @@ def _extract(node: exp.Extract, value: Any) -> int | float | None:
     """EXTRACT(field FROM k) of a released date or time (a group key: `GROUP BY EXTRACT(DOW FROM day)` over the
     released days); a noisy number has no date, and a time Python cannot hold ('infinity') has no field."""
     field = node.this.name.upper()
-    if field not in _FIELDS:
+    if field not in DATE_FIELDS:
         raise UnsupportedQuery(f"EXTRACT({field} FROM …) of released rows is not computed here",
-                               "extract one of " + ", ".join(_FIELDS).lower())
+                               "extract one of " + ", ".join(DATE_FIELDS).lower())
     if value is None or isinstance(value, str):
         return None
     if not isinstance(value, datetime.date):
         raise UnsupportedQuery(f"{to_sql(node)} extracts a field of a date, and its value here is a number",
                                "extract from a date key: EXTRACT(DOW FROM day)")
-    return _FIELDS[field](value)
+    return DATE_FIELDS[field](value)
 
 
 def _as_text(value: Any) -> str:
