@@ -2977,3 +2977,18 @@ def test_the_weeks_of_a_declared_year_are_those_its_days_have_and_a_where_narrow
         with psycopg.connect(base_url) as conn:
             expected = [int(row[0]) for row in conn.execute(sql)]
         assert [row[0] for row in answer.rows] == expected
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT (day - DATE '2024-01-01') / 7 AS week_no, COUNT(*) FROM visits WHERE day BETWEEN '2024-01-02' AND "
+    "'2024-01-16' GROUP BY 1 ORDER BY 1",
+    "SELECT age / 10 AS d, age, COUNT(*) FROM people WHERE age BETWEEN 15 AND 24 GROUP BY 1, 2 ORDER BY 1, 2",
+])
+def test_keys_of_integer_quotients_a_where_narrows_are_postgresql_s(engine, analyst, base_url, sql):
+    """A quotient of integers is read as PostgreSQL divides them (truncated): the week numbers of the days since a
+    date, the decades of ages beside the ages. They were left at every combination of their values (53 weeks where
+    PostgreSQL has 3; the 10 ages of 15 to 24 beside decades 1 and 2, 20 cells of which 10 held no row)."""
+    answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+    with psycopg.connect(base_url) as conn:
+        expected = [tuple(row[:-1]) for row in conn.execute(sql)]
+    assert [tuple(row[:-1]) for row in answer.rows] == expected

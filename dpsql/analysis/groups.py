@@ -820,8 +820,8 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
         lower, upper = _narrowed_bounds(scope, column_node, column)
         declared = [datetime.date(1970, 1, 1) + datetime.timedelta(days=n) for n in numbers]
         admitted = {d for n, d in zip(numbers, declared, strict=True) if lower <= n <= upper}
-    elif any(node.find(exp.Div, exp.IntDiv, exp.Mod, exp.Pow, exp.Anonymous) for node in nodes):
-        return None  # (read over noisy floats, age / 10 is 1.5 where PostgreSQL's integers give 1)
+    elif any(node.find(exp.Mod, exp.Pow, exp.Anonymous) for node in nodes):
+        return None  # (read over noisy floats: a remainder or power of integers may differ from PostgreSQL's)
     else:
         declared = list(numbers)
         admitted = set(_in_range(scope, column_node, tuple(declared)))
@@ -829,6 +829,7 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
         return None  # one key over every value: its own values
     from dpsql.postprocess.evaluate import evaluate  # (post-processing reads the plan this package makes)
 
+    nodes = [_whole_quotients(node, scope.exprs) for node in nodes]
     allowed = [set(d) for d in domains]
     found: dict[tuple, None] = {}
     met: list[set] = [set() for _ in nodes]
@@ -842,6 +843,16 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
         if value_of_column in admitted and all(v in a for v, a in zip(values, allowed, strict=True)):
             found[values] = None
     return list(found) if all(a <= m for a, m in zip(allowed, met, strict=True)) else None
+
+
+def _whole_quotients(node: exp.Expression, exprs: Expressions) -> exp.Expression:
+    """`node` with each quotient of two integers an integer division, as PostgreSQL divides them (`age / 10` is 1
+    at 15, `(day - DATE '2024-01-01') / 7` a week's number), for `postprocess.evaluate`, which divides numbers."""
+    def whole(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Div) and exprs.kind(n.this) == exprs.kind(n.expression) == "integer":
+            return exp.IntDiv(this=n.this.copy(), expression=n.expression.copy())
+        return n
+    return node.transform(whole)
 
 
 def _domain(keys: list[GroupKey]) -> list[tuple] | None:

@@ -188,6 +188,10 @@ _BINARY = {
 }
 
 
+def _plain_date(value: Any) -> bool:
+    return isinstance(value, datetime.date) and not isinstance(value, datetime.datetime)
+
+
 def _ln(value: Any) -> Any:
     """ln of a noisy value: NULL (NaN within a simulation) where it is not positive, where PostgreSQL fails."""
     if np.ndim(value) == 0:
@@ -227,6 +231,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         return None if value is None else np.logical_not(value)
     if type(node) in _BINARY:
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
+        if isinstance(node, exp.Sub) and _plain_date(left) and _plain_date(right):
+            return (left - right).days  # PostgreSQL's days between two dates, an integer
         return None if left is None or right is None else _BINARY[type(node)](left, right)
     if isinstance(node, exp.Pow):
         base, power = evaluate(node.this, env), evaluate(node.expression, env)
@@ -294,6 +300,8 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
             return str(value.item() if isinstance(value, np.generic) else value)
         if node.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP) and isinstance(value, datetime.date):
             return _time_cast(value, node.to.this)
+        if node.to.this == exp.DataType.Type.DATE and isinstance(node.this, exp.Literal) and node.this.is_string:
+            return datetime.date.fromisoformat(value)  # DATE '2024-01-01' (anything else PostgreSQL reads fails)
         scale = node.to.expressions[1:2] if node.to.this == exp.DataType.Type.DECIMAL else []
         if scale:  # numeric(p, s) rounds half away from zero to s digits, as PostgreSQL does
             factor = 10.0 ** int(scale[0].this.this)
