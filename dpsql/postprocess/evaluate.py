@@ -188,6 +188,14 @@ _BINARY = {
 }
 
 
+def _iso_date(text: str) -> datetime.date | str:
+    """DATE '2024-01-01' as a date; another spelling PostgreSQL reads stays text, which nothing here subtracts."""
+    try:
+        return datetime.date.fromisoformat(text)
+    except ValueError:
+        return text
+
+
 def _plain_date(value: Any) -> bool:
     return isinstance(value, datetime.date) and not isinstance(value, datetime.datetime)
 
@@ -301,7 +309,7 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         if node.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP) and isinstance(value, datetime.date):
             return _time_cast(value, node.to.this)
         if node.to.this == exp.DataType.Type.DATE and isinstance(node.this, exp.Literal) and node.this.is_string:
-            return datetime.date.fromisoformat(value)  # DATE '2024-01-01' (anything else PostgreSQL reads fails)
+            return _iso_date(value)
         scale = node.to.expressions[1:2] if node.to.this == exp.DataType.Type.DECIMAL else []
         if scale:  # numeric(p, s) rounds half away from zero to s digits, as PostgreSQL does
             factor = 10.0 ** int(scale[0].this.this)
