@@ -58,6 +58,7 @@ from dpsql.local.estimates import LOCAL_INTERVALS, LocalQuery, answer_local, deb
 from dpsql.mechanisms.race import EFFECT_SHARE, FALLBACK_SHARE, RAISE_SHARE
 from dpsql.noise import Calibration, add_noise, calibrate, noisy_bounds_effect, released_key
 from dpsql.postprocess import (
+    chosen_value,
     describe_cap,
     describe_chosen,
     describe_selection,
@@ -228,7 +229,7 @@ class Engine:
                        self._not_null, rows_cap, self._time_zone, total_cap, self._unique_sets, public_keys,
                        histogram_rows)
         windows = [part for _, window in plan.windows for part in window_inputs(window)]
-        known = {**{k.name: None for k in plan.group_keys}, **{a.name: 1.0 for a in plan.aggregates},
+        known = {**{k.name: None for k in plan.group_keys}, **{a.name: chosen_value(a, 1.0) for a in plan.aggregates},
                  **{name: 1.0 for name, _ in plan.windows}}
         computed = [*((f"column {o.name}", o.expr) for o in plan.outputs), ("the HAVING condition", plan.having),
                     *(("the ORDER BY", o[0]) for o in plan.order), *(("a window", w) for w in windows)]

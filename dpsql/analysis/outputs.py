@@ -149,6 +149,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         return constant_type(expr)
     if isinstance(expr, exp.IntDiv):  # (`_integer_division`)
         return "int8"
+    if isinstance(expr, exp.Extract):  # a field of a released date: EXTRACT's numeric, date_part's double
+        return "float8" if expr.meta.get("written") == "date_part" else "numeric"
     if isinstance(expr, exp.TimeToStr):  # to_char of a released key, or of a noisy number
         _check_formatted(expr, aggregates, keys, exprs, original, windows)
         return "text"
@@ -182,6 +184,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
                  for side, was in zip(sides, written, strict=False)}
         if kinds == {"date"} and isinstance(expr, exp.Sub):  # the days between two dates
             return "int8"
+        if kinds == {"date", "int8"} and isinstance(expr, exp.Add | exp.Sub):  # a date moved by days
+            return "date"
         if kinds == {"int8"}:  # a quotient of whole numbers here is of SUMs (`_integer_division`): a double
             return "float8" if isinstance(expr, exp.Div) else "int8"
         return "numeric" if kinds <= {"int8", "numeric"} else "float8"

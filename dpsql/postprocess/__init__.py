@@ -44,6 +44,7 @@ from dpsql.postprocess.presentation import (
     format_value,
 )
 from dpsql.postprocess.windows import compute_windows, window_inputs
+from dpsql.schema import temporal_value
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def finish(plan: Plan, calibration: Calibration, groups: list[NoisyGroup]) -> Re
                 simulated[name] = value - spread * unit_draws[name][row] if name in unit_draws else value
         for agg in plan.aggregates:
             if agg.chosen:
-                env[agg.name] = simulated[agg.name] = group.choices[agg.name]
+                env[agg.name] = simulated[agg.name] = chosen_value(agg, group.choices[agg.name])
                 continue
             env[agg.name] = _finish_aggregate(agg, group.measures)
             if simulate:
@@ -136,6 +137,14 @@ def _unclamped(plan: Plan, env: dict[str, Any], measures: dict[str, Any]) -> dic
                       if agg.kind in COUNTS and not agg.chosen}}
 
 
+def chosen_value(agg: Aggregate, value: Any) -> Any:
+    """A value chosen from a histogram as post-processing reads it: a date as a date (EXTRACT(YEAR FROM MIN(day)),
+    CURRENT_DATE - MAX(day)), anything else as the number it was chosen as."""
+    if agg.arg_type == "date" and isinstance(value, int | float | np.number):
+        return temporal_value("date", float(value))
+    return value
+
+
 def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     values = [measures[name] for name in agg.measures]
     if agg.kind in COUNTS:
@@ -143,6 +152,6 @@ def _finish_aggregate(agg: Aggregate, measures: dict[str, Any]) -> Any:
     return KINDS[agg.kind].finish(agg, values)
 
 
-__all__ = ["INTERVALS_COVER", "Accuracy", "Result", "describe_accuracy", "describe_bounds_effect", "describe_cap",
-           "describe_chosen", "describe_selection", "describe_units_over", "evaluate", "finish", "format_value",
-           "lower_bounds", "sort_rows", "window_inputs"]
+__all__ = ["INTERVALS_COVER", "Accuracy", "Result", "chosen_value", "describe_accuracy", "describe_bounds_effect",
+           "describe_cap", "describe_chosen", "describe_selection", "describe_units_over", "evaluate", "finish",
+           "format_value", "lower_bounds", "sort_rows", "window_inputs"]

@@ -241,6 +241,13 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         left, right = evaluate(node.this, env), evaluate(node.expression, env)
         if isinstance(node, exp.Sub) and _plain_date(left) and _plain_date(right):
             return (left - right).days  # PostgreSQL's days between two dates, an integer
+        if isinstance(node, exp.Add | exp.Sub) and _plain_date(left) != _plain_date(right) and None not in (
+                left, right):  # a date and a number of days: a date
+            day, days = (left, right) if _plain_date(left) else (right, left)
+            if isinstance(node, exp.Sub) and day is right:
+                raise TypeError("a number less a date")  # (PostgreSQL has no such operator)
+            shift = datetime.timedelta(days=int(np.round(days)))
+            return day - shift if isinstance(node, exp.Sub) else day + shift
         return None if left is None or right is None else _BINARY[type(node)](left, right)
     if isinstance(node, exp.Pow):
         base, power = evaluate(node.this, env), evaluate(node.expression, env)
