@@ -125,6 +125,9 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
             # another row's value, or a SUM: PostgreSQL's SUM of a bigint (a count) is numeric
             inner = _output_type(function.this, aggregates, keys, exprs, function.this, windows)
             return "numeric" if isinstance(function, exp.Sum) and inner == "int8" else inner
+        if isinstance(function, exp.Avg):  # an average of whole numbers or numerics is a numeric
+            inner = _output_type(function.this, aggregates, keys, exprs, function.this, windows)
+            return "numeric" if inner in ("int8", "numeric") else "float8"
         return "float8"
     if isinstance(expr, exp.Column):
         for agg in aggregates:
