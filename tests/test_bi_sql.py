@@ -3016,3 +3016,22 @@ def test_a_noisy_date_is_a_date_to_the_arithmetic_after_noise(engine, analyst, b
         last = datetime.date(2025, 1, 1) - datetime.timedelta(days=got[1])
         assert got[0] == want[0] and got[3] == last.month and got[4] == want[4] == 2024.0
         assert datetime.date(2024, 1, 8) <= got[2] <= datetime.date(2025, 1, 7) and 1 <= got[1] <= 366
+
+
+def test_a_retention_matrix_groups_people_by_a_month_of_their_own(engine, analyst, base_url):
+    """Each person's first month beside the months they came back in: the per-person subquery's key is a time
+    (`date_trunc('month', day)`), read outside as a time within its column's bounds. It was refused ("neither a
+    condition, text nor a bounded number"). At a large ε, PostgreSQL's cells and counts."""
+    sql = ("WITH first AS (SELECT person_id, MIN(date_trunc('month', day)) AS cohort FROM visits GROUP BY 1), act AS "
+           "(SELECT DISTINCT person_id, date_trunc('month', day) AS m FROM visits) SELECT f.cohort, a.m, COUNT(*) "
+           "FROM first f JOIN act a USING (person_id) GROUP BY 1, 2 ORDER BY 1, 2")
+    wide = Engine(Settings(database=base_url, max_epsilon=1000), load_schema(SHIPPED_SCHEMA))
+    wide.ledger.add_analyst("retention", 10**5, 1e-3)
+    answer = wide.query(sql, analyst="retention", epsilon=1000)
+    wide.close()
+    with psycopg.connect(base_url) as conn:
+        expected = conn.execute(sql).fetchall()
+    assert answer.types == ["timestamptz", "timestamptz", "int8"]
+    counts = {row[:2]: row[2] for row in expected}  # groups of a few people may be left out (partition selection)
+    assert {row[:2] for row in answer.rows} >= {key for key, n in counts.items() if n > 10}
+    assert all(abs(row[2] - counts[row[:2]]) <= 2 for row in answer.rows)

@@ -242,6 +242,10 @@ QUERIES = [
     "JOIN prescriptions r ON r.visit_id = v.visit_id GROUP BY v.visit_id, v.category) t GROUP BY category",
     # ... and grouped by the unit and other keys, where no regrouping by those keys makes it one grouped query
     "SELECT COUNT(*) FROM (SELECT DISTINCT person_id, category FROM visits) t",
+    # a retention matrix: each person's first month beside the months they came back in (a time as the key)
+    "WITH first AS (SELECT person_id, MIN(date_trunc('month', day)) AS cohort FROM visits GROUP BY 1), act AS "
+    "(SELECT DISTINCT person_id, date_trunc('month', day) AS m FROM visits) SELECT f.cohort, a.m, COUNT(*) "
+    "FROM first f JOIN act a USING (person_id) GROUP BY 1, 2",
     "SELECT c, MAX(n), AVG(s) FROM (SELECT v.person_id, v.category AS c, COUNT(*) AS n, SUM(v.amount) AS s "
     "FROM visits v GROUP BY v.person_id, v.category) t GROUP BY c",
     "SELECT AVG(n) FROM (SELECT person_id, day, COUNT(*) AS n FROM visits GROUP BY person_id, day) t",

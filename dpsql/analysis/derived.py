@@ -27,6 +27,7 @@ from dpsql.analysis.joins import join_stability
 from dpsql.analysis.scope import Equality, Scope
 from dpsql.errors import PrivacyRefusal, UnsupportedQuery
 from dpsql.schema import Column, Table
+from dpsql.schema.model import temporal_number
 from dpsql.sql import AGGREGATES, CheckedQuery, derived_select, in_analyst_words, joined_derived_selects, to_sql
 from dpsql.sql.shape import tables_read
 
@@ -332,8 +333,12 @@ def _derived_column(scope: Scope, name: str, node: exp.Expression) -> Column:
     value_range = scope.exprs.value_range(node)
     if value_range is not None and value_range.bounded:
         return Column(name, "integer" if value_range.integer else "double precision", value_range.lo, value_range.hi)
-    raise UnsupportedQuery(f"the subquery's key {to_sql(node)} AS {name} is neither a condition, text nor a bounded "
-                           "number", f"select the columns it reads and compute {name} in the outer query")
+    time_type, bounds = scope.exprs.time_type(node), scope.exprs.time_bounds(node)
+    if time_type is not None and bounds is not None:  # a time within its column's bounds (date_trunc('month', day))
+        return Column(name, time_type, *(temporal_number(time_type, b) for b in bounds))
+    raise UnsupportedQuery(f"the subquery's key {to_sql(node)} AS {name} is neither a condition, text, a bounded "
+                           "number nor a bounded time", f"select the columns it reads and compute {name} in the "
+                           "outer query")
 
 
 def _row_level_groups(scope: Scope, alias: str, group: list[exp.Expression]) -> int:
