@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from sqlglot import exp
 
@@ -183,7 +184,7 @@ def _fixing_keys(scope: Scope, select: exp.Select) -> dict[str, tuple[str, str]]
 
 def _inner_scope(scope: Scope, select: exp.Select) -> Scope:
     inner = Scope(CheckedQuery(select, (), canonical=""), scope.schema, scope.unique)  # never a cache key
-    inner.unique_sets, inner.not_null = scope.unique_sets, scope.not_null
+    inner.unique_sets, inner.not_null, inner.time_zone = scope.unique_sets, scope.not_null, scope.time_zone
     return inner
 
 
@@ -248,11 +249,24 @@ def _per_unit_table(scope: Scope, alias: str) -> tuple[Table, exp.Select, bool]:
         bounded = bounded.join(scope.guarded(join))
     bounded = bounded.where(present if where is None else exp.and_(exp.paren(where), present))
     bounded = bounded.group_by(*(node.copy() for node in (group if within else group[:1])))
+    groups = min(k, _groups_per_unit(scope, within) or k)  # (the public values of its keys may allow fewer)
     scope.notes.append(f"one row per group; each group's aggregates bounded by what {k} rows can give"
-                       + (f"; a unit's groups, at most {k}, are bounded outside as its rows" if within else ""))
+                       + (f"; a unit's groups, at most {groups}, are bounded outside as its rows" if within else "")
+                       + (" (as many as its keys' public values allow)" if within and groups < k else ""))
     unit_column = None if scope.schema.row_level else unit_name
-    table = Table(alias, columns, unit_column=unit_column, max_rows_per_unit=k if within else 1)
+    table = Table(alias, columns, unit_column=unit_column, max_rows_per_unit=groups if within else 1)
     return table, bounded, unit_column is not None and not within
+
+
+def _groups_per_unit(scope: Scope, within: list[exp.Expression]) -> int | None:
+    """How many groups of one unit keys within units allow (a retention matrix's months: 12 in a declared year),
+    where every key but the unit's column has public values; None where one has not. The outer rewrite enforces
+    it as the table's rows per unit, as any bound."""
+    from dpsql.analysis.groups import key_domain  # (groups reads the scope this module fills)
+
+    sizes = [key_domain(scope, node, None) for node in within
+             if not (isinstance(node, exp.Column) and scope.is_unit(node))]
+    return math.prod(len(domain) for domain in sizes) if sizes and None not in sizes else None
 
 
 def _keys_within_units(scope: Scope, group: list[exp.Expression]) -> list[exp.Expression]:
