@@ -505,6 +505,9 @@ QUERY_CLASSES = [
     QueryClass("a count of distinct units of an outer join's NULL-filled side: the units it matched (stop 74)",
                query("SELECT p.state, COUNT(DISTINCT t.person_id) FROM people p LEFT JOIN trips t ON "
                      "t.person_id = p.person_id AND t.fare > 20 GROUP BY 1"), 1),
+    QueryClass("a person's groups by kind, at most as many as the kinds declared (stop 74)",
+               query("SELECT n, COUNT(*) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips GROUP BY 1, 2) t "
+                     "GROUP BY 1"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
