@@ -2879,8 +2879,13 @@ def test_a_per_unit_subquery_grouped_by_an_expression_is_answered(engine, analys
 
 def test_a_per_unit_subquery_key_of_unknown_values_is_refused_with_the_way_out(engine):
     with pytest.raises(errors.UnsupportedQuery, match="compute m in the outer query"):
-        engine.prepare("SELECT m, COUNT(*) FROM (SELECT v.person_id, date_trunc('month', v.day) AS m, COUNT(*) AS n "
+        engine.prepare("SELECT m, COUNT(*) FROM (SELECT v.person_id, v.visit_id::float AS m, COUNT(*) AS n "
                        "FROM visits v GROUP BY 1, 2) t GROUP BY m")
+    # a time within its column's bounds is known: a person's months, at most the declared year's 12 (and the
+    # declared 10 visits here)
+    months = engine.prepare("SELECT m, COUNT(*) FROM (SELECT v.person_id, date_trunc('month', v.day) AS m, "
+                            "COUNT(*) AS n FROM visits v GROUP BY 1, 2) t GROUP BY m")
+    assert months.plan.rows_per_unit == 10
 
 
 def test_group_by_empty_parentheses_is_the_grand_total(engine):
@@ -3027,6 +3032,7 @@ def test_a_retention_matrix_groups_people_by_a_month_of_their_own(engine, analys
            "FROM first f JOIN act a USING (person_id) GROUP BY 1, 2 ORDER BY 1, 2")
     wide = Engine(Settings(database=base_url, max_epsilon=1000), load_schema(SHIPPED_SCHEMA))
     wide.ledger.add_analyst("retention", 10**5, 1e-3)
+    assert wide.prepare(sql).plan.rows_per_unit == 12  # a person's months: the declared year's 12, not 100 rows
     answer = wide.query(sql, analyst="retention", epsilon=1000)
     wide.close()
     with psycopg.connect(base_url) as conn:
