@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import uuid
 from types import SimpleNamespace
 
 import numpy as np
@@ -3023,6 +3024,17 @@ def test_a_noisy_date_is_a_date_to_the_arithmetic_after_noise(engine, analyst, b
         assert datetime.date(2024, 1, 8) <= got[2] <= datetime.date(2025, 1, 7) and 1 <= got[1] <= 366
 
 
+def wide_answer(base_url: str, sql: str) -> list[tuple]:
+    """The rows of `sql` at ε = 1,000 under the shipped schema (bounds chosen from the data)."""
+    wide = Engine(Settings(database=base_url, max_epsilon=1000), load_schema(SHIPPED_SCHEMA))
+    analyst = f"wide_{uuid.uuid4().hex[:12]}"  # (the ledger outlives the engine)
+    wide.ledger.add_analyst(analyst, 10**5, 1e-3)
+    try:
+        return wide.query(sql, analyst=analyst, epsilon=1000).rows
+    finally:
+        wide.close()
+
+
 def test_a_retention_matrix_groups_people_by_a_month_of_their_own(engine, analyst, base_url):
     """Each person's first month beside the months they came back in: the per-person subquery's key is a time
     (`date_trunc('month', day)`), read outside as a time within its column's bounds. It was refused ("neither a
@@ -3041,3 +3053,10 @@ def test_a_retention_matrix_groups_people_by_a_month_of_their_own(engine, analys
     counts = {row[:2]: row[2] for row in expected}  # groups of a few people may be left out (partition selection)
     assert {row[:2] for row in answer.rows} >= {key for key, n in counts.items() if n > 10}
     assert all(abs(row[2] - counts[row[:2]]) <= 2 for row in answer.rows)
+    # the month key reads as the months its periods start: their quarters are 2024's four, not the six a time
+    # within the column's bounds with a period and a day to spare would give
+    quarters = ("SELECT date_trunc('quarter', m) AS q, COUNT(*) FROM (SELECT DISTINCT person_id, "
+                "date_trunc('month', day) AS m FROM visits) t GROUP BY 1 ORDER BY 1")
+    with psycopg.connect(base_url) as conn:
+        expected = [row[0] for row in conn.execute(quarters)]
+    assert [row[0] for row in wide_answer(base_url, quarters)] == expected and len(expected) == 4

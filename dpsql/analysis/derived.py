@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 
 from sqlglot import exp
@@ -349,6 +350,9 @@ def _derived_column(scope: Scope, name: str, node: exp.Expression) -> Column:
         return Column(name, "integer" if value_range.integer else "double precision", value_range.lo, value_range.hi)
     time_type, bounds = scope.exprs.time_type(node), scope.exprs.time_bounds(node)
     if time_type is not None and bounds is not None:  # a time within its column's bounds (date_trunc('month', day))
+        periods = key_domain(scope, node, None)  # its periods' starts where they are public: the first and last
+        if periods and all(isinstance(v, datetime.date) for v in periods):
+            bounds = (min(periods), max(periods))
         return Column(name, time_type, *(temporal_number(time_type, b) for b in bounds))
     raise UnsupportedQuery(f"the subquery's key {to_sql(node)} AS {name} is neither a condition, text, a bounded "
                            "number nor a bounded time", f"select the columns it reads and compute {name} in the "
