@@ -250,7 +250,7 @@ def _counts_every_unit(scope: Scope, column: exp.Column) -> bool:
 def _units_or_null(scope: Scope, expr: exp.Expression | None) -> bool:
     """Whether `expr` is a unit's own column or NULL: CASE WHEN c THEN <the unit column> END, or the unit column of
     a table an outer join may fill with NULLs."""
-    if isinstance(expr, exp.Column) and scope.is_unit(expr):
+    if isinstance(expr, exp.Column) and scope.is_unit(expr) and expr.table in scope.nullable():
         return True
     if not isinstance(expr, exp.Case) or expr.this is not None or len(expr.args.get("ifs") or []) != 1:
         return False

@@ -776,7 +776,8 @@ class Expressions:
             per_unit = 86_400 if column.type == "date" else 1
             before = PERIOD_DAYS[unit] * 86_400 + 86_400
             return Range(column.lower * per_unit - before, column.upper * per_unit + 86_400, unit in WHOLE_SECONDS)
-        days = self._declared_days(node.expression)
+        column = self.column(node.expression) if isinstance(node.expression, exp.Column) else None
+        days = declared_days(column) if column is not None else None
         if days is not None and field in CALENDAR_FIELDS:  # the fields its days give: 52 weeks in 2024, not 53
             from dpsql.postprocess.evaluate import DATE_FIELDS  # (post-processing reads the plan analysis makes)
 
@@ -784,15 +785,6 @@ class Expressions:
             return Range(min(values), max(values), True)
         lo, hi = EXTRACT_RANGES[field]
         return Range(lo, hi, field != "EPOCH")  # seconds since 1970 have fractions
-
-    def _declared_days(self, node: exp.Expression) -> list[datetime.date] | None:
-        """The days of a date column with declared bounds (the guard clamps it to them), where they are few enough
-        to walk; None for anything else."""
-        column = self.column(node) if isinstance(node, exp.Column) else None
-        if column is None or column.type != "date" or not column.bounded or column.upper - column.lower > WALKED_DAYS:
-            return None
-        first = datetime.date(1970, 1, 1) + datetime.timedelta(days=int(column.lower))
-        return [first + datetime.timedelta(days=n) for n in range(int(column.upper - column.lower) + 1)]
 
     def _declared_epoch(self, node: exp.Extract) -> Column | None:
         """For EXTRACT(EPOCH FROM c) of a date or timestamp column with declared bounds (Grafana's time axis,
@@ -948,6 +940,15 @@ def _uncast_time(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.Cast) and node.to.this in TIME_CASTS:
         return node.this.unnest()
     return node
+
+
+def declared_days(column: Column) -> list[datetime.date] | None:
+    """The days of a date column with declared bounds (the guard clamps it to them), where they are few enough to
+    walk (`WALKED_DAYS`); None for any other column."""
+    if column.type != "date" or not column.bounded or column.upper - column.lower > WALKED_DAYS:
+        return None
+    first = datetime.date(1970, 1, 1) + datetime.timedelta(days=int(column.lower))
+    return [first + datetime.timedelta(days=n) for n in range(int(column.upper - column.lower) + 1)]
 
 
 def _within_years(low: Time, high: Time) -> tuple[Time, Time] | None:

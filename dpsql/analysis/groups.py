@@ -41,7 +41,7 @@ from itertools import product
 from sqlglot import exp
 
 from dpsql.analysis.calendar import calendar_number, periods
-from dpsql.analysis.expressions import WALKED_DAYS, Expressions, Range
+from dpsql.analysis.expressions import WALKED_DAYS, Expressions, Range, declared_days
 from dpsql.analysis.plan import GroupKey
 from dpsql.analysis.scope import Scope
 from dpsql.errors import InvalidQuery, UnsupportedQuery
@@ -818,7 +818,7 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
     numbers = range(int(column.lower), int(column.upper) + 1)
     if column.type == "date":
         lower, upper = _narrowed_bounds(scope, column_node, column)
-        declared = [datetime.date(1970, 1, 1) + datetime.timedelta(days=n) for n in numbers]
+        declared = declared_days(column)
         admitted = {d for n, d in zip(numbers, declared, strict=True) if lower <= n <= upper}
     elif any(node.find(exp.Mod, exp.Pow, exp.Anonymous) for node in nodes):
         return None  # (read over noisy floats: a remainder or power of integers may differ from PostgreSQL's)
