@@ -315,7 +315,7 @@ def test_per_unit_subqueries_earn_the_sensitivity_of_one_row_per_unit(demo_schem
     p = plan("SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t "
              "GROUP BY n", demo_schema)
     assert p.unit is None and p.max_groups == 1 and [m.sensitivity for m in p.measures] == [1]
-    assert p.domain is not None and len(p.domain) == 11  # n in 0..10: every key released
+    assert p.domain is not None and len(p.domain) == 10  # n in 1..10: every key released
     sql = rewrite(p).sql
     assert "INT8SMALLER(INT8LARGER(COUNT(*), 0), 10)" in sql and "GROUP BY visits.person_id" in sql
     p = plan("SELECT SUM(total) FROM (SELECT v.person_id, SUM(v.amount) AS total FROM visits v "
@@ -330,7 +330,7 @@ def test_a_subquery_grouped_by_a_key_within_one_unit_is_a_table_of_its_groups(de
     sql = "SELECT AVG(n), COUNT(*) FROM (SELECT v.visit_id, COUNT(*) AS n FROM visits v GROUP BY v.visit_id) t"
     unique = UNIQUE | {("visits", "visit_id")}
     p = analyze(check_query(sql, demo_schema), demo_schema, unique, not_null=frozenset({("visits", "visit_id")}))
-    assert [m.sensitivity for m in p.measures] == [10, 10 * 5, 10]  # 10 groups of n in [0, 10], centred
+    assert [m.sensitivity for m in p.measures] == [10, 10 * 4.5, 10]  # 10 groups of n in [1, 10], centred
     rewritten = rewrite(p).sql
     assert "GROUP BY v.person_id, v.visit_id" in rewritten and "HAVING COUNT(*) > 10" in rewritten
     with pytest.raises(errors.UnsupportedQuery, match="a unique NOT NULL column"):
@@ -367,6 +367,18 @@ def test_a_unit_s_first_value_of_a_declared_domain_keeps_the_domain_outside(demo
              "GROUP BY person_id) t GROUP BY 1", demo_schema)
     assert [key[0] for key in p.domain] == list(demo_schema.tables["visits"].columns["category"].domain)
     assert not p.partition_selection
+
+
+def test_a_unit_s_count_of_rows_is_at_least_one(demo_schema):
+    """A group holds a row, so a unit's COUNT(*) is 1 or more: its keys start at 1. Key 0 was released as a noisy
+    count of nothing, and `ORDER BY n LIMIT 10` showed it first where PostgreSQL starts at 1. COUNT of a column
+    may be 0 (all NULL)."""
+    rows = plan("SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t "
+                "GROUP BY n", demo_schema)
+    assert [key for (key,) in rows.domain] == list(range(1, 11))  # (the fixture declares 10 visits a person)
+    values = plan("SELECT n, COUNT(*) FROM (SELECT p.person_id, COUNT(v.visit_id) AS n FROM people p LEFT JOIN "
+                  "visits v ON v.person_id = p.person_id GROUP BY p.person_id) t GROUP BY n", demo_schema)
+    assert [key for (key,) in values.domain][0] == 0
 
 
 @pytest.mark.parametrize(("sql", "message"), [

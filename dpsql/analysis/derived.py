@@ -424,8 +424,11 @@ def _per_unit_aggregate(scope: Scope, name: str, node: exp.Expression, k: int,
         # key of it releases only the counts it can take
         values = None if not isinstance(node.this, exp.Distinct) or declared is None else declared.declared_values
         most = k if values is None else min(k, values)
-        return clamp_to(node, 0, most, "integer"), Column(name, "bigint", 0.0, float(most),
-                                                          unit_total=float(k) if within else None)
+        # a group holds a row, so its COUNT(*) is never 0 (keys from 1); at one row a unit, [0, 1] leaves AVG(n)
+        # a range to measure, which [1, 1] would not
+        least = 1 if isinstance(node.this, exp.Star) and most > 1 else 0
+        return clamp_to(node, least, most, "integer"), Column(name, "bigint", float(least), float(most),
+                                                              unit_total=float(k) if within else None)
     if kind in ("min", "max") and declared is not None and declared.domain is not None and all(
             isinstance(v, str) for v in declared.domain):
         # a unit's first or last category (in the database's order): one of its values, so outside one of the
