@@ -651,16 +651,18 @@ def _pattern_test(text: str, test: exp.Expression) -> Callable[[str], bool] | No
     return lambda v: (regex.fullmatch(shown(v)) is not None) != negated
 
 
-def _key_conditions(scope: Scope, node: exp.Expression) -> list[tuple[bool, list, bool]]:
+def _key_conditions(scope: Scope, node: exp.Expression,
+                    read: Callable[[exp.Expression], object] | None = None) -> list[tuple[bool, list, bool]]:
     """(negated, the constants' values, whether NULL passes) of each WHERE conjunct that compares the key itself
     with constants: `k = c`, `k <> c`, `k IN (...)`, `NOT k IN (...)`, the key on either side of an equality; an
     OR of such matches (`NOT (k = 'a' OR k = 'b')`); and either with `OR k IS NULL` (Metabase's "is not":
-    `k <> 'lab' OR k IS NULL`, which keeps the NULL key)."""
+    `k <> 'lab' OR k IS NULL`, which keeps the NULL key). Each constant's value is `read` from it (its literal
+    value by default; _UNKNOWN where it has none)."""
     text = to_sql(node)
     found = []
     for negated, test in _conjuncts(scope):
         disjuncts = [d.unnest() for d in _disjuncts(test)]
-        compared = [_compared(text, d) for d in disjuncts if not _is_null_test(text, d)]
+        compared = [_compared(text, d, read or _constant_value) for d in disjuncts if not _is_null_test(text, d)]
         with_null = len(compared) < len(disjuncts) and not negated
         if not compared or any(c is None for c in compared):
             continue
@@ -675,7 +677,8 @@ def _is_null_test(text: str, node: exp.Expression) -> bool:
     return isinstance(node, exp.Is) and isinstance(node.expression, exp.Null) and to_sql(node.this.unnest()) == text
 
 
-def _compared(text: str, test: exp.Expression) -> tuple[bool, list] | None:
+def _compared(text: str, test: exp.Expression,
+              read: Callable[[exp.Expression], object]) -> tuple[bool, list] | None:
     """(negated, the constants' values) where `test` compares the key (spelled `text`) with constants; else None."""
     negated = False
     if isinstance(test, exp.EQ | exp.NEQ):
@@ -689,7 +692,7 @@ def _compared(text: str, test: exp.Expression) -> tuple[bool, list] | None:
         key, constants = listed.this.unnest(), [c for c in listed.expressions if not isinstance(c, exp.Null)]
     else:
         return None
-    return (negated, [_constant_value(c) for c in constants]) if to_sql(key) == text else None
+    return (negated, [read(c) for c in constants]) if to_sql(key) == text else None
 
 
 def _in_is_true(node: exp.Expression) -> bool:
@@ -813,13 +816,16 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
     column_node = next(nodes[0].find_all(exp.Column))
     column = scope.declared_column(column_node)
     if column is None or column.type != "date" and not column.is_integer or not column.bounded \
-            or column.upper - column.lower > WALKED_DAYS or len(nodes) == 1 and not _comparisons(scope, column_node):
+            or column.upper - column.lower > WALKED_DAYS \
+            or len(nodes) == 1 and not _comparisons(scope, column_node) and not _key_conditions(scope, column_node):
         return None  # (one key of a column the WHERE does not compare: every key's own values, read for nothing)
     numbers = range(int(column.lower), int(column.upper) + 1)
     if column.type == "date":
         lower, upper = _narrowed_bounds(scope, column_node, column)
+        listed = _listed_days(scope, column_node)
         declared = declared_days(column)
-        admitted = {d for n, d in zip(numbers, declared, strict=True) if lower <= n <= upper}
+        admitted = {d for n, d in zip(numbers, declared, strict=True)
+                    if lower <= n <= upper and all((n in days) != negated for negated, days in listed)}
     elif any(node.find(exp.Mod, exp.Pow, exp.Anonymous) for node in nodes):
         return None  # (read over noisy floats: a remainder or power of integers may differ from PostgreSQL's)
     else:
@@ -843,6 +849,26 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
         if value_of_column in admitted and all(v in a for v, a in zip(values, allowed, strict=True)):
             found[values] = None
     return list(found) if all(a <= m for a, m in zip(allowed, met, strict=True)) else None
+
+
+def _listed_days(scope: Scope, node: exp.Column) -> list[tuple[bool, set[float]]]:
+    """(negated, the days' numbers) of each WHERE conjunct that lists the days of a date column (`day IN
+    ('2024-01-01', '2024-01-02')`, `day = DATE '2024-06-01'`, `day <> …`: PostgreSQL reads a quoted constant as a
+    date there); a list with a constant that is no day (a time, an expression) narrows nothing."""
+    def day_number(constant: exp.Expression) -> object:
+        if isinstance(constant.unnest(), exp.Null):
+            return None
+        number = calendar_number("date", constant, scope.time_zone)
+        return number if number is not None and float(number).is_integer() else _UNKNOWN
+
+    found = []
+    for negated, values, _ in _key_conditions(scope, node, day_number):
+        if any(v is _UNKNOWN for v in values):
+            continue
+        if negated and None in values:  # NOT IN with a NULL: no row passes
+            return [(False, set())]
+        found.append((negated, {v for v in values if v is not None}))
+    return found
 
 
 def _whole_quotients(node: exp.Expression, exprs: Expressions) -> exp.Expression:
