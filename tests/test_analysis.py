@@ -338,7 +338,7 @@ def test_per_unit_subqueries_earn_the_sensitivity_of_one_row_per_unit(demo_schem
     assert p.unit is None and p.max_groups == 1 and [m.sensitivity for m in p.measures] == [1]
     assert p.domain is not None and len(p.domain) == 10  # n in 1..10: every key released
     sql = rewrite(p).sql
-    assert "INT8SMALLER(INT8LARGER(COUNT(*), 0), 10)" in sql and "GROUP BY visits.person_id" in sql
+    assert "INT8SMALLER(INT8LARGER(COUNT(*), 1), 10)" in sql and "GROUP BY visits.person_id" in sql
     p = plan("SELECT SUM(total) FROM (SELECT v.person_id, SUM(v.amount) AS total FROM visits v "
              "GROUP BY v.person_id) t", demo_schema)
     assert [m.sensitivity for m in p.measures] == [10 * 1000]
