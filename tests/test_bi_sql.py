@@ -909,6 +909,40 @@ def test_a_list_of_keys_joined_to_a_table_is_the_table_filtered_to_the_list(demo
     assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
 
 
+@pytest.mark.parametrize(("written", "spelled"), [
+    ("SELECT m.month, COALESCE(t.n, 0) AS n FROM generate_series(1, 3) m(month) LEFT JOIN (SELECT EXTRACT(MONTH FROM "
+     "day)::int AS month, COUNT(*) AS n FROM visits GROUP BY 1) t ON t.month = m.month ORDER BY 1",
+     "SELECT t.month, COALESCE(t.n, 0) AS n FROM (SELECT EXTRACT(MONTH FROM day)::int AS month, COUNT(*) AS n FROM "
+     "visits WHERE EXTRACT(MONTH FROM day)::int IN (1, 2, 3) GROUP BY 1) t ORDER BY 1"),
+    ("WITH t AS (SELECT category, SUM(amount) AS s FROM visits GROUP BY category) SELECT c.category, COALESCE(t.s, 0) "
+     "AS s FROM (VALUES ('lab'), ('dental')) c(category) LEFT JOIN t USING (category)",
+     "SELECT t.category, COALESCE(t.s, 0) AS s FROM (SELECT category, SUM(amount) AS s FROM visits WHERE category IN "
+     "('lab', 'dental') GROUP BY category) t"),
+])
+def test_a_list_of_keys_joined_to_a_grouped_query_is_the_query_kept_to_the_list(demo_schema, written, spelled):
+    """A calendar or a VALUES list LEFT JOINed to a grouped subquery on its key, to fill the groups it lacks, was
+    refused ("COUNT(*) over a LEFT JOIN from a list of keys counts the list's own row", of the subquery's COUNT):
+    it is the grouped query kept to the listed keys, each of which it releases."""
+    assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
+
+
+def test_a_calendar_fills_the_gaps_of_a_grouped_query_as_postgresql_does(engine, analyst, base_url):
+    """Each listed key comes back, in PostgreSQL's order and types, the empty ones too (as noisy zeros), and no
+    other: months of a monthly calendar joined to date_trunc's periods, the listed days of a daily total."""
+    for sql in ["SELECT g.m::date AS month, COALESCE(t.n, 0) AS n FROM generate_series('2024-02-01'::date, "
+                "'2024-04-01'::date, '1 month') g(m) LEFT JOIN (SELECT date_trunc('month', day) AS m, COUNT(*) AS n "
+                "FROM visits GROUP BY 1) t ON t.m = g.m ORDER BY 1",
+                "SELECT c.k, COALESCE(t.n, 0) AS n FROM (VALUES ('lab'), ('dental'), ('physio')) c(k) LEFT JOIN "
+                "(SELECT category AS k, COUNT(*) AS n FROM visits WHERE amount > 4990 GROUP BY 1) t ON t.k = c.k "
+                "ORDER BY 1"]:
+        answer = engine.query(sql, analyst=analyst, epsilon=1.0)
+        with psycopg.connect(base_url) as conn:
+            cursor = conn.execute(sql)
+            expected = [row[0] for row in cursor]
+            names = [column.name for column in cursor.description]
+        assert [row[0] for row in answer.rows] == expected and answer.names == names
+
+
 def test_a_period_cast_to_a_date_is_a_public_key(engine, analyst):
     """`date_trunc('week', day)::date`, as BI tools write a week: the periods' start dates are public (the column's
     bounds), every week released; a monthly calendar joined on date_trunc releases its own months alone."""

@@ -583,6 +583,12 @@ def _admitted(scope: Scope, node: exp.Expression, domain: tuple) -> tuple:
             return tuple(v for v in domain if v is None and with_null)
         domain = tuple(v for v in domain if (v is None and with_null)
                        or (v is not None and (v in listed) != negated))
+    if domain and all(isinstance(v, datetime.datetime) for v in domain if v is not None):
+        # periods kept to a list of days (a calendar of month starts joined to date_trunc('month', day)): each
+        # period's start as the date PostgreSQL casts it to, in the session's zone
+        for negated, values, _ in _key_conditions(scope, exp.cast(node.unnest().copy(), exp.DataType.build("date"))):
+            if values and all(type(v) is datetime.date for v in values):
+                domain = tuple(v for v in domain if v is not None and (v.date() in values) != negated)
     for negated, matches in _key_patterns(scope, node):
         if all(isinstance(v, str) and v.isascii() for v in domain if v is not None):
             domain = tuple(v for v in domain if v is not None and matches(v) != negated)

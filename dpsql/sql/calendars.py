@@ -11,6 +11,10 @@ non-NULL constants (text, integers, or dates: a generate_series of dates by whol
 integers), be the FROM, joined by an inner or LEFT join on one equality of its column with the table's expression;
 the rest of the ON reads the table alone and moves to the WHERE, and the WHERE does not read the list. Under a LEFT
 join COUNT(*) would count the list's own row where nothing matches: it is refused with a hint to count a column.
+A list joined so to a grouped subquery on one of its keys, to fill the groups it lacks (`SELECT m.month,
+COALESCE(t.n, 0) FROM generate_series(1, 12) m(month) LEFT JOIN (SELECT EXTRACT(MONTH FROM day)::int AS month,
+COUNT(*) AS n FROM visits GROUP BY 1) t ON t.month = m.month`), is the subquery kept to the list (`WHERE <its key> IN
+(…)`), each listed key released, and the list's key read as the subquery's.
 Anything else is left as written (refused).
 """
 
@@ -22,6 +26,7 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
 from dpsql.sql.query import MAX_DOMAIN, operands, output_name
+from dpsql.sql.shape import inline_ctes
 from dpsql.sql.times import interval_step, time_value
 
 MAX_LISTED = MAX_DOMAIN  # a longer list would not be released in full
@@ -33,13 +38,17 @@ def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
     source = tree.args["from_"].this if tree.args.get("from_") else None
     listed = _listed(source)
     joins = tree.args.get("joins") or []
+    if listed is not None and len(joins) == 1:  # (a grouped WITH query joined to the list: its subquery)
+        kept = _groups_kept_to_list(inline_ctes(tree.copy(), read_once=True), listed)
+        if kept is not None:
+            return kept
     if listed is None or not joins or tree.args.get("with_"):
         return None
     alias, column, constants = listed
     join = joins[0]
-    side, kind = (join.side or "").upper(), (join.kind or "").upper()
+    side = (join.side or "").upper()
     conjuncts = operands(join.args["on"]) if join.args.get("on") is not None else []
-    if side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER") or not conjuncts:
+    if not _inner_or_left(join) or not conjuncts:
         return None
     matched = [c for c in conjuncts if isinstance(c, exp.EQ) and _pairs(c, alias, column) is not None]
     where = tree.args.get("where")
@@ -60,13 +69,87 @@ def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
     written = _replaced(written, alias, column, key, counterpart)
     if any(c.table == alias for c in written.find_all(exp.Column)):
         return None  # the list read some other way: as written
-    listed = counterpart.copy()
-    if isinstance(listed, exp.TimestampTrunc | exp.DateTrunc) and constants[0].find(exp.Cast):
-        listed = exp.cast(listed, exp.DataType.build("date"))  # a period's start at midnight, as the key reads it
-    in_list = exp.In(this=listed, expressions=constants)
     where = written.args["where"].this if written.args.get("where") else None
-    written.set("where", exp.Where(this=exp.and_(*(c for c in (where, *rest, in_list) if c is not None))))
+    written.set("where", exp.Where(this=exp.and_(*(c for c in (where, *rest, _in_list(counterpart, constants))
+                                                   if c is not None))))
     return written
+
+
+def _inner_or_left(join: exp.Join) -> bool:
+    return (join.side or "").upper() in ("", "LEFT") and (join.kind or "").upper() in ("", "INNER", "OUTER")
+
+
+def _in_list(key: exp.Expression, constants: list[exp.Expression]) -> exp.In:
+    """`key IN (the listed constants)`; a period's start (date_trunc) compared as a date where the list is of dates,
+    at midnight, as the key reads it."""
+    listed = key.copy()
+    if isinstance(listed, exp.TimestampTrunc | exp.DateTrunc) and constants[0].find(exp.Cast):
+        listed = exp.cast(listed, exp.DataType.build("date"))
+    return exp.In(this=listed, expressions=[c.copy() for c in constants])
+
+
+def _groups_kept_to_list(tree: exp.Select, listed: tuple[str, str, list[exp.Expression]]) -> exp.Select | None:
+    """A list of keys LEFT JOINed to a grouped subquery on one of its keys, to fill the groups it lacks (`SELECT
+    m.month, COALESCE(t.n, 0) FROM generate_series(1, 12) m(month) LEFT JOIN (SELECT EXTRACT(MONTH FROM day)::int
+    AS month, COUNT(*) AS n FROM visits GROUP BY 1) t ON t.month = m.month`): the subquery kept to the listed keys
+    (`WHERE <its key> IN (…)`), each of which it then releases like a declared domain's, and the list's key read as
+    the subquery's. Only an outer query that projects and orders (no WHERE, GROUP BY or aggregate of its own);
+    None for anything else."""
+    alias, column, constants = listed
+    join = tree.args["joins"][0]
+    subquery = join.this
+    inner = subquery.this if isinstance(subquery, exp.Subquery) else None
+    if not isinstance(inner, exp.Select) or not inner.args.get("group") or not _inner_or_left(join) \
+            or any(tree.args.get(k) for k in ("where", "group", "having", "distinct", "with_")) \
+            or any(e.find(exp.AggFunc, exp.Window) for e in tree.expressions):
+        return None
+    name = subquery.alias_or_name
+    key_name = _joined_output(join, alias, column, name)
+    outputs = {output_name(e): e.unalias() for e in inner.expressions}
+    if key_name not in outputs or not _grouped_by(inner, outputs[key_name], key_name):
+        return None
+    kept = inner.copy()
+    kept.where(_in_list(outputs[key_name], constants), copy=False)
+    written = tree.copy()
+    written.set("from_", None)  # (the outer query's own clauses read the list's key; the subquery's do not)
+    written.set("joins", None)
+
+    def swap(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and _is_key(node, alias, column):
+            return exp.column(key_name, table=name)
+        return node
+    written = written.transform(swap)
+    if any(_reads(c, alias) for c in written.expressions):
+        return None
+    written.set("from_", exp.From(this=exp.Subquery(this=kept, alias=exp.TableAlias(this=exp.to_identifier(name)))))
+    return written
+
+
+def _joined_output(join: exp.Join, alias: str, column: str, name: str) -> str | None:
+    """The subquery's output that the join equates with the list's key: `ON t.k = m.k` (either way round), or
+    `USING (k)`."""
+    using = join.args.get("using") or []
+    if using:
+        return column if len(using) == 1 and using[0].name == column else None
+    on = join.args.get("on")
+    if not isinstance(on, exp.EQ):
+        return None
+    for key, other in ((on.this.unnest(), on.expression.unnest()), (on.expression.unnest(), on.this.unnest())):
+        if isinstance(key, exp.Column) and _is_key(key, alias, column) and isinstance(other, exp.Column) \
+                and other.table == name:
+            return other.name
+    return None
+
+
+def _grouped_by(select: exp.Select, key: exp.Expression, name: str) -> bool:
+    """Whether the grouped `select` groups by `key`, its output `name` (GROUP BY the expression, its position, or
+    its name)."""
+    position = [output_name(e) for e in select.expressions].index(name) + 1
+    for group in select.args["group"].expressions:
+        if group == key or isinstance(group, exp.Literal) and group.is_int and int(group.this) == position \
+                or isinstance(group, exp.Column) and not group.table and group.name == name:
+            return True
+    return False
 
 
 def _listed(source: exp.Expression | None) -> tuple[str, str, list[exp.Expression]] | None:
