@@ -188,6 +188,21 @@ def test_a_where_list_of_days_narrows_the_days_released(demo_schema, sql, keys):
     assert [key for (key,) in domain] == [datetime.date(2024, 1, d) for d in keys]
 
 
+def test_a_period_beside_another_key_of_its_date_takes_the_pairs_its_days_give(demo_schema):
+    """`to_char(date_trunc('month', day), 'Mon YYYY')` beside `date_trunc('month', day)` (a label and the month
+    to order by) released every label in every month, 144 cells of which 132 were noisy counts of nothing: a
+    period is read as its first day, so its pairs are those the declared days give."""
+    def domain(sql: str) -> list:
+        return analyze(check_query(sql, demo_schema), demo_schema, UNIQUE, time_zone="Etc/UTC").domain
+
+    labelled = domain("SELECT to_char(date_trunc('month', day), 'Mon YYYY') AS m, COUNT(*) FROM visits "
+                      "GROUP BY 1, date_trunc('month', day)")
+    assert len(labelled) == 12 and labelled[2][0] == "Mar 2024" and labelled[2][1].month == 3
+    weeks = domain("SELECT date_trunc('week', day) AS w, EXTRACT(MONTH FROM day) AS m, COUNT(*) FROM visits "
+                   "WHERE day < '2024-03-01' GROUP BY 1, 2")
+    assert len(weeks) == 10  # 9 weeks, the one of Jan 29 to Feb 4 in both months
+
+
 def test_each_key_of_a_column_the_where_narrows_is_narrowed_beside_other_keys(demo_schema):
     """Beside a key of another column, each key takes the values its column's admitted values give: the first
     quarter's months by category are 24 cells, not 96 (72 of them noisy counts of nothing)."""

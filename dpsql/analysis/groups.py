@@ -841,8 +841,10 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
         return None  # one key over every value: its own values
     from dpsql.postprocess.evaluate import evaluate  # (post-processing reads the plan this package makes)
 
-    nodes = [_whole_quotients(node, scope.exprs) for node in nodes]
-    allowed = [set(d) for d in domains]
+    nodes = [_whole_quotients(_periods_as_days(node), scope.exprs) for node in nodes]
+    # a period (date_trunc) is read as its first day, and released as its key's value of that day
+    released = [{_day_of(v): v for v in d} for d in domains]
+    allowed = [set(r) for r in released]
     found: dict[tuple, None] = {}
     met: list[set] = [set() for _ in nodes]
     for value_of_column in declared:
@@ -854,7 +856,25 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
             seen.add(value)
         if value_of_column in admitted and all(v in a for v, a in zip(values, allowed, strict=True)):
             found[values] = None
-    return list(found) if all(a <= m for a, m in zip(allowed, met, strict=True)) else None
+    if not all(a <= m for a, m in zip(allowed, met, strict=True)):
+        return None
+    return [tuple(r[v] for v, r in zip(values, released, strict=True)) for values in found]
+
+
+def _periods_as_days(node: exp.Expression) -> exp.Expression:
+    """`node` with each period of a date (`date_trunc('month', day)`, a time at the session's midnight) as its first
+    day, which `postprocess.evaluate` computes (`to_char(date_trunc('month', day), 'Mon YYYY')` reads the same)."""
+    def as_day(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.TimestampTrunc | exp.DateTrunc) and not (
+                isinstance(n.parent, exp.Cast) and n.parent.to.is_type("date")):
+            return exp.cast(n.copy(), exp.DataType.build("date"))
+        return n
+    return node.transform(as_day)
+
+
+def _day_of(value: object) -> object:
+    """A period's start (a time at the session's midnight) as its day; any other value as it is."""
+    return value.date() if isinstance(value, datetime.datetime) else value
 
 
 def _listed_days(scope: Scope, node: exp.Column) -> list[tuple[bool, set[float]]]:
