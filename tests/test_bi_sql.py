@@ -1833,10 +1833,15 @@ def test_to_char_of_a_noisy_number_is_postgresql_s(base_url):
 
 def test_a_noisy_number_is_formatted_and_joined_to_text_after_noise(engine, analyst):
     answer = engine.query("SELECT category, to_char(SUM(amount), 'FM999,999,990') AS total, COUNT(*) || ' visits' "
-                          "AS n FROM visits GROUP BY category ORDER BY 1", analyst=analyst, epsilon=1.0)
-    assert answer.types == ["text", "text", "text"] and len(answer.rows) == 8
+                          "AS n, COUNT(*)::text AS cast FROM visits GROUP BY category ORDER BY 1", analyst=analyst,
+                          epsilon=1.0)
+    assert answer.types == ["text", "text", "text", "text"] and len(answer.rows) == 8
     assert all(re.fullmatch(r"-?\d{1,3}(,\d{3})*", row[1]) and re.fullmatch(r"-?\d+ visits", row[2])
                for row in answer.rows), answer.rows
+    assert all(re.fullmatch(r"-?\d+", row[3]) for row in answer.rows)
+    people = engine.query("SELECT sex, COUNT(*)::text || ' people' AS n FROM people GROUP BY sex", analyst=analyst,
+                          epsilon=1.0)
+    assert all(re.fullmatch(r"-?\d+ people", n) for _, n in people.rows), people.rows  # not 10011.0 people
     assert all(acc[1] is None and acc[2] is None for acc in answer.accuracy)  # text has no interval
     with pytest.raises(errors.UnsupportedQuery, match="number pattern S is not computed"):
         engine.prepare("SELECT to_char(SUM(amount), 'S999,999') FROM visits")  # refused before anything is spent

@@ -312,7 +312,7 @@ def evaluate(node: exp.Expression, env: dict[str, Any]) -> Any:
         if node.to.this in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.SMALLINT):
             return np.round(value)
         if node.to.this in (exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR):
-            return str(value.item() if isinstance(value, np.generic) else value)
+            return _as_text(value)  # (a count is a whole number: 10011, not 10011.0)
         if node.to.this in (exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP) and isinstance(value, datetime.date):
             return _time_cast(value, node.to.this)
         if node.to.this == exp.DataType.Type.DATE and isinstance(node.this, exp.Literal) and node.this.is_string:
