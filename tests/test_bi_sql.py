@@ -7,6 +7,7 @@ import datetime
 import math
 import re
 import uuid
+from decimal import Decimal
 from types import SimpleNamespace
 
 import numpy as np
@@ -427,6 +428,24 @@ def test_tableaus_month_truncated_toward_zero_releases_every_month(demo_schema, 
         assert conn.execute("SELECT trunc(-2.5), trunc(2.5)").fetchone() == (-2, 2)
     assert check_query("SELECT trunc(amount / 100 - 2) AS b, COUNT(*) FROM visits GROUP BY 1",
                        demo_schema).output_names == ("b", "count")
+
+
+def test_trunc_to_digits_is_postgresql_s(engine, analyst, base_url):
+    """trunc(x, n) of a constant n was refused: it truncates toward zero at n digits, of x cast to a numeric as
+    PostgreSQL's (the keys of bins, each branch's values: a CASE of bounded keys took every integer of its range;
+    and values after noise)."""
+    keys = "SELECT trunc(age, -1) AS decade, COUNT(*) FROM people WHERE age < 90 GROUP BY 1 ORDER BY 1"
+    answer = engine.query(keys, analyst=analyst, epsilon=1.0)
+    assert answer.types == ["numeric", "int8"]
+    with psycopg.connect(base_url) as conn:
+        assert [row[0] for row in answer.rows] == [row[0] for row in conn.execute(keys)]  # 9 decades, not 90 ages
+        assert conn.execute("SELECT trunc(-2.57, 1), trunc(2.57, 1), trunc(1234.5, -2)").fetchone() == (
+            Decimal("-2.5"), Decimal("2.5"), Decimal("1200"))
+    noisy = engine.query("SELECT trunc(AVG(age), 1) AS a, trunc(AVG(income)::numeric, -3) AS i FROM people",
+                         analyst=analyst, epsilon=1.0)
+    assert noisy.types == ["numeric", "numeric"]
+    a, i = (float(v) for v in noisy.rows[0])
+    assert round(a * 10, 6).is_integer() and i % 1000 == 0
 
 
 @pytest.mark.parametrize(("key", "periods"), [
@@ -1815,7 +1834,6 @@ def test_to_char_of_a_noisy_number_is_postgresql_s(base_url):
     """to_char of a released number runs in Python: for each template and value, as a bigint, a double precision
     (printf's rounding, the sign of -0, at most 15 digits) and a numeric (half away from zero), the text is
     PostgreSQL's own: blank or zero digits, the sign before the first digit, FM's trimming, '#' for overflow."""
-    from decimal import Decimal
 
     from dpsql.sql.to_char import number_to_char
 

@@ -196,6 +196,14 @@ def key_domain(scope: Scope, node: exp.Expression, value_range: Range | None) ->
             values = [b.args["true"].to_py() for b in node.args["ifs"]]
             values.append(default.to_py() if default is not None else None)
             return tuple(dict.fromkeys(values))
+    if isinstance(node, exp.Case) and node.this is None and not all(
+            isinstance(b, exp.Literal) for b in branches_of(node)):
+        # each branch's values (trunc(age, -1): ceil's tens below 0, floor's above), NULL where no branch is taken
+        parts = [key_domain(scope, b, None) for b in branches_of(node)]
+        if all(p is not None for p in parts):
+            values = [v for p in parts for v in p] + ([] if node.args.get("default") is not None else [None])
+            if len(set(values)) <= MAX_DOMAIN:
+                return tuple(dict.fromkeys(values))
     if isinstance(node, exp.Extract) and node.this.name.upper() == "EPOCH":
         return _epoch_domain(key_domain(scope, node.expression.unnest(), None))
     if isinstance(node, exp.Cast) and node.to.this in INTEGER_CASTS:  # (extract(epoch from …)::bigint)

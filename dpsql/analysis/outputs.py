@@ -159,8 +159,8 @@ def _output_type(expr: exp.Expression, aggregates: list[Aggregate], keys: list[G
         return "text"
     if isinstance(expr, exp.DPipe):
         return "text"
-    if isinstance(expr, exp.Round):  # PostgreSQL rounds a numeric as a numeric, anything else as a double
-        inner = original.this if isinstance(original, exp.Round) else expr.this
+    if isinstance(expr, exp.Round | exp.Ceil | exp.Floor):  # of a numeric a numeric, of anything else a double
+        inner = original.this if type(original) is type(expr) else expr.this
         numeric = _output_type(expr.this, aggregates, keys, exprs, inner, windows) == "numeric"
         return "numeric" if numeric else "float8"
     if isinstance(expr, exp.Cast):

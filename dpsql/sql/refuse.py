@@ -68,8 +68,8 @@ INSTEAD = {
                  "rules differ between backends)",
     exp.Format: "format() is answered with a constant format of %s only: format('%s visits', category), or "
                 "concat(category, ' visits')",
-    exp.Trunc: "trunc(x) is answered; to digits, bin with floor or round instead: floor(x / 100) * 100 (toward "
-               "minus infinity), or round(x::numeric, -2) (to the nearest hundred)",
+    exp.Trunc: "trunc(x) and trunc(x, n) of a whole-number constant n are answered: trunc(AVG(age), 1), or "
+               "trunc(x::numeric, -2) (toward zero, to hundreds)",
     exp.AtTimeZone: "name the zone as a constant: date_trunc('month', day AT TIME ZONE 'America/New_York')",
     exp.Lateral: "a LATERAL subquery is answered for each unit's first rows, of one table tied to the outer row by "
                  "its unit column and joined ON true: LEFT JOIN LATERAL (SELECT amount FROM visits v WHERE "

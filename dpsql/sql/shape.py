@@ -346,15 +346,40 @@ def logs_as_ln(tree: exp.Select) -> exp.Select:
 def trunc_as_floor_or_ceil(tree: exp.Select) -> exp.Select:
     """trunc(x), toward zero (Tableau's month, CAST(TRUNC(EXTRACT(MONTH FROM day)) AS INTEGER)), as CASE WHEN x < 0
     THEN ceil(x) ELSE floor(x) END: of PostgreSQL's type for x as trunc's is, NULL for NULL, NaN for NaN (which
-    sorts above every number), and bounded where floor and ceil are. trunc(x, n) is left to be refused."""
+    sorts above every number), and bounded where floor and ceil are. trunc(x, n) of a whole-number constant n (of
+    a numeric, as x is cast to one: `trunc(AVG(age), 1)`, `trunc(age, -1)`) so too at n digits, x scaled by 10^n
+    before and after (divided by 10^-n where n < 0, so that the factor is a whole number); any other n is left
+    to be refused."""
     def spelled(node: exp.Expression) -> exp.Expression:
-        if not isinstance(node, exp.Trunc) or node.args.get("decimals") is not None:
+        digits = node.args.get("decimals") if isinstance(node, exp.Trunc) else None
+        if not isinstance(node, exp.Trunc) or digits is not None and _whole_constant(digits) is None:
             return node
-        value = node.this
+        n = 0 if digits is None else _whole_constant(digits)
+        factor = exp.Literal.number(10 ** abs(n))
+
+        def scaled(value: exp.Expression) -> exp.Expression:
+            return value if n == 0 else exp.Mul(this=exp.Paren(this=value), expression=factor.copy()) if n > 0 \
+                else exp.Div(this=exp.Paren(this=value), expression=factor.copy())
+
+        def back(value: exp.Expression) -> exp.Expression:
+            return value if n == 0 else exp.Div(this=value, expression=factor.copy()) if n > 0 \
+                else exp.Mul(this=value, expression=factor.copy())
+        # PostgreSQL's trunc(x, n) is of a numeric (x is cast to one, and the result is one)
+        value = node.this if digits is None else exp.cast(node.this.copy(), exp.DataType.build("numeric"))
         negative = exp.LT(this=value.copy(), expression=exp.Literal.number(0))
-        return exp.Paren(this=exp.Case(ifs=[exp.If(this=negative, true=exp.Ceil(this=value.copy()))],
-                                       default=exp.Floor(this=value.copy())))
+        return exp.Paren(this=exp.Case(ifs=[exp.If(this=negative, true=back(exp.Ceil(this=scaled(value.copy()))))],
+                                       default=back(exp.Floor(this=scaled(value.copy())))))
     return _function_respelled(tree, exp.Trunc, "trunc", spelled)
+
+
+def _whole_constant(node: exp.Expression) -> int | None:
+    """A whole-number constant's value (`1`, `-3`), else None."""
+    node = node.unnest()
+    negative = isinstance(node, exp.Neg)
+    literal = node.this if negative else node
+    if not isinstance(literal, exp.Literal) or literal.is_string or not literal.this.isdigit():
+        return None
+    return -int(literal.this) if negative else int(literal.this)
 
 
 def left_as_substring(tree: exp.Select) -> exp.Select:
