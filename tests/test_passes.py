@@ -99,8 +99,8 @@ def test_derived_tables_are_bounded_per_unit(demo_schema):
     scope = scope_after(derived.bound_subquery, "SELECT COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits "
                         "GROUP BY person_id) t WHERE n > 2", demo_schema)
     table = scope.aliases["t"]
-    assert table.unit_column == "person_id" and (table.columns["n"].lower, table.columns["n"].upper) == (0, 10)
-    assert "INT8SMALLER(INT8LARGER(COUNT(*), 0), 10) AS n" in postgres(scope.from_)  # the count is clamped to [0, k]
+    assert table.unit_column == "person_id" and (table.columns["n"].lower, table.columns["n"].upper) == (1, 10)
+    assert "INT8SMALLER(INT8LARGER(COUNT(*), 1), 10) AS n" in postgres(scope.from_)  # a group's rows: [1, k]
 
 
 @pytest.mark.parametrize("sql", ["SELECT 1", "SELECT COUNT(*) FROM states"])
