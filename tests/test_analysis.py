@@ -203,6 +203,20 @@ def test_a_period_beside_another_key_of_its_date_takes_the_pairs_its_days_give(d
     assert len(weeks) == 10  # 9 weeks, the one of Jan 29 to Feb 4 in both months
 
 
+@pytest.mark.parametrize(("sql", "keys"), [
+    ("SELECT date_trunc('hour', day::timestamp) AS h, COUNT(*) FROM visits GROUP BY 1", 366),
+    ("SELECT date_trunc('hour', day) AS h, COUNT(*) FROM visits WHERE day < '2024-01-03' GROUP BY 1", 2),
+    ("SELECT date_trunc('minute', day::timestamp) AS h, COUNT(*) FROM visits WHERE day < '2024-01-03' GROUP BY 1",
+     2),
+    ("SELECT EXTRACT(HOUR FROM day::timestamp) AS h, COUNT(*) FROM visits GROUP BY 1", 1),
+])
+def test_a_date_as_a_time_is_at_midnight(demo_schema, sql, keys):
+    """A date cast to a time is its midnight: its hours are its days (8,761 hours of 2024 were released, all but
+    366 noisy counts of nothing), and its hour is 0 (24 keys)."""
+    domain = analyze(check_query(sql, demo_schema), demo_schema, UNIQUE, time_zone="Etc/UTC").domain
+    assert len(domain) == keys and all(getattr(k, "hour", 0) == 0 for (k,) in domain)
+
+
 def test_each_key_of_a_column_the_where_narrows_is_narrowed_beside_other_keys(demo_schema):
     """Beside a key of another column, each key takes the values its column's admitted values give: the first
     quarter's months by category are 24 cells, not 96 (72 of them noisy counts of nothing)."""

@@ -745,6 +745,15 @@ class Expressions:
             raise UnsupportedQuery(f"to_char of {to_sql(node.this)} is answered for dates and timestamps only",
                                    "group numbers by width_bucket or floor(x / w) instead")
 
+    def _date_at_midnight(self, node: exp.Expression) -> Column | None:
+        """The declared date column that `node` is, itself or cast to a timestamp (`day::timestamp`, at its
+        midnight), else None."""
+        node = node.unnest()
+        if isinstance(node, exp.Cast) and node.to.this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ):
+            node = node.this.unnest()
+        column = self.column(node) if isinstance(node, exp.Column) else None
+        return column if column is not None and column.type == "date" else None
+
     def _range_extract(self, node: exp.Extract) -> Range:
         field = node.this.name.upper()
         if field not in EXTRACT_RANGES:
@@ -776,7 +785,9 @@ class Expressions:
             per_unit = 86_400 if column.type == "date" else 1
             before = PERIOD_DAYS[unit] * 86_400 + 86_400
             return Range(column.lower * per_unit - before, column.upper * per_unit + 86_400, unit in WHOLE_SECONDS)
-        column = self.column(node.expression) if isinstance(node.expression, exp.Column) else None
+        column = self._date_at_midnight(node.expression)
+        if column is not None and field in TIME_FIELDS:  # a date as a time is at midnight: hour and minute 0
+            return Range(0, 0, True)
         days = declared_days(column) if column is not None else None
         if days is not None and field in CALENDAR_FIELDS:  # the fields its days give: 52 weeks in 2024, not 53
             from dpsql.postprocess.evaluate import DATE_FIELDS  # (post-processing reads the plan analysis makes)

@@ -340,9 +340,14 @@ def _period_domain(scope: Scope, node: exp.Expression) -> tuple | None:
     lower, upper = _narrowed_bounds(scope, column_node, column)
     if lower > upper:
         return ()
+    # a date is at its midnight, which a period shorter than a day (an hour) leaves as it is: the days
+    name = "day" if column.type == "date" and unit.name.lower() in SHORTER_THAN_A_DAY else unit.name
     if cast:  # the dates' midnights, truncated as timestamps (Metabase: date_trunc('week', CAST(day AS timestamp)))
-        return periods("timestamp", lower * 86400, upper * 86400, unit.name, scope.time_zone, MAX_DOMAIN)
-    return periods(column.type, lower, upper, unit.name, scope.time_zone, MAX_DOMAIN)
+        return periods("timestamp", lower * 86400, upper * 86400, name, scope.time_zone, MAX_DOMAIN)
+    return periods(column.type, lower, upper, name, scope.time_zone, MAX_DOMAIN)
+
+
+SHORTER_THAN_A_DAY = ("microseconds", "milliseconds", "second", "minute", "hour")
 
 
 FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
@@ -851,7 +856,7 @@ def _dated_domain(scope: Scope, nodes: list[exp.Expression], domains: list[tuple
 
     nodes = [_whole_quotients(_periods_as_days(node), scope.exprs) for node in nodes]
     # a period (date_trunc) is read as its first day, and released as its key's value of that day
-    released = [{_day_of(v): v for v in d} for d in domains]
+    released = [{_day_of(v): v for v in d if _at_midnight(v)} for d in domains]
     allowed = [set(r) for r in released]
     found: dict[tuple, None] = {}
     met: list[set] = [set() for _ in nodes]
@@ -878,6 +883,11 @@ def _periods_as_days(node: exp.Expression) -> exp.Expression:
             return exp.cast(n.copy(), exp.DataType.build("date"))
         return n
     return node.transform(as_day)
+
+
+def _at_midnight(value: object) -> bool:
+    """Whether `value` is no time, or a time at midnight (a date's, or a period's start of a day or more)."""
+    return not isinstance(value, datetime.datetime) or value.time() == datetime.time()
 
 
 def _day_of(value: object) -> object:
