@@ -1878,6 +1878,9 @@ def test_a_projection_of_an_aggregate_query_is_that_query_post_processed(demo_sc
     starred = check_query("WITH t AS (SELECT sex, AVG(income) AS a FROM people GROUP BY sex) SELECT * FROM t",
                           demo_schema)
     assert starred.output_names == ("sex", "a")
+    qualified = check_query("SELECT t.*, t.a / 1000 AS k FROM (SELECT sex, AVG(income) AS a FROM people GROUP BY sex) "
+                            "t", demo_schema)  # `t.*` was refused as a raw column
+    assert qualified.output_names == ("sex", "a", "k")
 
 
 def test_a_projection_of_per_unit_values_is_still_refused(demo_schema):

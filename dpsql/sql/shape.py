@@ -1035,11 +1035,13 @@ def projection_over_aggregates(tree: exp.Select, schema: PrivacySchema) -> exp.S
                 this=value)
         return node
 
-    if any(isinstance(e, exp.Star) for e in tree.expressions):
-        outputs = [e.copy() for e in inner.expressions]
-    else:
-        outputs = [exp.alias_(e.this if isinstance(e, exp.Alias) else e, output_name(e)).transform(inlined)
-                   for e in tree.expressions]
+    outputs = []
+    for e in tree.expressions:  # `*` and `t.*` are the inner query's outputs, where they stand
+        if isinstance(e, exp.Star) or isinstance(e, exp.Column) and isinstance(e.this, exp.Star) \
+                and e.table in ("", alias):
+            outputs += [o.copy() for o in inner.expressions]
+        else:
+            outputs.append(exp.alias_(e.this if isinstance(e, exp.Alias) else e, output_name(e)).transform(inlined))
     merged = inner.copy()
     merged.set("expressions", outputs)
     merged.set("order", inner_order)
