@@ -408,6 +408,12 @@ def test_a_having_inside_a_per_unit_subquery_is_its_filter_outside(demo_schema):
                  "GROUP BY person_id) t WHERE t.dpsql_having_1 > 5 AND t.s > 100", demo_schema)
     assert rewrite(having).sql == rewrite(where).sql
     assert [m.sensitivity for m in having.measures] == [m.sensitivity for m in where.measures]
+    # an unaliased output the HAVING repeats is read by its name (it was "column count does not exist")
+    unnamed = plan("SELECT COUNT(*) FROM (SELECT person_id, day, COUNT(*) FROM visits GROUP BY 1, 2 HAVING COUNT(*) "
+                   "> 1) t", demo_schema)
+    named = plan("SELECT COUNT(*) FROM (SELECT person_id, day, COUNT(*) AS n FROM visits GROUP BY 1, 2) t "
+                 "WHERE t.n > 1", demo_schema)
+    assert [m.sensitivity for m in unnamed.measures] == [m.sensitivity for m in named.measures]
 
 
 def test_a_unit_s_first_value_of_a_declared_domain_keeps_the_domain_outside(demo_schema):

@@ -581,6 +581,9 @@ def _filter_place(tree: exp.Select, alias: str) -> exp.Select | exp.Join | None:
 def _having_outside(inner: exp.Select, alias: str) -> exp.Expression | None:
     """`inner`'s HAVING over outputs it selects for it (its aggregates and keys, under names of dpsql's own
     where it does not select them already), read through `alias`; None where it reads another column."""
+    for output in inner.expressions:  # an output the condition reads by name is named (COUNT(*) as count)
+        if not isinstance(output, exp.Alias | exp.Column):
+            output.replace(exp.alias_(output.copy(), output_name(output)))
     named = {output.unalias().sql(): output_name(output) for output in inner.expressions}
     keys = {key.sql() for key in inner.args["group"].expressions}
     taken = set(named.values())
