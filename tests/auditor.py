@@ -508,6 +508,12 @@ QUERY_CLASSES = [
     QueryClass("a person's groups by kind, at most as many as the kinds declared (stop 74)",
                query("SELECT n, COUNT(*) FROM (SELECT person_id, kind, COUNT(*) AS n FROM trips GROUP BY 1, 2) t "
                      "GROUP BY 1"), 1),
+    QueryClass("a list of keys LEFT JOINed to a grouped query to fill its gaps, the neighbour's own line listed "
+               "(stop 75)",
+               query("SELECT c.k, COALESCE(t.n, 0) AS n FROM (VALUES ('l0'), ('x')) c(k) LEFT JOIN (SELECT line AS k, "
+                     "COUNT(*) AS n FROM rides GROUP BY 1) t ON t.k = c.k"), 1),
+    QueryClass("bins of trunc(fare, -1), a CASE of ceil and floor whose keys are its branches' (stop 75)",
+               query("SELECT trunc(fare, -1) AS tens, COUNT(*) FROM trips GROUP BY 1"), 1),
     # the neighbour's rows are stored first, so every other row sits elsewhere: with a known seed PostgreSQL's
     # coins (a hash of the seed and where a row is stored) would sample other rows on each side; over the secret
     # seed each query draws, the other rows' sample has one law on both
