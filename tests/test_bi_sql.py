@@ -1883,6 +1883,23 @@ def test_a_projection_of_an_aggregate_query_is_that_query_post_processed(demo_sc
     assert qualified.output_names == ("sex", "a", "k")
 
 
+def test_a_correlated_subquery_of_a_person_s_rows_is_a_join_to_them_grouped(demo_schema, engine, analyst, base_url):
+    """`AVG((SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id))` in the SELECT list (a person's visits)
+    was refused ("a scalar subquery must stand on its own"): it is a LEFT JOIN to the visits grouped by person, a
+    person without one counting 0, as PostgreSQL's subquery over no rows does."""
+    written = ("SELECT p.sex, AVG((SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id)) AS n FROM people p "
+               "GROUP BY 1")
+    spelled = ("SELECT p.sex, AVG(COALESCE(dpsql_c1.dpsql_value, 0)) AS n FROM people p LEFT JOIN (SELECT v.person_id "
+               "AS dpsql_key, COUNT(*) AS dpsql_value FROM visits v GROUP BY v.person_id) dpsql_c1 ON "
+               "dpsql_c1.dpsql_key = p.person_id GROUP BY 1")
+    assert check_query(written, demo_schema).canonical == check_query(spelled, demo_schema).canonical
+    answer = engine.query(written + " ORDER BY 1", analyst=analyst, epsilon=5.0)
+    with psycopg.connect(base_url) as conn:
+        expected = conn.execute(written + " ORDER BY 1").fetchall()
+    assert [row[0] for row in answer.rows] == [row[0] for row in expected]
+    assert all(abs(float(a[1]) - float(e[1])) < 0.5 for a, e in zip(answer.rows, expected, strict=True))
+
+
 def test_a_projection_of_per_unit_values_is_still_refused(demo_schema):
     with pytest.raises(errors.UnsupportedQuery, match="groups by the privacy unit"):
         plan("SELECT n FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) t", demo_schema)

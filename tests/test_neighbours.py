@@ -199,6 +199,9 @@ QUERIES = [
     "WHERE category = 'dental')",  # the subquery's visits is its own table (renamed)
     # aggregates of per-unit aggregates: each subquery row is one whole unit, its values clamped to k rows' worth
     "SELECT n, COUNT(*) FROM (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id) AS t GROUP BY n",
+    # a correlated scalar subquery of a person's rows, as a LEFT JOIN to it grouped by the person
+    "SELECT p.sex, AVG((SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id)), AVG((SELECT SUM(amount) "
+    "FROM visits v WHERE v.person_id = p.person_id AND v.category = 'lab')) FROM people p GROUP BY 1",
     "WITH a AS (SELECT person_id, COUNT(*) AS n FROM visits GROUP BY person_id), b AS (SELECT n, COUNT(*) AS people "
     "FROM a GROUP BY n) SELECT * FROM b",  # a chain of WITH queries, inlined
     "WITH per AS (SELECT v.person_id, SUM(amount) AS total FROM visits v GROUP BY 1) "

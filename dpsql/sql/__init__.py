@@ -23,7 +23,7 @@ from dpsql.schema import PrivacySchema
 from dpsql.sql.bind import bind_parameters
 from dpsql.sql.calendars import key_lists_as_in
 from dpsql.sql.canonical import canonical_sql
-from dpsql.sql.cohorts import correlated_cohorts_as_in, filtered_cohorts_as_having
+from dpsql.sql.cohorts import correlated_cohorts_as_in, correlated_values_as_joins, filtered_cohorts_as_having
 from dpsql.sql.parse import parse_select
 from dpsql.sql.patterns import patterns_as_regex
 from dpsql.sql.qualify import qualify_columns
@@ -143,6 +143,7 @@ SPELLINGS: tuple[Rule, ...] = (
     lambda tree, context: unit_windows_as_sources(tree, context.schema),
     _tree_only(shadowing_names_renamed),
     _tree_only(correlated_cohorts_as_in),
+    _tree_only(correlated_values_as_joins),
     _tree_only(filtered_cohorts_as_having),
     _tree_only(cohort_joins_as_in),
     _tree_only(count_of_distinct_rows),

@@ -21,7 +21,7 @@ import operator
 from sqlglot import exp
 
 from dpsql.sql.query import AGGREGATES
-from dpsql.sql.shape import tables_read
+from dpsql.sql.shape import READS, tables_read
 
 COMPARISONS = {exp.GT: operator.gt, exp.GTE: operator.ge, exp.LT: operator.lt, exp.LTE: operator.le,
                exp.EQ: operator.eq, exp.NEQ: operator.ne}
@@ -90,6 +90,53 @@ def _having_cohort(select: exp.Select) -> exp.Select | None:
         having = spelled.args.get("having")
         spelled.set("having", exp.Having(this=filtered if having is None else exp.and_(having.this, filtered)))
     return spelled
+
+
+def correlated_values_as_joins(tree: exp.Select) -> exp.Select:
+    """Each correlated scalar subquery of one aggregate that `tree`'s SELECT list, GROUP BY, HAVING or ORDER BY reads
+    (`AVG((SELECT COUNT(*) FROM visits v WHERE v.person_id = p.person_id))`, a person's visits), spelled as a LEFT
+    JOIN to that subquery grouped by its tie: `LEFT JOIN (SELECT v.person_id AS dpsql_key, COUNT(*) AS dpsql_value
+    FROM visits v GROUP BY v.person_id) dpsql_c1 ON dpsql_c1.dpsql_key = p.person_id`, read as
+    `COALESCE(dpsql_c1.dpsql_value, 0)` (a COUNT over no rows is 0, any other aggregate NULL, as the join leaves
+    it). The join keeps every outer row once (one group per key). The same subquery written twice is one join."""
+    sources = [tree.args["from_"].this] if tree.args.get("from_") else []
+    outer_aliases = {s.alias_or_name for s in sources + [j.this for j in tree.args.get("joins") or []]}
+    joined: dict[str, str] = {}
+    for subquery in list(tree.find_all(exp.Subquery)):
+        if subquery.parent_select is not tree or isinstance(subquery.parent, READS) \
+                or subquery.find_ancestor(exp.Where, exp.Join, exp.From) is not None:
+            continue
+        value = _correlated_value(subquery.this, outer_aliases)
+        if value is None:
+            continue
+        grouped, counts, tie = value
+        text = f"{grouped.sql()} ON {tie.sql()}"
+        if text not in joined:
+            alias = joined[text] = f"dpsql_c{len(joined) + 1}"
+            tree.join(exp.Subquery(this=grouped, alias=exp.TableAlias(this=exp.to_identifier(alias))),
+                      join_type="LEFT", on=exp.EQ(this=exp.column("dpsql_key", table=alias), expression=tie.copy()),
+                      copy=False)
+        read = exp.column("dpsql_value", table=joined[text])
+        subquery.replace(exp.Coalesce(this=read, expressions=[exp.Literal.number(0)]) if counts else read)
+    return tree
+
+
+def _correlated_value(select: exp.Expression,
+                      outer_aliases: set[str]) -> tuple[exp.Select, bool, exp.Column] | None:
+    """The subquery grouped by its tie to the outer query (its key as dpsql_key, its one aggregate as dpsql_value),
+    whether that aggregate is a COUNT, and the outer column it is tied to; None where it is no correlated subquery
+    of one aggregate tied to a table of the outer query by one equality."""
+    if not isinstance(select, exp.Select) or len(select.expressions) != 1 or select.find(exp.Window) or any(
+            select.args.get(k) for k in ("group", "having", "order", "limit", "offset", "distinct", "with_")):
+        return None
+    aggregate = select.expressions[0].unalias()
+    correlation = _correlation(select)
+    if not isinstance(aggregate, tuple(AGGREGATES)) or correlation is None or correlation[1].table not in outer_aliases:
+        return None
+    inner, outer, rest = correlation
+    grouped = _cohort(select, inner, rest, None)
+    grouped.set("expressions", [exp.alias_(inner.copy(), "dpsql_key"), exp.alias_(aggregate.copy(), "dpsql_value")])
+    return grouped, isinstance(aggregate, exp.Count), outer
 
 
 def _exists_cohort(node: exp.Exists) -> exp.Expression | None:
@@ -176,4 +223,4 @@ def _in(outer: exp.Column, cohort: exp.Select) -> exp.In:
     return exp.In(this=outer.copy(), query=exp.Subquery(this=cohort))
 
 
-__all__ = ["correlated_cohorts_as_in"]
+__all__ = ["correlated_cohorts_as_in", "correlated_values_as_joins"]

@@ -27,7 +27,7 @@ from sqlglot import exp
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema, Table
 from dpsql.sql.bind import bind_parameters
-from dpsql.sql.cohorts import correlated_cohorts_as_in
+from dpsql.sql.cohorts import correlated_cohorts_as_in, correlated_values_as_joins
 from dpsql.sql.parse import parse_statement, set_operation_refused
 from dpsql.sql.query import (
     AGGREGATES,
@@ -171,7 +171,8 @@ def compose(sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None,
     group = tree.args.get("group")
     if isinstance(tree, exp.Select) and group and any(isinstance(e, GROUPINGS) for e in group.expressions):
         return _grouping_sets(bind_parameters(tree, params), schema)
-    if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_cohorts_as_in(tree.copy())):
+    if isinstance(tree, exp.Select) and _scalar_subqueries(correlated_values_as_joins(correlated_cohorts_as_in(
+            tree.copy()))):
         return _sequential(bind_parameters(tree, params))
     if isinstance(tree, exp.Select) and schema is not None:
         found = _released_keys_excluded(bind_parameters(tree, params), schema)
