@@ -221,6 +221,8 @@ def test_a_column_whose_type_changed_is_refused_as_types_that_do_not_fit(base_ur
     ("day >= '2024-13-01'", "22008", "'2024-13-01'"),
     ("age > 'abc'", "22P02", "'abc'"),
     ("category = 'it''s' AND day = '2024-02-30'", "22008", "'2024-02-30'"),
+    ("age = 1 / 0", "22012", "1 / 0"),  # the rewrite's NULLIF(0, 0) answered it, charged, where PostgreSQL fails
+    ("age % 0 = 1", "22012", "age % 0"),
 ])
 def test_a_constant_postgresql_cannot_read_is_refused_before_any_charge(engine, analyst, condition, sqlstate,
                                                                         constant):
@@ -231,6 +233,13 @@ def test_a_constant_postgresql_cannot_read_is_refused_before_any_charge(engine, 
         engine.query(f"SELECT COUNT(*) FROM {table} WHERE {condition}", analyst=analyst, epsilon=1.0)
     assert caught.value.sqlstate == sqlstate and constant in str(caught.value)
     assert engine.budget(analyst).epsilon_spent == 0.0
+
+
+def test_a_noisy_value_divided_by_zero_fails_as_postgresql_s_before_any_charge(engine, analyst):
+    """`COUNT(*) / 0` came back NULL (post-processing divides by NULLIF(0, 0)) and was charged; PostgreSQL fails."""
+    with pytest.raises(errors.InvalidConstant, match="division by zero") as caught:
+        engine.query("SELECT category, SUM(amount) / 0.0 FROM visits GROUP BY 1", analyst=analyst, epsilon=1.0)
+    assert caught.value.sqlstate == "22012" and engine.budget(analyst).epsilon_spent == 0.0
 
 
 def test_declared_domain_releases_every_key_and_nothing_else(engine, analyst):

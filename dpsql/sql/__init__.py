@@ -38,7 +38,7 @@ from dpsql.sql.query import (
     output_name,
     to_sql,
 )
-from dpsql.sql.refuse import refuse_unsafe
+from dpsql.sql.refuse import refuse_unsafe, refuse_zero_divisors
 from dpsql.sql.shape import (
     any_as_in,
     approx_distinct_as_count,
@@ -169,7 +169,9 @@ CHECKS: tuple[Rule, ...] = (
 def check_query(sql: str, schema: PrivacySchema,
                 params: Sequence[Any] | Mapping[str, Any] | None = None) -> CheckedQuery:
     """Parse `sql`, bind `params`, then SPELLINGS and CHECKS in order."""
-    tree = bind_parameters(parse_select(sql), params)
+    written = parse_select(sql)
+    refuse_zero_divisors(written)
+    tree = bind_parameters(written, params)
     sampled = with_sample_seeds(tree)  # first: a WITH query read twice is then one sample, as PostgreSQL reads it
     timed = tree.find(*CLOCKS) is not None
     context = Context(schema, datetime.datetime.now(datetime.UTC) if timed else None)

@@ -223,6 +223,30 @@ def _check_sample(sample: exp.TableSample) -> None:
                               sqlstate="2202H")
 
 
+def refuse_zero_divisors(tree: exp.Expression) -> None:
+    """Raise PostgreSQL's error for a division by a constant 0 the analyst wrote (`1 / 0`, `SUM(x) / 0.0`, `age %
+    0`): it fails whatever the data, where dpsql's rewrite (x / NULLIF(y, 0)) and post-processing would answer NULL
+    and charge. Checked as written, before parameters are bound: a scalar subquery's noisy value that comes out 0 is
+    post-processed as NULL, as before."""
+    for node in tree.find_all(exp.Div, exp.IntDiv, exp.Mod):
+        if _zero(node.expression):
+            raise InvalidConstant(f"division by zero: {to_sql(node)}", "divide by a number other than 0; to "
+                                  "leave a row's value out where its divisor is 0, write x / NULLIF(y, 0)",
+                                  sqlstate="22012")
+
+
+def _zero(node: exp.Expression) -> bool:
+    """Whether `node` is the number 0 written as a constant (0, 0.0, -0, (0))."""
+    node = node.unnest()
+    node = node.this.unnest() if isinstance(node, exp.Neg) else node
+    if not isinstance(node, exp.Literal) or node.is_string:
+        return False
+    try:
+        return float(node.this) == 0
+    except ValueError:
+        return False
+
+
 def _constant_number(node: exp.Expression | None) -> float | None:
     """The value of a number written as a constant (10, 2.5, -1, or '10', which PostgreSQL reads as a number
     here), else None; a text that is no number fails as PostgreSQL's does."""
