@@ -223,6 +223,8 @@ def test_a_column_whose_type_changed_is_refused_as_types_that_do_not_fit(base_ur
     ("category = 'it''s' AND day = '2024-02-30'", "22008", "'2024-02-30'"),
     ("age = 1 / 0", "22012", "1 / 0"),  # the rewrite's NULLIF(0, 0) answered it, charged, where PostgreSQL fails
     ("age % 0 = 1", "22012", "age % 0"),
+    ("day > DATE '2024-06-01' - INTERVAL '1 fortnight'", "22007", "FORTNIGHT"),  # refused as "not supported"
+    ("day > DATE '2024-06-01' - '2 blorps'::interval", "22007", "2 blorps"),
 ])
 def test_a_constant_postgresql_cannot_read_is_refused_before_any_charge(engine, analyst, condition, sqlstate,
                                                                         constant):

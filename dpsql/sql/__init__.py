@@ -38,7 +38,7 @@ from dpsql.sql.query import (
     output_name,
     to_sql,
 )
-from dpsql.sql.refuse import refuse_unsafe, refuse_zero_divisors
+from dpsql.sql.refuse import refuse_failing_constants, refuse_unsafe
 from dpsql.sql.shape import (
     any_as_in,
     approx_distinct_as_count,
@@ -170,7 +170,7 @@ def check_query(sql: str, schema: PrivacySchema,
                 params: Sequence[Any] | Mapping[str, Any] | None = None) -> CheckedQuery:
     """Parse `sql`, bind `params`, then SPELLINGS and CHECKS in order."""
     written = parse_select(sql)
-    refuse_zero_divisors(written)
+    refuse_failing_constants(written)
     tree = bind_parameters(written, params)
     sampled = with_sample_seeds(tree)  # first: a WITH query read twice is then one sample, as PostgreSQL reads it
     timed = tree.find(*CLOCKS) is not None

@@ -5,6 +5,8 @@ released rows (the outer SELECT list and ORDER BY)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,16 +225,44 @@ def _check_sample(sample: exp.TableSample) -> None:
                               sqlstate="2202H")
 
 
-def refuse_zero_divisors(tree: exp.Expression) -> None:
-    """Raise PostgreSQL's error for a division by a constant 0 the analyst wrote (`1 / 0`, `SUM(x) / 0.0`, `age %
-    0`): it fails whatever the data, where dpsql's rewrite (x / NULLIF(y, 0)) and post-processing would answer NULL
-    and charge. Checked as written, before parameters are bound: a scalar subquery's noisy value that comes out 0 is
-    post-processed as NULL, as before."""
+def refuse_failing_constants(tree: exp.Expression) -> None:
+    """Raise PostgreSQL's error for a constant the analyst wrote that fails whatever the data, before anything is
+    charged: a division by 0 (`1 / 0`, `SUM(x) / 0.0`, `age % 0`, 22012), where dpsql's rewrite (x / NULLIF(y, 0))
+    and post-processing would answer NULL and charge; an interval PostgreSQL cannot read (`INTERVAL '1 fortnight'`,
+    22007), which was refused as a construct dpsql does not support. Checked as written, before parameters are
+    bound: a scalar subquery's noisy value that comes out 0 is post-processed as NULL, as before."""
     for node in tree.find_all(exp.Div, exp.IntDiv, exp.Mod):
         if _zero(node.expression):
             raise InvalidConstant(f"division by zero: {to_sql(node)}", "divide by a number other than 0; to "
                                   "leave a row's value out where its divisor is 0, write x / NULLIF(y, 0)",
                                   sqlstate="22012")
+    for text in _interval_texts(tree):
+        words = {w.lower() for w in INTERVAL_WORD.findall(text)}
+        if not ISO_INTERVAL.fullmatch(text.strip()) and not words <= INTERVAL_WORDS:
+            raise InvalidConstant(f'invalid input syntax for type interval: "{text}"', "write an interval of "
+                                  "numbers and units: INTERVAL '2 weeks', INTERVAL '1 day 12 hours'", sqlstate="22007")
+
+
+def _interval_texts(tree: exp.Expression) -> Iterator[str]:
+    """The text of each constant interval: `INTERVAL '1 day'` (which sqlglot reads as '1' and the unit DAY) and
+    `'1 day'::interval`."""
+    for node in tree.find_all(exp.Interval, exp.Cast):
+        if isinstance(node, exp.Interval) and isinstance(node.this, exp.Literal):
+            unit = node.args.get("unit")
+            yield f"{node.this.this}{f' {unit.name}' if unit is not None else ''}"
+        elif isinstance(node, exp.Cast) and node.to.is_type("interval") and isinstance(node.this, exp.Literal) \
+                and node.this.is_string:
+            yield node.this.this
+
+
+# the words PostgreSQL reads in an interval's text (its units, their abbreviations and plurals, and `ago`)
+INTERVAL_WORDS = {*(f"{u}{s}" for u in ("microsecond", "millisecond", "second", "minute", "hour", "day", "week",
+                                          "month", "year", "decade", "mon", "min", "sec", "hr", "yr", "usec",
+                                          "msec") for s in ("", "s")),
+                  "century", "centuries", "millennium", "millennia", "mil", "mils", "us", "ms", "s", "m", "h", "d",
+                  "w", "y", "ago", "c", "dec", "decs"}
+INTERVAL_WORD = re.compile(r"[A-Za-z]+")
+ISO_INTERVAL = re.compile(r"P(?=\d|T\d)[\dYMWD.]*(T[\dHMS.]+)?", re.IGNORECASE)  # P1Y2M3DT4H5M6S, P1W
 
 
 def _zero(node: exp.Expression) -> bool:
