@@ -233,14 +233,15 @@ def refuse_failing_constants(tree: exp.Expression) -> None:
     bound: a scalar subquery's noisy value that comes out 0 is post-processed as NULL, as before."""
     for node in tree.find_all(exp.Div, exp.IntDiv, exp.Mod):
         if _zero(node.expression):
-            raise InvalidConstant(f"division by zero: {to_sql(node)}", "divide by a number other than 0; to "
-                                  "leave a row's value out where its divisor is 0, write x / NULLIF(y, 0)",
-                                  sqlstate="22012")
+            raise InvalidConstant(f"division by zero: {to_sql(node)} (SQLSTATE 22012); nothing was run or charged",
+                                  "divide by a number other than 0; to leave a row's value out where its divisor is "
+                                  "0, write x / NULLIF(y, 0)", sqlstate="22012")
     for text in _interval_texts(tree):
         words = {w.lower() for w in INTERVAL_WORD.findall(text)}
         if not ISO_INTERVAL.fullmatch(text.strip()) and not words <= INTERVAL_WORDS:
-            raise InvalidConstant(f'invalid input syntax for type interval: "{text}"', "write an interval of "
-                                  "numbers and units: INTERVAL '2 weeks', INTERVAL '1 day 12 hours'", sqlstate="22007")
+            raise InvalidConstant(f'invalid input syntax for type interval: "{text}" (SQLSTATE 22007); nothing was '
+                                  "run or charged", "write an interval of numbers and units: INTERVAL '2 weeks', "
+                                  "INTERVAL '1 day 12 hours'", sqlstate="22007")
 
 
 def _interval_texts(tree: exp.Expression) -> Iterator[str]:
