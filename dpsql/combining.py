@@ -17,6 +17,7 @@ from dpsql.analysis.plan import Output
 from dpsql.answer import Answer, without_interval
 from dpsql.output import shown
 from dpsql.postprocess import Accuracy, sort_rows
+from dpsql.postprocess.evaluate import typed
 from dpsql.prepared import Prepared
 from dpsql.released_rows import (
     Reported,
@@ -163,6 +164,7 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
                          f"{'it reads' if len(explained) == 1 else 'they read'} is decided by noisy values "
                          f"({picked or 'the WHERE over them'}), and a row near the line could fall on either side, "
                          "which moves the result beyond its rows' own noise")
+        rows = [tuple(typed(v, t) for v, t in zip(row, types, strict=True)) for row in rows]  # (AVG(n): numeric)
         return replace(inner, names=names, types=types, rows=rows, accuracy=accuracy, noisy=noisy, notes=notes,
                        explained=explained)
     shown = answers[-1:] if composition.sequential else answers

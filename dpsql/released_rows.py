@@ -49,11 +49,17 @@ def outer_columns(outer_sql: str, inner: Sequence[Output]) -> tuple[list[str], l
 
 
 def computed_type(value: exp.Expression, types: dict[str, str]) -> str:
-    """The type of a value computed over released columns (`types` by name): a COUNT is int8, a column keeps its
-    type, a COALESCE or CASE takes its branches' common type, anything else is float8."""
+    """The type of a value computed over released columns (`types` by name), as PostgreSQL types it: a COUNT is int8,
+    a column keeps its type, MIN and MAX their argument's, a SUM of whole numbers or numerics and their AVG, STDDEV
+    or VARIANCE a numeric (of doubles a double), a COALESCE or CASE takes its branches' common type, anything else
+    is float8."""
     value = value.unnest()
     if isinstance(value, exp.Count):
         return "int8"
+    if isinstance(value, exp.Min | exp.Max):
+        return computed_type(value.this, types)
+    if isinstance(value, (exp.Sum, exp.Avg, *SPREADS)):
+        return "numeric" if computed_type(value.this, types) in ("int8", "numeric") else "float8"
     if isinstance(value, exp.Column):
         return types.get(value.name, "float8")
     if isinstance(value, exp.Literal):
