@@ -3085,6 +3085,23 @@ def test_keys_of_integer_quotients_a_where_narrows_are_postgresql_s(engine, anal
     assert [tuple(row[:-1]) for row in answer.rows] == expected
 
 
+def test_fields_of_the_interval_between_two_noisy_times_are_postgresql_s(engine, analyst, base_url):
+    """`EXTRACT(EPOCH FROM MAX(day)::timestamp - MIN(day)::timestamp)` (the span in seconds) was refused ("extracts
+    a field of a date, and its value here is a number"): two times apart are an interval, whose epoch, days and
+    hours are PostgreSQL's, negative ones too."""
+    from dpsql.postprocess.evaluate import INTERVAL_FIELDS
+
+    apart = datetime.datetime(2024, 1, 1) - datetime.datetime(2024, 3, 5, 10)
+    with psycopg.connect(base_url) as conn:
+        expected = conn.execute("SELECT EXTRACT(EPOCH FROM i), EXTRACT(DAY FROM i), EXTRACT(HOUR FROM i), EXTRACT("
+                                "MINUTE FROM i) FROM (SELECT TIMESTAMP '2024-01-01' - TIMESTAMP '2024-03-05 10:00' AS "
+                                "i) t").fetchone()
+    assert [f(apart) for f in INTERVAL_FIELDS.values()] == [float(v) for v in expected]
+    answer = engine.query("SELECT EXTRACT(EPOCH FROM (MAX(day)::timestamp - MIN(day)::timestamp)) / 86400 AS days "
+                          "FROM visits", analyst=analyst, epsilon=5.0)
+    assert 0 <= float(answer.rows[0][0]) <= 366
+
+
 def test_a_noisy_date_is_a_date_to_the_arithmetic_after_noise(engine, analyst, base_url):
     """MIN, MAX and percentile_disc of a date are chosen as numbers; after noise they are dates, as PostgreSQL's:
     the days since the last visit (`DATE '2025-01-01' - MAX(day)`), a date a week on, a field of the date. These

@@ -112,6 +112,15 @@ def _epoch(value: datetime.date) -> int | float:
     return int(seconds) if seconds == int(seconds) else seconds
 
 
+# the fields of an interval between two times, as PostgreSQL's (days and the time of day; no months)
+INTERVAL_FIELDS: dict[str, Callable[[datetime.timedelta], int | float]] = {
+    "EPOCH": lambda t: int(t.total_seconds()) if t.total_seconds() == int(t.total_seconds()) else t.total_seconds(),
+    "DAY": lambda t: t.days if t.days >= 0 else -((-t).days),
+    "HOUR": lambda t: int(abs(t).seconds // 3600) * (1 if t >= datetime.timedelta() else -1),
+    "MINUTE": lambda t: int(abs(t).seconds % 3600 // 60) * (1 if t >= datetime.timedelta() else -1),
+}
+
+
 def _extract(node: exp.Extract, value: Any) -> int | float | None:
     """EXTRACT(field FROM k) of a released date or time (a group key: `GROUP BY EXTRACT(DOW FROM day)` over the
     released days); a noisy number has no date, and a time Python cannot hold ('infinity') has no field."""
@@ -121,6 +130,8 @@ def _extract(node: exp.Extract, value: Any) -> int | float | None:
                                "extract one of " + ", ".join(DATE_FIELDS).lower())
     if value is None or isinstance(value, str):
         return None
+    if isinstance(value, datetime.timedelta) and field in INTERVAL_FIELDS:  # two times apart: an interval
+        return INTERVAL_FIELDS[field](value)
     if not isinstance(value, datetime.date):
         raise UnsupportedQuery(f"{to_sql(node)} extracts a field of a date, and its value here is a number",
                                "extract from a date key: EXTRACT(DOW FROM day)")
