@@ -939,6 +939,13 @@ def test_a_list_of_keys_joined_to_a_table_is_the_table_filtered_to_the_list(demo
      "AS s FROM (VALUES ('lab'), ('dental')) c(category) LEFT JOIN t USING (category)",
      "SELECT t.category, COALESCE(t.s, 0) AS s FROM (SELECT category, SUM(amount) AS s FROM visits WHERE category IN "
      "('lab', 'dental') GROUP BY category) t"),
+    # a grid: lists CROSS JOINed, the grouped query kept to each (it was refused as a CROSS JOIN)
+    ("SELECT m.month, c.k, COALESCE(t.n, 0) AS n FROM generate_series(1, 2) m(month) CROSS JOIN (VALUES ('lab'), "
+     "('dental')) c(k) LEFT JOIN (SELECT EXTRACT(MONTH FROM day)::int AS month, category AS k, COUNT(*) AS n FROM "
+     "visits GROUP BY 1, 2) t ON t.month = m.month AND t.k = c.k",
+     "SELECT t.month, t.k, COALESCE(t.n, 0) AS n FROM (SELECT EXTRACT(MONTH FROM day)::int AS month, category AS k, "
+     "COUNT(*) AS n FROM visits WHERE EXTRACT(MONTH FROM day)::int IN (1, 2) AND category IN ('lab', 'dental') "
+     "GROUP BY 1, 2) t"),
 ])
 def test_a_list_of_keys_joined_to_a_grouped_query_is_the_query_kept_to_the_list(demo_schema, written, spelled):
     """A calendar or a VALUES list LEFT JOINed to a grouped subquery on its key, to fill the groups it lacks, was

@@ -14,7 +14,8 @@ join COUNT(*) would count the list's own row where nothing matches: it is refuse
 A list joined so to a grouped subquery on one of its keys, to fill the groups it lacks (`SELECT m.month,
 COALESCE(t.n, 0) FROM generate_series(1, 12) m(month) LEFT JOIN (SELECT EXTRACT(MONTH FROM day)::int AS month,
 COUNT(*) AS n FROM visits GROUP BY 1) t ON t.month = m.month`), is the subquery kept to the list (`WHERE <its key> IN
-(…)`), each listed key released, and the list's key read as the subquery's.
+(…)`), each listed key released, and the list's key read as the subquery's; so is a grid of lists CROSS JOINed
+(months by categories).
 Anything else is left as written (refused).
 """
 
@@ -38,8 +39,8 @@ def key_lists_as_in(tree: exp.Select) -> exp.Select | None:
     source = tree.args["from_"].this if tree.args.get("from_") else None
     listed = _listed(source)
     joins = tree.args.get("joins") or []
-    if listed is not None and len(joins) == 1:  # (a grouped WITH query joined to the list: its subquery)
-        kept = _groups_kept_to_list(inline_ctes(tree.copy(), read_once=True), listed)
+    if listed is not None:  # (a grouped WITH query joined to the lists: its subquery)
+        kept = _groups_kept_to_lists(inline_ctes(tree.copy(), read_once=True))
         if kept is not None:
             return kept
     if listed is None or not joins or tree.args.get("with_"):
@@ -88,57 +89,71 @@ def _in_list(key: exp.Expression, constants: list[exp.Expression]) -> exp.In:
     return exp.In(this=listed, expressions=[c.copy() for c in constants])
 
 
-def _groups_kept_to_list(tree: exp.Select, listed: tuple[str, str, list[exp.Expression]]) -> exp.Select | None:
-    """A list of keys LEFT JOINed to a grouped subquery on one of its keys, to fill the groups it lacks (`SELECT
-    m.month, COALESCE(t.n, 0) FROM generate_series(1, 12) m(month) LEFT JOIN (SELECT EXTRACT(MONTH FROM day)::int
-    AS month, COUNT(*) AS n FROM visits GROUP BY 1) t ON t.month = m.month`): the subquery kept to the listed keys
-    (`WHERE <its key> IN (…)`), each of which it then releases like a declared domain's, and the list's key read as
-    the subquery's. Only an outer query that projects and orders (no WHERE, GROUP BY or aggregate of its own);
-    None for anything else."""
-    alias, column, constants = listed
-    join = tree.args["joins"][0]
-    subquery = join.this
+def _groups_kept_to_lists(tree: exp.Select) -> exp.Select | None:
+    """Lists of keys (CROSS JOINed to one another: a grid) LEFT JOINed to a grouped subquery on its keys, to fill
+    the groups it lacks (`SELECT m.month, COALESCE(t.n, 0) FROM generate_series(1, 12) m(month) LEFT JOIN (SELECT
+    EXTRACT(MONTH FROM day)::int AS month, COUNT(*) AS n FROM visits GROUP BY 1) t ON t.month = m.month`): the
+    subquery kept to the listed keys (`WHERE <its key> IN (…)` for each list), each of which it then releases like a
+    declared domain's, and each list's key read as the subquery's. Only an outer query that projects and orders (no
+    WHERE, GROUP BY or aggregate of its own); None for anything else."""
+    *crossed, join = tree.args.get("joins") or [None]
+    lists = [_listed(tree.args["from_"].this), *(_listed(j.this) if _crossed(j) else None for j in crossed)]
+    subquery = join.this if join is not None else None
     inner = subquery.this if isinstance(subquery, exp.Subquery) else None
-    if not isinstance(inner, exp.Select) or not inner.args.get("group") or not _inner_or_left(join) \
-            or any(tree.args.get(k) for k in ("where", "group", "having", "distinct", "with_")) \
+    if any(listed is None for listed in lists) or not isinstance(inner, exp.Select) or not inner.args.get("group") \
+            or not _inner_or_left(join) or any(tree.args.get(k) for k in ("where", "group", "having", "distinct",
+                                                                          "with_")) \
             or any(e.find(exp.AggFunc, exp.Window) for e in tree.expressions):
         return None
     name = subquery.alias_or_name
-    key_name = _joined_output(join, alias, column, name)
+    keys = _joined_outputs(join, lists, name)
     outputs = {output_name(e): e.unalias() for e in inner.expressions}
-    if key_name not in outputs or not _grouped_by(inner, outputs[key_name], key_name):
+    if keys is None or any(k not in outputs or not _grouped_by(inner, outputs[k], k) for k in keys):
         return None
     kept = inner.copy()
-    kept.where(_in_list(outputs[key_name], constants), copy=False)
+    for (_, _, constants), key in zip(lists, keys, strict=True):
+        kept.where(_in_list(outputs[key], constants), copy=False)
     written = tree.copy()
-    written.set("from_", None)  # (the outer query's own clauses read the list's key; the subquery's do not)
+    written.set("from_", None)  # (the outer query's own clauses read the lists' keys; the subquery's do not)
     written.set("joins", None)
 
     def swap(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column) and _is_key(node, alias, column):
-            return exp.column(key_name, table=name)
+        for (alias, column, _), key in zip(lists, keys, strict=True):
+            if isinstance(node, exp.Column) and _is_key(node, alias, column):
+                return exp.column(key, table=name)
         return node
     written = written.transform(swap)
-    if any(_reads(c, alias) for c in written.expressions):
+    if any(_reads(c, alias) for c in written.expressions for alias, _, _ in lists):
         return None
     written.set("from_", exp.From(this=exp.Subquery(this=kept, alias=exp.TableAlias(this=exp.to_identifier(name)))))
     return written
 
 
-def _joined_output(join: exp.Join, alias: str, column: str, name: str) -> str | None:
-    """The subquery's output that the join equates with the list's key: `ON t.k = m.k` (either way round), or
-    `USING (k)`."""
+def _crossed(join: exp.Join) -> bool:
+    """A CROSS JOIN (or a comma) of one list to the ones before."""
+    return not join.args.get("on") and not join.args.get("using") and not join.side \
+        and (join.kind or "CROSS").upper() == "CROSS"
+
+
+def _joined_outputs(join: exp.Join, lists: list[tuple[str, str, list]], name: str) -> list[str] | None:
+    """For each list, the subquery's output that the join equates with its key: one conjunct of the ON each (`t.k
+    = m.k`, either way round), or one USING column each; None where the join says anything else."""
     using = join.args.get("using") or []
     if using:
-        return column if len(using) == 1 and using[0].name == column else None
-    on = join.args.get("on")
-    if not isinstance(on, exp.EQ):
-        return None
-    for key, other in ((on.this.unnest(), on.expression.unnest()), (on.expression.unnest(), on.this.unnest())):
-        if isinstance(key, exp.Column) and _is_key(key, alias, column) and isinstance(other, exp.Column) \
-                and other.table == name:
-            return other.name
-    return None
+        names = [u.name for u in using]
+        columns = [column for _, column, _ in lists]
+        return columns if sorted(names) == sorted(columns) and len(set(names)) == len(names) else None
+    conjuncts = operands(join.args["on"]) if join.args.get("on") is not None else []
+    found = []
+    for alias, column, _ in lists:
+        tied = [other.name for c in conjuncts if isinstance(c, exp.EQ)
+                for key, other in ((c.this.unnest(), c.expression.unnest()), (c.expression.unnest(), c.this.unnest()))
+                if isinstance(key, exp.Column) and _is_key(key, alias, column) and isinstance(other, exp.Column)
+                and other.table == name]
+        if len(tied) != 1:
+            return None
+        found.append(tied[0])
+    return found if len(conjuncts) == len(lists) else None
 
 
 def _grouped_by(select: exp.Select, key: exp.Expression, name: str) -> bool:
