@@ -899,6 +899,7 @@ def test_each_part_of_a_composed_statement_moves_within_its_sensitivity(engine, 
     "SELECT date_trunc('month', day), COUNT(DISTINCT category) FROM visits GROUP BY 1",
     "SELECT p.sex, COUNT(DISTINCT v.category) FROM visits v JOIN people p USING (person_id) GROUP BY 1",
     "SELECT COUNT(DISTINCT drug) FROM prescriptions WHERE cost > 1",  # a unit through its parent
+    "SELECT extract(dow FROM day) AS d, COUNT(DISTINCT day) FROM visits GROUP BY 1",  # the days of a bounded date
 ])
 def test_a_presence_count_keeps_one_row_a_unit_and_moves_within_its_sensitivity(engine, base_url, neighbour_url,
                                                                                 sql):
