@@ -726,7 +726,8 @@ def _values_present(tree: exp.Select, schema: PrivacySchema,
 def _reads_only(node: exp.Expression, column: exp.Column) -> bool:
     """Whether `node` reads `column` and no other column (EXTRACT(DOW FROM day) of day)."""
     read = list(node.find_all(exp.Column))
-    return bool(read) and all(c.name == column.name and c.table in ("", column.table) for c in read)
+    return bool(read) and all(c.name == column.name and (not c.table or not column.table or c.table == column.table)
+                              for c in read)
 
 
 def _path_to_unit(schema: PrivacySchema, table: Table, alias: str) -> tuple[exp.Column, list[exp.Join]] | None:
