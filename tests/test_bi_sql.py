@@ -2620,7 +2620,8 @@ def test_a_count_of_distinct_values_beside_other_aggregates_is_answered_apart(en
 
 def test_a_count_of_distinct_values_asked_apart_is_the_exact_answer_at_a_large_epsilon(base_url):
     """At ε = 1,000 the joined answer is PostgreSQL's, row for row, in its order (the shipped schema: bounds
-    chosen from the data); values present, read at one row a person, may miss a drug few people's rows hold."""
+    chosen from the data); values present, read at one row a person, may miss a drug few people's rows hold, or a
+    day (the days by weekday: 49 of 52 on the test data)."""
     wide = Engine(Settings(database=base_url, max_epsilon=1000), load_schema(SHIPPED_SCHEMA))
     wide.ledger.add_analyst("wide", 10**5, 1e-3)
     for sql in ["SELECT COUNT(DISTINCT day) AS d, category, SUM(amount) AS s FROM visits GROUP BY 2 "
@@ -2642,11 +2643,13 @@ def test_a_count_of_distinct_values_asked_apart_is_the_exact_answer_at_a_large_e
         with psycopg.connect(base_url) as conn:
             expected = conn.execute(sql).fetchall()
         assert len(answer.rows) == len(expected) and answer.rows, sql
+        present = {i: 4 for i, name in enumerate(answer.names) if name == "drugs"} | (
+            {2: 6} if "COUNT(DISTINCT day) FROM visits GROUP BY 1" in sql else {})  # (the days present)
         for got, want in zip(answer.rows, expected, strict=True):
             assert [type(v) for v in got if isinstance(v, str)] == [type(v) for v in want if isinstance(v, str)]
-            for name, mine, theirs in zip(answer.names, got, want, strict=True):
-                if name == "drugs":
-                    assert theirs - 4 <= mine <= theirs, (sql, got, want)
+            for i, (mine, theirs) in enumerate(zip(got, want, strict=True)):
+                if i in present:
+                    assert theirs - present[i] <= mine <= theirs, (sql, got, want)
                 elif isinstance(mine, int | float):
                     assert mine == pytest.approx(float(theirs), rel=0.01, abs=2), (sql, got, want)
                 else:
