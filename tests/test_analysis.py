@@ -168,6 +168,19 @@ def test_a_where_range_on_an_integer_key_narrows_the_keys_released(demo_schema, 
 
 
 @pytest.mark.parametrize("sql, keys", [
+    ("SELECT ROUND(amount::numeric, -2) AS r, COUNT(*) FROM visits WHERE amount < 300 GROUP BY 1", [0, 100, 200, 300]),
+    ("SELECT CEIL(amount / 100) * 100 AS r, COUNT(*) FROM visits WHERE amount < 300 GROUP BY 1", [0, 100, 200, 300]),
+    ("SELECT floor(income / 10000) * 10000 AS b, COUNT(*) FROM people WHERE income >= 50000 AND income < 80000 "
+     "GROUP BY 1", [50000, 60000, 70000, 80000]),
+])
+def test_a_where_range_on_a_number_narrows_the_bins_computed_from_it(demo_schema, sql, keys):
+    """Bins of a double column under a WHERE on it took every bin of the declared range: `round(amount::numeric,
+    -2) … WHERE amount < 300` released 51 bins, 47 of them noisy counts of nothing, where PostgreSQL has 4. The key's
+    range is read with the column's bounds narrowed by the WHERE (a superset of the keys its rows can give)."""
+    assert [float(key) for (key,) in plan(sql, demo_schema).domain] == keys
+
+
+@pytest.mark.parametrize("sql, keys", [
     ("SELECT day, COUNT(*) FROM visits WHERE day IN ('2024-01-01', '2024-01-03') GROUP BY 1", [1, 3]),
     ("SELECT day, COUNT(*) FROM visits WHERE day = DATE '2024-01-02' GROUP BY 1", [2]),
     ("SELECT day, COUNT(*) FROM visits WHERE day NOT IN ('2024-01-01', '2024-01-03') AND day < '2024-01-05' "
