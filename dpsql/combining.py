@@ -134,7 +134,6 @@ def combine(composition: Composition, parts: list[Prepared], answers: list[Answe
         return _decided(composition.booleans, replace(answers[0], names=names, types=types, noisy=noisy))
     if composition.joined_outer is not None:  # released rows joined after noise: bare columns keep their intervals
         rows, accuracy = project_released(composition.joined_outer, joined_rows(composition, answers))
-        rows = [tuple(typed(v, t) for v, t in zip(row, types, strict=True)) for row in rows]
         notes = list(dict.fromkeys(note for answer in answers for note in answer.notes))
         explained = tuple(name for answer in answers for name in answer.explained)  # (values present: a note)
         return Answer(names, types, rows, accuracy, sum(a.epsilon for a in answers), sum(a.delta for a in answers),

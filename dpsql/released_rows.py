@@ -67,13 +67,6 @@ def computed_type(value: exp.Expression, types: dict[str, str]) -> str:
     branches = branches_of(value)
     if branches is not None:
         return common_type([computed_type(b, types) for b in branches if not isinstance(b, exp.Null)])
-    if isinstance(value, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Neg):
-        # whole numbers' sums, differences and products stay whole (MAX(n) - MIN(n)); with a numeric, numeric
-        # (n * 100.0 / SUM(n)); a quotient of whole numbers here divides as a double (PostgreSQL's truncates)
-        kinds = {computed_type(side, types) for side in (value.this, value.args.get("expression")) if side is not None}
-        if kinds == {"int8"}:
-            return "float8" if isinstance(value, exp.Div) else "int8"
-        return "numeric" if kinds <= {"int8", "numeric"} else "float8"
     return "float8"
 
 
