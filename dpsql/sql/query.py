@@ -208,6 +208,15 @@ def indicator_of(argument: exp.Expression, column: str, aggregate: exp.Expressio
     return value, True
 
 
+def signed_literal(node: exp.Expression) -> tuple[exp.Literal, int] | None:
+    """(the literal, its sign) of a constant written as a literal, negated or bracketed or not (`-3`, `(0)`);
+    None for anything else."""
+    node = node.unnest()
+    sign = -1 if isinstance(node, exp.Neg) else 1
+    literal = node.this.unnest() if sign < 0 else node
+    return (literal, sign) if isinstance(literal, exp.Literal) else None
+
+
 def branches_of(node: exp.Expression) -> list[exp.Expression] | None:
     """The expressions whose values a COALESCE, CASE, GREATEST or LEAST returns; None for any other node."""
     if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):

@@ -13,7 +13,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import InvalidConstant, PrivacyRefusal, UnsupportedQuery
-from dpsql.sql.query import AGGREGATES, to_sql
+from dpsql.sql.query import AGGREGATES, signed_literal, to_sql
 from dpsql.sql.shape import is_percentile_array, is_windowed_source
 from dpsql.sql.times import interval_step
 
@@ -268,12 +268,11 @@ ISO_INTERVAL = re.compile(r"P(?=\d|T\d)[\dYMWD.]*(T[\dHMS.]+)?", re.IGNORECASE) 
 
 def _zero(node: exp.Expression) -> bool:
     """Whether `node` is the number 0 written as a constant (0, 0.0, -0, (0))."""
-    node = node.unnest()
-    node = node.this.unnest() if isinstance(node, exp.Neg) else node
-    if not isinstance(node, exp.Literal) or node.is_string:
+    found = signed_literal(node)
+    if found is None or found[0].is_string:
         return False
     try:
-        return float(node.this) == 0
+        return float(found[0].this) == 0
     except ValueError:
         return False
 

@@ -13,7 +13,7 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQuery
 from dpsql.schema import PrivacySchema
-from dpsql.sql.query import AGGREGATES, output_name, replace_keeping_precedence
+from dpsql.sql.query import AGGREGATES, output_name, replace_keeping_precedence, signed_literal
 
 # the clauses of a SELECT beyond its one FROM table and WHERE (a windowed source has none of them)
 BEYOND_WHERE = ("joins", "group", "having", "distinct", "order", "limit", "offset", "with_", "qualify", "windows")
@@ -374,12 +374,10 @@ def trunc_as_floor_or_ceil(tree: exp.Select) -> exp.Select:
 
 def _whole_constant(node: exp.Expression) -> int | None:
     """A whole-number constant's value (`1`, `-3`), else None."""
-    node = node.unnest()
-    negative = isinstance(node, exp.Neg)
-    literal = node.this if negative else node
-    if not isinstance(literal, exp.Literal) or literal.is_string or not literal.this.isdigit():
+    found = signed_literal(node)
+    if found is None or found[0].is_string or not found[0].this.isdigit():
         return None
-    return -int(literal.this) if negative else int(literal.this)
+    return found[1] * int(found[0].this)
 
 
 def left_as_substring(tree: exp.Select) -> exp.Select:
